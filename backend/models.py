@@ -122,8 +122,13 @@ def write_marker(folder: Path, **info: object) -> None:
     (folder / ".qwenchat-built.json").write_text(json.dumps(info, indent=2, sort_keys=True))
 
 
-def is_built(folder: Path) -> bool:
-    return (folder / ".qwenchat-built.json").exists()
+def is_built(folder: Path, **expect: object) -> bool:
+    """True when ``folder`` was completed by a builder whose marker matches ``expect``."""
+    try:
+        info = json.loads((folder / ".qwenchat-built.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return all(info.get(k) == v for k, v in expect.items())
 
 
 def atomic_build_dir(final: Path) -> Path:
@@ -190,9 +195,15 @@ def _inline_chat_template(folder: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
 
 
+TINY_QWEN3_VERSION = 2
+
+
 def build_tiny_qwen3(final: Path, *, max_len: int = 32768, seed: int = 0, progress=print) -> Path:
-    """A 2-layer random Qwen3 with the real Qwen3 tokenizer and chat template (tests; seconds)."""
-    if is_built(final):
+    """A 2-layer random Qwen3 with the real Qwen3 tokenizer and chat template (tests; seconds).
+
+    head_dim is 32: vLLM's CPU attention kernels need head_dim >= 32 (16 crashes the engine).
+    """
+    if is_built(final, kind="tiny-qwen3", seed=seed, version=TINY_QWEN3_VERSION):
         return final
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
@@ -205,21 +216,22 @@ def build_tiny_qwen3(final: Path, *, max_len: int = 32768, seed: int = 0, progre
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     config = Qwen3Config(
         vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=max_len,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=max_len,
         tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), dtype="bfloat16",
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(str(tmp))
-    write_marker(tmp, kind="tiny-qwen3", seed=seed)
+    write_marker(tmp, kind="tiny-qwen3", seed=seed, version=TINY_QWEN3_VERSION)
     return publish(tmp, final)
 
 
 def build_random_lora(base: Path, final: Path, *, rank: int = 8, seed: int = 1,
                       targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"), progress=print) -> Path:
     """A LoRA with random non-zero weights: changes outputs, means nothing (tests)."""
-    if is_built(final):
+    base_id = json.loads((base / ".qwenchat-built.json").read_text()) if (base / ".qwenchat-built.json").exists() else {}
+    if is_built(final, kind="random-lora", rank=rank, seed=seed, base=base_id):
         return final
     import torch
     from peft import LoraConfig, get_peft_model
@@ -233,7 +245,7 @@ def build_random_lora(base: Path, final: Path, *, rank: int = 8, seed: int = 1,
                                                   init_lora_weights=False, task_type="CAUSAL_LM"))
     peft_model.save_pretrained(str(tmp))
     _set_base_name(tmp, base.name)
-    write_marker(tmp, kind="random-lora", rank=rank, seed=seed)
+    write_marker(tmp, kind="random-lora", rank=rank, seed=seed, base=base_id)
     return publish(tmp, final)
 
 

@@ -1,0 +1,252 @@
+"""Chainlit handlers: chat start/resume, settings, message, stop, actions. Logic lives in backend/."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+
+import chainlit as cl
+from chainlit.input_widget import Select, Slider, TextInput
+
+from chainlit.server import app as http_app
+
+from backend import service as ui
+from backend.chat import Conversation
+from backend.client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
+from backend.errors import BackendError, PromptTooLong, QwenChatError
+from backend.health import EngineState
+from backend.i18n import t
+
+logger = logging.getLogger("qwenchat.app")
+app = ui.Service.from_environment()
+
+
+async def status_route() -> dict:
+    """Polled by public/status.js: the engine state line shown at all times."""
+    await app.start()
+    return app.status_json()
+
+
+http_app.add_api_route("/qwenchat/status", status_route, methods=["GET"])
+# Chainlit serves its SPA from a catch-all route; ours must come first.
+http_app.router.routes.insert(0, http_app.router.routes.pop())
+
+
+def lang() -> str:
+    if app.settings.ui.language != "auto":
+        return app.settings.ui.language
+    return getattr(cl.context.session, "language", None) or "en"
+
+
+def conversation() -> Conversation:
+    conv = cl.user_session.get("conversation")
+    if conv is None:
+        conv = Conversation()
+        cl.user_session.set("conversation", conv)
+    return conv
+
+
+async def send_settings() -> None:
+    """The settings panel: model/adapter dropdown (live from the poller) and sampling."""
+    status = app.poller.status
+    options = ui.model_options(status, await app.local_adapters(status), lang(), app.adapter_rank)
+    chosen = cl.user_session.get("model") or app.default_model(status)
+    if chosen not in options.values():
+        chosen = app.default_model(status)
+    cl.user_session.set("model", chosen)
+    cl.user_session.set("models_version", status.version)
+    sampling = cl.user_session.get("sampling") or app.default_sampling()
+    await cl.ChatSettings([
+        Select(id="model", label=t("model", lang()), items=options, initial_value=chosen,
+               description=t("stale", lang()) if status.models_stale else t("model_desc", lang())),
+        TextInput(id="system_prompt", label=t("system_prompt", lang()),
+                  initial=cl.user_session.get("system_prompt", app.settings.model.system_prompt)),
+        Slider(id="temperature", label=t("temperature", lang()), initial=sampling["temperature"], min=0, max=2, step=0.05),
+        Slider(id="top_p", label=t("top_p", lang()), initial=sampling["top_p"], min=0.05, max=1, step=0.05),
+        Slider(id="top_k", label=t("top_k", lang()), initial=sampling["top_k"], min=-1, max=100, step=1),
+        Slider(id="min_p", label=t("min_p", lang()), initial=sampling["min_p"], min=0, max=1, step=0.01),
+    ]).send()
+
+
+async def watch_models() -> None:
+    """Re-send the dropdown when adapters appear or disappear (the poller's version changes)."""
+    async for status in app.poller.subscribe():
+        if status.version != cl.user_session.get("models_version"):
+            await send_settings()
+
+
+@cl.on_chat_start
+async def on_chat_start() -> None:
+    await app.start()
+    conversation()
+    await send_settings()
+    for name, reason in app.excluded_adapters().items():
+        await cl.ErrorMessage(content=t("excluded_adapter", lang(), name=name, reason=reason)).send()
+    cl.user_session.set("watcher", asyncio.create_task(watch_models()))
+
+
+@cl.on_chat_end
+async def on_chat_end() -> None:
+    task = cl.user_session.get("watcher")
+    if task:
+        task.cancel()
+
+
+@cl.on_settings_update
+async def on_settings_update(values: dict) -> None:
+    cl.user_session.set("sampling", ui.sampling_from(values, app.default_sampling()))
+    cl.user_session.set("system_prompt", values.get("system_prompt") or "")
+    model = values.get("model")
+    if model and model != cl.user_session.get("model"):
+        cl.user_session.set("model", model)
+        try:
+            async with cl.Step(name=t("loading_adapter", lang(), name=model), type="tool") as step:
+                if await app.ensure_loaded(model, app.poller.status):
+                    step.output = t("adapter_loaded", lang(), name=model)
+        except QwenChatError as exc:
+            cl.user_session.set("model", app.default_model(app.poller.status))
+            await cl.ErrorMessage(content=exc.user_text(lang())).send()
+        await send_settings()
+
+
+@cl.on_message
+async def on_message(message: cl.Message) -> None:
+    text = message.content or ""
+    if not text.strip():
+        await cl.ErrorMessage(content=t("empty_message", lang())).send()
+        return
+    conversation().add_user(message.id, text)
+    await answer()
+
+
+@cl.action_callback("retry")
+async def on_retry(action: cl.Action) -> None:
+    conv = conversation()
+    if conv.last_user() is None:
+        await cl.ErrorMessage(content=t("nothing_to_retry", lang())).send()
+        return
+    conv.drop_answers_after_last_user()
+    await answer()
+
+
+@cl.action_callback("send_trimmed")
+async def on_send_trimmed(action: cl.Action) -> None:
+    conv = conversation()
+    last = conv.last_user()
+    if last is None:
+        return
+    conv.add_user(last.id, action.payload["text"])
+    await answer()
+
+
+def retry_action() -> cl.Action:
+    return cl.Action(name="retry", payload={"n": 1}, label=t("retry", lang()), icon="rotate-ccw")
+
+
+async def wait_for_engine() -> bool:
+    """Wait (with a live step) while the model loads; False when the user must retry later."""
+    status = app.poller.status
+    if status.answering:
+        return True
+    if status.state is EngineState.DOWN:
+        await cl.ErrorMessage(content=t("engine_down", lang(), reason=status.text(lang()) or "?"),
+                              actions=[retry_action()]).send()
+        return False
+    t0 = time.monotonic()
+    async with cl.Step(name=t("loading", lang(), elapsed=0), type="tool") as step:
+        async def progress(elapsed: float, st) -> None:
+            step.name = t("loading", lang(), elapsed=time.monotonic() - t0)
+            step.output = st.text(lang()) or ""
+            await step.update()
+
+        status = await app.poller.wait_until_ready(app.settings.ui.wait_for_ready, on_progress=progress)
+        step.name = t("loading_done", lang(), elapsed=time.monotonic() - t0)
+    if status.answering:
+        return True
+    key = "engine_down" if status.state is EngineState.DOWN else "still_loading"
+    await cl.ErrorMessage(content=t(key, lang(), reason=status.text(lang()) or "?", elapsed=time.monotonic() - t0),
+                          actions=[retry_action()]).send()
+    return False
+
+
+async def answer() -> None:
+    """Answer the conversation's last user turn; every failure becomes a visible message."""
+    conv = conversation()
+    model = cl.user_session.get("model") or app.default_model(app.poller.status)
+    rid = new_request_id()
+    msg = cl.Message(content="", author=model)
+    text, reasoning_step = "", None
+    usage, finish, t0 = None, None, time.monotonic()
+    fitted = None
+    try:
+        if not await wait_for_engine():
+            return
+        system = cl.user_session.get("system_prompt", app.settings.model.system_prompt)
+        fitted = await app.fit(conv.messages(system))
+        sampling = cl.user_session.get("sampling") or app.default_sampling()
+        async with contextlib.aclosing(app.client.stream(fitted.messages, model, max_tokens=app.reply_tokens(),
+                                                         sampling=ui.sampling_body(sampling), request_id=rid)) as events:
+            async for ev in events:
+                if isinstance(ev, TextDelta):
+                    text += ev.text
+                    await msg.stream_token(ev.text)
+                elif isinstance(ev, ReasoningDelta) and app.settings.ui.show_reasoning:
+                    if reasoning_step is None:
+                        reasoning_step = cl.Step(name=t("reasoning", lang()), type="llm", default_open=False)
+                        await reasoning_step.send()
+                    await reasoning_step.stream_token(ev.text)
+                elif isinstance(ev, Usage):
+                    usage = ev
+                elif isinstance(ev, Finish):
+                    finish = ev
+        if reasoning_step is not None:
+            await reasoning_step.update()
+        served = finish.model if finish and finish.model else model
+        msg.author = served
+        msg.content = text + ui.footer(served, usage, fitted, time.monotonic() - t0, lang(), finish)
+        await msg.send()
+        conv.add_assistant(msg.id, text, served)
+        await show_left_out(fitted)
+    except PromptTooLong as exc:
+        trimmed = await app.trimmed(conv.last_user().content, exc)
+        await cl.ErrorMessage(content=exc.user_text(lang()),
+                              actions=[cl.Action(name="send_trimmed", payload={"text": trimmed},
+                                                 label=t("send_trimmed", lang()), icon="scissors")]).send()
+    except asyncio.CancelledError:
+        # Stop button: Chainlit cancels this task; the client closes the upstream request.
+        await keep_partial(conv, msg, text, model, t("stopped", lang()))
+        raise
+    except QwenChatError as exc:
+        logger.info("[%s] answer failed: %s", rid, exc.code)
+        await keep_partial(conv, msg, text, model, t("interrupted", lang()))
+        await cl.ErrorMessage(content=exc.user_text(lang()),
+                              actions=[retry_action()] if getattr(exc, "retryable", True) else []).send()
+    except Exception as exc:  # noqa: BLE001 - an exception escaping on_message is invisible in Chainlit
+        logger.exception("[%s] unexpected failure", rid)
+        await keep_partial(conv, msg, text, model, t("interrupted", lang()))
+        await cl.ErrorMessage(content=BackendError(f"{type(exc).__name__}: {exc}").user_text(lang()),
+                              actions=[retry_action()]).send()
+
+
+async def keep_partial(conv: Conversation, msg: cl.Message, text: str, model: str, why: str) -> None:
+    """What was shown stays, visibly marked; the history holds it as interrupted."""
+    if not text:
+        with contextlib.suppress(Exception):
+            await msg.remove()
+        return
+    msg.content = f"{text}\n\n*⚠ {why} · {model}*"
+    with contextlib.suppress(Exception):
+        await msg.send()
+    conv.add_assistant(msg.id or str(uuid.uuid4()), text, model, interrupted=True)
+
+
+async def show_left_out(fitted) -> None:
+    """Which earlier turns were not sent (the context meter says how many)."""
+    if fitted is None or not fitted.dropped:
+        return
+    lines = [f"- #{d.index + 1}: {d.preview}" for d in fitted.dropped]
+    async with cl.Step(name=t("left_out_title", lang()), type="tool", default_open=False) as step:
+        step.output = "\n".join(lines)

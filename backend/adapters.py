@@ -1,0 +1,1083 @@
+"""LoRA adapters: the adapter doctor, the adapters-folder allow-list, runtime load/unload.
+
+    diagnosis = diagnose_adapter("adapters/pirate", base_dir=model_dir, max_rank=16)
+    diagnosis.ok, diagnosis.errors, diagnosis.rank, diagnosis.format_text()
+    diagnose_model_dir(model_dir)                   # a PEFT folder passed as the *model*
+    doctor_main(["adapters/pirate", "--base", model_dir, "--json"])   # python -m backend doctor
+    path = resolve_adapter(settings.lora.resolved_dir, "pirate")     # allow-list, or AdapterPathRefused
+    infos = discover_adapters(settings.lora.resolved_dir)
+    await load_adapter(client, api_key, "pirate", path)              # POST /v1/load_lora_adapter
+
+Why a doctor: vLLM exits rc=1 at start on one bad static adapter, crashes deep inside on others
+(``IndexError`` at ``lora_a[i]``, ``KeyError …lora_A.weight``), and silently ignores modules the base
+lacks (200, no effect). The doctor reads only ``adapter_config.json`` and safetensors *headers* (no torch,
+no weights) and mirrors vLLM 0.32's own rules (vllm/lora/peft_helper.py, lora_model.py, utils.py).
+Pure functions; file reads are small but callers in async code should use ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Collection, Iterable, Literal, Mapping
+
+from .errors import (
+    AdapterError,
+    AdapterLimitReached,
+    AdapterPathRefused,
+    AdapterRejected,
+    AdapterRuntimeDisabled,
+    BackendError,
+    ConfigError,
+    ModelNotFound,
+    Overloaded,
+    RequestTimeout,
+    ServerUnreachable,
+)
+from .settings import VLLM_LORA_RANKS
+
+logger = logging.getLogger(__name__)
+
+Severity = Literal["error", "warning"]
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+#: vLLM fuses these HF modules into one packed layer (packed_modules_mapping of Llama/Qwen2/Qwen3).
+PACKED_GROUPS: Mapping[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+#: Architectures whose vLLM 0.32 model class declares ``embedding_modules`` (LoRA on embed_tokens/lm_head).
+EMBEDDING_LORA_ARCHS = frozenset({
+    "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM", "GraniteForCausalLM", "CohereForCausalLM", "MiniCPMForCausalLM",
+    "ExaoneForCausalLM", "NemotronForCausalLM", "PhiMoEForCausalLM",
+})
+_EMBEDDING_NAMES = ("embed_tokens", "wte", "word_embeddings", "embed_in")
+_HEADER_LIMIT = 100 * 1024 * 1024  # a safetensors JSON header larger than this is not a real file
+
+
+# ---------------------------------------------------------------- value objects
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing the doctor found: ``severity`` error (vLLM would refuse, crash or mis-serve) or warning."""
+
+    severity: Severity
+    code: str  # stable, e.g. "rank_too_large"; tests and the UI key on it
+    message: str  # names the bad value and the fix
+
+    def to_dict(self) -> dict[str, str]:
+        return {"severity": self.severity, "code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The doctor's verdict on one adapter folder (or one model folder)."""
+
+    name: str
+    path: Path
+    findings: tuple[Finding, ...] = ()
+    rank: int | None = None
+    base_model_name_or_path: str | None = None
+    target_modules: tuple[str, ...] | str = ()
+    base: str = ""  # the base model folder checked against, "" when none
+    kind: Literal["adapter", "model"] = "adapter"
+
+    @property
+    def errors(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity == "error")
+
+    @property
+    def warnings(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity == "warning")
+
+    @property
+    def ok(self) -> bool:
+        """True when vLLM can serve it as intended (warnings allowed)."""
+        return not self.errors
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        return tuple(f.code for f in self.findings)
+
+    def summary(self) -> str:
+        e, w = len(self.errors), len(self.warnings)
+        verdict = "ready to serve" if not e else "vLLM would refuse it, crash, or serve it wrongly"
+        return f"{self.name}: {e} error{'s' * (e != 1)}, {w} warning{'s' * (w != 1)} — {verdict}"
+
+    def error_text(self) -> str:
+        """All error messages on one line each (for AdapterRejected / logs)."""
+        return "; ".join(f.message for f in self.errors)
+
+    def format_text(self) -> str:
+        if self.kind == "model":
+            head = f"model folder {self.path}"
+        else:
+            rank = f"rank {self.rank}" if self.rank is not None else "rank ?"
+            head = f"adapter {self.name!r} ({self.path}, {rank})" + (f" against base {self.base}" if self.base else "")
+        lines = [head]
+        lines += [f"  {f.severity:<7} {f.code}: {f.message}" for f in self.findings]
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "path": str(self.path),
+            "base": self.base or None,
+            "rank": self.rank,
+            "base_model_name_or_path": self.base_model_name_or_path,
+            "target_modules": list(self.target_modules) if isinstance(self.target_modules, tuple) else self.target_modules,
+            "ok": self.ok,
+            "errors": len(self.errors),
+            "warnings": len(self.warnings),
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """An adapter folder found in the adapters folder; ``problem`` is set when it could not be read."""
+
+    name: str
+    path: Path
+    rank: int | None = None
+    base_model_name_or_path: str | None = None
+    problem: str = ""
+
+    @property
+    def label(self) -> str:
+        """Dropdown label: ``pirate (r=8)``."""
+        return f"{self.name} (r={self.rank})" if self.rank is not None else self.name
+
+
+@dataclass(frozen=True)
+class BaseModelInfo:
+    """What the doctor knows about the served base: module path -> weight shape (None if unknown)."""
+
+    path: Path
+    modules: Mapping[str, tuple[int, ...] | None]
+    architectures: tuple[str, ...] = ()
+    name_or_path: str = ""
+
+    @property
+    def linear_modules(self) -> list[str]:
+        """2-D weights that are not embeddings: what PEFT's "all-linear" could target (minus lm_head)."""
+        return [m for m, s in self.modules.items()
+                if (s is None or len(s) == 2) and not _is_embedding(m) and m.rsplit(".", 1)[-1] != "lm_head"]
+
+
+class _Findings:
+    """Collects findings; the same problem repeated per layer collapses into one line."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[str, str, str], list[Any]] = {}
+
+    def add(self, severity: Severity, code: str, message: str, group: str | None = None, where: str = "") -> None:
+        key = (severity, code, group or message)
+        if key in self._items:
+            self._items[key][1].append(where)
+        else:
+            self._items[key] = [message, [where]]
+
+    def result(self) -> tuple[Finding, ...]:
+        out = []
+        for (severity, code, _), (message, wheres) in self._items.items():
+            if len(wheres) > 1:
+                more = [w for w in wheres[1:] if w]
+                message += f" (same in {len(wheres) - 1} more: {', '.join(more[:6])}{', …' if len(more) > 6 else ''})" \
+                    if more else f" (and {len(wheres) - 1} more)"
+            out.append(Finding(severity, code, message))
+        # errors first, stable order otherwise
+        return tuple(sorted(out, key=lambda f: f.severity != "error"))
+
+
+# ---------------------------------------------------------------- safetensors headers
+
+
+def read_safetensors_header(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from a .safetensors header, without reading any weights.
+
+    Format: 8-byte little-endian header length N, then N bytes of JSON. ValueError when unreadable.
+    """
+    path = Path(path)
+    with path.open("rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{path.name} is shorter than a safetensors header")
+        (n,) = struct.unpack("<Q", raw)
+        size = path.stat().st_size
+        if n > min(_HEADER_LIMIT, size - 8):
+            raise ValueError(f"{path.name} has a header length of {n} bytes, larger than the file; not a safetensors file")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path.name} has an unreadable safetensors header ({exc})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path.name} has a safetensors header that is not a JSON object")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        shape = meta.get("shape") if isinstance(meta, dict) else None
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            raise ValueError(f"{path.name}: tensor {name!r} has no valid shape in the header")
+        shapes[name] = tuple(shape)
+    return shapes
+
+
+# ---------------------------------------------------------------- base model
+
+
+def _is_embedding(module: str) -> bool:
+    return module.rsplit(".", 1)[-1] in _EMBEDDING_NAMES
+
+
+def _read_json(path: Path) -> Any:
+    with path.open("r", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_base_model(base_dir: str | Path) -> BaseModelInfo:
+    """Module names and weight shapes of a HF model folder, from safetensors headers or a weights index.
+
+    ValueError (with the reason) when the folder is not a readable model.
+    """
+    base = Path(base_dir)
+    if not base.is_dir():
+        raise ValueError(f"base model folder {base} does not exist")
+    config: dict[str, Any] = {}
+    if (base / "config.json").is_file():
+        try:
+            config = _read_json(base / "config.json")
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{base / 'config.json'} is not valid JSON ({exc})") from None
+    tensors: dict[str, tuple[int, ...] | None] = {}
+    single = base / "model.safetensors"
+    index = base / "model.safetensors.index.json"
+    bin_index = base / "pytorch_model.bin.index.json"
+    if single.is_file():
+        tensors.update(read_safetensors_header(single))
+    elif index.is_file() or bin_index.is_file():
+        idx = index if index.is_file() else bin_index
+        try:
+            weight_map = _read_json(idx)["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{idx} has no readable weight_map ({exc})") from None
+        tensors.update({name: None for name in weight_map})
+        if idx is index:  # shapes from the shard headers that are present
+            for shard in sorted(set(weight_map.values())):
+                if (base / shard).is_file():
+                    tensors.update(read_safetensors_header(base / shard))
+    else:
+        shards = sorted(base.glob("*.safetensors"))
+        if not shards:
+            raise ValueError(f"{base} has no model.safetensors, model.safetensors.index.json or "
+                             "pytorch_model.bin.index.json to read module names from")
+        for shard in shards:
+            tensors.update(read_safetensors_header(shard))
+    modules: dict[str, tuple[int, ...] | None] = {}
+    for name, shape in tensors.items():
+        if name.endswith(".weight"):
+            modules[name[: -len(".weight")]] = shape
+    if any(".lora_A" in m or ".lora_B" in m for m in modules):
+        raise ValueError(f"{base} holds un-merged LoRA weights, not a base model")
+    # Tied embeddings: lm_head has no weight of its own but is still a module of the model.
+    if config.get("tie_word_embeddings", True) and not any(m.rsplit(".", 1)[-1] == "lm_head" for m in modules):
+        embed = next((m for m in modules if _is_embedding(m)), None)
+        if embed is not None:
+            modules["lm_head"] = modules[embed]
+    archs = config.get("architectures") or ()
+    return BaseModelInfo(
+        path=base,
+        modules=modules,
+        architectures=tuple(a for a in archs if isinstance(a, str)),
+        name_or_path=str(config.get("_name_or_path") or config.get("_model_name_or_path") or ""),
+    )
+
+
+# ---------------------------------------------------------------- the doctor
+
+
+@dataclass
+class _ModuleTensors:
+    a: tuple[int, ...] | None = None
+    b: tuple[int, ...] | None = None
+    a_key: str = ""
+    b_key: str = ""
+    embedding: bool = False
+
+
+def _rank_for(module: str, r: int, rank_pattern: Mapping[str, Any]) -> int:
+    # Same rule as PEFT's get_pattern_key / vLLM's PEFTHelper._match_pattern: suffix at a "." boundary.
+    for key, value in rank_pattern.items():
+        try:
+            if re.match(rf"(.*\.)?({key})$", module):
+                return int(value)
+        except (re.error, TypeError, ValueError):
+            continue
+    return r
+
+
+def _matches_target(module: str, target: str) -> bool:
+    """PEFT's list semantics: exact name or a suffix at a '.' boundary."""
+    return module == target or module.endswith("." + target)
+
+
+def _short(module: str) -> str:
+    return module.rsplit(".", 1)[-1]
+
+
+def _layer_of(module: str) -> str:
+    m = re.search(r"\.(\d+)\.", "." + module + ".")
+    return m.group(1) if m else ""
+
+
+def _fmt_shape(shape: Iterable[int] | None) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]" if shape is not None else "[?]"
+
+
+def _norm_base_name(name: str) -> str:
+    return name.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1].lower()
+
+
+def diagnose_adapter(
+    adapter_dir: str | Path,
+    base_dir: str | Path | None = None,
+    max_rank: int = 16,
+    *,
+    name: str | None = None,
+    base_aliases: Iterable[str] = (),
+) -> Diagnosis:
+    """Check one PEFT LoRA folder against the served base model, the way vLLM would load it.
+
+    ``base_aliases``: other names of the served base (e.g. its hub id) that count as a match for
+    ``base_model_name_or_path``. Reads only JSON and safetensors headers.
+    """
+    path = Path(adapter_dir)
+    name = name or path.name
+    found = _Findings()
+    rank: int | None = None
+    base_name: str | None = None
+    targets: tuple[str, ...] | str = ()
+    q = repr(name)
+    base_label = str(base_dir) if base_dir is not None else ""
+
+    def done() -> Diagnosis:
+        return Diagnosis(name, path, found.result(), rank, base_name, targets, base_label)
+
+    if max_rank not in VLLM_LORA_RANKS:
+        found.add("error", "bad_max_rank",
+                  f"--max-lora-rank {max_rank} is not a value vLLM accepts; set [lora].max_lora_rank to one of "
+                  + ", ".join(map(str, VLLM_LORA_RANKS)))
+
+    if not path.is_dir():
+        found.add("error", "missing_folder", f"adapter {q}: folder {path} does not exist; check the path or [lora].modules")
+        return done()
+
+    # ---- adapter_config.json
+    cfg_path = path / CONFIG_FILE
+    if not cfg_path.is_file():
+        hint = (" — this looks like a model folder, not an adapter; serve it as [model].path"
+                if (path / "config.json").is_file() else "; save the adapter with PEFT's save_pretrained()")
+        found.add("error", "missing_config", f"adapter {q} has no {CONFIG_FILE} in {path}{hint}")
+        return done()
+    try:
+        cfg = _read_json(cfg_path)
+    except (OSError, ValueError) as exc:
+        found.add("error", "bad_config", f"adapter {q}: {CONFIG_FILE} is not valid JSON ({exc}); re-save it with PEFT")
+        return done()
+    if not isinstance(cfg, dict):
+        found.add("error", "bad_config", f"adapter {q}: {CONFIG_FILE} is not a JSON object; re-save it with PEFT")
+        return done()
+
+    base_name = cfg.get("base_model_name_or_path") if isinstance(cfg.get("base_model_name_or_path"), str) else None
+    peft_type = cfg.get("peft_type")
+    if peft_type is None:
+        found.add("warning", "missing_peft_type",
+                  f"adapter {q}: {CONFIG_FILE} has no peft_type; vLLM assumes LoRA — add \"peft_type\": \"LORA\"")
+    elif str(peft_type).upper() != "LORA":
+        found.add("error", "not_lora",
+                  f"adapter {q} has peft_type {peft_type!r}; vLLM serves only LoRA adapters (peft_type \"LORA\") — "
+                  "retrain it as LoRA")
+        return done()
+    missing = [k for k in ("r", "lora_alpha", "target_modules") if k not in cfg]
+    if missing:
+        found.add("error", "bad_config",
+                  f"adapter {q}: {CONFIG_FILE} lacks {', '.join(missing)}, which vLLM requires; re-save it with PEFT")
+    r = cfg.get("r")
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        if "r" in cfg:
+            found.add("error", "bad_config", f"adapter {q}: r = {r!r} in {CONFIG_FILE}; expected a positive integer")
+        r = None
+    rank = r
+    rank_pattern = cfg.get("rank_pattern") or {}
+    if not isinstance(rank_pattern, dict):
+        found.add("error", "bad_config", f"adapter {q}: rank_pattern = {rank_pattern!r}; expected a table of module -> rank")
+        rank_pattern = {}
+    raw_targets = cfg.get("target_modules")
+    if isinstance(raw_targets, list) and all(isinstance(t, str) for t in raw_targets):
+        targets = tuple(raw_targets)
+    elif isinstance(raw_targets, str):
+        targets = raw_targets
+    elif raw_targets is not None:
+        found.add("error", "bad_config", f"adapter {q}: target_modules = {raw_targets!r}; expected a list of names or a regex")
+
+    # ---- rank
+    ranks = [x for x in [r, *rank_pattern.values()] if isinstance(x, int) and not isinstance(x, bool)]
+    if ranks and max(ranks) > max_rank:
+        top = max(ranks)
+        where = "" if top == r else " (from rank_pattern)"
+        fix = (f"raise [lora].max_lora_rank to {next(v for v in VLLM_LORA_RANKS if v >= top)} or retrain with r<={max_rank}"
+               if top <= VLLM_LORA_RANKS[-1] else f"retrain with r<={max_rank} (vLLM's largest rank is {VLLM_LORA_RANKS[-1]})")
+        found.add("error", "rank_too_large",
+                  f"adapter {q} has rank {top}{where}, above --max-lora-rank {max_rank}; {fix}")
+
+    # ---- features vLLM 0.32 refuses (PEFTHelper._validate_features)
+    mts = cfg.get("modules_to_save") or []
+    mts = [m for m in mts if isinstance(m, str)] if isinstance(mts, list) else []
+    bad_mts = [m for m in mts if m not in ("classifier", "score")]
+    if bad_mts:
+        found.add("error", "modules_to_save",
+                  f"adapter {q} saves full copies of {', '.join(bad_mts)} (modules_to_save); vLLM cannot serve that — "
+                  "retrain without modules_to_save, or merge it: python -m backend merge --base MODEL "
+                  f"--adapter {path} --out DIR")
+    if cfg.get("use_dora"):
+        found.add("error", "dora",
+                  f"adapter {q} uses DoRA (use_dora = true), which vLLM does not support; retrain with use_dora=false "
+                  f"or merge it: python -m backend merge --base MODEL --adapter {path} --out DIR")
+    unsupported = []
+    if cfg.get("bias", "none") != "none":
+        unsupported.append(f"bias = {cfg.get('bias')!r} (only \"none\")")
+    if cfg.get("lora_bias"):
+        unsupported.append("lora_bias = true")
+    init = cfg.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower() not in ("gaussian", "eva", "orthogonal", "mica", "lora_ga"):
+        unsupported.append(f"init_lora_weights = {init!r} (it changes the base weights)")
+    for key, label in (("alora_invocation_tokens", "aLoRA"), ("layer_replication", "layer_replication"),
+                       ("use_bdlora", "BD-LoRA"), ("use_qalora", "QALoRA")):
+        if cfg.get(key):
+            unsupported.append(label)
+    if unsupported:
+        found.add("error", "unsupported_feature",
+                  f"adapter {q} uses {', '.join(unsupported)}, which vLLM does not support; retrain as a plain LoRA "
+                  "or merge it into the base")
+
+    # ---- weights
+    weights_path = path / WEIGHTS_FILE
+    tensors: dict[str, tuple[int, ...]] | None = None
+    if weights_path.is_file():
+        try:
+            tensors = read_safetensors_header(weights_path)
+        except (OSError, ValueError) as exc:
+            found.add("error", "bad_weights", f"adapter {q}: {exc}; re-save the adapter with PEFT")
+    elif (path / "adapter_model.bin").is_file() or (path / "adapter_model.pt").is_file():
+        found.add("warning", "weights_not_inspected",
+                  f"adapter {q} stores its weights as a pickle (adapter_model.bin), which the doctor does not open; "
+                  "re-save with safe_serialization=True to have them checked")
+    else:
+        found.add("error", "no_weights", f"adapter {q} has no {WEIGHTS_FILE} in {path}; vLLM refuses a folder without tensors")
+
+    # ---- base model
+    base: BaseModelInfo | None = None
+    if base_dir is not None:
+        try:
+            base = read_base_model(base_dir)
+        except (OSError, ValueError) as exc:
+            found.add("error", "base_unreadable", f"cannot check adapter {q} against the base: {exc}")
+    else:
+        found.add("warning", "no_base",
+                  f"adapter {q} was not checked against a base model (module names, shapes); pass --base MODEL")
+
+    if base is not None:
+        _check_base_match(found, q, base_name, base, base_aliases)
+        _check_targets(found, q, targets, base, tensors)
+
+    if tensors is not None:
+        _check_tensors(found, q, tensors, r, rank_pattern, mts, base, path)
+
+    return done()
+
+
+def _check_base_match(found: _Findings, q: str, base_name: str | None, base: BaseModelInfo,
+                      aliases: Iterable[str]) -> None:
+    if not base_name:
+        return
+    served = {_norm_base_name(n) for n in (str(base.path), base.name_or_path, *aliases) if n}
+    if _norm_base_name(base_name) not in served:
+        found.add("warning", "base_mismatch",
+                  f"adapter {q} was trained on {base_name!r} but the served base is {base.path.name!r}; "
+                  "it may load but answer badly — serve it with the base it was trained on")
+
+
+def _check_targets(found: _Findings, q: str, targets: tuple[str, ...] | str, base: BaseModelInfo,
+                   tensors: Mapping[str, tuple[int, ...]] | None) -> None:
+    names = list(base.modules)
+    some = ", ".join(sorted({_short(m) for m in base.linear_modules})[:12])
+    if isinstance(targets, str):
+        if targets == "all-linear":
+            return
+        try:
+            hit = any(re.fullmatch(targets, m) for m in names)
+        except re.error as exc:
+            found.add("error", "bad_config", f"adapter {q}: target_modules regex {targets!r} is invalid ({exc})")
+            return
+        if not hit:
+            found.add("error", "unknown_target_module",
+                      f"adapter {q}: target_modules regex {targets!r} matches no module of the base model "
+                      f"(its linear modules: {some}); it was probably trained for a different model")
+        return
+    lora_modules = {m for m, _ in (_parse_key(k) for k in (tensors or {})) if m}
+    for t in targets:
+        if t in PACKED_GROUPS and any(_short(m) == t for m in lora_modules):
+            continue  # tensors for vLLM's fused name: reported as fused_packed_key
+        if not any(_matches_target(m, t) for m in names):
+            found.add("error", "unknown_target_module",
+                      f"adapter {q} targets module {t!r}, which the base model does not have (its linear modules: "
+                      f"{some}); vLLM would silently ignore it — the adapter was probably trained for a different model")
+        elif tensors is not None and not any(_matches_target(m, t) for m in lora_modules):
+            found.add("warning", "target_without_tensors",
+                      f"adapter {q} lists {t!r} in target_modules but has no weights for it; that part of the "
+                      "fine-tune is missing — re-save the adapter")
+
+
+def _parse_key(key: str) -> tuple[str | None, str]:
+    """(module path without the PEFT prefix, kind) of one adapter tensor, as vLLM's parse_fine_tuned_lora_name.
+
+    kind: "A", "B", "emb_A", "emb_B", "base_copy" (skipped by vLLM), "dora", "bias", "named" (adapter name
+    left in the key), "other" (not a LoRA key).
+    """
+    name = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
+    if name.endswith((".embed_tokens.base_layer.weight", ".lm_head.base_layer.weight")) or name in (
+            "lm_head.base_layer.weight",):
+        return name.rsplit(".", 2)[0], "base_copy"
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in ("lora_A", "lora_B"):
+        return ".".join(parts[:-2]), "A" if parts[-2] == "lora_A" else "B"
+    if parts[-1] in ("lora_embedding_A", "lora_embedding_B"):
+        return ".".join(parts[:-1]), "emb_A" if parts[-1].endswith("A") else "emb_B"
+    if "lora_magnitude_vector" in parts:
+        return ".".join(parts[: parts.index("lora_magnitude_vector")]), "dora"
+    if len(parts) >= 2 and parts[-1] == "bias" and parts[-2] in ("lora_A", "lora_B"):
+        return ".".join(parts[:-2]), "bias"
+    if len(parts) >= 3 and parts[-3] in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"):
+        return ".".join(parts[:-3]), "named"
+    return None, "other"
+
+
+def _modules_phrase(modules: Iterable[str]) -> str:
+    """'k_proj, q_proj in layers 0, 1' — which kinds of module, in which layers."""
+    modules = list(modules)
+    kinds = sorted({_short(m) for m in modules})
+    layers = sorted({_layer_of(m) for m in modules if _layer_of(m)}, key=int)
+    text = ", ".join(kinds[:8]) + (", …" if len(kinds) > 8 else "")
+    if layers:
+        text += f" in layer{'s' * (len(layers) != 1)} {', '.join(layers[:8])}{', …' if len(layers) > 8 else ''}"
+    return text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def _check_tensors(found: _Findings, q: str, tensors: Mapping[str, tuple[int, ...]], r: int | None,
+                   rank_pattern: Mapping[str, Any], mts: list[str], base: BaseModelInfo | None, path: Path) -> None:
+    merge_hint = f"merge it: python -m backend merge --base MODEL --adapter {path} --out DIR"
+    modules: dict[str, _ModuleTensors] = {}
+    bad_keys: list[str] = []
+    named_keys: list[str] = []
+    dora_keys: list[str] = []
+    bias_keys: list[str] = []
+    for key, shape in tensors.items():
+        module, kind = _parse_key(key)
+        if kind == "base_copy":
+            continue  # PEFT's save_embedding_layers copy; vLLM skips it (is_base_embedding_weights)
+        if kind == "other":
+            stripped = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
+            if not any(stripped.startswith(m + ".") or f".{m}." in stripped for m in mts):
+                bad_keys.append(key)  # (modules_to_save copies are reported from the config)
+            continue
+        {"named": named_keys, "dora": dora_keys, "bias": bias_keys}.get(kind, []).append(key)
+        if kind in ("named", "dora", "bias"):
+            continue
+        assert module is not None
+        mt = modules.setdefault(module, _ModuleTensors())
+        if kind in ("A", "emb_A"):
+            mt.a, mt.a_key = shape, key
+        else:
+            mt.b, mt.b_key = shape, key
+        mt.embedding = mt.embedding or kind.startswith("emb")
+
+    if not tensors:
+        found.add("error", "no_weights", f"adapter {q}: {WEIGHTS_FILE} holds no tensors; re-save the adapter with PEFT")
+    if bad_keys:
+        found.add("error", "bad_key_name",
+                  f"adapter {q}: {_count(len(bad_keys), 'tensor')} not named the way vLLM reads LoRA weights, e.g. "
+                  f"{bad_keys[0]!r} (expected base_model.model.<module>.lora_A.weight / .lora_B.weight); vLLM "
+                  "refuses the adapter — re-save it with PEFT's save_pretrained()")
+    if named_keys:
+        adapter_name = named_keys[0].rsplit(".", 2)[-2]
+        found.add("error", "bad_key_name",
+                  f"adapter {q}: {_count(len(named_keys), 'tensor')} still carry the adapter name {adapter_name!r}, "
+                  f"e.g. {named_keys[0]!r}; vLLM refuses such keys — save with PEFT's save_pretrained() (it drops "
+                  "the name) or rename them to ….lora_A.weight / ….lora_B.weight")
+    if dora_keys:
+        found.add("error", "dora",
+                  f"adapter {q} has {_count(len(dora_keys), 'DoRA magnitude tensor')} (e.g. {dora_keys[0]!r}); vLLM "
+                  f"does not support DoRA — retrain with use_dora=false or {merge_hint}")
+    if bias_keys:
+        found.add("error", "unsupported_feature",
+                  f"adapter {q} has {_count(len(bias_keys), 'LoRA bias tensor')} (e.g. {bias_keys[0]!r}); vLLM does "
+                  "not support lora_bias — retrain with lora_bias=false")
+
+    base_mods = base.modules if base is not None else {}
+    unpaired: dict[str, list[str]] = {"lora_A": [], "lora_B": []}  # lacking lora_A / lora_B
+    unknown: list[str] = []
+    fused: list[str] = []
+    inconsistent: list[tuple[str, str]] = []
+    misfits: list[tuple[str, str]] = []
+    for module, mt in sorted(modules.items()):
+        short = _short(module)
+        if mt.a is None or mt.b is None:
+            unpaired["lora_A" if mt.a is None else "lora_B"].append(module)
+        if base is not None and module not in base_mods:
+            parent, _, leaf = module.rpartition(".")
+            members = PACKED_GROUPS.get(leaf)
+            (fused if members and all(f"{parent}.{m}" in base_mods for m in members) else unknown).append(module)
+            continue
+        # the adapter's own consistency: 2-D tensors, one rank per module, the rank the config says
+        rr = _rank_for(module, r, rank_pattern) if r is not None else None
+        labels = ("lora_embedding_A", "lora_embedding_B") if mt.embedding else ("lora_A", "lora_B")
+        problems = [f"{label} is {_fmt_shape(shape)}, not 2-D" for label, shape in zip(labels, (mt.a, mt.b))
+                    if shape is not None and len(shape) != 2]
+        if not problems:
+            if mt.a is not None and mt.b is not None and mt.a[0] != mt.b[1]:
+                problems.append(f"{labels[0]} has rank {mt.a[0]} but {labels[1]} has rank {mt.b[1]}")
+            elif rr is not None and mt.a is not None and mt.a[0] != rr:
+                problems.append(f"{labels[0]} has rank {mt.a[0]} but {CONFIG_FILE} says r = {rr}")
+            elif rr is not None and mt.b is not None and mt.b[1] != rr:
+                problems.append(f"{labels[1]} has rank {mt.b[1]} but {CONFIG_FILE} says r = {rr}")
+        if problems:
+            inconsistent.append((module, "; ".join(problems)))
+            continue
+        # the fit with the base weight [out_features, in_features]
+        base_shape = base_mods.get(module)
+        if base_shape is not None and len(base_shape) == 2:
+            out_f, in_f = base_shape
+            if mt.embedding:  # base embedding weight is [vocab, hidden]; A is [r, vocab], B is [hidden, r]
+                out_f, in_f = in_f, out_f
+            fit = []
+            if mt.a is not None and mt.a[1] != in_f:
+                fit.append(f"{labels[0]} is {_fmt_shape(mt.a)}, expected [{mt.a[0]}, {in_f}]")
+            if mt.b is not None and mt.b[0] != out_f:
+                fit.append(f"{labels[1]} is {_fmt_shape(mt.b)}, expected [{out_f}, {mt.b[1]}]")
+            if fit:
+                misfits.append((module, f"{' and '.join(fit)} for the base weight {_fmt_shape(base_shape)}"))
+        if short in _EMBEDDING_NAMES or short == "lm_head":
+            archs = set(base.architectures) if base is not None else set()
+            if archs and not archs & EMBEDDING_LORA_ARCHS:
+                found.add("error", "embedding_target",
+                          f"adapter {q} adapts {short!r}; vLLM serves embed_tokens/lm_head LoRA only for architectures "
+                          f"that declare embedding_modules (e.g. LlamaForCausalLM, Qwen3ForCausalLM), not "
+                          f"{'/'.join(sorted(archs))} — retrain without {short} or merge the adapter",
+                          group=f"emb:{short}")
+            else:
+                found.add("warning", "embedding_target",
+                          f"adapter {q} adapts {short!r}; vLLM applies embed_tokens/lm_head LoRA only on some "
+                          "architectures and versions — check that answers change, or merge the adapter",
+                          group=f"emb:{short}")
+
+    for lack, have in (("lora_B", "lora_A"), ("lora_A", "lora_B")):
+        mods = unpaired[lack]
+        if mods:
+            found.add("error", f"missing_{lack.lower()}",
+                      f"adapter {q}: {_count(len(mods), 'module')} ({_modules_phrase(mods)}) {'has' if len(mods) == 1 else 'have'} "
+                      f"{have} but no {lack}, e.g. {mods[0]!r}; vLLM cannot load a half pair — the file is incomplete "
+                      "or its keys were renamed; re-save the adapter with PEFT")
+    if fused:
+        leaf = _short(fused[0])
+        members = "/".join(PACKED_GROUPS[leaf])
+        found.add("error", "fused_packed_key",
+                  f"adapter {q}: {_count(len(fused), 'module')} ({_modules_phrase(fused)}) use vLLM's fused name "
+                  f"{leaf!r}, e.g. {fused[0]!r}, but this base stores {members} separately; vLLM 0.32 refuses it "
+                  "(\"expected target modules … but received …\"; at start-up that kills the server) and where such "
+                  f"a name is accepted, mis-slices it (IndexError at lora_a[i], vllm#51409) — re-export the adapter "
+                  f"with separate {members} weights")
+    if unknown:
+        layers = sorted({_layer_of(m) for m in unknown if _layer_of(m)}, key=int)
+        base_layers = _count_layers(base_mods)
+        missing_layers = [x for x in layers if int(x) >= base_layers] if base_layers else []
+        why = (f"the base has only {base_layers} layers" if missing_layers
+               else "no such module in the base")
+        found.add("error", "unknown_tensor_module",
+                  f"adapter {q}: {_count(len(unknown), 'module')} in its weights ({_modules_phrase(unknown)}) "
+                  f"{'is' if len(unknown) == 1 else 'are'} missing from the base model ({why}), e.g. {unknown[0]!r}; "
+                  "vLLM would silently ignore them — the adapter was trained for a different model")
+    if inconsistent:
+        module, text = inconsistent[0]
+        found.add("error", "shape_mismatch",
+                  f"adapter {q}: {_count(len(inconsistent), 'module')} ({_modules_phrase(m for m, _ in inconsistent)}) "
+                  f"{'has' if len(inconsistent) == 1 else 'have'} inconsistent LoRA shapes, e.g. {module!r}: {text}; "
+                  "re-save the adapter with PEFT")
+    if misfits:
+        module, text = misfits[0]
+        found.add("error", "shape_mismatch",
+                  f"adapter {q}: {len(misfits)} of {_count(len(modules), 'LoRA module')} "
+                  f"({_modules_phrase(m for m, _ in misfits)}) do not fit the base weights, e.g. {module!r}: {text}; "
+                  "vLLM either fails to load it or pads it into the wrong slots — it was trained for a different "
+                  "model (size); serve it with its own base or retrain")
+
+    _check_packed(found, q, modules, base_mods if base is not None else None)
+
+
+def _count_layers(modules: Iterable[str]) -> int:
+    layers = {m.group(1) for m in (re.search(r"\.layers\.(\d+)\.", "." + x) for x in modules) if m}
+    return len(layers)
+
+
+def _check_packed(found: _Findings, q: str, modules: Mapping[str, _ModuleTensors],
+                  base_mods: Mapping[str, Any] | None) -> None:
+    """A packed group (q/k/v -> qkv_proj, gate/up -> gate_up_proj) with only some members adapted.
+
+    vLLM 0.32 pads the missing slices with None and serves the rest (PackedLoRALayerWeights.pack,
+    set_lora skips None), so this is a warning, not an error; older vLLM crashed here with IndexError
+    at ``lora_a[i]``, and an unintended partial set usually means a broken export.
+    """
+    partial: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[str]] = {}
+    parents: dict[str, set[str]] = {}
+    for module in modules:
+        parent, _, leaf = module.rpartition(".")
+        parents.setdefault(parent, set()).add(leaf)
+    for parent, leaves in parents.items():
+        for packed, members in PACKED_GROUPS.items():
+            have = tuple(m for m in members if m in leaves)
+            if not have or len(have) == len(members):
+                continue
+            if base_mods is not None and not all(f"{parent}.{m}" in base_mods for m in members):
+                continue  # the base does not pack these (or lacks them: reported elsewhere)
+            lack = tuple(m for m in members if m not in leaves)
+            partial.setdefault((packed, have, lack), []).append(_layer_of(parent + ".") or parent)
+    for (packed, have, lack), layers in partial.items():
+        where = f"layer{'s' * (len(layers) != 1)} {', '.join(layers[:8])}{', …' if len(layers) > 8 else ''}"
+        found.add("warning", "partial_packed_group",
+                  f"adapter {q} adapts {'/'.join(have)} but not {'/'.join(lack)} of vLLM's packed {packed} "
+                  f"({where}); vLLM 0.32 leaves {'/'.join(lack)} unchanged (older vLLM crashed with IndexError at "
+                  f"lora_a[i]) — fine if intended, else retrain with {'/'.join(lack)} in target_modules")
+
+
+def diagnose_model_dir(path: str | Path) -> Diagnosis:
+    """Check a folder given as the *model*: an un-merged PEFT adapter there makes vLLM die with
+    ``KeyError …lora_A.weight``."""
+    path = Path(path)
+    found = _Findings()
+    adapter_base: str | None = None
+    if not path.is_dir():
+        found.add("error", "missing_model", f"model folder {path} does not exist; set [model].path to a model folder")
+        return Diagnosis(path.name, path, found.result(), kind="model")
+    cfg_path = path / CONFIG_FILE
+    lora_keys = False
+    for st in sorted(path.glob("*.safetensors"))[:64]:
+        try:
+            if any(_parse_key(k)[1] in ("A", "B", "emb_A", "emb_B") for k in read_safetensors_header(st)):
+                lora_keys = True
+                break
+        except (OSError, ValueError):
+            continue
+    has_config = (path / "config.json").is_file()
+    if cfg_path.is_file() and has_config and not lora_keys:
+        found.add("warning", "stray_adapter_config",
+                  f"{path} is a model but also holds {CONFIG_FILE}; if it is a merged model that file is a leftover "
+                  "(delete it), otherwise check that the weights really are merged")
+    elif cfg_path.is_file() or lora_keys:
+        try:
+            adapter_base = _read_json(cfg_path).get("base_model_name_or_path") if cfg_path.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            adapter_base = None
+        base_hint = adapter_base or "BASE_MODEL"
+        found.add("error", "adapter_as_model",
+                  f"{path} is an un-merged LoRA adapter, not a model (vLLM would die with KeyError …lora_A.weight); "
+                  f"serve the base ({base_hint}) with the adapter in [lora].modules (--lora-modules), or merge it: "
+                  f"python -m backend merge --base {base_hint} --adapter {path} --out {path}-merged")
+    elif not has_config:
+        found.add("error", "not_a_model", f"{path} has no config.json; it is not a Hugging Face model folder")
+    return Diagnosis(path.name, path, found.result(), base_model_name_or_path=adapter_base, kind="model")
+
+
+# ---------------------------------------------------------------- command line
+
+
+def doctor_main(argv: list[str]) -> int:
+    """``python -m backend doctor ADAPTER [--base MODEL] [--max-rank N] [--json]``; exit 1 on errors."""
+    parser = argparse.ArgumentParser(
+        prog="python -m backend doctor",
+        description="Check a LoRA adapter folder against the base model before vLLM sees it.")
+    parser.add_argument("adapter", help="adapter folder, or the name of an adapter in [lora].modules / [lora].dir")
+    parser.add_argument("--base", help="base model folder (default: the configured [model])")
+    parser.add_argument("--max-rank", type=int, help="vLLM --max-lora-rank (default: [lora].max_lora_rank)")
+    parser.add_argument("--as-model", action="store_true", help="check the folder as a *model* (un-merged adapter?)")
+    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    args = parser.parse_args(argv)
+
+    settings = None
+    try:
+        from .settings import load_settings
+
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"note: config not loaded ({exc}); using defaults", file=sys.stderr)
+
+    if args.as_model:
+        diagnosis = diagnose_model_dir(args.adapter)
+    else:
+        adapter = Path(args.adapter)
+        if not adapter.exists() and settings is not None:
+            if args.adapter in settings.lora.modules:
+                adapter = settings.lora.adapter_path(args.adapter)
+            elif (settings.lora.resolved_dir / args.adapter).is_dir():
+                adapter = settings.lora.resolved_dir / args.adapter
+        base: Path | None = Path(args.base) if args.base else None
+        if base is None and settings is not None and settings.model.resolved_path.is_dir():
+            base = settings.model.resolved_path
+        max_rank = args.max_rank or (settings.lora.max_lora_rank if settings is not None else 16)
+        diagnosis = diagnose_adapter(adapter, base, max_rank, name=adapter.name if adapter.name else args.adapter)
+    if args.json:
+        print(json.dumps(diagnosis.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        print(diagnosis.format_text())
+    return 0 if diagnosis.ok else 1
+
+
+# ---------------------------------------------------------------- adapters folder (allow-list)
+
+
+def resolve_adapter(folder: str | Path, name: str) -> Path:
+    """The folder of adapter ``name`` directly inside ``folder``; nothing else can be named.
+
+    AdapterPathRefused for "", ".", "..", hidden names, separators, absolute paths, NUL, and symlinks
+    resolving outside ``folder``; AdapterRejected when there is no such adapter folder.
+    """
+    folder = Path(folder)
+    shown = str(folder)
+    if (not isinstance(name, str) or not name or name in (".", "..") or name.startswith(".")
+            or any(c in name for c in ("/", "\\", "\x00", ":")) or name != name.strip()
+            or os.path.isabs(name)):
+        raise AdapterPathRefused(name=name if isinstance(name, str) else repr(name), folder=shown)
+    root = folder.resolve()
+    candidate = root / name
+    try:
+        target = candidate.resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, or a symlink loop
+        target = None
+    if target is not None and (target == root or not target.is_relative_to(root)):
+        raise AdapterPathRefused(name=name, folder=shown)
+    if target is None or not target.is_dir():
+        try:  # plain listing: discover_adapters() calls us, so no recursion through it
+            known = ", ".join(sorted(p.name for p in root.iterdir()
+                                     if not p.name.startswith(".") and (p / CONFIG_FILE).is_file())) or "none"
+        except OSError:
+            known = "none (the folder does not exist)"
+        raise AdapterRejected(name, f"there is no adapter folder named {name!r} in {shown} (found: {known})")
+    return target
+
+
+def discover_adapters(folder: str | Path) -> list[AdapterInfo]:
+    """Adapter folders (with adapter_config.json) directly inside ``folder``, sorted by name.
+
+    Unreadable ones are returned with ``problem`` set, never raised; symlinks leading outside are skipped.
+    """
+    root = Path(folder)
+    try:
+        entries = sorted(root.iterdir(), key=lambda p: p.name)
+    except OSError:
+        return []
+    out: list[AdapterInfo] = []
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        try:
+            path = resolve_adapter(root, entry.name)
+        except AdapterError:
+            continue
+        cfg_path = path / CONFIG_FILE
+        if not cfg_path.is_file():
+            continue
+        try:
+            cfg = _read_json(cfg_path)
+            if not isinstance(cfg, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as exc:
+            out.append(AdapterInfo(entry.name, path, problem=f"{CONFIG_FILE} is unreadable ({exc})"))
+            continue
+        r = cfg.get("r")
+        base_name = cfg.get("base_model_name_or_path")
+        out.append(AdapterInfo(
+            entry.name, path,
+            rank=r if isinstance(r, int) and not isinstance(r, bool) else None,
+            base_model_name_or_path=base_name if isinstance(base_name, str) else None,
+            problem="" if isinstance(r, int) else f"{CONFIG_FILE} has no valid rank r ({r!r})",
+        ))
+    return out
+
+
+def read_rank(adapter_dir: str | Path) -> int | None:
+    """The adapter's rank ``r`` from adapter_config.json, or None (for dropdown labels)."""
+    try:
+        r = _read_json(Path(adapter_dir) / CONFIG_FILE).get("r")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return r if isinstance(r, int) and not isinstance(r, bool) else None
+
+
+def prepare_runtime_load(folder: str | Path, name: str, base_dir: str | Path | None, max_rank: int,
+                         *, base_aliases: Iterable[str] = ()) -> Diagnosis:
+    """Allow-list + doctor before a runtime load; AdapterPathRefused / AdapterRejected (doctor's errors)."""
+    path = resolve_adapter(folder, name)
+    diagnosis = diagnose_adapter(path, base_dir, max_rank, name=name, base_aliases=base_aliases)
+    if not diagnosis.ok:
+        raise AdapterRejected(name, diagnosis.error_text())
+    return diagnosis
+
+
+# ---------------------------------------------------------------- runtime load / unload (vLLM)
+
+
+def _engine_client(client_or_base_url: Any, api_key: str | None, timeout: float) -> tuple[Any, bool]:
+    """(client, owned): an AsyncOpenAI without retries (a failed load must not be repeated)."""
+    from openai import AsyncOpenAI
+
+    if isinstance(client_or_base_url, str):
+        return AsyncOpenAI(base_url=client_or_base_url.rstrip("/"), api_key=api_key or "EMPTY",
+                           max_retries=0, timeout=timeout), True
+    options: dict[str, Any] = {"max_retries": 0, "timeout": timeout}
+    if api_key:
+        options["api_key"] = api_key
+    return client_or_base_url.with_options(**options), False
+
+
+def _error_parts(exc: Any) -> tuple[int, str, bool]:
+    """(status, message, route_missing) from an openai APIStatusError holding a vLLM error body."""
+    response = exc.response
+    status = response.status_code
+    try:
+        body = json.loads(response.text)
+    except ValueError:
+        return status, response.text.strip()[:500], False
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return status, str(body["error"].get("message", "")), False
+    if isinstance(body, dict) and isinstance(body.get("error"), str):  # the --api-key middleware
+        return status, body["error"], False
+    if isinstance(body, dict) and "message" in body:  # older vLLM: flat {"object": "error", ...}
+        return status, str(body["message"]), False
+    if isinstance(body, dict) and "detail" in body:  # FastAPI's own 404: the route is not there
+        return status, str(body["detail"]), status == 404
+    return status, response.text.strip()[:500], False
+
+
+async def _post(client_or_base_url: Any, api_key: str | None, route: str, body: dict[str, Any],
+                timeout: float) -> str:
+    client, owned = _engine_client(client_or_base_url, api_key, timeout)
+    try:
+        return await client.post(route, body=body, cast_to=str)
+    finally:
+        if owned:
+            await client.close()
+
+
+def _map_runtime_error(exc: Exception, action: str, name: str, path: str, url: str, timeout: float) -> Exception:
+    """Translate openai SDK errors from /v1/(un)load_lora_adapter into our family, most specific first."""
+    import openai
+
+    if isinstance(exc, openai.APITimeoutError):
+        return RequestTimeout(timeout)
+    if isinstance(exc, openai.APIConnectionError):
+        return ServerUnreachable(url, str(exc))
+    if not isinstance(exc, openai.APIStatusError):
+        return BackendError(str(exc))
+    status, message, route_missing = _error_parts(exc)
+    if route_missing:
+        return AdapterRuntimeDisabled(name=name)
+    if status in (401, 403):
+        return BackendError(f"HTTP {status} from {url} ({message}); the API key does not match the server's "
+                            "--api-key (OPENAI_API_KEY / [server].api_key)")
+    if status in (429, 503):
+        return Overloaded(f"HTTP {status}: {message}")
+    if action == "unload":
+        if status == 404:
+            return ModelNotFound(model=name, detail=message)
+        return BackendError(f"unloading {name!r} failed: HTTP {status}: {message}")
+    if status == 404:
+        return AdapterRejected(name, f"the model server cannot find {path} ({message}); if it runs in another "
+                                     "container or host, the adapters folder must be mounted there at the same path")
+    if status >= 500:
+        return AdapterRejected(name, f"the model server could not load it (HTTP {status}): {message}")
+    return AdapterRejected(name, f"HTTP {status}: {message}")
+
+
+def _url_of(client_or_base_url: Any) -> str:
+    return client_or_base_url if isinstance(client_or_base_url, str) else str(getattr(client_or_base_url, "base_url", ""))
+
+
+async def load_adapter(client_or_base_url: Any, api_key: str | None, name: str, path: str | Path, *,
+                       loaded: Collection[str] = (), limit: int = 0, timeout: float = 120.0) -> str:
+    """POST /v1/load_lora_adapter; returns vLLM's text. Already loaded under this name: a no-op.
+
+    ``loaded``/``limit``: names the engine serves now (from /v1/models) and [lora].max_cpu_loras — vLLM
+    itself never refuses for capacity (its CPU cache evicts silently), so the limit is enforced here.
+    Raises AdapterRuntimeDisabled, AdapterLimitReached, AdapterRejected, or a BackendError subclass.
+    """
+    if limit and name not in loaded and len(loaded) >= limit:
+        raise AdapterLimitReached(name=name, loaded=len(loaded), limit=limit, setting="[lora].max_cpu_loras")
+    import openai
+
+    url = _url_of(client_or_base_url)
+    try:
+        text = await _post(client_or_base_url, api_key, "/load_lora_adapter",
+                           {"lora_name": name, "lora_path": str(path)}, timeout)
+    except openai.APIStatusError as exc:
+        status, message, _ = _error_parts(exc)
+        if status == 400 and "already been loaded" in message:
+            logger.info("adapter %s is already loaded", name)
+            return message
+        raise _map_runtime_error(exc, "load", name, str(path), url, timeout) from exc
+    except openai.OpenAIError as exc:
+        raise _map_runtime_error(exc, "load", name, str(path), url, timeout) from exc
+    logger.info("loaded adapter %s from %s", name, path)
+    return text
+
+
+async def unload_adapter(client_or_base_url: Any, api_key: str | None, name: str, *, timeout: float = 30.0) -> str:
+    """POST /v1/unload_lora_adapter; ModelNotFound when the engine does not have it."""
+    import openai
+
+    url = _url_of(client_or_base_url)
+    try:
+        text = await _post(client_or_base_url, api_key, "/unload_lora_adapter", {"lora_name": name}, timeout)
+    except openai.OpenAIError as exc:
+        raise _map_runtime_error(exc, "unload", name, "", url, timeout) from exc
+    logger.info("unloaded adapter %s", name)
+    return text
+
+
+async def load_adapter_from_folder(client_or_base_url: Any, api_key: str | None, folder: str | Path, name: str,
+                                   base_dir: str | Path | None, max_rank: int, *, loaded: Collection[str] = (),
+                                   limit: int = 0, base_aliases: Iterable[str] = ()) -> Diagnosis:
+    """Allow-list + doctor (in a thread) + load: what the dropdown calls for an adapter not yet served."""
+    import asyncio
+
+    if limit and name not in loaded and len(loaded) >= limit:
+        raise AdapterLimitReached(name=name, loaded=len(loaded), limit=limit, setting="[lora].max_cpu_loras")
+    diagnosis = await asyncio.to_thread(prepare_runtime_load, folder, name, base_dir, max_rank,
+                                        base_aliases=tuple(base_aliases))
+    await load_adapter(client_or_base_url, api_key, name, diagnosis.path, loaded=loaded, limit=limit)
+    return diagnosis

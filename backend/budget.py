@@ -1,0 +1,457 @@
+"""Fitting a conversation into the model's token budget, with a per-message count cache.
+
+    budget = max_model_len − reply_reserve          (reply_reserve is also sent as max_tokens)
+    fit = await fit_history(messages, counter, max_model_len=262_144, reply_reserve=1024)
+    fit.messages        what to send: system prompt (if not empty) + the newest turns that fit
+    fit.prompt_tokens   the prompt's exact size (== vLLM usage.prompt_tokens when fit.exact)
+    fit.dropped         the oldest whole turns left out, with previews for the UI
+    fit.meter_text(lang)  "12,345 / 261,120 tokens · 3 earlier turns left out" ("≈" if estimated)
+
+Rules: the system prompt and the newest user turn are always kept; the oldest whole turns
+(a user message and the answers after it) go first; nothing is cut inside a message. If the
+newest user message alone does not fit, ``PromptTooLong`` carries the numbers (``tokens``,
+``system``, ``budget`` and ``limit``, the most the message may have) and the UI may offer
+:func:`trim_middle` — never a silent cut. The input list is never changed.
+
+What is sent differs from what is shown in two ways: reasoning (``<think>…</think>``) is
+removed from assistant messages, and special-token strings are neutralised (see
+``template.neutralize_special_tokens``: the role-forgery guard).
+
+Speed: per-message costs are cached by (role, hash of content) per counter, so a new turn
+tokenises only its new text. On a cold cache the newest messages are counted first, in
+batches sized from the chars-per-token seen so far, until the budget is full: older messages
+are never tokenised. Totals are ``overhead(system) + Σ segment costs``, which equals a full
+render for additive templates (checked when the counter loads, and against one full render
+on each counter's first fit); other templates are fitted with full renders.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Sequence
+
+from .errors import ConfigError, PromptTooLong, pick_language
+from .template import Message, TemplateNotAdditive, TokenCounter, neutralize_special_tokens, strip_reasoning
+
+logger = logging.getLogger(__name__)
+
+#: Trimmed messages get this in place of their middle (``{omitted}`` is a token count).
+TRIM_MARKER = "[… {omitted:,} tokens omitted …]"
+_FIRST_CHARS_PER_TOKEN = 1.2  # below any language's real ratio: the first batch never overshoots much
+
+
+def token_budget(max_model_len: int, reply_reserve: int) -> int:
+    """Prompt tokens available: ``max_model_len − reply_reserve``; ConfigError naming both if none."""
+    if reply_reserve <= 0:
+        raise ConfigError("budget.reply_reserve", reply_reserve, "a positive number of tokens")
+    if max_model_len <= reply_reserve:
+        raise ConfigError(
+            "budget.reply_reserve", reply_reserve,
+            f"fewer tokens than max_model_len ({max_model_len}, from the server's /v1/models or "
+            "[model].max_model_len) so the prompt has room; lower [budget].reply_reserve or raise --max-model-len",
+        )
+    return max_model_len - reply_reserve
+
+
+@dataclass(frozen=True)
+class DroppedTurn:
+    """One earlier turn left out of the prompt."""
+
+    index: int  # position of the turn's first message in the input list
+    indices: tuple[int, ...]  # every message of the turn
+    preview: str  # the start of its user message, on one line
+    tokens: int | None  # what it would have cost, when it was counted
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What to send, and the numbers for the context meter."""
+
+    messages: list[dict[str, str]]
+    prompt_tokens: int
+    budget: int
+    max_model_len: int
+    reply_reserve: int
+    dropped: tuple[DroppedTurn, ...] = ()
+    kept_turns: int = 0
+    exact: bool = True
+    source: str = ""
+    system_tokens: int = 0  # template overhead incl. the system prompt and the generation prompt
+
+    @property
+    def left_out(self) -> int:
+        return len(self.dropped)
+
+    def meter_text(self, lang: str | None = "en") -> str:
+        approx = "" if self.exact else "≈"
+        n = self.left_out
+        if pick_language(lang) == "zh":
+            text = f"上下文：{approx}{self.prompt_tokens:,} / {self.budget:,} 词元"
+            return text + (f" · {n} 轮较早的对话未发送" if n else "")
+        text = f"context: {approx}{self.prompt_tokens:,} / {self.budget:,} tokens"
+        return text + (f" · {n} earlier turn{'s' if n != 1 else ''} left out" if n else "")
+
+
+# ---------------------------------------------------------------- preparing messages
+
+
+def _text(content: Any) -> str:
+    """Message content as text; OpenAI content parts are joined (text parts only)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return str(content)
+
+
+def prepare_content(role: str, content: str, specials: Sequence[str]) -> str:
+    """The text actually sent for one message: reasoning removed (assistant), specials neutralised."""
+    if role == "assistant":
+        content = strip_reasoning(content)
+    return neutralize_special_tokens(content, specials)
+
+
+@dataclass(eq=False)
+class _Item:
+    index: int
+    role: str
+    raw: str
+    key: Hashable
+    content: str | None = None  # prepared text, once known
+    cost: int | None = None
+
+
+class _CostCache:
+    """(role, hash(content), len) → (cost, prepared text or None if unchanged); two generations.
+
+    Python's str hash is computed once per string object and kept, so history strings that
+    come back turn after turn are looked up in O(1). Nothing but changed text is retained.
+    """
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self.max_entries = max_entries
+        self.new: dict[Hashable, tuple[int, str | None]] = {}
+        self.old: dict[Hashable, tuple[int, str | None]] = {}
+
+    def get(self, key: Hashable) -> tuple[int, str | None] | None:
+        hit = self.new.get(key)
+        if hit is None:
+            hit = self.old.get(key)
+            if hit is not None:
+                self.put(key, hit)
+        return hit
+
+    def put(self, key: Hashable, value: tuple[int, str | None]) -> None:
+        self.new[key] = value
+        if len(self.new) > self.max_entries:
+            self.old, self.new = self.new, {}
+
+
+_CACHES: "weakref.WeakKeyDictionary[Any, _CostCache]" = weakref.WeakKeyDictionary()
+_VERIFIED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _cache_for(counter: TokenCounter) -> _CostCache:
+    cache = _CACHES.get(counter)
+    if cache is None:
+        cache = _CACHES[counter] = _CostCache()
+    return cache
+
+
+def clear_cache(counter: TokenCounter) -> None:
+    """Forget the cached per-message costs (and the first-fit check) for ``counter``."""
+    _CACHES.pop(counter, None)
+    _VERIFIED.discard(counter)
+
+
+def _preview(text: str, limit: int = 80) -> str:
+    one_line = " ".join(text[: limit * 4].split())
+    return one_line if len(one_line) <= limit else one_line[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------- fitting
+
+
+async def fit_history(
+    messages: Sequence[Message],
+    counter: TokenCounter,
+    *,
+    max_model_len: int,
+    reply_reserve: int,
+    verify: bool | None = None,
+) -> FitResult:
+    """Choose what to send so the prompt fits ``max_model_len − reply_reserve`` tokens.
+
+    ``messages``: OpenAI format, oldest first, an optional system message first, ending with
+    the newest user turn. ``verify``: compare the total with one full render (None: on each
+    counter's first fit only). Raises PromptTooLong, ConfigError, ValueError (no user message).
+    """
+    budget = token_budget(max_model_len, reply_reserve)
+    specials = counter.specials
+    msgs = list(messages)
+    system: str | None = None
+    if msgs and msgs[0].get("role") == "system":
+        raw_system = _text(msgs[0].get("content"))
+        system = neutralize_special_tokens(raw_system, specials) if raw_system.strip() else None
+        start = 1
+    else:
+        start = 0
+    items = []
+    for i in range(start, len(msgs)):
+        role, raw = str(msgs[i].get("role")), _text(msgs[i].get("content"))
+        items.append(_Item(i, role, raw, (role, hash(raw), len(raw))))
+    turns: list[list[_Item]] = []
+    for it in items:
+        if it.role == "user" or not turns:
+            turns.append([])
+        turns[-1].append(it)
+    if not turns or not any(it.role == "user" for it in turns[-1]):
+        raise ValueError("fit_history needs at least one user message (the newest turn)")
+
+    # Segment sums are only proven for user/assistant messages ending with a user message (Qwen3's
+    # template, e.g., renders an assistant message after the last user turn with a <think> block).
+    use_segments = (counter.additive and items[-1].role == "user"
+                    and all(it.role in ("user", "assistant") for it in items))
+    if use_segments:
+        try:
+            fit = await _fit_by_segments(system, turns, counter, budget)
+        except TemplateNotAdditive:
+            use_segments = False
+    if use_segments and (verify or (verify is None and counter not in _VERIFIED)):
+        full = await counter.count_messages(_window(system, turns, len(turns) - fit[0]))
+        if full == fit[1]:
+            _VERIFIED.add(counter)
+        else:
+            logger.warning("segment total %d != full render %d (%s); fitting with full renders from now on",
+                           fit[1], full, counter.source)
+            try:
+                counter.additive = False
+            except AttributeError:  # a read-only wrapper: it is checked again next time instead
+                pass
+            use_segments = False
+    if not use_segments:
+        fit = await _fit_by_renders(system, turns, counter, budget)
+    kept, total, overhead = fit
+    first_kept = len(turns) - kept
+    dropped = []
+    for turn in turns[:first_kept]:
+        user = next((it for it in turn if it.role == "user"), turn[0])
+        costs = [it.cost for it in turn]
+        dropped.append(DroppedTurn(
+            index=turn[0].index, indices=tuple(it.index for it in turn), preview=_preview(user.raw),
+            tokens=sum(costs) if all(c is not None for c in costs) else None,  # type: ignore[misc]
+        ))
+    return FitResult(
+        messages=_window(system, turns, first_kept), prompt_tokens=total, budget=budget,
+        max_model_len=max_model_len, reply_reserve=reply_reserve, dropped=tuple(dropped), kept_turns=kept,
+        exact=counter.exact, source=counter.source, system_tokens=overhead,
+    )
+
+
+def _window(system: str | None, turns: list[list[_Item]], first: int) -> list[dict[str, str]]:
+    out = [{"role": "system", "content": system}] if system is not None else []
+    for turn in turns[first:]:
+        out.extend({"role": it.role, "content": it.content if it.content is not None else it.raw} for it in turn)
+    return out
+
+
+def _too_long(turn: list[_Item], tokens: int, other: int, budget: int) -> PromptTooLong:
+    exc = PromptTooLong(tokens=tokens, system=other, budget=budget)
+    # The most tokens the newest message may have; what trim_middle should aim for.
+    exc.params["limit"] = max(0, budget - other)
+    return exc
+
+
+async def _fit_by_segments(system: str | None, turns: list[list[_Item]], counter: TokenCounter,
+                           budget: int) -> tuple[int, int, int]:
+    """(turns kept, prompt tokens, overhead) from cached per-message costs, newest first."""
+    cache = _cache_for(counter)
+    specials = counter.specials
+    overhead = await counter.overhead(system)
+    order = [it for turn in reversed(turns) for it in reversed(turn)]
+    seen = {"chars": 0, "tokens": 0}
+
+    async def fill(p: int, remaining: int) -> None:
+        """Count a batch of uncached messages from order[p], sized to cover ``remaining`` tokens."""
+        ratio = seen["chars"] / seen["tokens"] if seen["tokens"] else _FIRST_CHARS_PER_TOKEN
+        batch: list[_Item] = []
+        chars, cached = 0, 0
+        while p < len(order) and (not batch or chars / ratio + cached < remaining * 1.05):
+            it = order[p]
+            p += 1
+            if it.cost is not None:
+                cached += it.cost
+                continue
+            hit = cache.get(it.key)
+            if hit is not None:
+                it.cost, it.content = hit[0], hit[1] if hit[1] is not None else it.raw
+                cached += it.cost
+                continue
+            it.content = prepare_content(it.role, it.raw, specials)
+            batch.append(it)
+            chars += len(it.content)
+        if not batch:
+            return
+        costs = await counter.count_segments([{"role": it.role, "content": it.content} for it in batch])
+        for it, cost in zip(batch, costs):
+            it.cost = cost
+            cache.put(it.key, (cost, it.content if it.content is not it.raw else None))
+        seen["chars"] += chars
+        seen["tokens"] += sum(costs)
+
+    total, kept, p = overhead, 0, 0
+    for t in range(len(turns) - 1, -1, -1):
+        turn_cost = 0
+        for it in reversed(turns[t]):
+            if it.cost is None:
+                hit = cache.get(it.key)
+                if hit is not None:
+                    it.cost, it.content = hit[0], hit[1] if hit[1] is not None else it.raw
+                else:
+                    await fill(p, budget - total - turn_cost)
+            turn_cost += it.cost  # type: ignore[operator]
+            p += 1
+        if total + turn_cost > budget:
+            if kept == 0:
+                raise await _newest_too_long(turns[-1], counter, overhead, turn_cost, budget)
+            break
+        total += turn_cost
+        kept += 1
+    return kept, total, overhead
+
+
+async def _newest_too_long(turn: list[_Item], counter: TokenCounter, overhead: int, turn_cost: int,
+                           budget: int) -> PromptTooLong:
+    user = next(it for it in reversed(turn) if it.role == "user")
+    wrapper = (await counter.count_segments([{"role": "user", "content": ""}]))[0]
+    tokens = max(0, user.cost - wrapper)  # type: ignore[operator]
+    return _too_long(turn, tokens, overhead + turn_cost - tokens, budget)
+
+
+async def _fit_by_renders(system: str | None, turns: list[list[_Item]], counter: TokenCounter,
+                          budget: int) -> tuple[int, int, int]:
+    """Fallback for templates that do not decompose: full renders, searched from an estimate."""
+    specials = counter.specials
+    for turn in turns:
+        for it in turn:
+            if it.content is None:
+                it.content = prepare_content(it.role, it.raw, specials)
+    n = len(turns)
+    counts: dict[int, int] = {}
+
+    async def count(first: int) -> int:
+        if first not in counts:
+            counts[first] = await counter.count_messages(_window(system, turns, first))
+        return counts[first]
+
+    newest = await count(n - 1)
+    if newest > budget:
+        user = next(it for it in reversed(turns[-1]) if it.role == "user")
+        tokens = await counter.count_text(user.content or "")
+        raise _too_long(turns[-1], tokens, max(0, newest - tokens), budget)
+    overhead = (await counter.count_messages([{"role": "system", "content": system}])) if system is not None else 0
+    # Estimate from the newest turn's chars per token, then search with exact counts.
+    chars = sum(len(it.content or "") for it in turns[-1]) + 1
+    per_char = newest / chars
+    est, guess = newest, n - 1
+    while guess > 0:
+        c = sum(len(it.content or "") for it in turns[guess - 1]) * per_char
+        if est + c > budget:
+            break
+        est += c
+        guess -= 1
+
+    async def fits(first: int) -> bool:
+        return await count(first) <= budget
+
+    if await fits(guess):
+        hi, step, lo = guess, 1, guess - 1
+        while lo >= 0 and await fits(lo):
+            hi, step = lo, step * 2
+            lo = hi - step
+        lo = max(lo, -1)
+    else:
+        lo, step, hi = guess, 1, min(guess + 1, n - 1)
+        while hi < n - 1 and not await fits(hi):
+            lo, step = hi, step * 2
+            hi = min(lo + step, n - 1)
+    while hi - lo > 1:
+        mid = (hi + lo) // 2
+        if await fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return n - hi, await count(hi), overhead
+
+
+# ---------------------------------------------------------------- trimming
+
+
+async def trim_middle(text: str, max_tokens: int, counter: TokenCounter, *, marker: str = TRIM_MARKER) -> str:
+    """``text`` cut to at most ``max_tokens`` (as sent): head and tail kept, the middle replaced by ``marker``.
+
+    Only for the UI to *offer* (PromptTooLong.limit is the number to pass); text that already
+    fits comes back unchanged. Cuts prefer line ends near the cut points.
+    """
+    specials = counter.specials
+
+    async def size(s: str) -> int:
+        return await counter.count_text(neutralize_special_tokens(s, specials))
+
+    total = await size(text)
+    if total <= max_tokens:
+        return text
+    joint = "\n\n" + marker.format(omitted=total) + "\n\n"
+    reserve = await size(joint) + 4  # the junctions may merge a token or two
+    if max_tokens <= reserve + 2:
+        raise ValueError(f"max_tokens={max_tokens} leaves no room for text around the marker ({reserve} tokens)")
+    keep = max_tokens - reserve
+    per_token = len(text) / total
+    for _ in range(6):
+        head_n, tail_n = (keep + 1) // 2, keep // 2
+        head, h = await _fit_piece(text, head_n, per_token, size, from_start=True)
+        tail, t = await _fit_piece(text, tail_n, per_token, size, from_start=False)
+        result = head + "\n\n" + marker.format(omitted=max(0, total - h - t)) + "\n\n" + tail
+        over = await size(result) - max_tokens
+        if over <= 0:
+            return result
+        keep -= over + 2
+        if keep <= 0:
+            break
+    raise ValueError(f"could not trim to {max_tokens} tokens")
+
+
+async def _fit_piece(text: str, target: int, per_token: float, size, *, from_start: bool) -> tuple[str, int]:
+    """The longest head (or tail) of ``text`` with at most ``target`` tokens, found in a few counts."""
+    if target <= 0:
+        return "", 0
+    best, best_n = "", 0
+    n_chars = min(len(text), max(1, int(target * per_token)))
+    for _ in range(8):
+        piece = text[:n_chars] if from_start else text[len(text) - n_chars:]
+        n = await size(piece)
+        if n <= target:
+            if len(piece) > len(best):
+                best, best_n = piece, n
+            if n >= target * 0.98 or n_chars >= len(text):
+                break
+            n_chars = min(len(text), int(n_chars * target / max(n, 1)) + 1)
+        else:
+            n_chars = max(1, int(n_chars * target / n * 0.98))
+    # Prefer a line end close to the cut (within 2 % of the piece).
+    unsnapped, window = len(best), max(1, len(best) // 50)
+    if from_start:
+        cut = best.rfind("\n", len(best) - window)
+        if cut > 0:
+            best = best[: cut + 1]
+    else:
+        cut = best.find("\n", 0, window)
+        if 0 <= cut < len(best) - 1:
+            best = best[cut + 1:]
+    if len(best) != unsnapped:
+        best_n = await size(best)
+    return best, best_n

@@ -1,0 +1,819 @@
+"""Streaming chat against an OpenAI-compatible engine (vLLM), on the openai SDK's AsyncOpenAI.
+
+    client = ChatClient(settings.engine_base_url, settings.api_key, settings.client)
+    async with contextlib.aclosing(client.stream(messages, model)) as events:
+        async for ev in events:          # TextDelta | ReasoningDelta | Anomaly | Usage | Finish
+            ...                          # or a BackendError subclass is raised
+    answer = await client.complete(messages, model)   # non-streaming: Answer
+    await client.aclose()
+
+Guarantees:
+
+- Every field of every chunk is optional to us (empty ``choices``, no ``delta``,
+  ``content: null``, usage-only chunks, several choices, unknown fields). Oddities become
+  ``Anomaly`` events, are counted per process (``anomaly_counts()``) and the chunk is logged
+  at debug with the request id; they are never raised.
+- A stream yields at most one ``Usage`` and ends with exactly one ``Finish`` (always last),
+  or raises exactly one ``BackendError`` subclass. Nothing else escapes (``CancelledError``
+  propagates as it should). All lower-layer errors go through ``map_error``.
+- Timeouts (``ClientSettings``): connect (httpx), first token (request start until the first
+  text or reasoning), idle (gap between two chunks once text flows), total. Each error names
+  the setting and its value. The upstream response is closed on timeout, error, ``aclose()``
+  and cancellation (Stop), so the engine sees the connection close and stops generating.
+- Retries (the SDK's own, with its backoff and ``Retry-After``) happen only while opening
+  the request, for connection failures and HTTP 429/502/503/504; never once a stream was
+  returned, so a half-shown answer is never silently replayed. ``max_retries=0`` shows the
+  first failure as it is.
+- Input text is sanitized: lone surrogates (which cannot be encoded as UTF-8 and would
+  crash the request) become U+FFFD; NUL and everything else is sent unchanged. Response
+  bytes that are not valid UTF-8 are decoded with U+FFFD and reported as an anomaly.
+- Every request has an id (8 hex chars) on all our log lines and sent as ``X-Request-Id``.
+
+Inline ``<think>…</think>`` at the start of the content (Qwen3) and ``reasoning_content`` /
+``reasoning`` delta fields (vLLM's reasoning parser) become ``ReasoningDelta``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import openai
+from openai import AsyncOpenAI
+from openai._constants import INITIAL_RETRY_DELAY, MAX_RETRY_AFTER_DELAY
+from openai._streaming import SSEDecoder, ServerSentEvent
+
+from backend.errors import (
+    AuthenticationFailed,
+    BackendError,
+    ConnectionLost,
+    ConnectTimeout,
+    ContextOverflow,
+    EmptyAnswer,
+    EngineError,
+    FirstTokenTimeout,
+    IdleTimeout,
+    MalformedResponse,
+    ModelNotFound,
+    Overloaded,
+    RequestRejected,
+    ServerUnreachable,
+    TotalTimeout,
+)
+from backend.settings import ClientSettings
+
+logger = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+CONTEXT_PARAMS = frozenset({"input_tokens", "max_tokens"})
+SUMMARY_INTERVAL = 300.0  # seconds between INFO summaries of the anomaly counters
+RAW_LOG_LIMIT = 2000  # characters of a raw chunk in a debug line
+DETAIL_LIMIT = 300  # characters of a server message inside a user-facing error
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A piece of the answer text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """A piece of the model's reasoning (``<think>`` content or a reasoning delta field)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts reported by the engine (None when it did not say)."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+@dataclass(frozen=True)
+class Anomaly:
+    """The engine sent something off-spec that we tolerated; ``kind`` is a stable key."""
+
+    kind: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The stream ended; ``reason`` is the engine's finish_reason (None: it never sent one)."""
+
+    reason: str | None
+    model: str
+
+
+Event = TextDelta | ReasoningDelta | Usage | Anomaly | Finish
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole non-streamed answer."""
+
+    text: str
+    reasoning: str
+    finish_reason: str | None
+    model: str
+    usage: Usage | None
+    anomalies: tuple[Anomaly, ...]
+    request_id: str
+
+
+# ---------------------------------------------------------------- anomaly counters
+
+_counts: Counter[str] = Counter()
+_counts_lock = threading.Lock()
+_last_summary = {"at": time.monotonic(), "total": 0}
+
+
+def anomaly_counts() -> dict[str, int]:
+    """Requests with each anomaly kind since the process started (one count per request and kind)."""
+    with _counts_lock:
+        return dict(_counts)
+
+
+def reset_anomaly_counts() -> None:
+    """Forget the counters (tests)."""
+    with _counts_lock:
+        _counts.clear()
+        _last_summary["total"] = 0
+
+
+def log_anomaly_summary() -> None:
+    """Log the counters at INFO now (also done automatically every SUMMARY_INTERVAL when they change)."""
+    counts = anomaly_counts()
+    logger.info("anomalies since start (requests per kind): %s", counts or "none")
+    _last_summary["at"] = time.monotonic()
+    _last_summary["total"] = sum(counts.values())
+
+
+def _count_anomaly(kind: str) -> None:
+    with _counts_lock:
+        _counts[kind] += 1
+
+
+def _maybe_log_summary() -> None:
+    with _counts_lock:
+        total = sum(_counts.values())
+    if total != _last_summary["total"] and time.monotonic() - _last_summary["at"] >= SUMMARY_INTERVAL:
+        log_anomaly_summary()
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def new_request_id() -> str:
+    """8 hex characters, unique enough to grep one request in the logs."""
+    return secrets.token_hex(4)
+
+
+def sanitize_text(text: str) -> str:
+    """Replace lone surrogates (unencodable in UTF-8) with U+FFFD; join valid surrogate pairs."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _sanitize(value: Any) -> Any:
+    if isinstance(value, str):
+        return sanitize_text(value)
+    if isinstance(value, list):
+        return [_sanitize(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _sanitize(v) for k, v in value.items()}
+    return value
+
+
+def sanitize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A copy of ``messages`` that can always be sent (see sanitize_text); the input is not changed."""
+    return [_sanitize(m) for m in messages]
+
+
+def _raw(data: Any) -> str:
+    try:
+        text = json.dumps(data, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(data)
+    return text if len(text) <= RAW_LOG_LIMIT else text[:RAW_LOG_LIMIT] + f"… ({len(text)} chars)"
+
+
+def _short(text: Any) -> str:
+    text = str(text)
+    return text if len(text) <= DETAIL_LIMIT else text[:DETAIL_LIMIT] + "…"
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class ThinkSplitter:
+    """Split streamed content into text and ``<think>…</think>`` reasoning, tags split anywhere.
+
+    Only a ``<think>`` at the very start of the content (after whitespace) opens reasoning, as
+    Qwen3 emits it; a literal "<think>" later in an answer stays text. Whitespace right after
+    ``</think>`` is dropped.
+    """
+
+    OPEN = "<think>"
+    CLOSE = "</think>"
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self._inside = False
+        self._started = False  # non-whitespace text outside a think block was emitted
+        self._after_close = False
+        self._after_open = False
+
+    @staticmethod
+    def _held(buf: str, tag: str) -> int:
+        """Length of the longest suffix of buf that is a proper prefix of tag."""
+        for n in range(min(len(buf), len(tag) - 1), 0, -1):
+            if tag.startswith(buf[-n:]):
+                return n
+        return 0
+
+    def feed(self, text: str) -> list[TextDelta | ReasoningDelta]:
+        self._buf += text
+        out: list[TextDelta | ReasoningDelta] = []
+        for _ in range(len(self._buf) + 2):  # each pass consumes input or stops; bounded anyway
+            if not self._buf:
+                break
+            if self._inside:
+                if self._after_open:  # Qwen writes "<think>\n"; the newline is not reasoning
+                    self._buf = self._buf.lstrip()
+                    if not self._buf:
+                        break
+                    self._after_open = False
+                i = self._buf.find(self.CLOSE)
+                if i >= 0:
+                    if i:
+                        out.append(ReasoningDelta(self._buf[:i]))
+                    self._buf = self._buf[i + len(self.CLOSE):]
+                    self._inside, self._after_close = False, True
+                    continue
+                keep = self._held(self._buf, self.CLOSE)
+                if len(self._buf) > keep:
+                    out.append(ReasoningDelta(self._buf[: len(self._buf) - keep]))
+                self._buf = self._buf[len(self._buf) - keep:]
+                break
+            if self._after_close:
+                self._buf = self._buf.lstrip()
+                if not self._buf:
+                    break
+                self._after_close = False
+            if not self._started:
+                stripped = self._buf.lstrip()
+                if stripped.startswith(self.OPEN):
+                    self._buf = stripped[len(self.OPEN):]
+                    self._inside = self._after_open = True
+                    continue
+                if self.OPEN.startswith(stripped):  # whitespace or "<thi": wait for more
+                    break
+                self._started = True
+            out.append(TextDelta(self._buf))
+            self._buf = ""
+        return out
+
+    def flush(self) -> list[TextDelta | ReasoningDelta]:
+        """Whatever is held back at the end of the stream."""
+        buf, self._buf = self._buf, ""
+        if not buf or ((self._after_close or self._after_open) and not buf.strip()):
+            return []
+        return [ReasoningDelta(buf) if self._inside else TextDelta(buf)]
+
+
+# ---------------------------------------------------------------- error mapping
+
+
+class ErrorEvent(Exception):
+    """An error object inside a 200 response: a stream event or a whole body.
+
+    Both vLLM shapes: nested ``{"error": {"message", "type", "param", "code"}}`` and the
+    older flat ``{"object": "error", "message", ...}`` (which the SDK does not recognise).
+    """
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        inner = body.get("error")
+        self.body = inner if isinstance(inner, dict) else body
+        if isinstance(inner, str):  # {"error": "text"}
+            self.body = {"message": inner}
+        super().__init__(str(self.body.get("message") or "error event"))
+
+
+class _Malformed(Exception):
+    """The response is not the OpenAI chat API."""
+
+
+def _status_of(code: Any) -> int | None:
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code
+    if isinstance(code, str) and code.isdigit():
+        return int(code)
+    return None
+
+
+def _from_status(status: int | None, body: Any, message: str, *, model: str) -> BackendError:
+    """The HTTP-status part of the mapping, shared by status errors and error events."""
+    fields = body if isinstance(body, dict) else {}
+    param = fields.get("param")
+    code = fields.get("code")
+    status = status if status is not None else _status_of(code)
+    # The SDK's message reads "Error code: 400 - {...}"; the server's own message is clearer.
+    detail = _short(fields.get("message") or message or f"HTTP {status}")
+    # Key on param, not wording (vLLM: 400 param input_tokens / max_tokens); OpenAI itself
+    # uses code context_length_exceeded; a proxy's 413 means the body was too big.
+    if (status == 400 and param in CONTEXT_PARAMS) or code == "context_length_exceeded" or status == 413:
+        return ContextOverflow(detail)
+    if status == 404:
+        return ModelNotFound(model, detail)
+    if status in (401, 403):
+        return AuthenticationFailed(status, detail)
+    if status in (429, 503):
+        return Overloaded(detail)
+    if status is not None and 400 <= status < 500:
+        return RequestRejected(status, detail)
+    return EngineError(detail if status is None or status < 500 else f"HTTP {status}: {detail}")
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _transport_detail(exc: BaseException) -> str:
+    for cause in _causes(exc):
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror.lower()
+    inner = list(_causes(exc))[-1]
+    return _short(str(inner) or type(inner).__name__)
+
+
+def map_error(exc: BaseException, *, url: str = "", model: str = "",
+              settings: ClientSettings | None = None) -> BackendError:
+    """Translate any exception from talking to the engine into one BackendError (most specific first).
+
+    The caller raises the result ``from exc``. Our own time limits are not mapped here: they
+    are raised where they are measured (they are not lower-layer errors).
+    """
+    s = settings or ClientSettings()
+    if isinstance(exc, BackendError):
+        return exc
+    if isinstance(exc, ErrorEvent):
+        return _from_status(None, exc.body, str(exc), model=model)
+    if isinstance(exc, openai.APIResponseValidationError):
+        return MalformedResponse(_short(exc.message))
+    if isinstance(exc, openai.APIStatusError):
+        return _from_status(exc.status_code, exc.body, exc.message, model=model)
+    if isinstance(exc, openai.APITimeoutError):
+        if any(isinstance(c, (httpx2.ReadTimeout, httpx2.WriteTimeout)) for c in _causes(exc)):
+            return IdleTimeout(s.idle_timeout)
+        return ConnectTimeout(s.connect_timeout)
+    if isinstance(exc, (openai.APIConnectionError, httpx2.TransportError, OSError)):
+        causes = list(_causes(exc))
+        if any(isinstance(c, (httpx2.ConnectError, httpx2.UnsupportedProtocol, ConnectionRefusedError))
+               for c in causes):
+            return ServerUnreachable(url, _transport_detail(exc))
+        if any(isinstance(c, (httpx2.ConnectTimeout, httpx2.PoolTimeout)) for c in causes):
+            return ConnectTimeout(s.connect_timeout)
+        return ConnectionLost(_transport_detail(exc))
+    if isinstance(exc, openai.APIError):  # the SDK's own error event inside a stream
+        return _from_status(None, exc.body, exc.message, model=model)
+    if isinstance(exc, (_Malformed, ValueError)):  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        return MalformedResponse(_short(f"{type(exc).__name__}: {exc}" if not isinstance(exc, _Malformed) else exc))
+    return EngineError(_short(f"{type(exc).__name__}: {exc}"))
+
+
+# ---------------------------------------------------------------- the SDK, narrowed
+
+
+class _TolerantSSEDecoder(SSEDecoder):
+    """The SDK's SSE decoder, but invalid UTF-8 becomes U+FFFD instead of raising."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replaced_lines = 0
+
+    def _decode_lines(self, lines: Iterator[bytes]) -> Iterator[ServerSentEvent]:
+        for raw_line in lines:
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError:
+                self.replaced_lines += 1
+                line = raw_line.decode("utf-8", "replace")
+            sse = self.decode(line)
+            if sse:
+                yield sse
+
+
+class _EngineAPI(AsyncOpenAI):
+    """AsyncOpenAI with our retry policy and a UTF-8-tolerant SSE decoder.
+
+    The SDK retries 408, 409, 429 and every 5xx; the issue allows 429/502/503/504 only (a 500
+    from a bad adapter will not heal by resending). ``retry_backoff`` scales the SDK's own
+    jittered exponential backoff; a server's ``Retry-After`` is honoured unchanged.
+    """
+
+    def __init__(self, *, retry_backoff: float = INITIAL_RETRY_DELAY, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._retry_backoff = retry_backoff
+
+    def _should_retry(self, response: httpx2.Response) -> bool:
+        return response.status_code in RETRY_STATUSES and super()._should_retry(response)
+
+    def _calculate_retry_timeout(self, remaining_retries: int, options: Any,
+                                 response_headers: httpx2.Headers | None = None) -> float:
+        delay = super()._calculate_retry_timeout(remaining_retries, options, response_headers)
+        after = self._parse_retry_after_header(response_headers)
+        if after is not None and math.isfinite(after) and 0 < after <= MAX_RETRY_AFTER_DELAY:
+            return delay  # server-directed
+        return delay * self._retry_backoff / INITIAL_RETRY_DELAY
+
+    def _make_sse_decoder(self) -> _TolerantSSEDecoder:
+        return _TolerantSSEDecoder()
+
+
+# ---------------------------------------------------------------- per-request state
+
+
+@dataclass
+class _Request:
+    rid: str
+    model: str
+    started: float = field(default_factory=time.monotonic)
+    chunks: int = 0
+    text_chars: int = 0
+    reasoning_chars: int = 0
+    first_token_at: float | None = None
+    finish: str | None = None
+    usage: Usage | None = None
+    kinds: set[str] = field(default_factory=set)
+    utf8_seen: int = 0
+    splitter: ThinkSplitter = field(default_factory=ThinkSplitter)
+
+    @property
+    def shown(self) -> bool:
+        return self.text_chars > 0 or self.reasoning_chars > 0
+
+    def anomaly(self, kind: str, detail: str, data: Any = None) -> Anomaly | None:
+        """Log every occurrence at debug; count and report each kind once per request."""
+        logger.debug("[%s] anomaly %s (%s): %s", self.rid, kind, detail, _raw(data) if data is not None else "-")
+        if kind in self.kinds:
+            return None
+        self.kinds.add(kind)
+        _count_anomaly(kind)
+        return Anomaly(kind, detail)
+
+    def content(self, text: Any, data: Any, *, reasoning: bool = False) -> list[Event]:
+        """Events for one content (or reasoning) value of a chunk or body."""
+        out: list[Event] = []
+        if text is None or text == "":
+            return out
+        if not isinstance(text, str):
+            a = self.anomaly("non_string_content", f"content is {type(text).__name__}", data)
+            return [a] if a else []
+        text = sanitize_text(text)
+        pieces = [ReasoningDelta(text)] if reasoning else self.splitter.feed(text)
+        return self.count(pieces)
+
+    def count(self, pieces: list[Any]) -> list[Event]:
+        for p in pieces:
+            if isinstance(p, TextDelta):
+                self.text_chars += len(p.text)
+            elif isinstance(p, ReasoningDelta):
+                self.reasoning_chars += len(p.text)
+            if self.first_token_at is None and isinstance(p, (TextDelta, ReasoningDelta)) and p.text:
+                self.first_token_at = time.monotonic()
+        return pieces
+
+
+def _pick_choice(st: _Request, choices: Any, data: Any, has_usage: bool) -> tuple[dict[str, Any] | None, list[Event]]:
+    """The choice with index 0 (or the first), with anomalies for everything unusual."""
+    notes: list[Event] = []
+
+    def note(kind: str, detail: str) -> None:
+        a = st.anomaly(kind, detail, data)
+        if a:
+            notes.append(a)
+
+    if choices is None:
+        if not has_usage:
+            note("missing_choices", "no choices field")
+        return None, notes
+    if not isinstance(choices, list):
+        note("bad_choices", f"choices is {type(choices).__name__}")
+        return None, notes
+    if not choices:
+        if not has_usage:  # vLLM's usage chunk legitimately has choices: []
+            note("empty_choices", "choices: [] without usage")
+        return None, notes
+    dicts = [c for c in choices if isinstance(c, dict)]
+    if len(dicts) != len(choices):
+        note("bad_choice", "a choice is not an object")
+    if len(choices) > 1:
+        note("several_choices", f"{len(choices)} choices; using index 0")
+    for c in dicts:
+        if c.get("index", 0) == 0:
+            return c, notes
+    return (dicts[0] if dicts else None), notes
+
+
+def _usage_of(data: dict[str, Any]) -> Usage | None:
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    return Usage(_int_or_none(usage.get("prompt_tokens")), _int_or_none(usage.get("completion_tokens")))
+
+
+def _reasoning_of(part: dict[str, Any]) -> Any:
+    value = part.get("reasoning_content")
+    return value if value is not None else part.get("reasoning")
+
+
+def _stream_chunk(st: _Request, data: Any) -> list[Event]:
+    """Events for one decoded stream chunk; raises ErrorEvent / _Malformed."""
+    st.chunks += 1
+    if st.chunks == 1:
+        logger.debug("[%s] first chunk: %s", st.rid, _raw(data))
+    if not isinstance(data, dict):
+        raise _Malformed(f"a stream event is {type(data).__name__}, not an object")
+    if data.get("object") == "error" or data.get("error"):
+        raise ErrorEvent(data)
+    if isinstance(data.get("model"), str) and data["model"]:
+        st.model = data["model"]
+    usage = _usage_of(data)
+    if usage is not None:
+        st.usage = usage
+    choice, out = _pick_choice(st, data.get("choices"), data, usage is not None)
+    if choice is None:
+        return out
+    delta = choice.get("delta")
+    finish = choice.get("finish_reason")
+    if delta is None and isinstance(choice.get("message"), dict):
+        delta = choice["message"]  # some proxies stream whole messages
+        a = st.anomaly("message_in_stream", "choice has message instead of delta", data)
+        out += [a] if a else []
+    if delta is None:
+        a = st.anomaly("missing_delta", "choice without delta", data)
+        out += [a] if a else []
+        delta = {}
+    elif not isinstance(delta, dict):
+        a = st.anomaly("bad_delta", f"delta is {type(delta).__name__}", data)
+        out += [a] if a else []
+        delta = {}
+    content = delta.get("content")
+    reasoning = _reasoning_of(delta)
+    if ("content" in delta and content is None and reasoning is None and finish is None
+            and not delta.get("role") and not delta.get("tool_calls")):
+        a = st.anomaly("null_content", "delta.content is null", data)
+        out += [a] if a else []
+    out += st.content(reasoning, data, reasoning=True)
+    out += st.content(content, data)
+    if isinstance(finish, str) and finish:
+        st.finish = finish
+    elif finish is not None:
+        a = st.anomaly("bad_finish_reason", f"finish_reason is {finish!r}", data)
+        out += [a] if a else []
+    return out
+
+
+# ---------------------------------------------------------------- the client
+
+
+class ChatClient:
+    """Chat completions against one engine base URL (ending in /v1)."""
+
+    def __init__(self, base_url: str, api_key: str = "", settings: ClientSettings | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.settings = s = settings or ClientSettings()
+        self._api = _EngineAPI(
+            base_url=self.base_url,
+            api_key=api_key or "EMPTY",  # vLLM without --api-key accepts anything; the SDK wants a value
+            max_retries=s.max_retries,
+            retry_backoff=s.retry_backoff,
+            # read=None: first-token / idle / total are enforced by our own deadlines below.
+            timeout=httpx2.Timeout(connect=s.connect_timeout, read=None, write=s.idle_timeout,
+                                   pool=s.connect_timeout),
+        )
+
+    async def aclose(self) -> None:
+        await self._api.close()
+
+    async def __aenter__(self) -> ChatClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _body(self, messages: list[dict[str, Any]], model: str, max_tokens: int | None,
+              sampling: dict[str, Any] | None, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = dict(sampling or {})
+        body.update(model=model, messages=sanitize_messages(messages), stream=stream)
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        return body
+
+    def _map(self, exc: BaseException, model: str) -> BackendError:
+        return map_error(exc, url=self.base_url, model=model, settings=self.settings)
+
+    async def stream(self, messages: list[dict[str, Any]], model: str, *, max_tokens: int | None = None,
+                     sampling: dict[str, Any] | None = None, request_id: str | None = None
+                     ) -> AsyncIterator[Event]:
+        """Stream one answer as events; see the module docstring for the guarantees.
+
+        Close it when you stop early (``contextlib.aclosing``); cancelling the consuming task
+        also closes the upstream connection.
+        """
+        s = self.settings
+        st = _Request(request_id or new_request_id(), model)
+        body = self._body(messages, model, max_tokens, sampling, stream=True)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        total_at, first_at = t0 + s.total_timeout, t0 + s.first_token_timeout
+        logger.debug("[%s] POST %s/chat/completions model=%s messages=%d stream", st.rid, self.base_url,
+                     model, len(messages))
+
+        async def bounded(awaitable: Any) -> Any:
+            """Await under the binding deadline; raise the matching RequestTimeout."""
+            limits = [(total_at, TotalTimeout(s.total_timeout))]
+            if st.shown:
+                limits.append((loop.time() + s.idle_timeout, IdleTimeout(s.idle_timeout)))
+            else:
+                limits.append((first_at, FirstTokenTimeout(s.first_token_timeout)))
+            when, err = min(limits, key=lambda x: x[0])
+            try:
+                async with asyncio.timeout_at(when) as cm:
+                    return await awaitable
+            except TimeoutError:
+                if cm.expired():
+                    raise err from None
+                raise
+
+        sdk_stream: Any = None
+        outcome = "failed"
+        try:
+            try:
+                sdk_stream = await bounded(self._api.post(
+                    "/chat/completions", body=body, cast_to=object, stream=True,
+                    stream_cls=openai.AsyncStream[object], options={"headers": {"X-Request-Id": st.rid}}))
+                logger.debug("[%s] stream open after %.3fs", st.rid, loop.time() - t0)
+                decoder = getattr(sdk_stream, "_decoder", None)
+                for _ in range(10**9):  # bounded by total_timeout in practice
+                    try:
+                        data = await bounded(sdk_stream.__anext__())
+                    except StopAsyncIteration:
+                        break
+                    events = _stream_chunk(st, data)
+                    bad = getattr(decoder, "replaced_lines", 0)
+                    if bad > st.utf8_seen:
+                        st.utf8_seen = bad
+                        a = st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced", data)
+                        events += [a] if a else []
+                    for ev in events:
+                        yield ev
+                for ev in st.count(st.splitter.flush()):
+                    yield ev
+                if not st.shown and st.finish is None:
+                    raise EmptyAnswer()
+                if st.finish is None:
+                    a = st.anomaly("no_finish_reason", "stream ended without finish_reason")
+                    if a:
+                        yield a
+                if st.usage is not None:
+                    yield st.usage
+                outcome = "done"
+                yield Finish(st.finish, st.model)
+            except (asyncio.CancelledError, GeneratorExit):
+                outcome = "cancelled"
+                raise
+            except BackendError as exc:
+                outcome = f"failed: {exc.code}"
+                raise
+            except Exception as exc:
+                mapped = self._map(exc, model)
+                outcome = f"failed: {mapped.code} ({type(exc).__name__}: {_short(exc)})"
+                raise mapped from exc
+        finally:
+            if sdk_stream is not None:
+                try:
+                    await sdk_stream.close()  # the engine sees the connection close
+                except Exception as exc:  # closing must never mask the real outcome
+                    logger.debug("[%s] closing the response failed: %r", st.rid, exc)
+            self._log_end(st, outcome, loop.time() - t0)
+
+    async def complete(self, messages: list[dict[str, Any]], model: str, *, max_tokens: int | None = None,
+                       sampling: dict[str, Any] | None = None, request_id: str | None = None) -> Answer:
+        """One non-streamed answer, bounded by connect_timeout and total_timeout."""
+        s = self.settings
+        st = _Request(request_id or new_request_id(), model)
+        body = self._body(messages, model, max_tokens, sampling, stream=False)
+        t0 = time.monotonic()
+        outcome = "failed"
+        notes: list[Anomaly] = []
+        try:
+            try:
+                async with asyncio.timeout(s.total_timeout) as cm:
+                    response = await self._api.post(
+                        "/chat/completions", body=body, cast_to=httpx2.Response,
+                        options={"headers": {"X-Request-Id": st.rid}})
+                    raw = response.content
+            except TimeoutError:
+                if cm.expired():
+                    raise TotalTimeout(s.total_timeout) from None
+                raise
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("utf-8", "replace")
+                notes.append(st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced")
+                             or Anomaly("invalid_utf8"))
+            logger.debug("[%s] body: %s", st.rid, _raw(text))
+            data = json.loads(text)
+            answer = self._answer(st, data, notes)
+            outcome = "done"
+            return answer
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except BackendError as exc:
+            outcome = f"failed: {exc.code}"
+            raise
+        except Exception as exc:
+            mapped = self._map(exc, model)
+            outcome = f"failed: {mapped.code} ({type(exc).__name__}: {_short(exc)})"
+            raise mapped from exc
+        finally:
+            self._log_end(st, outcome, time.monotonic() - t0)
+
+    def _answer(self, st: _Request, data: Any, notes: list[Anomaly]) -> Answer:
+        if not isinstance(data, dict):
+            raise _Malformed(f"the body is {type(data).__name__}, not an object")
+        if data.get("object") == "error" or data.get("error"):
+            raise ErrorEvent(data)
+        usage = _usage_of(data)
+        choice, picked = _pick_choice(st, data.get("choices"), data, has_usage=False)
+        events: list[Any] = list(picked)
+        finish: str | None = None
+        if choice is not None:
+            message = choice.get("message")
+            if not isinstance(message, dict):
+                a = st.anomaly("missing_message", "choice without message", data)
+                events += [a] if a else []
+                message = {}
+            content = message.get("content")
+            if content is None and "content" in message:
+                a = st.anomaly("null_content", "message.content is null", data)
+                events += [a] if a else []
+            events += st.content(_reasoning_of(message), data, reasoning=True)
+            events += st.content(content, data)
+            events += st.count(st.splitter.flush())
+            fr = choice.get("finish_reason")
+            finish = fr if isinstance(fr, str) and fr else None
+        st.finish = finish
+        if not st.shown and finish is None:
+            raise EmptyAnswer()
+        if finish is None:
+            a = st.anomaly("no_finish_reason", "answer without finish_reason", data)
+            events += [a] if a else []
+        model = data.get("model") if isinstance(data.get("model"), str) and data.get("model") else st.model
+        return Answer(
+            text="".join(e.text for e in events if isinstance(e, TextDelta)),
+            reasoning="".join(e.text for e in events if isinstance(e, ReasoningDelta)),
+            finish_reason=finish, model=model, usage=usage,
+            anomalies=tuple(notes) + tuple(e for e in events if isinstance(e, Anomaly)),
+            request_id=st.rid)
+
+    def _log_end(self, st: _Request, outcome: str, seconds: float) -> None:
+        first = f"{st.first_token_at - st.started:.2f}s" if st.first_token_at else "-"
+        logger.info("[%s] %s: model=%s finish=%s text=%d reasoning=%d chars, first token %s, %.2fs%s",
+                    st.rid, outcome, st.model, st.finish, st.text_chars, st.reasoning_chars, first, seconds,
+                    f", anomalies={sorted(st.kinds)}" if st.kinds else "")
+        _maybe_log_summary()

@@ -1,0 +1,725 @@
+"""One shared engine-health poller per app process: is the model able to answer, and if not, why.
+
+    poller = get_poller(settings.engine_base_url, settings.api_key, HealthSettings(), status_file=path)
+    await poller.start()                          # idempotent; every session may call it
+    poller.status                                 # HealthStatus snapshot: state, reason(_zh), models, ...
+    status = await poller.wait_until_ready(300, on_progress=show)   # show(elapsed, status), sync or async
+    async for status in poller.subscribe(): ...   # current status first, then every change
+    await poller.refresh()                        # poll now (after loading an adapter)
+    await poller.stop()
+
+Each poll: the supervisor's status file (if any), ``GET {root}/health``, ``GET {root}/v1/models``
+and, every ``probe_every`` seconds (every poll while not ready), a real one-token generation on the
+base model, because vLLM's /health can say 200 while the engine is hung (vllm#39863).
+
+States (``EngineState``):
+
+    STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting
+    READY     health 200 (or no /health route), models listed, probe answered within probe_slow
+    DEGRADED  after health 200 and models: probe timed out, failed or was slow; or /health or /v1/models stopped answering
+    DOWN      refused (or unhealthy) after having been ready; never up within startup_limit; supervisor down/stopped;
+              the engine refused our API key
+
+A transition (state or reason) is logged once and pushed to subscribers once; a steady state is
+not re-logged. Reasons are stable texts (no ticking numbers) so they can be compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import inspect
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import aiohttp
+
+logger = logging.getLogger(__name__)
+
+
+class EngineState(str, enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DEGRADED = "degraded"
+    DOWN = "down"
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Poll intervals and limits, all in seconds.
+
+    ==================  =======  ==========================================================
+    field               default  meaning
+    ==================  =======  ==========================================================
+    poll_starting       1.0      interval while starting, degraded or down
+    poll_ready          5.0      interval while ready
+    probe_every         30.0     seconds between probe generations while ready
+    probe_timeout       10.0     a probe taking longer is "timed out" → degraded
+    probe_slow          5.0      a probe answering slower than this → degraded ("slow")
+    request_timeout     3.0      limit for GET /health and GET /v1/models
+    startup_limit       600.0    never ready within this → down (counts from start / the supervisor's "since")
+    ==================  =======  ==========================================================
+    """
+
+    poll_starting: float = 1.0
+    poll_ready: float = 5.0
+    probe_every: float = 30.0
+    probe_timeout: float = 10.0
+    probe_slow: float = 5.0
+    request_timeout: float = 3.0
+    startup_limit: float = 600.0
+
+    def __post_init__(self) -> None:
+        from .errors import ConfigError
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"health.{f.name}", value, "a positive number of seconds")
+        if self.probe_slow > self.probe_timeout:
+            raise ConfigError("health.probe_slow", self.probe_slow,
+                              f"at most health.probe_timeout ({self.probe_timeout:g})")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One entry of /v1/models: the base model (``parent`` None) or a LoRA adapter."""
+
+    id: str
+    parent: str | None = None
+    root: str | None = None
+    max_model_len: int | None = None
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.parent is not None
+
+
+@dataclass(frozen=True)
+class HealthStatus:
+    """An immutable snapshot of what the poller knows. ``models`` is the last known list (kept, with
+    ``models_stale``, while the engine is down); ``version`` changes only when that list changes."""
+
+    state: EngineState = EngineState.STARTING
+    reason: str = ""
+    reason_zh: str = ""
+    since: float = 0.0  # epoch: entered this state (or reason)
+    starting_elapsed: float = 0.0  # seconds this engine life has been starting; 0 unless STARTING
+    models: tuple[ModelEntry, ...] = ()
+    models_stale: bool = False
+    base_model: str | None = None
+    max_model_len: int | None = None
+    version: int = 0
+    last_probe_latency: float | None = None
+    checked_at: float = 0.0  # epoch of the last poll
+    # from the supervisor's status file, when there is one
+    cause: str | None = None
+    attempt: int | None = None
+    max_attempts: int | None = None
+    log_path: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state is EngineState.READY
+
+    @property
+    def answering(self) -> bool:
+        """The engine takes requests (possibly slowly): worth sending a message."""
+        return self.state in (EngineState.READY, EngineState.DEGRADED)
+
+    @property
+    def adapters(self) -> tuple[ModelEntry, ...]:
+        return tuple(m for m in self.models if m.is_adapter)
+
+    def text(self, lang: str | None = "en") -> str:
+        return self.reason_zh if (lang or "").lower().startswith("zh") else self.reason
+
+
+# ---------------------------------------------------------------- one poll's observations
+
+
+@dataclass(frozen=True)
+class _Supervisor:
+    state: str
+    pid: int | None
+    attempt: int | None
+    max_attempts: int | None
+    reason: str
+    reason_zh: str
+    cause: str | None
+    log_path: str | None
+    since: float | None
+
+
+def _read_status_file(path: Path) -> _Supervisor | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        logger.debug("supervisor status file %s unreadable: %s", path, exc)
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("state"), str):
+        return None
+
+    def num(key: str, tp: type) -> Any:
+        v = data.get(key)
+        return tp(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    def text(key: str) -> str:
+        v = data.get(key)
+        return v if isinstance(v, str) else ""
+
+    return _Supervisor(
+        state=data["state"], pid=num("pid", int), attempt=num("attempt", int), max_attempts=num("max_attempts", int),
+        reason=text("reason"), reason_zh=text("reason_zh"), cause=text("cause") or None,
+        log_path=text("log_path") or None, since=num("since", float),
+    )
+
+
+@dataclass
+class _Http:
+    ok: bool = False  # a response arrived
+    status: int = 0
+    body: Any = None
+    error: str = ""  # "refused", "timeout", or an exception text
+    latency: float = 0.0
+
+
+def _parse_models(body: Any) -> tuple[ModelEntry, ...] | None:
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return None
+    out = []
+    for item in data:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            continue
+        mml = item.get("max_model_len")
+        out.append(ModelEntry(
+            id=item["id"],
+            parent=item.get("parent") if isinstance(item.get("parent"), str) else None,
+            root=item.get("root") if isinstance(item.get("root"), str) else None,
+            max_model_len=mml if isinstance(mml, int) and not isinstance(mml, bool) else None,
+        ))
+    return tuple(out)
+
+
+def _error_detail(resp: _Http) -> str:
+    body = resp.body
+    msg = ""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict):
+            msg = str(err.get("message") or "")
+        elif isinstance(err, str):
+            msg = err
+        msg = msg or str(body.get("message") or body.get("detail") or "")
+    elif isinstance(body, str):
+        msg = body
+    msg = " ".join(msg.split())[:160]
+    return f"HTTP {resp.status}" + (f": {msg}" if msg else "")
+
+
+# ---------------------------------------------------------------- the poller
+
+
+class HealthPoller:
+    """Polls one engine; see the module docstring. Create with ``get_poller`` (one per process)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str = "",
+        settings: HealthSettings | None = None,
+        status_file: str | Path | None = None,
+    ) -> None:
+        url = base_url.rstrip("/")
+        self.root_url = url[: -len("/v1")] if url.endswith("/v1") else url
+        self.api_url = self.root_url + "/v1"
+        self.api_key = api_key
+        self.settings = settings or HealthSettings()
+        self.status_file = Path(status_file) if status_file else None
+
+        now = time.time()
+        self._status = HealthStatus(
+            state=EngineState.STARTING,
+            reason="waiting for the model server to start",
+            reason_zh="正在等待模型服务器启动",
+            since=now,
+            checked_at=0.0,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._waiters: list[tuple[int, asyncio.Future[HealthStatus]]] = []  # (resolve after poll number, future)
+        self._subscribers: set[asyncio.Queue[HealthStatus | None]] = set()
+        self._force_probe = False
+        self._stopped = False
+        # this engine life
+        self._ever_ready = False
+        self._life_started = time.monotonic()  # monotonic start of the current engine life
+        self._sup_pid: int | None = None
+        self._last_probe_at: float | None = None  # monotonic
+        self._health_404_logged = False
+        self._published: tuple[Any, ...] = ()
+        self._poll_seq = 0  # polls started
+        self._sup_key: tuple[Any, ...] | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        """Start polling on the running loop (idempotent)."""
+        if self.running:
+            return
+        if self._stopped:
+            raise RuntimeError("this HealthPoller was stopped; create a new one with get_poller()")
+        self._loop = asyncio.get_running_loop()
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                # no keep-alive: a pooled connection to an engine that restarted would read as "refused"
+                connector=aiohttp.TCPConnector(limit=4, force_close=True),
+                headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else None,
+            )
+        self._task = asyncio.create_task(self._run(), name="qwenchat-health-poller")
+        logger.info("health poller started for %s", self.root_url)
+
+    async def stop(self) -> None:
+        """Stop polling, close HTTP, end every subscription and pending wait (idempotent)."""
+        self._stopped = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        for q in list(self._subscribers):
+            _put_latest(q, None)
+        self._subscribers.clear()
+        for _, fut in self._waiters:
+            if not fut.done():
+                fut.set_result(self.status)
+        self._waiters.clear()
+
+    # ------------------------------------------------------------ public reads
+
+    @property
+    def status(self) -> HealthStatus:
+        s = self._status
+        if s.state is EngineState.STARTING:
+            return dataclasses.replace(s, starting_elapsed=max(0.0, time.monotonic() - self._life_started))
+        return s
+
+    async def refresh(self, probe: bool = False) -> HealthStatus:
+        """Poll now and return the result (``probe=True`` also forces a probe generation)."""
+        self._force_probe = self._force_probe or probe
+        if not self.running:
+            await self._poll_once()
+            return self.status
+        assert self._loop is not None
+        fut: asyncio.Future[HealthStatus] = self._loop.create_future()
+        # a poll already under way may have started before the caller's change (e.g. an adapter load):
+        # only a poll that starts after this point counts
+        entry = (self._poll_seq + 1, fut)
+        self._waiters.append(entry)
+        self._wake.set()
+        s = self.settings
+        limit = 2 * s.request_timeout + s.probe_timeout + 2.0
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), limit)
+        except asyncio.TimeoutError:
+            return self.status
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(entry)
+
+    async def wait_until_ready(
+        self,
+        timeout: float,
+        on_progress: Callable[[float, HealthStatus], Awaitable[None] | None] | None = None,
+        *,
+        accept_degraded: bool = True,
+        progress_every: float = 1.0,
+    ) -> HealthStatus:
+        """Wait until the engine answers (READY, or DEGRADED when ``accept_degraded``) or is DOWN, or
+        ``timeout`` seconds pass; return the status at that moment. ``on_progress(elapsed, status)`` is
+        called at once, on every change and every ``progress_every`` seconds (for "loading… 23 s")."""
+        started = time.monotonic()
+        done_states = {EngineState.READY, EngineState.DOWN} | ({EngineState.DEGRADED} if accept_degraded else set())
+        sub = self.subscribe()
+        try:
+            status = await sub.__anext__()  # the current status, queued by subscribe()
+            while True:
+                elapsed = time.monotonic() - started
+                if on_progress is not None:
+                    result = on_progress(elapsed, status)
+                    if inspect.isawaitable(result):
+                        await result
+                if status.state in done_states or elapsed >= timeout or self._stopped:
+                    return status
+                wait = min(progress_every, max(0.0, timeout - elapsed))
+                try:
+                    nxt = await asyncio.wait_for(sub.__anext__(), wait)
+                    status = nxt
+                except asyncio.TimeoutError:
+                    status = self.status
+                except StopAsyncIteration:
+                    return self.status
+        finally:
+            await sub.aclose()
+
+    def subscribe(self) -> "Subscription":
+        """An async iterator of statuses: the current one first, then each change. Ends at stop().
+        Slow readers only miss intermediate statuses, never the latest."""
+        q: asyncio.Queue[HealthStatus | None] = asyncio.Queue(maxsize=8)
+        q.put_nowait(self.status)
+        if self._stopped:
+            q.put_nowait(None)
+        else:
+            self._subscribers.add(q)
+        return Subscription(self, q)
+
+    # ------------------------------------------------------------ the loop
+
+    async def _run(self) -> None:
+        while True:
+            self._poll_seq += 1
+            seq = self._poll_seq
+            try:
+                await self._poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not kill health polling for the whole app
+                logger.exception("health poll failed")
+            for after, fut in self._waiters:
+                if after <= seq and not fut.done():
+                    fut.set_result(self.status)
+            interval = self.settings.poll_ready if self._status.state is EngineState.READY else self.settings.poll_starting
+            try:
+                await asyncio.wait_for(self._wake.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def _get(self, url: str, timeout: float) -> _Http:
+        return await self._request("GET", url, timeout)
+
+    async def _request(self, method: str, url: str, timeout: float, payload: Any = None) -> _Http:
+        if self._session is None:  # refresh() before start(): a private one-shot session
+            async with aiohttp.ClientSession(
+                headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+            ) as session:
+                return await self._send(session, method, url, timeout, payload)
+        return await self._send(self._session, method, url, timeout, payload)
+
+    @staticmethod
+    async def _send(session: aiohttp.ClientSession, method: str, url: str, timeout: float, payload: Any) -> _Http:
+        started = time.monotonic()
+        try:
+            async with session.request(method, url, json=payload, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                raw = await resp.read()
+                try:
+                    body: Any = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw.decode("utf-8", "replace")
+                return _Http(ok=True, status=resp.status, body=body, latency=time.monotonic() - started)
+        except asyncio.TimeoutError:
+            return _Http(error="timeout", latency=time.monotonic() - started)
+        except aiohttp.ClientConnectorError:
+            return _Http(error="refused", latency=time.monotonic() - started)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            # a pooled keep-alive connection to a server that has gone away
+            return _Http(error="refused", latency=time.monotonic() - started)
+        except aiohttp.ClientError as exc:
+            return _Http(error=f"{type(exc).__name__}: {exc}", latency=time.monotonic() - started)
+
+    async def _poll_once(self) -> None:
+        s = self.settings
+        sup = await asyncio.to_thread(_read_status_file, self.status_file) if self.status_file else None
+        if sup is not None:
+            key = (sup.state, sup.pid, sup.attempt)
+            if key != self._sup_key:
+                # a (re)start or a new engine process begins a new life: "ever ready" and the
+                # starting clock (from the supervisor's "since") start over
+                new_process = self._sup_key is not None and sup.pid != self._sup_key[1]
+                if sup.state in ("starting", "restarting") or new_process or self._sup_key is None:
+                    self._new_life(sup.since)
+                self._sup_key = key
+
+        if sup is not None and sup.state in ("down", "stopped"):
+            self._set(EngineState.DOWN, *_supervisor_down_text(sup), sup=sup, models_ok=False)
+            return
+
+        health = await self._get(self.root_url + "/health", s.request_timeout)
+        health_ok = health.ok and (health.status == 200 or health.status == 404)
+        if health.ok and health.status == 404 and not self._health_404_logged:
+            self._health_404_logged = True
+            logger.info("%s/health is not served (404); readiness from /v1/models and the probe only", self.root_url)
+
+        if sup is not None and sup.state in ("starting", "restarting") and not health_ok:
+            self._set(EngineState.STARTING, *_supervisor_starting_text(sup), sup=sup, models_ok=False)
+            return
+
+        if not health.ok:
+            how = "connection refused" if health.error == "refused" else health.error
+            if self._ever_ready and health.error == "timeout":
+                self._set(EngineState.DEGRADED, f"/health did not answer within {s.request_timeout:g} s",
+                          f"/health 在 {s.request_timeout:g} 秒内没有响应", sup=sup, models_ok=False)
+            elif self._ever_ready:
+                self._set(EngineState.DOWN, f"the model server stopped answering ({how} at {self.root_url})",
+                          f"模型服务器已停止响应（{self.root_url}：{how}）", sup=sup, models_ok=False)
+            else:
+                self._starting_or_timed_out("the model server is starting (not listening yet)",
+                                            "模型服务器正在启动（尚未监听端口）", sup)
+            return
+
+        if health.status in (401, 403):
+            self._set(EngineState.DOWN, *_auth_text(health.status), sup=sup, models_ok=False)
+            return
+        if not health_ok:
+            if self._ever_ready:
+                self._set(EngineState.DOWN, f"the model server reports it is unhealthy (health HTTP {health.status})",
+                          f"模型服务器报告自身不健康（health HTTP {health.status}）", sup=sup, models_ok=False)
+            else:
+                self._starting_or_timed_out("the model is loading", "模型正在加载", sup)
+            return
+
+        models_resp = await self._get(self.api_url + "/models", s.request_timeout)
+        models = _parse_models(models_resp.body) if models_resp.ok and models_resp.status == 200 else None
+        if models_resp.ok and models_resp.status in (401, 403):
+            self._set(EngineState.DOWN, *_auth_text(models_resp.status), sup=sup, models_ok=False)
+            return
+        base = next((m for m in models or () if m.parent is None), None)
+        if base is None:
+            if self._ever_ready:
+                detail = models_resp.error or (_error_detail(models_resp) if models_resp.status != 200 else "no base model listed")
+                self._set(EngineState.DEGRADED, f"the model list is unavailable ({detail})",
+                          f"模型列表不可用（{detail}）", sup=sup, models_ok=False)
+            else:
+                self._starting_or_timed_out("the model server is up; waiting for the model list",
+                                            "模型服务器已启动；正在等待模型列表", sup)
+            return
+        self._update_models(models or ())
+
+        now = time.monotonic()
+        due = (self._force_probe or self._status.state is not EngineState.READY or self._last_probe_at is None
+               or now - self._last_probe_at >= s.probe_every)
+        if not due:
+            self._set(self._status.state, self._status.reason, self._status.reason_zh, sup=sup, models_ok=True)
+            return
+        self._force_probe = False
+        probe = await self._request(
+            "POST", self.api_url + "/chat/completions", s.probe_timeout,
+            {"model": base.id, "messages": [{"role": "user", "content": "ping"}],
+             "max_tokens": 1, "temperature": 0, "stream": False},
+        )
+        self._last_probe_at = time.monotonic()
+        if probe.ok and probe.status == 200 and isinstance(probe.body, dict) and probe.body.get("choices"):
+            if probe.latency > s.probe_slow:
+                self._set(EngineState.DEGRADED, f"the engine answers slowly: the test generation took over {s.probe_slow:g} s",
+                          f"引擎响应缓慢：测试生成超过 {s.probe_slow:g} 秒", sup=sup, models_ok=True, latency=probe.latency)
+            else:
+                self._ever_ready = True
+                self._set(EngineState.READY, "the model is ready", "模型已就绪", sup=sup, models_ok=True, latency=probe.latency)
+            return
+        if probe.error == "timeout":
+            en = f"health 200 but the test generation timed out after {s.probe_timeout:g} s (the engine may be hung or overloaded)"
+            zh = f"健康检查为 200，但测试生成在 {s.probe_timeout:g} 秒内未完成（引擎可能卡住或过载）"
+        elif probe.error == "refused":
+            self._set(EngineState.DOWN if self._ever_ready else EngineState.STARTING,
+                      "the model server closed the connection during the test generation",
+                      "测试生成期间模型服务器断开了连接", sup=sup, models_ok=True)
+            return
+        else:
+            detail = probe.error or _error_detail(probe)
+            en = f"health 200 but the test generation failed ({detail})"
+            zh = f"健康检查为 200，但测试生成失败（{detail}）"
+        self._set(EngineState.DEGRADED, en, zh, sup=sup, models_ok=True)
+
+    # ------------------------------------------------------------ state bookkeeping
+
+    def _new_life(self, since: float | None) -> None:
+        self._ever_ready = False
+        self._last_probe_at = None
+        if since is not None:
+            self._life_started = time.monotonic() - max(0.0, time.time() - since)
+        else:
+            self._life_started = time.monotonic()
+
+    def _starting_or_timed_out(self, en: str, zh: str, sup: _Supervisor | None) -> None:
+        limit = self.settings.startup_limit
+        if time.monotonic() - self._life_started >= limit:
+            self._set(EngineState.DOWN, f"the model server did not become ready within {limit:g} s",
+                      f"模型服务器在 {limit:g} 秒内未就绪", sup=sup, models_ok=False)
+        else:
+            self._set(EngineState.STARTING, en, zh, sup=sup, models_ok=False)
+
+    def _update_models(self, models: tuple[ModelEntry, ...]) -> None:
+        old = self._status
+        if models != old.models:
+            base = next((m for m in models if m.parent is None), None)
+            self._status = dataclasses.replace(
+                old, models=models, version=old.version + 1,
+                base_model=base.id if base else None, max_model_len=base.max_model_len if base else None,
+            )
+            logger.info("engine models changed (version %d): %s", self._status.version,
+                        ", ".join(m.id for m in models))
+
+    def _set(self, state: EngineState, en: str, zh: str, *, sup: _Supervisor | None, models_ok: bool,
+             latency: float | None = None) -> None:
+        old = self._status
+        now = time.time()
+        changed = state is not old.state or en != old.reason
+        new = dataclasses.replace(
+            old,
+            state=state,
+            reason=en,
+            reason_zh=zh,
+            since=now if state is not old.state else old.since,
+            models_stale=bool(old.models) and not models_ok,
+            last_probe_latency=latency if latency is not None else old.last_probe_latency,
+            checked_at=now,
+            cause=sup.cause if sup else None,
+            attempt=sup.attempt if sup else None,
+            max_attempts=sup.max_attempts if sup else None,
+            log_path=sup.log_path if sup else None,
+        )
+        self._status = new
+        key = (state, en, new.version, new.models_stale, new.attempt)
+        notify = key != self._published
+        self._published = key
+        if changed:
+            level = logging.INFO if state in (EngineState.STARTING, EngineState.READY) else logging.WARNING
+            if state is old.state:
+                logger.log(level, "engine %s: %s", state.value, en)
+            else:
+                logger.log(level, "engine %s → %s: %s", old.state.value, state.value, en)
+        if notify:
+            snapshot = self.status
+            for q in list(self._subscribers):
+                _put_latest(q, snapshot)
+
+
+def _put_latest(q: asyncio.Queue[HealthStatus | None], item: HealthStatus | None) -> None:
+    """Queue ``item``; when full, drop the oldest so the latest always gets through."""
+    while True:
+        try:
+            q.put_nowait(item)
+            return
+        except asyncio.QueueFull:
+            with contextlib.suppress(asyncio.QueueEmpty):
+                q.get_nowait()
+
+
+class Subscription:
+    """Async iterator of HealthStatus changes; ``aclose()`` (or leaving ``async with``) unsubscribes."""
+
+    def __init__(self, poller: HealthPoller, queue: asyncio.Queue[HealthStatus | None]) -> None:
+        self._poller = poller
+        self._queue = queue
+        self._closed = False
+
+    def __aiter__(self) -> AsyncIterator[HealthStatus]:
+        return self
+
+    async def __anext__(self) -> HealthStatus:
+        if self._closed:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is None:
+            self._closed = True
+            raise StopAsyncIteration
+        return item
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._poller._subscribers.discard(self._queue)
+
+    async def __aenter__(self) -> "Subscription":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+# ---------------------------------------------------------------- texts from the supervisor's file
+
+
+def _supervisor_starting_text(sup: _Supervisor) -> tuple[str, str]:
+    if sup.state == "restarting":
+        reason = sup.reason or "the engine stopped"
+        reason_zh = sup.reason_zh or sup.reason or "引擎已停止"
+        if sup.attempt and sup.max_attempts:
+            return (f"{reason}; it is restarting — attempt {sup.attempt} of {sup.max_attempts}",
+                    f"{reason_zh}；正在重启——第 {sup.attempt}/{sup.max_attempts} 次尝试")
+        return f"{reason}; it is restarting", f"{reason_zh}；正在重启"
+    return "the model server is starting (loading the model)", "模型服务器正在启动（加载模型）"
+
+
+def _supervisor_down_text(sup: _Supervisor) -> tuple[str, str]:
+    if sup.state == "stopped":
+        return "the engine was stopped", "引擎已停止运行"
+    reason = sup.reason or "the engine stopped"
+    reason_zh = sup.reason_zh or sup.reason or "引擎已停止"
+    if sup.attempt:
+        return (f"{reason}; it is down after {sup.attempt} attempts",
+                f"{reason_zh}；尝试 {sup.attempt} 次后已停止")
+    return f"{reason}; it is down", f"{reason_zh}；引擎已停止"
+
+
+def _auth_text(status: int) -> tuple[str, str]:
+    return (f"the model server refused our API key (HTTP {status}); check OPENAI_API_KEY / the launcher's key",
+            f"模型服务器拒绝了 API 密钥（HTTP {status}）；请检查 OPENAI_API_KEY 或启动器生成的密钥")
+
+
+# ---------------------------------------------------------------- the shared instance
+
+_shared: HealthPoller | None = None
+
+
+def get_poller(
+    base_url: str,
+    api_key: str = "",
+    settings: HealthSettings | None = None,
+    status_file: str | Path | None = None,
+) -> HealthPoller:
+    """The process's one poller, created on first call (needs a running loop). Later calls return the
+    same object; a call naming a different engine URL raises ValueError. A poller left over from a
+    closed loop or stopped is replaced."""
+    global _shared
+    loop = asyncio.get_running_loop()
+    p = _shared
+    if p is not None and (p._stopped or (p._loop is not None and (p._loop is not loop or p._loop.is_closed()))):
+        p = None
+    if p is None:
+        p = HealthPoller(base_url, api_key, settings, status_file)
+        p._loop = loop
+        _shared = p
+        return p
+    wanted = HealthPoller(base_url).root_url
+    if wanted != p.root_url:
+        raise ValueError(f"the shared health poller watches {p.root_url}, not {wanted}; one engine per app process")
+    return p
+
+
+async def reset_shared() -> None:
+    """Stop and forget the shared poller (tests; app shutdown)."""
+    global _shared
+    p, _shared = _shared, None
+    if p is not None:
+        await p.stop()
+
+
+HealthPoller.shared = staticmethod(get_poller)  # type: ignore[attr-defined]

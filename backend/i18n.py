@@ -1,0 +1,45 @@
+"""UI strings in English and Chinese (Chainlit's own UI is translated in .chainlit/translations)."""
+
+from __future__ import annotations
+
+from .errors import pick_language
+
+TEXTS: dict[str, tuple[str, str]] = {
+    "model": ("Model / adapter", "模型 / 适配器"),
+    "model_desc": ("The base model or a LoRA adapter; applies to the next answer.",
+                   "基础模型或 LoRA 适配器；对下一条回答生效。"),
+    "base": ("base model", "基础模型"),
+    "not_loaded": ("not loaded: loads on first use", "未加载：首次使用时加载"),
+    "stale": ("last known list; the engine is not answering", "上次已知的列表；引擎当前无响应"),
+    "system_prompt": ("System prompt", "系统提示"),
+    "temperature": ("Temperature", "温度"),
+    "top_p": ("Top-p", "Top-p"),
+    "top_k": ("Top-k (-1 = off)", "Top-k（-1 = 关闭）"),
+    "min_p": ("Min-p", "Min-p"),
+    "empty_message": ("Your message is empty; nothing was sent.", "消息为空，未发送。"),
+    "loading": ("The model is loading… {elapsed:.0f} s", "模型加载中… {elapsed:.0f} 秒"),
+    "loading_done": ("The model is ready (waited {elapsed:.0f} s).", "模型已就绪（等待了 {elapsed:.0f} 秒）。"),
+    "still_loading": ("The model is still loading after {elapsed:.0f} s ([ui].wait_for_ready); your message is kept — press Retry.",
+                      "模型在 {elapsed:.0f} 秒后仍在加载（[ui].wait_for_ready）；您的消息已保留，请点“重试”。"),
+    "engine_down": ("The engine is not answering: {reason}. Your message is kept — press Retry when it is back.",
+                    "引擎无响应：{reason}。您的消息已保留，恢复后请点“重试”。"),
+    "retry": ("Retry", "重试"),
+    "send_trimmed": ("Send trimmed version", "发送精简版本"),
+    "interrupted": ("answer interrupted", "回答中断"),
+    "stopped": ("stopped", "已停止"),
+    "tokens": ("{n} tokens", "{n} 个词元"),
+    "context": ("context {used} / {budget}", "上下文 {used} / {budget}"),
+    "left_out": ("{n} earlier turns left out", "省略了 {n} 轮较早的对话"),
+    "left_out_title": ("Left out of the model's context", "未放入模型上下文的内容"),
+    "reasoning": ("Reasoning", "推理过程"),
+    "loading_adapter": ("Loading adapter {name}…", "正在加载适配器 {name}…"),
+    "adapter_loaded": ("Adapter {name} loaded.", "适配器 {name} 已加载。"),
+    "nothing_to_retry": ("There is no message to retry.", "没有可重试的消息。"),
+    "excluded_adapter": ("Adapter {name} was left out at start: {reason}", "适配器 {name} 在启动时被排除：{reason}"),
+}
+
+
+def t(key: str, lang: str | None = "en", **params: object) -> str:
+    en, zh = TEXTS[key]
+    text = zh if pick_language(lang) == "zh" else en
+    return text.format(**params) if params else text

@@ -1,0 +1,213 @@
+"""What the Chainlit app holds once per process: settings, the shared poller, the client, the
+token counter — and the small pure helpers that turn their state into UI values.
+
+No Chainlit here: app.py asks, this answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import budget as budget_mod
+from . import template
+from .client import ChatClient, Finish, Usage
+from .errors import PromptTooLong
+from .health import HealthSettings, HealthStatus, get_poller
+from .i18n import t
+from .settings import Settings, load_settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalAdapter:
+    """An adapter folder inside [lora].dir that the engine has not loaded yet."""
+
+    name: str
+    rank: int | None
+
+
+class Service:
+    def __init__(self, settings: Settings, *, status_file: str | None = None,
+                 health: HealthSettings | None = None) -> None:
+        self.settings = settings
+        self.base_url = settings.engine_base_url
+        self.api_key = settings.api_key
+        self.status_file = status_file
+        self.health_settings = health or HealthSettings()
+        self.client = ChatClient(self.base_url, self.api_key, settings.client)
+        self._poller = None
+        self._counter: template.TokenCounter | None = None
+        self._counter_lock = asyncio.Lock()
+        self._load_lock = asyncio.Lock()
+
+    @classmethod
+    def from_environment(cls) -> Service:
+        settings = load_settings()
+        logging.basicConfig(level=settings.logging.level,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return cls(settings, status_file=os.environ.get("QWENCHAT_STATUS_FILE") or None)
+
+    # ------------------------------------------------------------ health
+
+    @property
+    def poller(self):
+        if self._poller is None:
+            self._poller = get_poller(self.base_url, self.api_key, self.health_settings,
+                                      status_file=self.status_file)
+        return self._poller
+
+    async def start(self) -> None:
+        await self.poller.start()
+
+    def status_json(self) -> dict[str, Any]:
+        """For the always-visible status line (public/status.js polls it)."""
+        st = self.poller.status
+        return {
+            "state": st.state.value, "reason": st.reason, "reason_zh": st.reason_zh,
+            "elapsed": round(st.starting_elapsed), "attempt": st.attempt, "max_attempts": st.max_attempts,
+            "model": st.base_model or self.settings.model.name,
+            "adapters": [m.id for m in st.adapters], "stale": st.models_stale,
+        }
+
+    # ------------------------------------------------------------ models and adapters
+
+    def default_model(self, status: HealthStatus) -> str:
+        return status.base_model or self.settings.model.name
+
+    def excluded_adapters(self) -> dict[str, str]:
+        folder = os.environ.get("QWENCHAT_LOG_DIR")
+        if not folder:
+            return {}
+        try:
+            return json.loads((Path(folder) / "adapters-excluded.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    async def local_adapters(self, status: HealthStatus) -> list[LocalAdapter]:
+        """Adapters in [lora].dir that the engine does not list: offered, loaded on first use."""
+        if self.settings.external or not self.settings.lora.runtime_loading:
+            return []
+        from . import adapters
+
+        served = {m.id for m in status.models}
+        found = await asyncio.to_thread(adapters.discover_adapters, self.settings.lora.resolved_dir)
+        return [LocalAdapter(a.name, a.rank) for a in found if a.name not in served and not a.problem]
+
+    @staticmethod
+    def adapter_rank(root: str | None) -> int | None:
+        """The rank of a served adapter, when its folder is readable from here (dropdown label)."""
+        if not root:
+            return None
+        from .adapters import read_rank
+
+        try:
+            return read_rank(Path(root))
+        except Exception:  # noqa: BLE001 - a label detail; never worth failing the dropdown
+            return None
+
+    async def ensure_loaded(self, name: str, status: HealthStatus) -> bool:
+        """Load an adapter from [lora].dir at runtime (allow-list + doctor first) if not served.
+
+        Returns True when a load happened; raises an AdapterError naming the problem otherwise.
+        """
+        if any(m.id == name for m in status.models):
+            return False
+        from . import adapters
+
+        async with self._load_lock:
+            lora = self.settings.lora
+            await adapters.load_adapter_from_folder(
+                self.base_url, self.api_key, lora.resolved_dir, name,
+                None if self.settings.external else self.settings.model.resolved_path, lora.max_lora_rank,
+                loaded=[m.id for m in status.adapters], limit=lora.max_cpu_loras,
+                base_aliases=[self.default_model(status)])
+            await self.poller.refresh()
+            return True
+
+    # ------------------------------------------------------------ sampling and budget
+
+    def default_sampling(self) -> dict[str, float]:
+        m = self.settings.model
+        return {"temperature": m.temperature, "top_p": m.top_p, "top_k": m.top_k, "min_p": m.min_p}
+
+    def reply_tokens(self) -> int:
+        return self.settings.budget.reply_reserve
+
+    def max_model_len(self) -> int:
+        return self.settings.budget.max_model_len or self.poller.status.max_model_len or self.settings.model.max_model_len
+
+    async def counter(self) -> template.TokenCounter:
+        async with self._counter_lock:
+            if self._counter is None:
+                s = self.settings
+                self._counter = await template.open_counter(
+                    tokenizer_dir=None if s.external else s.model.resolved_path,
+                    base_url=self.base_url, model=self.default_model(self.poller.status), api_key=self.api_key)
+            return self._counter
+
+    async def fit(self, messages: list[dict[str, str]]) -> budget_mod.FitResult:
+        return await budget_mod.fit_history(messages, await self.counter(), max_model_len=self.max_model_len(),
+                                            reply_reserve=self.reply_tokens())
+
+    async def trimmed(self, text: str, exc: PromptTooLong) -> str:
+        """The user's message with its middle replaced by a marker, sized to fit the budget."""
+        room = max(1, int(exc.budget) - int(exc.system) - 16)
+        return await budget_mod.trim_middle(text, room, await self.counter())
+
+
+# ---------------------------------------------------------------- pure helpers for the UI
+
+
+def model_options(status: HealthStatus, local: list[LocalAdapter], lang: str, rank_of=lambda root: None) -> dict[str, str]:
+    """Dropdown items, label → model id: the base first, then served adapters, then loadable ones."""
+    items: dict[str, str] = {}
+    for m in status.models:
+        if not m.is_adapter:
+            items[f"{m.id} ({t('base', lang)})"] = m.id
+    for m in status.adapters:
+        rank = rank_of(m.root)
+        items[f"{m.id} (LoRA{f' r{rank}' if rank else ''})"] = m.id
+    for a in local:
+        items[f"{a.name} (LoRA{f' r{a.rank}' if a.rank else ''}; {t('not_loaded', lang)})"] = a.name
+    return items
+
+
+def sampling_from(values: Mapping[str, Any], defaults: Mapping[str, float]) -> dict[str, float]:
+    out = dict(defaults)
+    for key in ("temperature", "top_p", "min_p"):
+        if isinstance(values.get(key), (int, float)):
+            out[key] = float(values[key])
+    if isinstance(values.get("top_k"), (int, float)):
+        out["top_k"] = int(values["top_k"])
+    return out
+
+
+def sampling_body(sampling: Mapping[str, float]) -> dict[str, Any]:
+    """Request fields; top_k/min_p are vLLM extensions (the openai SDK's extra_body)."""
+    body: dict[str, Any] = {"temperature": sampling["temperature"], "top_p": sampling["top_p"]}
+    if int(sampling.get("top_k", -1)) > 0:
+        body["top_k"] = int(sampling["top_k"])
+    if sampling.get("min_p"):
+        body["min_p"] = float(sampling["min_p"])
+    return body
+
+
+def footer(model: str, usage: Usage | None, fitted: budget_mod.FitResult | None, seconds: float, lang: str,
+           finish: Finish | None = None) -> str:
+    """The line under each answer: who answered, how much, how long, and the context meter."""
+    parts = [f"🏷 {model}"]
+    if usage and usage.completion_tokens is not None:
+        parts.append(t("tokens", lang, n=usage.completion_tokens))
+    parts.append(f"{seconds:.1f} s")
+    if finish and finish.reason == "length":
+        parts.append("max_tokens")
+    if fitted is not None:
+        parts.append(fitted.meter_text(lang))
+    return "\n\n*" + " · ".join(parts) + "*"

@@ -1,0 +1,106 @@
+"""Helpers for the end-to-end tests: launch the real product, drive it in real Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from backend import server
+from backend.settings import ROOT
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+@dataclass
+class LiveApp:
+    """`python -m backend serve` running in its own process group."""
+
+    proc: subprocess.Popen
+    url: str
+    log_dir: Path
+    output: Path
+
+    def log(self, name: str = "serve") -> str:
+        path = self.output if name == "serve" else self.log_dir / f"{name}.log"
+        return server.read_tail(path, 20000)
+
+
+def launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool = True, timeout: float = 300) -> LiveApp:
+    """Start the product the way start.sh does (after bootstrap), on free ports, logs in ``tmp``."""
+    from tests.conftest import free_port, need_env
+
+    ui_port = free_port()
+    env = {**os.environ, "QWENCHAT_ENGINE_PYTHON": need_env("QWENCHAT_ENGINE_PYTHON"),
+           "QWENCHAT_SERVER_PORT": str(free_port()), "QWENCHAT_SERVER_UI_PORT": str(ui_port),
+           "QWENCHAT_LOGGING_DIR": str(tmp / "logs"), "QWENCHAT_LORA_DIR": str(tmp / "adapters"),
+           "QWENCHAT_SERVER_CPU_KVCACHE_GIB": "0.5", **env_overrides}
+    (tmp / "adapters").mkdir(exist_ok=True)
+    output = tmp / "serve.out"
+    proc = subprocess.Popen([sys.executable, "-m", "backend", "serve"], cwd=str(ROOT), env=env,
+                            stdout=output.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    app = LiveApp(proc, f"http://127.0.0.1:{ui_port}", tmp / "logs", output)
+    deadline = time.monotonic() + timeout
+    marker = "engine ready" if wait_engine else "UI ready"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"serve exited with {proc.returncode}:\n{app.log()}\n{app.log('engine')[-4000:]}")
+        if marker in app.log():
+            return app
+        time.sleep(0.5)
+    stop(app)
+    pytest.fail(f"no '{marker}' after {timeout:.0f} s:\n{app.log()}")
+
+
+def stop(app: LiveApp) -> None:
+    server.stop_process_group(app.proc, grace=20)
+
+
+def status(app: LiveApp) -> dict:
+    import json
+
+    with urllib.request.urlopen(app.url + "/qwenchat/status", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def chromium_path() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        pytest.fail("Debian chromium is not installed: run the tests through ./test.sh (it installs it)")
+    return path
+
+
+def assistant_messages(page) -> list[str]:
+    return page.locator('.step[data-step-type="assistant_message"] .message-content').all_inner_texts()
+
+
+def wait_ready_ui(page, timeout_ms: int = 240_000) -> None:
+    page.wait_for_selector('#qwenchat-status[data-state="ready"]', timeout=timeout_ms)
+    page.wait_for_selector("#chat-settings-open-modal", timeout=60_000)
+
+
+def send(page, text: str, timeout_ms: int = 180_000) -> str:
+    """Type a message, wait for the answer to finish, return the newest assistant message text."""
+    before = len(assistant_messages(page))
+    page.fill("#chat-input", text)
+    page.keyboard.press("Enter")
+    page.wait_for_function(
+        """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content').length > n""",
+        arg=[before], timeout=timeout_ms)
+    page.wait_for_selector("#stop-button", state="detached", timeout=timeout_ms)
+    return assistant_messages(page)[-1]
+
+
+def choose_model(page, label_prefix: str) -> None:
+    page.click("#chat-settings-open-modal")
+    page.click('[role=dialog] button#model')
+    page.locator("[role=option]", has_text=label_prefix).first.click()
+    page.click("#confirm")

@@ -1,0 +1,119 @@
+"""A small vLLM look-alike (aiohttp, 127.0.0.1 only) whose behaviour tests switch while it runs.
+
+    engine = FakeEngine(api_key="k")          # picks a free port; nothing listens yet
+    await engine.start()                      # listen (again) on the same port
+    engine.probe = "hang"                     # "ok" | "hang" | "error" | "slow"
+    engine.models.append(adapter("pirate"))   # the next /v1/models lists it
+    await engine.stop()                       # connection refused from now on
+
+Routes: GET /health, GET /v1/models, POST /v1/chat/completions (non-streaming, one token).
+A hung generation waits at most ``hang_limit`` seconds and is released by stop().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+from aiohttp import web
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base(model_id: str = "base-model", max_model_len: int = 8192) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "root": f"/models/{model_id}", "parent": None,
+            "max_model_len": max_model_len}
+
+
+def adapter(name: str, parent: str = "base-model") -> dict[str, Any]:
+    return {"id": name, "object": "model", "root": f"/adapters/{name}", "parent": parent, "max_model_len": None}
+
+
+class FakeEngine:
+    def __init__(self, api_key: str = "", port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.api_key = api_key
+        self.health_status = 200
+        self.models: list[dict[str, Any]] = [base()]
+        self.probe = "ok"
+        self.probe_delay = 0.0  # seconds, for "slow"
+        self.hang_limit = 10.0
+        self.seen: list[tuple[str, str]] = []  # (path, Authorization header)
+        self.probes = 0
+        self._runner: web.AppRunner | None = None
+        self._release = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def listening(self) -> bool:
+        return self._runner is not None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._release = asyncio.Event()
+        runner = web.AppRunner(app, shutdown_timeout=0.2, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True)
+        await site.start()
+        self._runner = runner
+
+    async def stop(self) -> None:
+        self._release.set()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> "FakeEngine":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _denied(self, request: web.Request) -> web.Response | None:
+        self.seen.append((request.path, request.headers.get("Authorization", "")))
+        if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)  # vLLM 0.32's exact body
+        return None
+
+    async def _health(self, request: web.Request) -> web.Response:
+        self.seen.append((request.path, request.headers.get("Authorization", "")))
+        return web.Response(status=self.health_status)  # vLLM: empty body, no auth check
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if denied := self._denied(request):
+            return denied
+        return web.json_response({"object": "list", "data": list(self.models)})
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        if denied := self._denied(request):
+            return denied
+        self.probes += 1
+        body = await request.json()
+        if self.probe == "hang":
+            try:
+                await asyncio.wait_for(self._release.wait(), self.hang_limit)
+            except asyncio.TimeoutError:
+                pass
+        elif self.probe == "slow":
+            await asyncio.sleep(self.probe_delay)
+        elif self.probe == "error":
+            return web.json_response(
+                {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                           "type": "InternalServerError", "param": None, "code": 500}}, status=500)
+        return web.json_response({
+            "id": "chatcmpl-fake", "object": "chat.completion", "model": body.get("model"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "pong"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
+        })

@@ -1,0 +1,617 @@
+"""A fault-injecting OpenAI-compatible server (aiohttp, 127.0.0.1 only) for tests.
+
+The behaviour of each request is chosen by a *mode spec*, taken from (first match wins):
+
+1. the request's ``model`` when it starts with ``fault:`` or ``normal:``
+   (``"fault:stall-mid:at=3:stall=5"``, ``"normal:tokens=20:rate=50"``);
+2. a ``[[fault:...]]`` / ``[[normal:...]]`` directive inside the last user message
+   (handy from a browser: type ``[[fault:drop-mid]] hello``);
+3. the server default (``--mode``, or ``POST /fake/mode {"mode": ...}``), used for the
+   served base and adapter names. Any other model name gets vLLM's exact 404 body.
+
+Spec grammar: ``normal[:key=value...]`` or ``fault:<name>[:key=value...]``. Keys:
+``tokens`` (default 8), ``rate`` (tokens/s, 0 = no pause; default 0), ``at`` (token index
+where a mid-stream fault fires; default 3), ``stall`` (seconds, default 30; every stall
+ends early when the client disconnects), ``fail`` (only the first N attempts of this
+spec misbehave, later ones are normal — for retry tests), ``retry_after`` (503/429
+``Retry-After`` value, default ``1``), ``param`` (``input_tokens``|``max_tokens`` for
+``overflow-400``). Faults are listed in ``FAULTS``; ``http-<status>`` works for any status.
+
+Every request is recorded (``RequestRecord``): attempt number per spec, stream flag,
+``X-Request-Id`` header, the parsed messages, chunks sent, and whether the client
+closed the connection before the server finished (``disconnected`` — what the Stop
+button must cause). Other processes read them from ``GET /fake/requests``.
+
+Use as ``async with FakeServer() as srv: srv.base_url`` or standalone:
+``python -m tests.fakeserver --port 8011`` (then ``OPENAI_BASE_URL=http://127.0.0.1:8011/v1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+HOST = "127.0.0.1"
+MAX_STALL = 30.0  # hard cap on any stall, whatever the spec says
+POLL = 0.01  # disconnect polling step during stalls
+
+FAULTS: dict[str, str] = {
+    "empty-choices-first": "first chunk has `choices: []` and no usage; then a normal answer",
+    "usage-only-final": "normal answer, then a usage-only chunk (`choices: []`) even without include_usage",
+    "no-delta": "a choice without `delta` mid-stream and on the finish chunk (non-stream: no `message`)",
+    "null-content": "`delta.content: null` chunks between tokens (non-stream: `content: null`, finish stop)",
+    "no-finish": "tokens, then [DONE]; `finish_reason` never set",
+    "role-only-first": "first chunk `delta: {role}` without a `content` key",
+    "stall-first": "role chunk, then silence for `stall` s before the first token (non-stream: before the body)",
+    "stall-mid": "`at` tokens, then silence for `stall` s, then the rest",
+    "drop-mid": "`at` tokens, then the TCP connection is closed mid-body (non-stream: before any response)",
+    "error-mid": '`at` tokens, then `data: {"error": {...}}` (vLLM shape; `status`/`param` adjustable)',
+    "error-mid-flat": '`at` tokens, then the old flat `data: {"object": "error", "message": ...}`',
+    "http-500": "HTTP 500 with vLLM's error body",
+    "http-503": "HTTP 503 with `Retry-After` (any `http-<status>` works the same way)",
+    "overflow-400": "HTTP 400, vLLM's exact context-overflow body (`param` input_tokens or max_tokens)",
+    "unknown-model-404": "HTTP 404, vLLM's exact unknown-model body",
+    "non-json": "`at` tokens, then a `data:` line that is not JSON (non-stream: a body that is not JSON)",
+    "empty-choices": "every chunk has `choices: []` (non-stream: `choices: []`)",
+    "empty-stream": "`data: [DONE]` and nothing else (non-stream: `{}`)",
+    "invalid-utf8": "a multi-byte character split across two writes, plus invalid UTF-8 bytes in content",
+    "several-choices": "two choices per chunk, index 1 listed first",
+    "extra-fields": "unknown fields at every level",
+    "think-inline": "`<think>…</think>` inline in content, tags split across chunks",
+    "reasoning-field": "`delta.reasoning_content` chunks before the content",
+    "slow-headers": "silence for `stall` s before the response headers",
+}
+
+MODE_RE = re.compile(r"\[\[((?:fault|normal)(?::[\w.=\-]+)*)\]\]")
+
+
+def token_text(i: int) -> str:
+    """The i-th token a normal answer streams."""
+    return f"w{i} "
+
+
+def expected_text(tokens: int) -> str:
+    """The whole text of a normal answer of ``tokens`` tokens."""
+    return "".join(token_text(i) for i in range(tokens))
+
+
+def vllm_error(message: str, type_: str, code: int, param: str | None = None) -> dict[str, Any]:
+    """vLLM's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def overflow_body(param: str = "input_tokens", max_model_len: int = 8192, max_tokens: int = 1024) -> dict[str, Any]:
+    """vLLM's exact 400 body for a prompt (or max_tokens) that does not fit max_model_len."""
+    if param == "max_tokens":
+        have = max_model_len - max_tokens + 100
+        msg = (f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+               f"context length is {max_model_len} tokens and your request has {have} input tokens "
+               f"({max_tokens} > {max_model_len} - {have}).")
+    else:
+        msg = (f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+               f"{max_model_len + 808} input tokens. Please reduce the length of the input messages.")
+    return vllm_error(msg, "BadRequestError", 400, param)
+
+
+def not_found_body(model: str) -> dict[str, Any]:
+    """vLLM's exact 404 body for an unknown model or adapter."""
+    return vllm_error(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
+
+
+_STATUS_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+                 422: "UnprocessableEntityError", 429: "RateLimitError", 500: "InternalServerError",
+                 502: "BadGatewayError", 503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A parsed mode spec."""
+
+    spec: str
+    fault: str | None = None  # None: a normal answer
+    tokens: int = 8
+    rate: float = 0.0
+    at: int = 3
+    stall: float = MAX_STALL
+    fail: int | None = None
+    retry_after: str = "1"
+    param: str = "input_tokens"
+    status: int = 500
+
+    @classmethod
+    def parse(cls, spec: str) -> Mode:
+        parts = spec.split(":")
+        family, rest = parts[0], parts[1:]
+        kw: dict[str, Any] = {"spec": spec}
+        if family == "fault":
+            if not rest:
+                raise ValueError(f"mode {spec!r}: name the fault, e.g. fault:stall-mid")
+            name, rest = rest[0], rest[1:]
+            if name not in FAULTS and not re.fullmatch(r"http-\d{3}", name):
+                raise ValueError(f"mode {spec!r}: unknown fault {name!r}; known: {', '.join(FAULTS)}, http-<status>")
+            kw["fault"] = name
+            if name.startswith("http-"):
+                kw["status"] = int(name[5:])
+            if name == "error-mid":
+                kw["status"] = 500
+        elif family != "normal":
+            raise ValueError(f"mode {spec!r}: must start with 'normal' or 'fault:'")
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        for item in rest:
+            key, sep, value = item.partition("=")
+            if not sep or key not in types or key in ("spec", "fault"):
+                raise ValueError(f"mode {spec!r}: bad option {item!r}; use key=value with keys "
+                                 "tokens, rate, at, stall, fail, retry_after, param, status")
+            conv = {"int": int, "float": float, "int | None": int}.get(str(types[key]), str)
+            kw[key] = conv(value)
+        mode = cls(**kw)
+        if mode.stall > MAX_STALL:
+            mode = dataclasses.replace(mode, stall=MAX_STALL)
+        return mode
+
+    def effective(self, attempt: int) -> Mode:
+        """With ``fail=N``, attempts after the N-th behave normally."""
+        if self.fail is not None and attempt > self.fail:
+            return dataclasses.replace(self, fault=None)
+        return self
+
+
+@dataclass
+class RequestRecord:
+    """What the server saw and did for one POST /v1/chat/completions."""
+
+    index: int
+    spec: str
+    attempt: int  # 1-based, per spec string
+    model: str
+    stream: bool
+    request_id: str | None  # the X-Request-Id header
+    messages: list[Any]
+    body_bytes: int
+    max_tokens: int | None = None
+    status: int = 200
+    chunks_sent: int = 0
+    disconnected: bool = False  # the client closed the connection before we were done
+    completed: bool = False  # the handler reached its own end
+    started_at: float = field(default_factory=time.monotonic)
+    ended_at: float | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("finished", "messages")}
+        d["message_chars"] = sum(len(m.get("content") or "") for m in self.messages
+                                 if isinstance(m, dict) and isinstance(m.get("content"), str))
+        return d
+
+
+class _Disconnected(Exception):
+    """The client went away while we were writing or stalling."""
+
+
+class _Dropped(Exception):
+    """We closed the connection on purpose (fault drop-mid)."""
+
+
+class FakeServer:
+    """The server; an async context manager. ``base_url`` ends in /v1."""
+
+    def __init__(self, *, port: int = 0, model: str = "fake-qwen", adapter: str = "fake-adapter",
+                 max_model_len: int = 8192, default_mode: str = "normal") -> None:
+        Mode.parse(default_mode)
+        self.port = port
+        self.model = model
+        self.adapter = adapter
+        self.max_model_len = max_model_len
+        self.default_mode = default_mode
+        self.records: list[RequestRecord] = []
+        self._attempts: dict[str, int] = {}
+        self._runner: web.AppRunner | None = None
+        self._closing = False
+        self._writers: set[web.StreamResponse] = set()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # 10 MB prompts must arrive
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/fake/requests", self._requests)
+        app.router.add_post("/fake/reset", self._reset)
+        app.router.add_post("/fake/mode", self._set_mode)
+        return app
+
+    async def start(self) -> FakeServer:
+        self._runner = web.AppRunner(self.app(), shutdown_timeout=1.0, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, HOST, self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def stop(self) -> None:
+        self._closing = True  # ends every stall at its next poll
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    # ------------------------------------------------------------ facts for tests
+
+    def attempts(self, spec: str) -> int:
+        """How many requests arrived with this mode spec."""
+        return self._attempts.get(spec, 0)
+
+    def reset(self) -> None:
+        self.records.clear()
+        self._attempts.clear()
+
+    async def wait_finished(self, record: RequestRecord, timeout: float = 5.0) -> RequestRecord:
+        """Wait (bounded) until the handler for ``record`` has ended."""
+        await asyncio.wait_for(record.finished.wait(), timeout)
+        return record
+
+    # ------------------------------------------------------------ plain routes
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "fake"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        now = int(time.time())
+
+        def card(mid: str, root: str, parent: str | None, max_len: int | None) -> dict[str, Any]:
+            return {"id": mid, "object": "model", "created": now, "owned_by": "vllm", "root": root,
+                    "parent": parent, "max_model_len": max_len, "permission": []}
+
+        return web.json_response({"object": "list", "data": [
+            card(self.model, f"/models/{self.model}", None, self.max_model_len),
+            card(self.adapter, f"/adapters/{self.adapter}", self.model, None),
+        ]})
+
+    async def _requests(self, request: web.Request) -> web.Response:
+        return web.json_response([r.to_json() for r in self.records])
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"ok": True})
+
+    async def _set_mode(self, request: web.Request) -> web.Response:
+        data = await request.json()
+        try:
+            Mode.parse(data["mode"])
+        except (KeyError, TypeError, ValueError) as exc:
+            return web.json_response(vllm_error(str(exc), "BadRequestError", 400), status=400)
+        self.default_mode = data["mode"]
+        return web.json_response({"mode": self.default_mode})
+
+    # ------------------------------------------------------------ chat
+
+    def _pick_spec(self, model: str, messages: Any) -> str | None:
+        if model.startswith(("fault:", "normal")) and (model == "normal" or ":" in model):
+            return model
+        if isinstance(messages, list):
+            for m in reversed(messages):
+                if isinstance(m, dict) and m.get("role") == "user":
+                    found = MODE_RE.search(m["content"]) if isinstance(m.get("content"), str) else None
+                    if found:
+                        return found.group(1)
+                    break
+        if model in (self.model, self.adapter):
+            return self.default_mode
+        return None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("body is not a JSON object")
+        except ValueError as exc:
+            return web.json_response(vllm_error(f"invalid JSON body: {exc}", "BadRequestError", 400), status=400)
+        model = str(body.get("model", ""))
+        messages = body.get("messages") or []
+        spec = self._pick_spec(model, messages)
+        self._attempts[spec or model] = attempt = self._attempts.get(spec or model, 0) + 1
+        rec = RequestRecord(index=len(self.records), spec=spec or model, attempt=attempt, model=model,
+                            stream=bool(body.get("stream")), request_id=request.headers.get("X-Request-Id"),
+                            messages=messages if isinstance(messages, list) else [], body_bytes=len(raw),
+                            max_tokens=body.get("max_tokens"))
+        self.records.append(rec)
+        try:
+            if spec is None:
+                return self._json(rec, not_found_body(model), 404)
+            try:
+                mode = Mode.parse(spec).effective(attempt)
+            except ValueError as exc:
+                return self._json(rec, vllm_error(str(exc), "BadRequestError", 400), 400)
+            return await self._answer(request, rec, mode, body)
+        except _Disconnected:
+            rec.disconnected = True
+            return web.Response(status=499)  # never reaches the client; keeps aiohttp quiet
+        except _Dropped:
+            rec.completed = True
+            return web.Response(status=499)
+        finally:
+            rec.ended_at = time.monotonic()
+            rec.finished.set()
+
+    def _json(self, rec: RequestRecord, body: Any, status: int = 200, headers: dict[str, str] | None = None
+              ) -> web.Response:
+        rec.status = status
+        rec.completed = True
+        return web.json_response(body, status=status, headers=headers)
+
+    async def _stall(self, request: web.Request, seconds: float) -> None:
+        """Sleep up to ``seconds`` (capped), in small steps; raise _Disconnected when the client leaves."""
+        deadline = time.monotonic() + min(seconds, MAX_STALL)
+        while time.monotonic() < deadline and not self._closing:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise _Disconnected()
+            await asyncio.sleep(POLL)
+
+    async def _answer(self, request: web.Request, rec: RequestRecord, mode: Mode, body: dict[str, Any]
+                      ) -> web.StreamResponse:
+        fault = mode.fault
+        model = rec.model
+        if fault == "unknown-model-404":
+            return self._json(rec, not_found_body(model), 404)
+        if fault == "overflow-400":
+            return self._json(rec, overflow_body(mode.param, self.max_model_len, rec.max_tokens or 1024), 400)
+        if fault is not None and fault.startswith("http-"):
+            status = mode.status
+            headers = {"Retry-After": mode.retry_after} if status in (429, 503) else None
+            msg = f"fake server: HTTP {status} on attempt {rec.attempt}"
+            return self._json(rec, vllm_error(msg, _STATUS_TYPES.get(status, "APIError"), status), status, headers)
+        if fault == "slow-headers":
+            await self._stall(request, mode.stall)
+        if rec.stream:
+            return await self._stream(request, rec, mode, body)
+        return await self._complete(request, rec, mode)
+
+    # ------------------------------------------------------------ non-streaming
+
+    async def _complete(self, request: web.Request, rec: RequestRecord, mode: Mode) -> web.StreamResponse:
+        fault = mode.fault
+        n, finish = self._length(mode, rec)
+        text = expected_text(n)
+        message: dict[str, Any] | None = {"role": "assistant", "content": text}
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        out: dict[str, Any] = {
+            "id": f"chatcmpl-{rec.index}", "object": "chat.completion", "created": int(time.time()),
+            "model": rec.model, "choices": [choice], "usage": self._usage(rec, n)}
+        if fault in ("stall-first", "stall-mid"):
+            await self._stall(request, mode.stall)
+        elif fault == "drop-mid":
+            if request.transport is not None:
+                request.transport.close()
+            raise _Dropped()
+        elif fault == "error-mid":
+            return self._json(rec, vllm_error("fake engine failure", "InternalServerError", mode.status, None))
+        elif fault == "error-mid-flat":
+            return self._json(rec, {"object": "error", "message": "fake engine failure (flat)",
+                                    "type": "InternalServerError", "param": None, "code": mode.status})
+        elif fault == "non-json":
+            rec.status, rec.completed = 200, True
+            return web.Response(body=b"this is not json", content_type="application/json")
+        elif fault in ("empty-choices", "empty-choices-first"):
+            out["choices"] = []
+        elif fault == "empty-stream":
+            out = {}
+        elif fault == "no-delta":
+            del choice["message"]
+        elif fault == "null-content":
+            choice["message"] = {"role": "assistant", "content": None}
+        elif fault == "no-finish":
+            choice["finish_reason"] = None
+        elif fault == "several-choices":
+            out["choices"] = [{"index": 1, "message": {"role": "assistant", "content": "OTHER"},
+                               "finish_reason": "stop"}, choice]
+        elif fault == "extra-fields":
+            out["x_unknown"] = {"a": 1}
+            choice["x_extra"] = [1, 2]
+            choice["message"]["x_more"] = "?"
+        elif fault == "think-inline":
+            choice["message"]["content"] = "<think>\nreasoning\n</think>\n\n" + text
+        elif fault == "reasoning-field":
+            choice["message"]["reasoning_content"] = "reasoning"
+        elif fault == "invalid-utf8":
+            raw = json.dumps(out, ensure_ascii=False).encode()
+            raw = raw.replace(text.encode(), b"ok \xe4\xb8\xad bad\xff\xfe end", 1)
+            rec.status, rec.completed = 200, True
+            return web.Response(body=raw, content_type="application/json")
+        return self._json(rec, out)
+
+    def _length(self, mode: Mode, rec: RequestRecord) -> tuple[int, str]:
+        n = mode.tokens
+        if isinstance(rec.max_tokens, int) and 0 <= rec.max_tokens < n:
+            return rec.max_tokens, "length"
+        return n, "stop"
+
+    def _usage(self, rec: RequestRecord, completion: int) -> dict[str, int]:
+        prompt = sum(len(json.dumps(m, ensure_ascii=False)) for m in rec.messages) // 4 + 1
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    # ------------------------------------------------------------ streaming
+
+    async def _stream(self, request: web.Request, rec: RequestRecord, mode: Mode, body: dict[str, Any]
+                      ) -> web.StreamResponse:
+        fault = mode.fault
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                       "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        created = int(time.time())
+        n, finish = self._length(mode, rec)
+        at = max(0, min(mode.at, n))
+        opts = body.get("stream_options")
+        include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+        async def raw(data: bytes) -> None:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise _Disconnected()
+            try:
+                await resp.write(data)
+            except (ConnectionError, RuntimeError) as exc:  # closing transport / reset by peer
+                raise _Disconnected() from exc
+            rec.chunks_sent += 1
+
+        async def send(obj: Any) -> None:
+            await raw(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
+
+        def chunk(delta: dict[str, Any] | None, finish_reason: str | None = None, **top: Any) -> dict[str, Any]:
+            c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+            if delta is not None:
+                c["delta"] = delta
+            out: dict[str, Any] = {"id": f"chatcmpl-{rec.index}", "object": "chat.completion.chunk",
+                                   "created": created, "model": rec.model, "choices": [c]}
+            if fault == "several-choices":
+                out["choices"] = [{"index": 1, "delta": {"content": "X"}, "finish_reason": finish_reason}, c]
+            elif fault == "extra-fields":
+                out["x_unknown"] = {"nested": [1, 2]}
+                c["x_extra"] = True
+                if delta is not None:
+                    delta["x_more"] = "?"
+            elif fault == "empty-choices":
+                out["choices"] = []
+            out.update(top)
+            return out
+
+        async def pause() -> None:
+            if mode.rate > 0:
+                await self._stall(request, 1.0 / mode.rate)
+
+        if fault == "empty-stream":
+            await raw(b"data: [DONE]\n\n")
+            return self._done(rec, resp)
+        if fault == "empty-choices-first":
+            await send({"id": f"chatcmpl-{rec.index}", "object": "chat.completion.chunk", "created": created,
+                        "model": rec.model, "choices": []})
+        await send(chunk({"role": "assistant"} if fault == "role-only-first" else {"role": "assistant", "content": ""}))
+        if fault == "stall-first":
+            await self._stall(request, mode.stall)
+        if fault == "reasoning-field":
+            for piece in ("rea", "son", "ing"):
+                await send(chunk({"reasoning_content": piece}))
+        if fault == "think-inline":
+            for piece in ("<thi", "nk>\nrea", "soning</th", "ink>\n\n"):
+                await send(chunk({"content": piece}))
+        if fault == "invalid-utf8":
+            # "中" is e4 b8 ad: split its bytes over two writes (valid once joined), then
+            # bytes that are never valid UTF-8 (ff, and a truncated e4 b8).
+            head = json.dumps(chunk({"content": "ok @"}), ensure_ascii=False).encode()
+            first, second = head.split(b"@")
+            await raw(b"data: " + first + b"\xe4\xb8")
+            await asyncio.sleep(0.02)
+            await raw(b"\xad" + second + b"\n\n")
+            bad = json.dumps(chunk({"content": " bad@ end "}), ensure_ascii=False).encode()
+            await raw(b"data: " + bad.replace(b"@", b"\xff\xe4\xb8") + b"\n\n")
+        for i in range(n):
+            if i == at and fault is not None:
+                if fault == "stall-mid":
+                    await self._stall(request, mode.stall)
+                elif fault == "drop-mid":
+                    # Close mid-body: the chunked encoding never terminates, as when a proxy or
+                    # the engine dies. aiohttp then cannot finish the response.
+                    if request.transport is not None:
+                        request.transport.close()
+                    raise _Dropped()
+                elif fault == "error-mid":
+                    param = mode.param if mode.status == 400 else None
+                    await send(vllm_error("fake engine failure mid-stream", _STATUS_TYPES.get(mode.status, "APIError"),
+                                          mode.status, param))
+                    await raw(b"data: [DONE]\n\n")
+                    return self._done(rec, resp)
+                elif fault == "error-mid-flat":
+                    await send({"object": "error", "message": "fake engine failure mid-stream (flat)",
+                                "type": "InternalServerError", "param": None, "code": mode.status})
+                    await raw(b"data: [DONE]\n\n")
+                    return self._done(rec, resp)
+                elif fault == "non-json":
+                    await raw(b"data: {this is not json\n\n")
+                elif fault == "no-delta":
+                    await send(chunk(None))
+            if fault == "null-content":
+                await send(chunk({"content": None}))
+            await send(chunk({"content": token_text(i)}))
+            await pause()
+        if fault == "no-finish":
+            pass
+        elif fault == "no-delta":
+            await send(chunk(None, finish))
+        else:
+            await send(chunk({"content": ""}, finish))
+        if include_usage or fault == "usage-only-final":
+            await send({"id": f"chatcmpl-{rec.index}", "object": "chat.completion.chunk", "created": created,
+                        "model": rec.model, "choices": [], "usage": self._usage(rec, n)})
+        await raw(b"data: [DONE]\n\n")
+        return self._done(rec, resp)
+
+    def _done(self, rec: RequestRecord, resp: web.StreamResponse) -> web.StreamResponse:
+        rec.completed = True
+        return resp
+
+
+# ---------------------------------------------------------------- standalone
+
+
+async def _serve(port: int, mode: str, model: str, adapter: str, max_model_len: int) -> None:
+    server = FakeServer(port=port, model=model, adapter=adapter, max_model_len=max_model_len, default_mode=mode)
+    await server.start()
+    print(f"fakeserver listening on {server.base_url} (model {model!r}, adapter {adapter!r}, mode {mode!r})",
+          flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m tests.fakeserver", description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: pick a free one)")
+    p.add_argument("--mode", default="normal", help="default mode spec for the served names (default: normal)")
+    p.add_argument("--model", default="fake-qwen", help="served base model name")
+    p.add_argument("--adapter", default="fake-adapter", help="served adapter name")
+    p.add_argument("--max-model-len", type=int, default=8192)
+    args = p.parse_args(argv)
+    try:
+        Mode.parse(args.mode)
+    except ValueError as exc:
+        p.error(str(exc))
+    asyncio.run(_serve(args.port, args.mode, args.model, args.adapter, args.max_model_len))
+
+
+if __name__ == "__main__":
+    main()

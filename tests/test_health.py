@@ -1,0 +1,330 @@
+"""The shared health poller against a fake engine whose behaviour changes while it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from backend import health
+from backend.errors import ConfigError
+from backend.health import EngineState, HealthPoller, HealthSettings, get_poller, reset_shared
+from tests.fake_engine import FakeEngine, adapter
+
+FAST = HealthSettings(poll_starting=0.05, poll_ready=0.05, probe_every=0.1, probe_timeout=0.4, probe_slow=0.3,
+                      request_timeout=0.3, startup_limit=30.0)
+KEY = "test-key"
+
+
+async def until(poller: HealthPoller, pred, timeout: float = 4.0, what: str = ""):
+    """Wait (bounded) until pred(status) holds; fail with the last status otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = poller.status
+        if pred(status):
+            return status
+        await asyncio.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what or pred}: last status {poller.status}")
+
+
+def transitions(caplog, arrow: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "backend.health" and arrow in r.getMessage()]
+
+
+@pytest_asyncio.fixture
+async def engine():
+    e = FakeEngine(api_key=KEY)
+    yield e
+    await e.stop()
+
+
+@pytest_asyncio.fixture
+async def poller(engine):
+    p = HealthPoller(engine.url, KEY, FAST)
+    yield p
+    await p.stop()
+
+
+@pytest.mark.asyncio
+async def test_starting_while_refused_then_ready_once_the_server_listens_on_the_port(engine, poller):
+    await poller.start()
+    st = await until(poller, lambda s: "not listening" in s.reason, what="refused → starting")
+    assert st.state is EngineState.STARTING and st.models == () and st.version == 0
+    await asyncio.sleep(0.2)
+    assert poller.status.state is EngineState.STARTING  # refused, never ready: still starting, not down
+    assert poller.status.starting_elapsed >= 0.2
+
+    progress: list[tuple[float, EngineState]] = []
+    waiter = asyncio.create_task(poller.wait_until_ready(5, on_progress=lambda e, s: progress.append((e, s.state)),
+                                                         progress_every=0.05))
+    await asyncio.sleep(0.3)
+    await engine.start()  # same port, now listening
+    final = await waiter
+
+    assert final.state is EngineState.READY, final
+    assert final.base_model == "base-model" and final.max_model_len == 8192 and final.version == 1
+    assert final.last_probe_latency is not None and final.last_probe_latency < FAST.probe_slow
+    assert progress[0][1] is EngineState.STARTING and progress[-1][1] is EngineState.READY
+    assert len(progress) >= 4 and [e for e, _ in progress] == sorted(e for e, _ in progress)
+
+
+@pytest.mark.asyncio
+async def test_health_200_but_hung_generation_is_degraded_with_the_timeout_in_the_reason(engine, poller):
+    await engine.start()
+    await poller.start()
+    await until(poller, lambda s: s.ready, what="ready")
+    engine.probe = "hang"
+    st = await until(poller, lambda s: s.state is EngineState.DEGRADED, what="degraded")
+    assert "health 200" in st.reason and "timed out after 0.4 s" in st.reason
+    assert "0.4" in st.reason_zh and st.answering and not st.ready
+    engine.probe = "ok"
+    await until(poller, lambda s: s.ready, what="ready again once the engine answers")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode, words", [("slow", ["slowly", "0.3 s"]), ("error", ["failed", "HTTP 500", "EngineCore"])])
+async def test_slow_or_failing_probe_is_degraded_and_says_why(engine, poller, mode, words):
+    engine.probe, engine.probe_delay = mode, 0.35  # slower than probe_slow 0.3, faster than probe_timeout 0.4
+    await engine.start()
+    await poller.start()
+    st = await until(poller, lambda s: s.state is EngineState.DEGRADED, what="degraded")
+    for w in words:
+        assert w in st.reason, st.reason
+    if mode == "slow":
+        assert st.last_probe_latency is not None and st.last_probe_latency >= 0.3
+
+
+@pytest.mark.asyncio
+async def test_flapping_logs_each_transition_once_and_a_steady_state_never(engine, poller, caplog):
+    caplog.set_level(logging.INFO, logger="backend.health")
+    await engine.start()
+    await poller.start()
+    await until(poller, lambda s: s.ready, what="ready")
+    for _ in range(2):
+        await engine.stop()
+        await until(poller, lambda s: s.state is EngineState.DOWN, what="down")
+        await engine.start()
+        await until(poller, lambda s: s.ready, what="ready")
+
+    n_logged = len(caplog.records)
+    await asyncio.sleep(0.5)  # ~10 polls and ~5 probes while steady
+    assert len(caplog.records) == n_logged, [r.getMessage() for r in caplog.records[n_logged:]]
+
+    assert len(transitions(caplog, "starting → ready")) == 1
+    assert len(transitions(caplog, "→ down")) == 2
+    assert len(transitions(caplog, "down → ready")) == 2
+    downs = transitions(caplog, "→ down")
+    assert all("connection refused" in m or "unhealthy" in m for m in downs)
+
+
+@pytest.mark.asyncio
+async def test_down_after_ready_recovers_by_itself_and_keeps_the_model_list_stale_meanwhile(engine, poller):
+    engine.models.append(adapter("pirate"))
+    await engine.start()
+    await poller.start()
+    ready = await until(poller, lambda s: s.ready, what="ready")
+    assert [m.id for m in ready.models] == ["base-model", "pirate"] and not ready.models_stale
+
+    await engine.stop()
+    down = await until(poller, lambda s: s.state is EngineState.DOWN, what="down")
+    assert "stopped answering" in down.reason and "connection refused" in down.reason
+    assert down.models == ready.models and down.models_stale
+    assert down.version == ready.version and down.base_model == "base-model"
+    assert [a.id for a in down.adapters] == ["pirate"]
+
+    await engine.start()
+    back = await until(poller, lambda s: s.ready, what="ready again")
+    assert not back.models_stale and back.version == ready.version  # same list: the dropdown need not refresh
+
+
+@pytest.mark.asyncio
+async def test_version_increments_when_an_adapter_appears_or_disappears_and_subscribers_see_it(engine):
+    slow_polls = HealthSettings(poll_starting=0.05, poll_ready=30, probe_every=30, probe_timeout=0.4, probe_slow=0.3,
+                                request_timeout=0.3)
+    poller = HealthPoller(engine.url, KEY, slow_polls)
+    await engine.start()
+    await poller.start()
+    try:
+        first = await until(poller, lambda s: s.ready, what="ready")
+        sub = poller.subscribe()
+        assert (await asyncio.wait_for(sub.__anext__(), 1)).version == first.version  # current status first
+
+        engine.models.append(adapter("pirate"))
+        st = await poller.refresh()  # no natural poll for 30 s: refresh() is what finds it
+        assert st.version == first.version + 1 and [a.id for a in st.adapters] == ["pirate"]
+        pushed = await asyncio.wait_for(sub.__anext__(), 1)
+        assert pushed.version == st.version and pushed.adapters[0].parent == "base-model"
+
+        engine.models.pop()
+        st = await poller.refresh()
+        assert st.version == first.version + 2 and st.adapters == ()
+        await sub.aclose()
+    finally:
+        await poller.stop()
+
+
+def write_status(path: Path, **fields) -> None:
+    data = {"state": "running", "pid": 4242, "attempt": 1, "max_attempts": 5, "reason": "", "reason_zh": "",
+            "cause": None, "log_path": "/logs/engine.log", "since": time.time(), "updated": time.time()}
+    data.update(fields)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    tmp.replace(path)
+
+
+@pytest.mark.asyncio
+async def test_status_file_restarting_attempt_2_of_5_is_what_the_user_is_told(engine, tmp_path):
+    status_file = tmp_path / "engine-status.json"
+    write_status(status_file, state="restarting", pid=4242, attempt=2, cause="oom_gpu",
+                 reason="the engine ran out of memory", reason_zh="引擎内存不足")
+    poller = HealthPoller(engine.url, KEY, FAST, status_file=status_file)
+    await poller.start()
+    try:
+        st = await until(poller, lambda s: "restarting" in s.reason, what="restarting")
+        assert st.state is EngineState.STARTING
+        assert st.reason == "the engine ran out of memory; it is restarting — attempt 2 of 5"
+        assert "引擎内存不足" in st.reason_zh and "2/5" in st.reason_zh
+        assert (st.cause, st.attempt, st.max_attempts, st.log_path) == ("oom_gpu", 2, 5, "/logs/engine.log")
+
+        # a message waiting now is told at once why, then answered once the engine is back
+        waiter = asyncio.create_task(poller.wait_until_ready(5))
+        write_status(status_file, state="running", pid=5151, attempt=2)
+        await engine.start()
+        assert (await waiter).state is EngineState.READY
+
+        write_status(status_file, state="down", pid=5151, attempt=5, cause="lora_load_failed",
+                     reason="adapter 'pirate' was not found", reason_zh="找不到适配器 'pirate'")
+        down = await until(poller, lambda s: s.state is EngineState.DOWN, what="supervisor gave up")
+        assert down.reason == "adapter 'pirate' was not found; it is down after 5 attempts"
+        assert down.models_stale and down.cause == "lora_load_failed"
+        t0 = time.monotonic()
+        assert (await poller.wait_until_ready(5)).state is EngineState.DOWN  # no waiting on a dead engine
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        await poller.stop()
+
+
+@pytest.mark.asyncio
+async def test_never_up_within_the_startup_limit_is_down_and_waiting_gives_up_at_its_timeout(engine):
+    poller = HealthPoller(engine.url, KEY, HealthSettings(poll_starting=0.05, request_timeout=0.3,
+                                                          startup_limit=0.6))
+    await poller.start()
+    try:
+        st = await poller.wait_until_ready(0.25)
+        assert st.state is EngineState.STARTING  # returned at its own timeout, still starting
+        down = await until(poller, lambda s: s.state is EngineState.DOWN, what="startup limit")
+        assert "did not become ready within 0.6 s" in down.reason
+    finally:
+        await poller.stop()
+
+
+@pytest.mark.asyncio
+async def test_bearer_key_goes_on_every_request_and_a_wrong_key_is_down_with_the_fix(engine):
+    await engine.start()
+    wrong = HealthPoller(engine.url, "not-the-key", FAST)
+    await wrong.start()
+    try:
+        st = await until(wrong, lambda s: s.state is EngineState.DOWN, what="401 → down")
+        assert "HTTP 401" in st.reason and "OPENAI_API_KEY" in st.reason
+    finally:
+        await wrong.stop()
+
+    engine.seen.clear()
+    right = HealthPoller(engine.url, KEY, FAST)
+    await right.start()
+    try:
+        await until(right, lambda s: s.ready, what="ready")
+    finally:
+        await right.stop()
+    paths = {p for p, _ in engine.seen}
+    assert paths == {"/health", "/v1/models", "/v1/chat/completions"}
+    assert all(auth == f"Bearer {KEY}" for _, auth in engine.seen)
+
+
+@pytest.mark.asyncio
+async def test_probe_runs_every_probe_every_seconds_not_every_poll(engine):
+    poller = HealthPoller(engine.url, KEY, HealthSettings(poll_starting=0.05, poll_ready=0.05, probe_every=30,
+                                                          probe_timeout=0.4, probe_slow=0.3, request_timeout=0.3))
+    await engine.start()
+    await poller.start()
+    try:
+        await until(poller, lambda s: s.ready, what="ready")
+        probes, health_calls = engine.probes, sum(p == "/health" for p, _ in engine.seen)
+        await asyncio.sleep(0.4)
+        assert sum(p == "/health" for p, _ in engine.seen) >= health_calls + 4  # still polling
+        assert engine.probes == probes  # but not generating
+        await poller.refresh(probe=True)
+        assert engine.probes == probes + 1
+    finally:
+        await poller.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_503_health_while_loading_is_starting_and_after_ready_is_down(engine, poller):
+    engine.health_status = 503
+    await engine.start()
+    await poller.start()
+    st = await until(poller, lambda s: s.reason == "the model is loading", what="503 → loading")
+    assert st.state is EngineState.STARTING
+    engine.health_status = 200
+    await until(poller, lambda s: s.ready, what="ready")
+    engine.health_status = 503  # what vLLM answers for ~3 s after its EngineCore is killed
+    st = await until(poller, lambda s: s.state is EngineState.DOWN, what="unhealthy")
+    assert "unhealthy" in st.reason and "503" in st.reason
+
+
+@pytest.mark.asyncio
+async def test_stop_ends_subscriptions_and_waits_and_leaves_no_task(engine):
+    poller = HealthPoller(engine.url, KEY, FAST)
+    await poller.start()
+    await poller.start()  # idempotent
+    sub = poller.subscribe()
+    collected = []
+
+    async def read():
+        async for s in sub:
+            collected.append(s)
+
+    reader = asyncio.create_task(read())
+    waiter = asyncio.create_task(poller.wait_until_ready(30))
+    await asyncio.sleep(0.15)
+    await poller.stop()
+    await asyncio.wait_for(reader, 1)
+    assert (await asyncio.wait_for(waiter, 1)).state is EngineState.STARTING
+    assert collected and not poller.running
+    leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    assert leftover == []
+    await poller.stop()  # idempotent
+
+
+@pytest.mark.asyncio
+async def test_one_shared_poller_per_process():
+    await reset_shared()
+    try:
+        a = get_poller("http://127.0.0.1:9/v1", "k", FAST)
+        assert get_poller("http://127.0.0.1:9/v1/") is a
+        assert HealthPoller.shared("http://127.0.0.1:9") is a  # root or /v1 spelling: same engine
+        with pytest.raises(ValueError, match="127.0.0.1:8"):
+            get_poller("http://127.0.0.1:8/v1")
+        await a.start()
+        await reset_shared()
+        assert not a.running
+        assert get_poller("http://127.0.0.1:8/v1") is not a
+    finally:
+        await reset_shared()
+    assert health._shared is None
+
+
+@pytest.mark.parametrize("kwargs, key", [
+    ({"poll_ready": 0}, "health.poll_ready"),
+    ({"probe_timeout": -1}, "health.probe_timeout"),
+    ({"probe_slow": 20, "probe_timeout": 10}, "health.probe_slow"),
+])
+def test_health_settings_refuse_bad_values_naming_the_key(kwargs, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        HealthSettings(**kwargs)
