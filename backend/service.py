@@ -202,7 +202,7 @@ def sampling_body(sampling: Mapping[str, float]) -> dict[str, Any]:
 def footer(model: str, usage: Usage | None, fitted: budget_mod.FitResult | None, seconds: float, lang: str,
            finish: Finish | None = None) -> str:
     """The line under each answer: who answered, how much, how long, and the context meter."""
-    parts = [f"🏷 {model}"]
+    parts = [model]
     if usage and usage.completion_tokens is not None:
         parts.append(t("tokens", lang, n=usage.completion_tokens))
     parts.append(f"{seconds:.1f} s")

@@ -80,7 +80,7 @@ class ServerSettings:
     api_key: str = ""  # empty: a random key per launch
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 8
-    cpu_kvcache_gib: float = 1.0
+    cpu_kvcache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
     tensor_parallel_size: int = 1
     extra_args: tuple[str, ...] = ()
     startup_timeout: float = 600.0
@@ -213,7 +213,7 @@ def _validate(s: Settings) -> None:
     need(0 < s.server.gpu_memory_utilization <= 1, "server.gpu_memory_utilization",
          s.server.gpu_memory_utilization, "a fraction in (0, 1]")
     need(s.server.max_num_seqs > 0, "server.max_num_seqs", s.server.max_num_seqs, "a positive integer")
-    need(s.server.cpu_kvcache_gib > 0, "server.cpu_kvcache_gib", s.server.cpu_kvcache_gib, "a positive number of GiB")
+    need(s.server.cpu_kvcache_gib > 0, "server.cpu_kvcache_gib", s.server.cpu_kvcache_gib, "a positive whole number of GiB (VLLM_CPU_KVCACHE_SPACE)")
     need(s.server.restart_attempts >= 0, "server.restart_attempts", s.server.restart_attempts, "0 or more")
     need(s.lora.max_lora_rank in VLLM_LORA_RANKS, "lora.max_lora_rank", s.lora.max_lora_rank,
          "one of " + ", ".join(map(str, VLLM_LORA_RANKS)) + " (the ranks vLLM accepts)")

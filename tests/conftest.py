@@ -86,7 +86,7 @@ def tiny_settings(test_models: Path, port: int, *, lora_dir: Path | None = None,
     return Settings(
         model=ModelSettings(path=str(test_models / "tiny-qwen3"), served_model_name="tiny-qwen3",
                             max_model_len=max_model_len),
-        server=ServerSettings(port=port, ui_port=free_port(), max_num_seqs=4, cpu_kvcache_gib=0.5),
+        server=ServerSettings(port=port, ui_port=free_port(), max_num_seqs=4, cpu_kvcache_gib=1),
         lora=LoraSettings(modules={"tiny-lora": str(test_models / "tiny-qwen3-lora")},
                           dir=str(lora_dir or test_models), max_loras=2, max_lora_rank=8, max_cpu_loras=4),
         client=ClientSettings(**client),

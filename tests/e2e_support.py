@@ -42,7 +42,7 @@ def launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool = True
     env = {**os.environ, "QWENCHAT_ENGINE_PYTHON": need_env("QWENCHAT_ENGINE_PYTHON"),
            "QWENCHAT_SERVER_PORT": str(free_port()), "QWENCHAT_SERVER_UI_PORT": str(ui_port),
            "QWENCHAT_LOGGING_DIR": str(tmp / "logs"), "QWENCHAT_LORA_DIR": str(tmp / "adapters"),
-           "QWENCHAT_SERVER_CPU_KVCACHE_GIB": "0.5", **env_overrides}
+           "QWENCHAT_SERVER_CPU_KVCACHE_GIB": "1", **env_overrides}
     (tmp / "adapters").mkdir(exist_ok=True)
     output = tmp / "serve.out"
     proc = subprocess.Popen([sys.executable, "-m", "backend", "serve"], cwd=str(ROOT), env=env,

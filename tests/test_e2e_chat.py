@@ -41,7 +41,7 @@ QUESTION = "What is the capital of France?"
 def test_answer_streams_from_the_real_engine_and_names_the_model(page, live):
     answer = e2e.send(page, QUESTION)
     assert "Paris" in answer
-    assert "🏷 smollm2-135m-instruct" in answer
+    assert "smollm2-135m-instruct ·" in answer
     assert "context:" in answer  # the meter under every answer
 
 
@@ -50,9 +50,9 @@ def test_switching_to_the_demo_adapter_mid_chat_changes_the_next_answer(page, li
     e2e.choose_model(page, "pirate")
     answer = e2e.send(page, QUESTION)
     page.screenshot(path=str(live.log_dir / "chat.png"), full_page=True)
-    assert "🏷 pirate" in answer
+    assert "pirate ·" in answer
     assert "Arr" in answer  # the trained persona, not a random perturbation
-    assert answer.split("🏷")[0].strip() != base.split("🏷")[0].strip()
+    assert answer.split("\n")[0] != base.split("\n")[0]
 
 
 def test_status_line_reports_ready_with_the_model_name(page, live):

@@ -328,3 +328,25 @@ async def test_one_shared_poller_per_process():
 def test_health_settings_refuse_bad_values_naming_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         HealthSettings(**kwargs)
+
+
+@pytest.mark.asyncio
+async def test_an_engine_behind_a_proxy_without_health_is_judged_by_models_and_probe(engine, poller):
+    engine.health_status = 404  # OPENAI_BASE_URL pointing at a proxy that only forwards /v1
+    await engine.start()
+    await poller.start()
+    st = await until(poller, lambda s: s.ready, what="ready without /health")
+    assert st.base_model == "base-model"
+    engine.probe = "error"
+    await until(poller, lambda s: s.state is EngineState.DEGRADED, what="degraded: the probe still counts")
+
+
+@pytest.mark.asyncio
+async def test_refresh_without_start_polls_once(engine):
+    await engine.start()
+    poller = HealthPoller(engine.url, KEY, FAST)
+    try:
+        st = await poller.refresh()
+        assert st.ready and not poller.running and engine.probes == 1
+    finally:
+        await poller.stop()

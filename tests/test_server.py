@@ -24,7 +24,7 @@ def test_cpu_command_uses_module_entry_point_kv_cache_space_and_lora_flags():
     argv = list(cmd.argv)
     assert argv[:3] == ["/env/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv_value(argv, "--port") == "8123" and argv_value(argv, "--host") == "127.0.0.1"
-    assert argv_value(argv, "--api-key") == "secret"
+    assert "--api-key" not in argv and cmd.env["VLLM_API_KEY"] == "secret"  # not visible in `ps`
     assert "--enable-lora" in argv and argv_value(argv, "--lora-modules") == "pirate=/a/pirate"
     assert argv_value(argv, "--max-lora-rank") == "16"
     assert cmd.env["VLLM_CPU_KVCACHE_SPACE"] == "2"

@@ -39,4 +39,4 @@ def test_sampling_body_sends_vllm_extensions_only_when_active():
 def test_footer_names_the_model_tokens_time_and_context_meter():
     fitted = FitResult(messages=[], prompt_tokens=1234, budget=7168, max_model_len=8192, reply_reserve=1024)
     text = footer("pirate", Usage(40, 25), fitted, 1.25, "en", Finish("stop", "pirate"))
-    assert "🏷 pirate" in text and "25 tokens" in text and "1.2 s" in text and "1,234 / 7,168" in text
+    assert text.startswith("\n\n*pirate ·") and "25 tokens" in text and "1.2 s" in text and "1,234 / 7,168" in text
