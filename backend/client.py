@@ -75,7 +75,8 @@ from backend.settings import ClientSettings
 logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-CONTEXT_PARAMS = frozenset({"input_tokens", "max_tokens"})
+# input_text: newer vLLM rejects over-long text before tokenising it.
+CONTEXT_PARAMS = frozenset({"input_tokens", "max_tokens", "input_text"})
 SUMMARY_INTERVAL = 300.0  # seconds between INFO summaries of the anomaly counters
 RAW_LOG_LIMIT = 2000  # characters of a raw chunk in a debug line
 DETAIL_LIMIT = 300  # characters of a server message inside a user-facing error

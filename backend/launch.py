@@ -125,8 +125,12 @@ async def serve(settings: Settings) -> int:
         for name, text in excluded.items():
             say(f"adapter {name!r} left out: {text}")
         (log_dir / "adapters-excluded.json").write_text(json.dumps(excluded, ensure_ascii=False, indent=2))
+        template = None
+        if server.needs_chat_template(settings.model.resolved_path):
+            template = server.fallback_chat_template(log_dir)
+            say(f"{settings.model.resolved_path} has no chat template; serving it with the ChatML fallback")
         cmd = server.build_engine_command(settings, engine=engine, python=engine_python(), api_key=api_key,
-                                          adapters=adapters)
+                                          adapters=adapters, chat_template=template)
         supervisor = server.Supervisor(
             cmd, log_path=log_dir / "engine.log", status_path=status_path,
             health_url=settings.engine_base_url.removesuffix("/v1") + "/health",

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable
 
-from .adapters import Diagnosis, diagnose_adapter
+from .adapters import Diagnosis, diagnose_adapter, read_safetensors_header
 from .errors import ModelPathError, QwenChatError
 from .server import check_model_dir
 from .settings import home_dir
@@ -56,6 +56,7 @@ _TOKENIZER_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
 _LICENSE_PREFIXES = ("license", "notice")
 _CHILD_ENV = "QWENCHAT_MERGE_CHILD"  # set for the re-executed child: no second re-exec, no repeated notes
 _PROBE_LEN = 8
+_EMBEDDING_NAMES = ("embed_tokens", "lm_head", "wte", "word_embeddings", "embed_in", "embed_out")
 
 
 class MergeError(QwenChatError):
@@ -93,6 +94,7 @@ class MergePlan:
     needed_bytes: int
     free_bytes: int
     diagnosis: Diagnosis
+    untie: bool = False  # give lm_head its own copy of the tied embedding before merging (peft#2777)
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -137,9 +139,48 @@ def _stored_dtype(base: Path) -> str | None:
     return None
 
 
-def estimate_output_bytes(base: Path, dtype: str = "auto") -> int:
-    """Disk the merged folder needs: base weights (rescaled to ``dtype``) × 1.1, plus tokenizer files."""
-    weights = sum(p.stat().st_size for p in _weight_files(base))
+def adapts_embeddings(adapter: Path) -> bool:
+    """The adapter changes embed_tokens or lm_head (LoRA on them, or full copies via modules_to_save)."""
+    try:
+        keys = list(read_safetensors_header(Path(adapter) / "adapter_model.safetensors"))
+    except (OSError, ValueError):
+        keys = []
+    try:
+        cfg = json.loads((Path(adapter) / "adapter_config.json").read_text(encoding="utf-8"))
+        names = [*(cfg.get("modules_to_save") or []), *(cfg.get("target_modules") or [])]
+    except (OSError, ValueError, AttributeError, TypeError):
+        names = []
+    return any(e in str(n) for n in [*keys, *names] for e in _EMBEDDING_NAMES)
+
+
+def _tied(base: Path) -> bool:
+    try:
+        config = json.loads((base / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    return bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+
+
+def _embedding_bytes(base: Path) -> int:
+    for st in sorted(base.glob("*.safetensors")):
+        try:
+            header = _raw_header(st)
+        except (OSError, ValueError, struct.error):
+            continue
+        for name, meta in header.items():
+            if name.endswith("embed_tokens.weight") and isinstance(meta, dict):
+                start, end = meta.get("data_offsets", (0, 0))
+                return int(end) - int(start)
+    return 0
+
+
+def estimate_output_bytes(base: Path, dtype: str = "auto", *, untie: bool = False) -> int:
+    """Disk the merged folder needs: base weights (rescaled to ``dtype``) × 1.1, plus tokenizer files.
+
+    ``untie``: lm_head gets its own copy of the embedding (a tied base whose adapter changes one of them).
+    """
+    weights = sum(p.stat().st_size for p in _weight_files(base)) + (_embedding_bytes(base) if untie else 0)
     stored = _stored_dtype(base)
     if dtype != "auto" and stored in _DTYPE_BYTES:
         weights = weights * _DTYPE_BYTES[dtype] // _DTYPE_BYTES[stored]
@@ -202,9 +243,10 @@ def preflight(base: str | Path, adapter: str | Path, out: str | Path, *, dtype: 
         raise MergeError(f"--adapter {adapter}: the adapter doctor found errors that a merge cannot fix; fix the "
                          f"adapter first:\n{diagnosis.format_text()}")
     _check_out(out, base, adapter, force)
-    needed = estimate_output_bytes(base, dtype)
+    untie = _tied(base) and adapts_embeddings(adapter)
+    needed = estimate_output_bytes(base, dtype, untie=untie)
     free = check_free_space(out, needed, free)
-    return MergePlan(base, adapter, out, dtype, force, needed, free, diagnosis)
+    return MergePlan(base, adapter, out, dtype, force, needed, free, diagnosis, untie)
 
 
 # ---------------------------------------------------------------- the merged folder, statically
@@ -266,12 +308,12 @@ def inspect_merged(folder: Path, base: Path | None = None) -> MergedReport:
         missing = sorted(k for k in base_keys if k not in keys and not (tied and k == "lm_head.weight"))
         reshaped = sorted(k for k in base_keys if k in keys and keys[k] != base_keys[k])
         extra = sorted(k for k in keys if base_keys and k not in base_keys)
-        for label, names in (("of the base are missing from the merged weights", missing),
-                             ("changed shape from the base", reshaped),
-                             ("are new, not in the base (expected when the adapter trained embed_tokens/lm_head "
-                              "or untied them)", extra)):
+        for names, noun, label in (
+                (missing, "base tensor", "missing from the merged weights"),
+                (reshaped, "tensor", "with a shape different from the base"),
+                (extra, "new tensor", "not in the base (expected when the adapter changes embed_tokens/lm_head)")):
             if names:
-                warnings.append(f"{len(names)} tensor{'s' * (len(names) != 1)} {label}, e.g. {names[0]!r}")
+                warnings.append(f"{len(names)} {noun}{'s' * (len(names) != 1)} {label}, e.g. {names[0]!r}")
     archs = tuple(a for a in config.get("architectures") or () if isinstance(a, str))
     return MergedReport(folder, tuple(p.name for p in files), len(keys), sum(p.stat().st_size for p in files),
                         tuple(sorted(dtypes)), archs, tuple(warnings))
@@ -356,6 +398,14 @@ def run_merge(plan: MergePlan, progress: Callable[[str], None] = _say) -> Merged
         model = AutoModelForCausalLM.from_pretrained(str(plan.base), dtype=torch_dtype)
         dtype_name = str(model.dtype).removeprefix("torch.")
         probe = torch.tensor([_probe_ids(model.get_input_embeddings().weight.shape[0])])  # before PEFT wraps it
+        if plan.untie and model.get_output_embeddings() is not None:
+            # Merging a LoRA into a tied embed_tokens would also change lm_head (and vice versa): the merged
+            # model would answer differently from base+adapter (measured: top token wrong at 8/8 probes).
+            progress("untying lm_head from embed_tokens (the base ties them; the adapter changes one of them) …")
+            embedding = model.get_input_embeddings().weight
+            model.get_output_embeddings().weight = torch.nn.Parameter(embedding.detach().clone())
+            model.config.tie_word_embeddings = False
+            model.config.get_text_config().tie_word_embeddings = False
         progress(f"loading adapter {plan.adapter} …")
         model = PeftModel.from_pretrained(model, str(plan.adapter))
         model.eval()
@@ -390,12 +440,20 @@ def run_merge(plan: MergePlan, progress: Callable[[str], None] = _say) -> Merged
                              f"(max |Δlogit| {saved_diff:.3g}); the saved weights are wrong — nothing was written")
         agree = int((got.argmax(-1) == unmerged.argmax(-1)).sum().item())
         merge_diff = (got - unmerged).abs().max().item()
-        progress(f"merged vs base+adapter on {_PROBE_LEN} probe tokens: next-token argmax agrees at "
-                 f"{agree}/{_PROBE_LEN} positions, max |Δlogit| {merge_diff:.3g}"
-                 + ("" if plan.dtype == "float32" or dtype_name == "float32" else f" ({dtype_name} rounding)"))
+        exact = dtype_name == "float32"
+        progress(f"merged vs base+adapter on {_PROBE_LEN} probe tokens: top token agrees at {agree}/{_PROBE_LEN}, "
+                 f"max |Δlogit| {merge_diff:.3g}" + ("" if exact else f" ({dtype_name} rounding of merged weights)"))
+        # float32 merges reproduce base+adapter to rounding noise; 16-bit weights add ~2^-8 relative error each.
+        tolerance = (1e-3 if exact else 5e-2) * max(1.0, unmerged.abs().max().item())
+        if merge_diff > tolerance:
+            raise MergeError(
+                f"the merged model does not reproduce base+adapter (max |Δlogit| {merge_diff:.3g} > {tolerance:.3g} on "
+                f"{_PROBE_LEN} probe tokens, top token agrees at {agree}/{_PROBE_LEN}); nothing was written to "
+                f"{plan.out}. " + ("Retry with --dtype float32." if not exact else
+                                   "PEFT cannot merge this adapter faithfully; serve it unmerged if vLLM can."))
         if agree < _PROBE_LEN:
-            progress(f"warning: the merged model's top token differs from base+adapter at {_PROBE_LEN - agree} "
-                     f"probe positions ({dtype_name} rounding); --dtype float32 merges without rounding")
+            progress(f"warning: the top token differs from base+adapter at {_PROBE_LEN - agree} of {_PROBE_LEN} probe "
+                     f"positions ({dtype_name} rounding); --dtype float32 merges without rounding")
         for w in report.warnings:
             progress(f"warning: {w}")
         _publish(tmp, plan.out)

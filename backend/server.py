@@ -86,6 +86,7 @@ def build_engine_command(
     python: str,
     api_key: str,
     adapters: Mapping[str, Path],
+    chat_template: Path | None = None,
 ) -> Command:
     """The vLLM OpenAI server command for ``engine`` ("cpu" or "gpu"); pure."""
     m, s, lora = settings.model, settings.server, settings.lora
@@ -117,8 +118,30 @@ def build_engine_command(
             argv += ["--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
         if lora.runtime_loading:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if chat_template is not None:
+        # vLLM refuses chat requests for a model folder without a chat template.
+        argv += ["--chat-template", str(chat_template)]
     argv += list(s.extra_args)
     return Command(tuple(argv), env)
+
+
+def needs_chat_template(model_dir: Path) -> bool:
+    """True when the folder has no chat template (tokenizer_config.json or chat_template.jinja)."""
+    if (model_dir / "chat_template.jinja").exists():
+        return False
+    try:
+        return not json.loads((model_dir / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return False  # no tokenizer config: vLLM will say what is missing
+
+
+def fallback_chat_template(log_dir: Path) -> Path:
+    """Our documented ChatML fallback written to a file vLLM can read."""
+    from .template import CHATML_TEMPLATE
+
+    path = log_dir / "chatml-fallback.jinja"
+    path.write_text(CHATML_TEMPLATE)
+    return path
 
 
 def build_ui_command(settings: Settings, *, python: str) -> Command:

@@ -158,8 +158,8 @@ class Service:
 
     async def trimmed(self, text: str, exc: PromptTooLong) -> str:
         """The user's message with its middle replaced by a marker, sized to fit the budget."""
-        room = max(1, int(exc.budget) - int(exc.system) - 16)
-        return await budget_mod.trim_middle(text, room, await self.counter())
+        room = exc.params.get("limit") or max(1, int(exc.budget) - int(exc.system) - 16)
+        return await budget_mod.trim_middle(text, int(room), await self.counter())
 
 
 # ---------------------------------------------------------------- pure helpers for the UI

@@ -133,3 +133,15 @@ def test_status_file_is_replaced_atomically(tmp_path):
     server.write_status(path, state="running", attempt=0)
     assert json.loads(path.read_text())["state"] == "running"
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_model_without_a_chat_template_is_served_with_the_chatml_fallback(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    assert server.needs_chat_template(tmp_path)
+    template = server.fallback_chat_template(tmp_path)
+    assert "<|im_start|>" in template.read_text()
+    argv = server.build_engine_command(Settings(), engine="cpu", python="p", api_key="k", adapters={},
+                                       chat_template=template).argv
+    assert argv_value(list(argv), "--chat-template") == str(template)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    assert not server.needs_chat_template(tmp_path)
