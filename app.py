@@ -53,6 +53,8 @@ async def send_settings() -> None:
     """The settings panel: model/adapter dropdown (live from the poller) and sampling."""
     status = app.poller.status
     options = ui.model_options(status, await app.local_adapters(status), lang(), app.adapter_rank)
+    if not options:  # no model listed yet (engine loading): Select refuses an empty list
+        options = {app.default_model(status): app.default_model(status)}
     chosen = cl.user_session.get("model") or app.default_model(status)
     if chosen not in options.values():
         chosen = app.default_model(status)
@@ -84,7 +86,7 @@ async def on_chat_start() -> None:
     conversation()
     await send_settings()
     for name, reason in app.excluded_adapters().items():
-        await cl.ErrorMessage(content=t("excluded_adapter", lang(), name=name, reason=reason)).send()
+        await show_error(t("excluded_adapter", lang(), name=name, reason=reason))
     cl.user_session.set("watcher", asyncio.create_task(watch_models()))
 
 
@@ -102,21 +104,25 @@ async def on_settings_update(values: dict) -> None:
     model = values.get("model")
     if model and model != cl.user_session.get("model"):
         cl.user_session.set("model", model)
+        if model in {m.id for m in app.poller.status.models}:
+            return  # served already: nothing to load, no "Loading adapter" step to show
         try:
             async with cl.Step(name=t("loading_adapter", lang(), name=model), type="tool") as step:
                 if await app.ensure_loaded(model, app.poller.status):
                     step.output = t("adapter_loaded", lang(), name=model)
         except QwenChatError as exc:
             cl.user_session.set("model", app.default_model(app.poller.status))
-            await cl.ErrorMessage(content=exc.user_text(lang())).send()
+            await show_error(exc.user_text(lang()))
         await send_settings()
 
 
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
+    # Chainlit runs an edited message inline in its socket handler, not as the task Stop cancels.
+    cl.context.session.current_task = asyncio.current_task()
     text = message.content or ""
     if not text.strip():
-        await cl.ErrorMessage(content=t("empty_message", lang())).send()
+        await show_error(t("empty_message", lang()))
         return
     conversation().add_user(message.id, text)
     await answer()
@@ -126,10 +132,10 @@ async def on_message(message: cl.Message) -> None:
 async def on_retry(action: cl.Action) -> None:
     conv = conversation()
     if conv.last_user() is None:
-        await cl.ErrorMessage(content=t("nothing_to_retry", lang())).send()
+        await show_error(t("nothing_to_retry", lang()))
         return
     conv.drop_answers_after_last_user()
-    await answer()
+    await answer_as_task()
 
 
 @cl.action_callback("send_trimmed")
@@ -139,7 +145,28 @@ async def on_send_trimmed(action: cl.Action) -> None:
     if last is None:
         return
     conv.add_user(last.id, action.payload["text"])
-    await answer()
+    await answer_as_task()
+
+
+async def answer_as_task() -> None:
+    """Answer as the session's current task, like a typed message, so the Stop button shows and works.
+
+    Action callbacks run inside Chainlit's HTTP request, not the message task Stop cancels.
+    """
+    task = asyncio.create_task(answer())
+    cl.context.session.current_task = task
+    await cl.context.emitter.task_start()
+    try:
+        await asyncio.wait({task})
+    finally:
+        await cl.context.emitter.task_end()
+
+
+async def show_error(text: str, actions: list[cl.Action] | None = None) -> None:
+    """An error bubble, with buttons if any (Chainlit 2.12's cl.ErrorMessage takes no actions)."""
+    msg = cl.Message(content=text, actions=actions or [])
+    msg.is_error = True
+    await msg.send()
 
 
 def retry_action() -> cl.Action:
@@ -152,8 +179,7 @@ async def wait_for_engine() -> bool:
     if status.answering:
         return True
     if status.state is EngineState.DOWN:
-        await cl.ErrorMessage(content=t("engine_down", lang(), reason=status.text(lang()) or "?"),
-                              actions=[retry_action()]).send()
+        await show_error(t("engine_down", lang(), reason=status.text(lang()) or "?"), [retry_action()])
         return False
     t0 = time.monotonic()
     async with cl.Step(name=t("loading", lang(), elapsed=0), type="tool") as step:
@@ -167,8 +193,7 @@ async def wait_for_engine() -> bool:
     if status.answering:
         return True
     key = "engine_down" if status.state is EngineState.DOWN else "still_loading"
-    await cl.ErrorMessage(content=t(key, lang(), reason=status.text(lang()) or "?", elapsed=time.monotonic() - t0),
-                          actions=[retry_action()]).send()
+    await show_error(t(key, lang(), reason=status.text(lang()) or "?", elapsed=time.monotonic() - t0), [retry_action()])
     return False
 
 
@@ -212,9 +237,8 @@ async def answer() -> None:
         await show_left_out(fitted)
     except PromptTooLong as exc:
         trimmed = await app.trimmed(conv.last_user().content, exc)
-        await cl.ErrorMessage(content=exc.user_text(lang()),
-                              actions=[cl.Action(name="send_trimmed", payload={"text": trimmed},
-                                                 label=t("send_trimmed", lang()), icon="scissors")]).send()
+        await show_error(exc.user_text(lang()), [cl.Action(name="send_trimmed", payload={"text": trimmed},
+                                                           label=t("send_trimmed", lang()), icon="scissors")])
     except asyncio.CancelledError:
         # Stop button: Chainlit cancels this task; the client closes the upstream request.
         await keep_partial(conv, msg, text, model, t("stopped", lang()))
@@ -222,13 +246,11 @@ async def answer() -> None:
     except QwenChatError as exc:
         logger.info("[%s] answer failed: %s", rid, exc.code)
         await keep_partial(conv, msg, text, model, t("interrupted", lang()))
-        await cl.ErrorMessage(content=exc.user_text(lang()),
-                              actions=[retry_action()] if getattr(exc, "retryable", True) else []).send()
+        await show_error(exc.user_text(lang()), [retry_action()] if getattr(exc, "retryable", True) else [])
     except Exception as exc:  # noqa: BLE001 - an exception escaping on_message is invisible in Chainlit
         logger.exception("[%s] unexpected failure", rid)
         await keep_partial(conv, msg, text, model, t("interrupted", lang()))
-        await cl.ErrorMessage(content=BackendError(f"{type(exc).__name__}: {exc}").user_text(lang()),
-                              actions=[retry_action()]).send()
+        await show_error(BackendError(f"{type(exc).__name__}: {exc}").user_text(lang()), [retry_action()])
 
 
 async def keep_partial(conv: Conversation, msg: cl.Message, text: str, model: str, why: str) -> None:

@@ -353,8 +353,8 @@ class EngineError(BackendError):
     """The engine failed while answering (5xx, or an error event inside the stream)."""
 
     code = "engine_error"
-    text_en = "the model server failed while answering: {detail}. What arrived is kept; press Retry."
-    text_zh = "模型服务器在回答时出错：{detail}。已收到的内容已保留；请点“重试”。"
+    text_en = "the model server failed while answering: {detail}. Press Retry."
+    text_zh = "模型服务器在回答时出错：{detail}。请点“重试”。"
 
 
 class EmptyAnswer(BackendError):

@@ -54,7 +54,7 @@ def static_adapters(settings: Settings, *, check: bool = True) -> tuple[dict[str
         if diagnosis.ok:
             good[name] = path
         else:
-            bad[name] = diagnosis.summary()
+            bad[name] = diagnosis.error_text()  # the problem and its fix; summary() only counts errors
     return good, bad
 
 
@@ -141,7 +141,7 @@ async def serve(settings: Settings) -> int:
         say(f"engine ({engine}) starting: {settings.model.name} from {settings.model.resolved_path}")
         say(f"engine log: {log_dir / 'engine.log'}")
     ui_cmd = server.build_ui_command(settings, python=sys.executable)
-    ui_cmd = server.Command(ui_cmd.argv, {**ui_cmd.env, **ui_env})
+    ui_cmd = server.Command(ui_cmd.argv, {**ui_cmd.env, **ui_env}, ui_cmd.unset)
     ui_proc = server.start_process(ui_cmd, log_dir / "ui.log")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

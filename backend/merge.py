@@ -31,7 +31,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable
+from typing import Any, Callable, ClassVar
 
 from .adapters import Diagnosis, diagnose_adapter, read_safetensors_header
 from .errors import ModelPathError, QwenChatError
@@ -432,7 +432,7 @@ def run_merge(plan: MergePlan, progress: Callable[[str], None] = _say) -> Merged
             got = reloaded(probe).logits.float()
         del reloaded
         if not torch.isfinite(got).all():
-            raise MergeError("the merged model produces non-finite logits; the merge went wrong — try --dtype float32")
+            raise MergeError("the merged model produces non-finite logits; nothing was written — try --dtype float32")
         saved_diff = (got - expected).abs().max().item()
         scale = max(1.0, expected.abs().max().item())
         if saved_diff > 1e-4 * scale:
@@ -447,9 +447,9 @@ def run_merge(plan: MergePlan, progress: Callable[[str], None] = _say) -> Merged
         tolerance = (1e-3 if exact else 5e-2) * max(1.0, unmerged.abs().max().item())
         if merge_diff > tolerance:
             raise MergeError(
-                f"the merged model does not reproduce base+adapter (max |Δlogit| {merge_diff:.3g} > {tolerance:.3g} on "
-                f"{_PROBE_LEN} probe tokens, top token agrees at {agree}/{_PROBE_LEN}); nothing was written to "
-                f"{plan.out}. " + ("Retry with --dtype float32." if not exact else
+                f"the merged model does not reproduce base+adapter (max |Δlogit| {merge_diff:.3g} > "
+                f"{tolerance:.3g} on {_PROBE_LEN} probe tokens, top token agrees at {agree}/{_PROBE_LEN}); "
+                f"nothing was written to {plan.out}. " + ("Retry with --dtype float32." if not exact else
                                    "PEFT cannot merge this adapter faithfully; serve it unmerged if vLLM can."))
         if agree < _PROBE_LEN:
             progress(f"warning: the top token differs from base+adapter at {_PROBE_LEN - agree} of {_PROBE_LEN} probe "
@@ -470,8 +470,9 @@ def serve_hint(out: Path) -> list[str]:
     engine = os.environ.get("QWENCHAT_ENGINE_PYTHON") or sys.executable
     return [
         f"serve it with this app:  QWENCHAT_MODEL_PATH={path} ./start.sh",
-        f"or with vLLM directly:   VLLM_CPU_KVCACHE_SPACE=1 {shlex.quote(engine)} -m vllm.entrypoints.openai.api_server "
-        f"--model {path} --served-model-name {shlex.quote(out.resolve().name)}   (on a GPU: vllm serve {path})",
+        f"or with vLLM directly:   VLLM_CPU_KVCACHE_SPACE=1 {shlex.quote(engine)} "
+        f"-m vllm.entrypoints.openai.api_server --model {path} --served-model-name {shlex.quote(out.resolve().name)}"
+        f"   (on a GPU: vllm serve {path})",
     ]
 
 

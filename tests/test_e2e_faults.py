@@ -1,0 +1,164 @@
+"""End to end: backend faults as a user sees them in real Chromium, and the chat keeps working.
+
+The product is launched as start.sh launches it (`python -m backend serve`) in external mode
+(OPENAI_BASE_URL) against the fault-injecting server (`python -m tests.fakeserver`); each message
+picks its fault with a `[[fault:...]]` directive, as a tester would type it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from backend import server
+from backend.settings import ROOT
+from tests import e2e_support as e2e
+from tests.conftest import free_port
+from tests.fakeserver import expected_text
+
+pytestmark = pytest.mark.e2e
+
+IDLE_TIMEOUT = 2  # [client].idle_timeout for this app: a stall is reported after 2 s
+FULL = expected_text(8).strip()  # the fake server's normal answer: "w0 w1 ... w7"
+PARTIAL = expected_text(3).strip()  # what a mid-stream fault lets through (at=3)
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    port = free_port()
+    out = tmp_path_factory.mktemp("fakeserver") / "fake.out"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakeserver", "--port", str(port)], cwd=str(ROOT),
+                            stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                server.stop_process_group(proc, grace=5)
+                pytest.fail(f"the fake server did not start:\n{out.read_text()}")
+            time.sleep(0.2)
+    yield url
+    server.stop_process_group(proc, grace=5)
+
+
+@pytest.fixture(scope="module")
+def live(fake, tmp_path_factory):
+    app = e2e.launch(tmp_path_factory.mktemp("e2e-faults"),
+                     {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test",
+                      "QWENCHAT_CLIENT_IDLE_TIMEOUT": str(IDLE_TIMEOUT), "QWENCHAT_UI_LANGUAGE": "en"},
+                     wait_engine=False, timeout=120)
+    deadline = time.monotonic() + 60
+    while True:  # the status line's source: ready, and serving the fake server's model
+        try:
+            state = e2e.status(app)
+        except OSError as exc:
+            state = {"unavailable": str(exc)}
+        if state.get("state") == "ready" and state.get("model") == "fake-qwen":
+            break
+        if time.monotonic() > deadline:
+            e2e.stop(app)
+            pytest.fail(f"the launched UI is not ready against OPENAI_BASE_URL={fake}/v1 (external mode) after "
+                        f"60 s; it reports {json.dumps(state)}\n{app.log('ui')[-3000:]}")
+        time.sleep(0.5)
+    yield app
+    e2e.stop(app)
+
+
+@pytest.fixture(scope="module")
+def page(live):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=e2e.chromium_path(), args=e2e.CHROMIUM_ARGS, headless=True)
+        context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+        pg = context.new_page()
+        pg.set_default_timeout(60_000)
+        pg.goto(live.url)
+        e2e.wait_ready_ui(pg, timeout_ms=60_000)
+        yield pg
+        browser.close()
+
+
+def send(page, text: str) -> list[str]:
+    """Send a message; return every assistant bubble (answers and errors) that appeared for it."""
+    before = len(e2e.assistant_messages(page))
+    e2e.send(page, text, timeout_ms=60_000)
+    return e2e.assistant_messages(page)[before:]
+
+
+def user_messages(page) -> list[str]:
+    return page.locator('.step[data-step-type="user_message"]').all_inner_texts()
+
+
+def assert_chat_keeps_working(page) -> None:
+    after = send(page, "and now a normal question")
+    assert len(after) == 1 and after[0].startswith(FULL), after
+
+
+def test_an_empty_choices_first_chunk_still_shows_the_whole_answer(page):
+    shown = send(page, "[[fault:empty-choices-first]] hello")
+    assert len(shown) == 1, shown
+    assert shown[0].startswith(FULL) and "fake-qwen ·" in shown[0]
+    assert_chat_keeps_working(page)
+
+
+def test_a_stall_mid_answer_keeps_the_partial_marked_and_names_the_idle_limit(page, live):
+    shown = send(page, "[[fault:stall-mid:stall=20]] tell me a story")
+    page.screenshot(path=str(live.log_dir / "stall-mid.png"))
+    assert len(shown) == 2, shown
+    partial, error = shown
+    assert partial.startswith(PARTIAL) and "answer interrupted" in partial and expected_text(4) not in partial
+    assert f"nothing arrived for {IDLE_TIMEOUT} s ([client].idle_timeout)" in error
+    assert page.get_by_role("button", name="Retry").last.is_visible()
+    assert_chat_keeps_working(page)
+
+
+def test_a_dropped_connection_keeps_the_partial_says_the_connection_broke_and_retry_answers(page):
+    shown = send(page, "[[fault:drop-mid:fail=1]] tell me more")  # fail=1: only the first attempt drops
+    assert len(shown) == 2, shown
+    partial, error = shown
+    assert partial.startswith(PARTIAL) and "answer interrupted" in partial
+    assert "the connection to the model server broke off" in error and "press Retry" in error
+
+    before = len(e2e.assistant_messages(page))
+    page.get_by_role("button", name="Retry").last.click()
+    page.wait_for_function(
+        """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content').length > n""",
+        arg=[before], timeout=60_000)
+    page.wait_for_selector("#stop-button", state="detached", timeout=60_000)
+    retried = e2e.assistant_messages(page)[before:]
+    assert len(retried) == 1 and retried[0].startswith(FULL), retried
+    assert_chat_keeps_working(page)
+
+
+def test_a_context_overflow_400_says_the_conversation_is_too_long(page):
+    shown = send(page, "[[fault:overflow-400]] a very long question")
+    assert len(shown) == 1, shown
+    assert "the conversation is too long for the model" in shown[0]
+    assert "maximum context length is 8192 tokens" in shown[0]  # vLLM's own words, kept as the detail
+    assert_chat_keeps_working(page)
+
+
+def test_a_settings_change_keeps_earlier_messages_and_the_next_answer_uses_the_new_adapter(page, live):
+    send(page, "one more question before the switch")
+    users_before = user_messages(page)
+    answers_before = e2e.assistant_messages(page)
+    e2e.choose_model(page, "fake-adapter")
+    answer = e2e.send(page, "which adapter answers?")
+    page.screenshot(path=str(live.log_dir / "after-settings.png"))
+    assert "fake-adapter ·" in answer and answer.startswith(FULL)
+    # Chainlit scrolls each new user message to the top of the chat pane, so earlier turns are out of
+    # the viewport (and out of a full-page screenshot): they must still be on the page, unchanged.
+    assert user_messages(page)[: len(users_before)] == users_before
+    assert e2e.assistant_messages(page)[: len(answers_before)] == answers_before
+    first = page.locator('.step[data-step-type="user_message"]').first
+    first.scroll_into_view_if_needed()
+    assert first.is_visible()

