@@ -40,6 +40,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 
+from .settings import HealthSettings  # noqa: E402 - re-exported: the [health] section
+
 logger = logging.getLogger(__name__)
 
 
@@ -48,43 +50,6 @@ class EngineState(str, enum.Enum):
     READY = "ready"
     DEGRADED = "degraded"
     DOWN = "down"
-
-
-@dataclass(frozen=True)
-class HealthSettings:
-    """Poll intervals and limits, all in seconds.
-
-    ==================  =======  ==========================================================
-    field               default  meaning
-    ==================  =======  ==========================================================
-    poll_starting       1.0      interval while starting, degraded or down
-    poll_ready          5.0      interval while ready
-    probe_every         30.0     seconds between probe generations while ready
-    probe_timeout       10.0     a probe taking longer is "timed out" → degraded
-    probe_slow          5.0      a probe answering slower than this → degraded ("slow")
-    request_timeout     3.0      limit for GET /health and GET /v1/models
-    startup_limit       600.0    never ready within this → down (counts from start / the supervisor's "since")
-    ==================  =======  ==========================================================
-    """
-
-    poll_starting: float = 1.0
-    poll_ready: float = 5.0
-    probe_every: float = 30.0
-    probe_timeout: float = 10.0
-    probe_slow: float = 5.0
-    request_timeout: float = 3.0
-    startup_limit: float = 600.0
-
-    def __post_init__(self) -> None:
-        from .errors import ConfigError
-
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"health.{f.name}", value, "a positive number of seconds")
-        if self.probe_slow > self.probe_timeout:
-            raise ConfigError("health.probe_slow", self.probe_slow,
-                              f"at most health.probe_timeout ({self.probe_timeout:g})")
 
 
 @dataclass(frozen=True)

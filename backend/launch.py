@@ -71,6 +71,8 @@ def dry_run(settings: Settings) -> int:
                                           api_key="<per-launch key>", adapters=adapters)
         print("# engine")
         print(cmd.render())
+        if not (settings.model.resolved_path / "config.json").exists():
+            print(f"# note: {settings.model.resolved_path} has no config.json here; a real start stops at that check")
         for advice in server.check_limits(settings, server.model_config(settings.model.resolved_path),
                                           engine=engine, available_bytes=None):
             print(f"# {advice.level}: {advice.text}")

@@ -40,7 +40,7 @@ class Service:
         self.base_url = settings.engine_base_url
         self.api_key = settings.api_key
         self.status_file = status_file
-        self.health_settings = health or HealthSettings()
+        self.health_settings = health or settings.health
         self.client = ChatClient(self.base_url, self.api_key, settings.client)
         self._poller = None
         self._counter: template.TokenCounter | None = None

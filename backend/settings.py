@@ -134,9 +134,52 @@ class UISettings:
     language: str = "auto"  # auto (browser) | en | zh
     wait_for_ready: float = 300.0  # how long a message sent while the model loads waits
     show_reasoning: bool = True
-    auth: bool = False  # password login + chat history (needs CHAINLIT_AUTH_SECRET)
+    auth: bool = False  # password login + chat history in SQLite (backend/history.py)
     username: str = "admin"
-    password: str = ""  # empty: taken from QWENCHAT_UI_PASSWORD at login time
+    password: str = ""  # or QWENCHAT_UI_PASSWORD (the usual environment override)
+    history_db: str = ""  # empty: history.sqlite3 in [logging].dir
+
+    def __post_init__(self) -> None:
+        if self.auth and not self.password:
+            raise ConfigError("ui.password", "", "a password when [ui].auth is on: set [ui].password in "
+                              "config.toml or the QWENCHAT_UI_PASSWORD environment variable")
+        if self.auth and not self.username.strip():
+            raise ConfigError("ui.username", self.username, "a user name when [ui].auth is on")
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Poll intervals and limits, all in seconds.
+
+    ==================  =======  ==========================================================
+    field               default  meaning
+    ==================  =======  ==========================================================
+    poll_starting       1.0      interval while starting, degraded or down
+    poll_ready          5.0      interval while ready
+    probe_every         30.0     seconds between probe generations while ready
+    probe_timeout       10.0     a probe taking longer is "timed out" → degraded
+    probe_slow          5.0      a probe answering slower than this → degraded ("slow")
+    request_timeout     3.0      limit for GET /health and GET /v1/models
+    startup_limit       600.0    never ready within this → down (counts from start / the supervisor's "since")
+    ==================  =======  ==========================================================
+    """
+
+    poll_starting: float = 1.0
+    poll_ready: float = 5.0
+    probe_every: float = 30.0
+    probe_timeout: float = 10.0
+    probe_slow: float = 5.0
+    request_timeout: float = 3.0
+    startup_limit: float = 600.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"health.{f.name}", value, "a positive number of seconds")
+        if self.probe_slow > self.probe_timeout:
+            raise ConfigError("health.probe_slow", self.probe_slow,
+                              f"at most health.probe_timeout ({self.probe_timeout:g})")
 
 
 @dataclass(frozen=True)
@@ -158,6 +201,7 @@ class Settings:
     client: ClientSettings = field(default_factory=ClientSettings)
     budget: BudgetSettings = field(default_factory=BudgetSettings)
     ui: UISettings = field(default_factory=UISettings)
+    health: HealthSettings = field(default_factory=HealthSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     base_url: str = ""  # OPENAI_BASE_URL: external mode when set
     api_key: str = ""  # OPENAI_API_KEY or the launcher's per-launch key
@@ -190,6 +234,7 @@ _SECTION_CLASSES = {
     "client": ClientSettings,
     "budget": BudgetSettings,
     "ui": UISettings,
+    "health": HealthSettings,
     "logging": LoggingSettings,
 }
 

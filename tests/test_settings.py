@@ -20,6 +20,7 @@ def test_shipped_config_loads_and_matches_the_defaults():
     s = load_settings(ROOT / "config.toml", env={})
     d = Settings()
     assert s.model == d.model and s.server == d.server and s.client == d.client and s.budget == d.budget
+    assert s.health == d.health and s.ui == d.ui and s.logging == d.logging
     assert dict(s.lora.modules) == {"pirate": ""}
 
 

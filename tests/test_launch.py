@@ -1,0 +1,98 @@
+"""`python -m backend serve` / `engine-kind` refuse bad input before vLLM is launched, with a clear message.
+
+These run the real command in a subprocess (no vLLM needed: each case fails in preflight).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from backend.settings import ROOT
+from tests.conftest import free_port
+
+
+def run(args: list[str], tmp_path, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("QWENCHAT_", "OPENAI_"))}
+    base.update({"QWENCHAT_HOME": os.environ.get("QWENCHAT_HOME", str(tmp_path / "home")),
+                 "QWENCHAT_LOGGING_DIR": str(tmp_path / "logs"), "QWENCHAT_SERVER_PORT": str(free_port()),
+                 "QWENCHAT_SERVER_UI_PORT": str(free_port())})
+    base.update(env)
+    return subprocess.run([sys.executable, "-m", "backend", *args], cwd=str(ROOT), env=base,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_missing_model_path_is_named_before_launch(tmp_path):
+    out = run(["serve"], tmp_path, QWENCHAT_MODEL_PATH=str(tmp_path / "no-such-model"))
+    assert out.returncode == 2
+    assert str(tmp_path / "no-such-model") in out.stdout and "does not exist" in out.stdout
+    assert not (tmp_path / "logs" / "engine.log").exists()  # vLLM was never started
+
+
+def test_model_folder_without_config_json_is_refused(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"x")
+    out = run(["serve"], tmp_path, QWENCHAT_MODEL_PATH=str(tmp_path / "m"))
+    assert out.returncode == 2 and "config.json" in out.stdout
+
+
+def test_engine_port_in_use_names_the_port_and_the_setting(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"x")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = run(["serve"], tmp_path, QWENCHAT_MODEL_PATH=str(tmp_path / "m"), QWENCHAT_SERVER_PORT=str(port))
+    assert out.returncode == 2
+    assert f"port {port}" in out.stdout and "[server].port" in out.stdout
+
+
+def test_ui_port_in_use_names_the_ui_setting(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = run(["serve"], tmp_path, OPENAI_BASE_URL="http://127.0.0.1:9/v1", QWENCHAT_SERVER_UI_PORT=str(port))
+    assert out.returncode == 2 and "[server].ui_port" in out.stdout
+
+
+def test_malformed_config_names_the_file_and_the_problem(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server]\nport = 'eighty'\n")
+    out = run(["engine-kind"], tmp_path, QWENCHAT_CONFIG=str(bad))
+    assert out.returncode == 2
+    assert "server.port" in out.stderr and "'eighty'" in out.stderr and "integer" in out.stderr
+
+
+def test_forcing_the_gpu_engine_without_a_gpu_is_refused(tmp_path):
+    if subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:
+        pytest.fail("this test expects a machine without an NVIDIA GPU (CI's kind)")
+    out = run(["engine-kind"], tmp_path, QWENCHAT_SERVER_ENGINE="gpu")
+    assert out.returncode == 2 and "no NVIDIA GPU" in out.stderr
+
+
+QWEN3_4B_CONFIG = ('{"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 36, "num_attention_heads": 32, '
+                   '"num_key_value_heads": 8, "head_dim": 128, "hidden_size": 2560, "max_position_embeddings": 262144}')
+
+
+def test_dry_run_prints_the_gpu_profile_command_on_a_cpu_machine(tmp_path):
+    model = tmp_path / "Qwen3-4B-Instruct-2507"
+    model.mkdir()
+    (model / "config.json").write_text(QWEN3_4B_CONFIG)  # Qwen3-4B's real shape, no weights needed
+    out = run(["serve", "--dry-run", "--profile", "qwen3-4b-instruct-2507"], tmp_path, QWENCHAT_MODEL_PATH=str(model))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "--max-model-len 262144" in out.stdout and "--gpu-memory-utilization 0.92" in out.stdout
+    assert "temperature=0.7 top_p=0.8 top_k=20 min_p=0" in out.stdout
+    assert "36.0 GiB" in out.stdout  # the KV-cache estimate for one full-length sequence
+    assert "VLLM_API_KEY='***'" in out.stdout  # the key is never printed
+
+
+def test_external_mode_dry_run_launches_no_engine(tmp_path):
+    out = run(["serve", "--dry-run"], tmp_path, OPENAI_BASE_URL="http://gpu-box:8000/v1")
+    assert out.returncode == 0 and "external mode" in out.stdout and "vllm.entrypoints" not in out.stdout
