@@ -28,6 +28,7 @@ TEXTS: dict[str, tuple[str, str]] = {
     "interrupted": ("answer interrupted", "回答中断"),
     "stopped": ("stopped", "已停止"),
     "tokens": ("{n} tokens", "{n} 个词元"),
+    "reply_limit": ("cut at the reply limit ([budget].reply_reserve)", "达到回复长度上限（[budget].reply_reserve）"),
     "context": ("context {used} / {budget}", "上下文 {used} / {budget}"),
     "left_out": ("{n} earlier turns left out", "省略了 {n} 轮较早的对话"),
     "left_out_title": ("Left out of the model's context", "未放入模型上下文的内容"),

@@ -207,7 +207,7 @@ def footer(model: str, usage: Usage | None, fitted: budget_mod.FitResult | None,
         parts.append(t("tokens", lang, n=usage.completion_tokens))
     parts.append(f"{seconds:.1f} s")
     if finish and finish.reason == "length":
-        parts.append("max_tokens")
+        parts.append(t("reply_limit", lang))
     if fitted is not None:
         parts.append(fitted.meter_text(lang))
     return "\n\n*" + " · ".join(parts) + "*"

@@ -15,7 +15,10 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    app = e2e.launch(tmp_path_factory.mktemp("e2e-chat"), {"QWENCHAT_MODEL_TEMPERATURE": "0"})
+    # A small token budget (1,200 - 150 reply) so a few long messages push early turns out.
+    app = e2e.launch(tmp_path_factory.mktemp("e2e-chat"), {"QWENCHAT_MODEL_TEMPERATURE": "0",
+                                                            "QWENCHAT_BUDGET_MAX_MODEL_LEN": "1200",
+                                                            "QWENCHAT_BUDGET_REPLY_RESERVE": "150"})
     yield app
     e2e.stop(app)
 
@@ -65,3 +68,18 @@ def test_status_line_reports_ready_with_the_model_name(page, live):
     assert badge.get_attribute("data-state") == "ready"
     assert "smollm2-135m-instruct" in badge.inner_text()
     assert e2e.status(live)["adapters"] == ["pirate"]
+
+
+PARAGRAPH = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps, checking the lamp, "
+             "polishing the great lens and writing the weather into a worn leather book. ") * 10
+
+
+def test_long_chat_leaves_early_turns_out_and_the_meter_says_so(page, live):
+    for i in range(3):
+        answer = e2e.send(page, f"Part {i + 1}. Summarize in one sentence: {PARAGRAPH}")
+        assert "context:" in answer and "/ 1,050 tokens" in answer  # budget = 1,200 - 150
+    assert "left out" in answer  # e.g. "context: 1,012 / 1,050 tokens · 2 earlier turns left out"
+    used = int(answer.split("context: ")[1].split(" /")[0].replace(",", ""))
+    assert used <= 1050
+    page.locator(".step", has_text="Left out of the model's context").first.wait_for(timeout=10_000)
+    page.screenshot(path=str(live.log_dir / "meter.png"))
