@@ -373,12 +373,13 @@ class Supervisor:
         text = self._new_log()
         cause = engine_log.classify_failure(text)
         tail = "\n".join(engine_log.tail_relevant(text))
+        if rc is not None and rc < 0 and (cause is None or cause.kind == "unknown"):
+            # Killed by a signal (the OOM killer, kill -9): only the exit status tells; what the log shows
+            # after that is the children noticing, not the cause.
+            name = _signal_name(-rc)
+            return (f"the engine was killed ({name}); if nobody killed it, the system may have run out of memory",
+                    f"引擎被终止（{name}）；如果不是人为终止，可能是系统内存不足", "unknown", tail)
         if cause is None:
-            if rc is not None and rc < 0:
-                # No trace in the log: only the exit status tells (the log cannot know its own SIGKILL).
-                name = _signal_name(-rc)
-                return (f"the engine was killed ({name}); if nobody killed it, the system may have run out of memory",
-                        f"引擎被终止（{name}）；如果不是人为终止，可能是系统内存不足", "unknown", tail)
             return f"the engine exited with code {rc}", f"引擎退出，退出码 {rc}", "unknown", tail
         return cause.reason, cause.reason_zh, cause.kind, tail
 

@@ -155,20 +155,34 @@ def test_kill_9_mid_answer_keeps_the_partial_shows_the_reason_and_recovers_by_it
     t_reason = time.monotonic()
     assert "attempt 1 of 5" in text, text
     page.screenshot(path=str(live.log_dir / "restarting.png"), full_page=True)
+
+    # a message sent while it restarts waits (live step) and is answered once the engine is back
+    steps_before = page.get_by_text(re.compile(r"The model is loading… \d+ s")).count()
+    n_before = len(e2e.assistant_messages(page))
+    page.fill("#chat-input", "What is the capital of France?")
+    page.keyboard.press("Enter")
+    loading = page.get_by_text(re.compile(r"The model is loading… \d+ s"))
+    deadline = time.monotonic() + 30
+    while loading.count() <= steps_before:
+        assert time.monotonic() < deadline, "no live 'The model is loading…' step for the message sent while restarting"
+        time.sleep(0.2)
     state, text = wait_badge(page, ("ready",), 300)
     t_ready = time.monotonic()
-    page.screenshot(path=str(live.log_dir / "ready-again.png"), full_page=True)
+    page.wait_for_function(
+        """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content').length > n""",
+        arg=[n_before], timeout=120_000)
+    page.wait_for_selector("#stop-button", state="detached", timeout=120_000)
+    t_answer = time.monotonic()
+    answer = e2e.assistant_messages(page)[-1]
+    page.screenshot(path=str(live.log_dir / "recovered.png"), full_page=True)
     after = engine_status(live)
     assert after["pid"] != victim["pid"] and after["state"] == "running", after
     live.engine_pgids.add(after["pid"])
     print(f"\n[e2e] kill -9 of the engine mid-answer: badge shows the reason after {t_reason - t_kill:.1f} s, "
-          f"ready again after {t_ready - t_kill:.1f} s")
-    assert group_members(victim["pid"]) == [], "the killed engine's children outlived the restart"
-
-    # the next message is answered, with no manual step
-    answer = e2e.send(page, "What is the capital of France?")
-    page.screenshot(path=str(live.log_dir / "recovered.png"), full_page=True)
+          f"ready again after {t_ready - t_kill:.1f} s; the message sent meanwhile answered after {t_answer - t_kill:.1f} s")
     assert "Paris" in answer
+    assert group_members(victim["pid"]) == [], "the killed engine's children outlived the restart"
     # and the conversation is still there: the interrupted partial did not vanish with the engine
     assert any(a.startswith(partial[:40]) and "⚠ answer interrupted" in a for a in e2e.assistant_messages(page)), \
         e2e.assistant_messages(page)
+

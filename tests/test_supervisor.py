@@ -149,11 +149,12 @@ def launches(log_path: Path) -> int:
 
 # ---------------------------------------------------------------- a fake engine: restart policy in seconds
 
-# argv: port, mode, life. "serve": /health 200 for `life` s, then an ERROR line and exit 3;
+# argv: port, mode, life. "serve": /health 200 for `life` s, then an ERROR line and exit 3
+# ("sigkill": then SIGKILL itself);
 # "exit": an ERROR line and exit 3 at once; "hang": never listens. Every mode first forks a
 # `sleep` into its own process group, as vLLM forks its EngineCore: the supervisor must reap it.
 FAKE_ENGINE = r"""
-import http.server, subprocess, sys, threading, time
+import http.server, os, signal, subprocess, sys, threading, time
 port, mode, life = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 subprocess.Popen(["sleep", "300"])
 if mode == "exit":
@@ -171,6 +172,8 @@ threading.Thread(target=srv.serve_forever, daemon=True).start()
 print("INFO 11-29 19:53:00 [api_server.py:1] fake engine listening", flush=True)
 time.sleep(life)
 print("ERROR 11-29 19:53:26 [core.py:1] RuntimeError: the fake engine crashed", flush=True)
+if mode == "sigkill":  # as the OOM killer would; the ERROR line above must not be taken for the cause
+    os.kill(os.getpid(), signal.SIGKILL)
 sys.exit(3)
 """
 
@@ -225,6 +228,17 @@ def test_what_the_app_tells_the_user_from_the_status_file_names_the_cause_and_th
     assert st.state is EngineState.STARTING
     assert st.reason == ("the engine stopped with an error: RuntimeError: the fake engine crashed; "
                          "it is restarting — attempt 1 of 3")
+
+
+def test_an_engine_killed_by_a_signal_is_reported_as_killed_naming_the_signal(tmp_path):
+    sup = fake_supervisor(tmp_path, "sigkill", attempts=3)
+    run = Running(sup)
+    try:
+        _, restarting = run.wait_for("restarting", lambda st: st["state"] == "restarting", 30)
+    finally:
+        run.stop()
+    assert restarting["reason"].startswith("the engine was killed (SIGKILL); if nobody killed it"), restarting
+    assert "SIGKILL" in restarting["reason_zh"]
 
 
 def test_crashes_further_apart_than_the_window_are_restarted_without_giving_up(tmp_path):
