@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -76,6 +77,23 @@ def chromium_path() -> str:
     if not path:
         pytest.fail("Debian chromium is not installed: run the tests through ./test.sh (it installs it)")
     return path
+
+
+@contextlib.contextmanager
+def browser_page(url: str, *, locale: str = "en-US"):
+    """Real headless Debian Chromium (no `playwright install`) with one page open at ``url``."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+        try:
+            context = browser.new_context(locale=locale, viewport={"width": 1280, "height": 900})
+            page = context.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(url)
+            yield page
+        finally:
+            browser.close()
 
 
 def assistant_messages(page) -> list[str]:

@@ -25,17 +25,9 @@ def live(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(live):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=e2e.chromium_path(), args=e2e.CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
-        pg = context.new_page()
-        pg.set_default_timeout(60_000)
-        pg.goto(live.url)
+    with e2e.browser_page(live.url) as pg:
         e2e.wait_ready_ui(pg)
         yield pg
-        browser.close()
 
 
 QUESTION = "What is the capital of France?"
