@@ -11,17 +11,36 @@ import uuid
 import chainlit as cl
 from chainlit.input_widget import Select, Slider, TextInput
 
+from chainlit.data import get_data_layer
 from chainlit.server import app as http_app
 
+from backend import history
 from backend import service as ui
 from backend.chat import Conversation
 from backend.client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
-from backend.errors import BackendError, PromptTooLong, QwenChatError
+from backend.errors import BackendError, ConnectionLost, PromptTooLong, QwenChatError, ServerUnreachable
 from backend.health import EngineState
 from backend.i18n import t
 
 logger = logging.getLogger("qwenchat.app")
 app = ui.Service.from_environment()
+# Sets CHAINLIT_AUTH_SECRET: Chainlit checks it only after importing this file.
+DB_URL = history.prepare(app.settings)
+prefs = history.Preferences(app.settings.logging.resolved_dir / history.PREFS_FILE)
+
+if DB_URL:  # [ui].auth: login, and history through Chainlit's own data layer
+    from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
+
+    @cl.data_layer
+    def data_layer() -> SQLAlchemyDataLayer:
+        return SQLAlchemyDataLayer(DB_URL)
+
+    @cl.password_auth_callback
+    async def login(username: str, password: str) -> cl.User | None:
+        if history.check_password(app.settings, username, password):
+            return cl.User(identifier=username, metadata={"provider": "credentials"})
+        logger.warning("login refused for %r", username)
+        return None
 
 
 async def status_route() -> dict:
@@ -33,6 +52,11 @@ async def status_route() -> dict:
 http_app.add_api_route("/qwenchat/status", status_route, methods=["GET"])
 # Chainlit serves its SPA from a catch-all route; ours must come first.
 http_app.router.routes.insert(0, http_app.router.routes.pop())
+
+
+# Without login, the page sets a browser cookie that the websocket carries: settings survive a reload.
+if not any(m.cls is history.BrowserCookieMiddleware for m in http_app.user_middleware):
+    http_app.add_middleware(history.BrowserCookieMiddleware)
 
 
 def lang() -> str:
@@ -57,7 +81,10 @@ async def send_settings() -> None:
         options = {app.default_model(status): app.default_model(status)}
     chosen = cl.user_session.get("model") or app.default_model(status)
     if chosen not in options.values():
-        chosen = app.default_model(status)
+        if status.models:  # gone from the engine
+            chosen = app.default_model(status)
+        else:  # nothing listed yet (loading): keep a remembered choice
+            options[chosen] = chosen
     cl.user_session.set("model", chosen)
     cl.user_session.set("models_version", status.version)
     sampling = cl.user_session.get("sampling") or app.default_sampling()
@@ -80,14 +107,57 @@ async def watch_models() -> None:
             await send_settings()
 
 
+def preference_key() -> str | None:
+    session = cl.context.session
+    return history.preference_key(session.user.identifier if session.user else None,
+                                  (session.environ or {}).get("HTTP_COOKIE"))
+
+
+def restore(state: dict) -> None:
+    """Settings from a stored thread or preference; whatever is missing or malformed stays default."""
+    if isinstance(state.get("model"), str) and state["model"]:
+        cl.user_session.set("model", state["model"])
+    if isinstance(state.get("sampling"), dict):
+        cl.user_session.set("sampling", ui.sampling_from(state["sampling"], app.default_sampling()))
+    if isinstance(state.get("system_prompt"), str):
+        cl.user_session.set("system_prompt", state["system_prompt"])
+
+
+async def remember() -> None:
+    """Keep the settings for this user/browser and in this chat's stored thread (reload, resume)."""
+    state = history.chat_state(cl.user_session.get("model") or "", cl.user_session.get("sampling") or app.default_sampling(),
+                               cl.user_session.get("system_prompt", app.settings.model.system_prompt))
+    try:
+        await asyncio.to_thread(prefs.set, preference_key(), state)
+        layer = get_data_layer()
+        if layer and cl.context.session.has_first_interaction:  # the thread exists
+            await layer.update_thread(cl.context.session.thread_id, metadata={history.META_KEY: state})
+    except Exception:  # noqa: BLE001 - a lost preference is not worth a broken chat
+        logger.exception("could not remember the chat settings")
+
+
+async def open_chat() -> None:
+    await app.start()
+    await send_settings()
+    cl.user_session.set("watcher", asyncio.create_task(watch_models()))
+
+
 @cl.on_chat_start
 async def on_chat_start() -> None:
-    await app.start()
     conversation()
-    await send_settings()
+    restore(prefs.get(preference_key()))
+    await open_chat()
     for name, reason in app.excluded_adapters().items():
         await show_error(t("excluded_adapter", lang(), name=name, reason=reason))
-    cl.user_session.set("watcher", asyncio.create_task(watch_models()))
+
+
+@cl.on_chat_resume
+async def on_chat_resume(thread: dict) -> None:
+    """A chat reopened from the history: its turns (raw text, no footers) and its settings."""
+    conv = history.conversation_from_thread(thread)
+    cl.user_session.set("conversation", conv)
+    restore(history.state_from_thread(thread, conv))
+    await open_chat()
 
 
 @cl.on_chat_end
@@ -104,16 +174,21 @@ async def on_settings_update(values: dict) -> None:
     model = values.get("model")
     if model and model != cl.user_session.get("model"):
         cl.user_session.set("model", model)
-        if model in {m.id for m in app.poller.status.models}:
-            return  # served already: nothing to load, no "Loading adapter" step to show
-        try:
-            async with cl.Step(name=t("loading_adapter", lang(), name=model), type="tool") as step:
-                if await app.ensure_loaded(model, app.poller.status):
-                    step.output = t("adapter_loaded", lang(), name=model)
-        except QwenChatError as exc:
-            cl.user_session.set("model", app.default_model(app.poller.status))
-            await show_error(exc.user_text(lang()))
-        await send_settings()
+        # A served model needs nothing (no "Loading adapter" step); one from [lora].dir loads now.
+        if model not in {m.id for m in app.poller.status.models}:
+            await load_adapter(model)
+    await remember()
+
+
+async def load_adapter(model: str) -> None:
+    try:
+        async with cl.Step(name=t("loading_adapter", lang(), name=model), type="tool") as step:
+            if await app.ensure_loaded(model, app.poller.status):
+                step.output = t("adapter_loaded", lang(), name=model)
+    except QwenChatError as exc:
+        cl.user_session.set("model", app.default_model(app.poller.status))
+        await show_error(exc.user_text(lang()))
+    await send_settings()
 
 
 @cl.on_message
@@ -198,7 +273,24 @@ async def wait_for_engine() -> bool:
 
 
 async def answer() -> None:
-    """Answer the conversation's last user turn; every failure becomes a visible message."""
+    """Answer the last user turn; if the engine vanished before any text, wait for it and try once more."""
+    if await answer_once(may_wait_again=True) == "engine_gone":
+        await answer_once(may_wait_again=False)
+
+
+async def engine_after_failure():
+    """The poller's fresh view after a connection failure (the supervisor needs a moment to notice)."""
+    status = await app.poller.refresh()
+    for _ in range(3):
+        if status.state is not EngineState.DOWN or status.attempt is None:
+            break
+        await asyncio.sleep(0.7)
+        status = await app.poller.refresh()
+    return status
+
+
+async def answer_once(may_wait_again: bool) -> str:
+    """One attempt; returns "engine_gone" when the engine died before any text and it is worth waiting."""
     conv = conversation()
     model = cl.user_session.get("model") or app.default_model(app.poller.status)
     rid = new_request_id()
@@ -208,7 +300,10 @@ async def answer() -> None:
     fitted = None
     try:
         if not await wait_for_engine():
-            return
+            return "failed"
+        if await remembered_but_not_loaded(model):  # e.g. chosen before a restart, restored on reload
+            await load_adapter(model)
+            model = msg.author = cl.user_session.get("model")
         system = cl.user_session.get("system_prompt", app.settings.model.system_prompt)
         fitted = await app.fit(conv.messages(system))
         sampling = cl.user_session.get("sampling") or app.default_sampling()
@@ -232,9 +327,12 @@ async def answer() -> None:
         served = finish.model if finish and finish.model else model
         msg.author = served
         msg.content = text + ui.footer(served, usage, fitted, time.monotonic() - t0, lang(), finish)
+        msg.metadata = history.answer_metadata(text, served)  # the history keeps no footer
         await msg.send()
         conv.add_assistant(msg.id, text, served)
         await show_left_out(fitted)
+        await remember()
+        return "answered"
     except PromptTooLong as exc:
         trimmed = await app.trimmed(conv.last_user().content, exc)
         await show_error(exc.user_text(lang()), [cl.Action(name="send_trimmed", payload={"text": trimmed},
@@ -243,6 +341,17 @@ async def answer() -> None:
         # Stop button: Chainlit cancels this task; the client closes the upstream request.
         await keep_partial(conv, msg, text, model, t("stopped", lang()))
         raise
+    except (ServerUnreachable, ConnectionLost) as exc:
+        # The engine went away (crash, kill, restart): say why, and if nothing was shown yet,
+        # wait for the supervisor to bring it back like during start-up, then try once more.
+        logger.info("[%s] engine connection failed: %s", rid, exc.code)
+        status = await engine_after_failure()
+        if not text and may_wait_again and not status.answering and status.state is not EngineState.DOWN:
+            return "engine_gone"
+        await keep_partial(conv, msg, text, model, t("interrupted", lang()))
+        why = status.text(lang()) if not status.answering else ""
+        await show_error(exc.user_text(lang()) + (f"\n\n{t('engine_state', lang(), reason=why)}" if why else ""),
+                         [retry_action()])
     except QwenChatError as exc:
         logger.info("[%s] answer failed: %s", rid, exc.code)
         await keep_partial(conv, msg, text, model, t("interrupted", lang()))
@@ -253,6 +362,13 @@ async def answer() -> None:
         await show_error(BackendError(f"{type(exc).__name__}: {exc}").user_text(lang()), [retry_action()])
 
 
+async def remembered_but_not_loaded(model: str) -> bool:
+    status = app.poller.status
+    if any(m.id == model for m in status.models):
+        return False
+    return any(a.name == model for a in await app.local_adapters(status))
+
+
 async def keep_partial(conv: Conversation, msg: cl.Message, text: str, model: str, why: str) -> None:
     """What was shown stays, visibly marked; the history holds it as interrupted."""
     if not text:
@@ -260,6 +376,7 @@ async def keep_partial(conv: Conversation, msg: cl.Message, text: str, model: st
             await msg.remove()
         return
     msg.content = f"{text}\n\n*⚠ {why} · {model}*"
+    msg.metadata = history.answer_metadata(text, model, interrupted=True)
     with contextlib.suppress(Exception):
         await msg.send()
     conv.add_assistant(msg.id or str(uuid.uuid4()), text, model, interrupted=True)

@@ -24,6 +24,7 @@ TEXTS: dict[str, tuple[str, str]] = {
     "engine_down": ("The engine is not answering: {reason}. Your message is kept — press Retry when it is back.",
                     "引擎无响应：{reason}。您的消息已保留，恢复后请点“重试”。"),
     "retry": ("Retry", "重试"),
+    "engine_state": ("Engine: {reason}", "引擎：{reason}"),
     "send_trimmed": ("Send trimmed version", "发送精简版本"),
     "interrupted": ("answer interrupted", "回答中断"),
     "stopped": ("stopped", "已停止"),

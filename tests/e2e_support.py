@@ -17,6 +17,7 @@ import pytest
 from backend import server
 from backend.settings import ROOT
 
+ENGINE_KEY = "e2e-engine-key"  # a fixed key, so tests can also talk to the launched vLLM directly
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 
@@ -29,6 +30,7 @@ class LiveApp:
     url: str
     log_dir: Path
     output: Path
+    engine_url: str = ""  # the launched vLLM's /v1 URL (tests call it directly with ENGINE_KEY)
 
     def log(self, name: str = "serve") -> str:
         path = self.output if name == "serve" else self.log_dir / f"{name}.log"
@@ -39,16 +41,17 @@ def launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool = True
     """Start the product the way start.sh does (after bootstrap), on free ports, logs in ``tmp``."""
     from tests.conftest import free_port, need_env
 
-    ui_port = free_port()
+    ui_port, engine_port = free_port(), free_port()
     env = {**os.environ, "QWENCHAT_ENGINE_PYTHON": need_env("QWENCHAT_ENGINE_PYTHON"),
-           "QWENCHAT_SERVER_PORT": str(free_port()), "QWENCHAT_SERVER_UI_PORT": str(ui_port),
+           "QWENCHAT_SERVER_PORT": str(engine_port), "QWENCHAT_SERVER_UI_PORT": str(ui_port),
+           "QWENCHAT_SERVER_API_KEY": ENGINE_KEY,
            "QWENCHAT_LOGGING_DIR": str(tmp / "logs"), "QWENCHAT_LORA_DIR": str(tmp / "adapters"),
            "QWENCHAT_SERVER_CPU_KVCACHE_GIB": "1", **env_overrides}
     (tmp / "adapters").mkdir(exist_ok=True)
     output = tmp / "serve.out"
     proc = subprocess.Popen([sys.executable, "-m", "backend", "serve"], cwd=str(ROOT), env=env,
                             stdout=output.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    app = LiveApp(proc, f"http://127.0.0.1:{ui_port}", tmp / "logs", output)
+    app = LiveApp(proc, f"http://127.0.0.1:{ui_port}", tmp / "logs", output, f"http://127.0.0.1:{engine_port}/v1")
     deadline = time.monotonic() + timeout
     marker = "engine ready" if wait_engine else "UI ready"
     while time.monotonic() < deadline:

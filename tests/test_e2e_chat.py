@@ -75,3 +75,29 @@ def test_long_chat_leaves_early_turns_out_and_the_meter_says_so(page, live):
     assert used <= 1050
     page.locator(".step", has_text="Left out of the model's context").first.wait_for(timeout=10_000)
     page.screenshot(path=str(live.log_dir / "meter.png"))
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Name two rivers."}],
+    [{"role": "user", "content": "翻译：我喜欢在海边散步 🌊🐚 and `print(1+2)`"}],
+], ids=["single", "multi-turn+system", "zh+emoji+code"])
+def test_our_count_equals_vllms_prompt_tokens_for_the_default_model(live, messages):
+    """The meter's number is exact for the embedded model too (its template adds a default system prompt)."""
+    import asyncio
+
+    from backend import template
+    from backend.budget import fit_history
+    from backend.client import ChatClient
+    from backend.settings import ModelSettings
+
+    async def check() -> tuple[int, int]:
+        counter = await template.load_local_counter(ModelSettings().resolved_path)
+        fitted = await fit_history(messages, counter, max_model_len=1200, reply_reserve=150, verify=True)
+        async with ChatClient(live.engine_url, e2e.ENGINE_KEY) as client:
+            answer = await client.complete(fitted.messages, "smollm2-135m-instruct", max_tokens=1)
+        return fitted.prompt_tokens, answer.usage.prompt_tokens
+
+    ours, vllms = asyncio.run(check())
+    assert ours == vllms

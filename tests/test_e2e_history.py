@@ -1,0 +1,235 @@
+"""End to end: login, chat history, and the chosen model surviving a reload — in real Chromium.
+
+The product is launched as start.sh launches it (`python -m backend serve`) in external mode against
+the fake OpenAI server (`python -m tests.fakeserver`), whose ``GET /fake/requests`` says which model
+each request named and how many characters of messages it carried (so the test sees whether the
+earlier turns — and only their raw text, no footers — were sent after a reload).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from backend import server
+from backend.settings import ROOT
+from tests import e2e_support as e2e
+from tests.conftest import free_port
+from tests.fakeserver import expected_text
+
+pytestmark = pytest.mark.e2e
+
+USER, PASSWORD = "demo", "correct horse battery"
+FULL = expected_text(8).strip()  # the fake server's normal answer
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    port = free_port()
+    out = tmp_path_factory.mktemp("fakeserver") / "fake.out"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakeserver", "--port", str(port)], cwd=str(ROOT),
+                            stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                server.stop_process_group(proc, grace=5)
+                pytest.fail(f"the fake server did not start:\n{out.read_text()}")
+            time.sleep(0.2)
+    yield url
+    server.stop_process_group(proc, grace=5)
+
+
+def requests_seen(fake: str) -> list[dict]:
+    with urllib.request.urlopen(fake + "/fake/requests", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def launch(fake: str, tmp, **env: str) -> e2e.LiveApp:
+    app = e2e.launch(tmp, {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en",
+                           **env}, wait_engine=False, timeout=120)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            state = e2e.status(app)
+        except OSError as exc:
+            state = {"unavailable": str(exc)}
+        if state.get("state") == "ready" and state.get("model") == "fake-qwen":
+            return app
+        if time.monotonic() > deadline:
+            e2e.stop(app)
+            pytest.fail(f"the launched UI is not ready against {fake}/v1 after 60 s: {json.dumps(state)}\n"
+                        f"{app.log('ui')[-3000:]}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=e2e.chromium_path(), args=e2e.CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def new_page(browser):
+    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    return page
+
+
+def log_in(page, url: str, password: str = PASSWORD) -> None:
+    page.goto(url)
+    page.wait_for_selector("#email", timeout=60_000)
+    page.fill("#email", USER)
+    page.fill("#password", password)
+    page.click("button[type=submit]")
+
+
+def selected_model(page) -> str:
+    """The model the settings panel shows as chosen."""
+    page.click("#chat-settings-open-modal")
+    text = page.locator("[role=dialog] button#model").inner_text()
+    page.keyboard.press("Escape")
+    page.wait_for_selector("[role=dialog]", state="detached")
+    return text
+
+
+def user_messages(page) -> list[str]:
+    return page.locator('.step[data-step-type="user_message"]').all_inner_texts()
+
+
+# ---------------------------------------------------------------- with login: history
+
+
+@pytest.fixture(scope="module")
+def live(fake, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e-history")
+    app = launch(fake, tmp, QWENCHAT_UI_AUTH="true", QWENCHAT_UI_USERNAME=USER, QWENCHAT_UI_PASSWORD=PASSWORD)
+    yield app
+    e2e.stop(app)
+
+
+@pytest.fixture(scope="module")
+def page(live, browser):
+    pg = new_page(browser)
+    log_in(pg, live.url)
+    e2e.wait_ready_ui(pg, timeout_ms=60_000)
+    return pg
+
+
+def test_a_wrong_password_is_refused_with_a_message_and_no_chat(live, browser):
+    pg = new_page(browser)
+    log_in(pg, live.url, password="wrong")
+    pg.wait_for_timeout(1500)
+    assert pg.locator("#chat-input").count() == 0 and pg.locator("#email").is_visible()
+    assert "Traceback" not in pg.content()
+    pg.context.close()
+
+
+def test_a_reloaded_chat_shows_its_messages_keeps_the_chosen_adapter_and_sends_the_earlier_turns(page, live, fake):
+    first, second, third = "history one: capital?", "history two: and Spain?", "history three: after reload"
+    assert "fake-qwen ·" in e2e.send(page, first, timeout_ms=60_000)
+    page.wait_for_url("**/thread/*")  # Chainlit moves a stored chat to its own URL after the first answer
+    e2e.choose_model(page, "fake-adapter")
+    answer = e2e.send(page, second, timeout_ms=60_000)
+    assert answer.startswith(FULL) and "fake-adapter ·" in answer
+    before = requests_seen(fake)[-1]
+    answer_chars = before["message_chars"] - len(first) - len(second)  # one raw answer, as the model said it
+    assert answer_chars == len(expected_text(8)), before
+
+    page.reload()
+    e2e.wait_ready_ui(page, timeout_ms=60_000)
+    page.wait_for_function("document.querySelectorAll('.step[data-step-type=\"user_message\"]').length >= 2")
+    page.screenshot(path=str(live.log_dir / "after-reload.png"))
+    assert [m.strip() for m in user_messages(page)] == [first, second]
+    shown = e2e.assistant_messages(page)
+    assert len(shown) == 2 and "fake-qwen ·" in shown[0] and "fake-adapter ·" in shown[1]
+    assert selected_model(page).startswith("fake-adapter")
+
+    answer = e2e.send(page, third, timeout_ms=60_000)
+    assert answer.startswith(FULL) and "fake-adapter ·" in answer
+    after = requests_seen(fake)[-1]
+    assert after["model"] == "fake-adapter"
+    # every earlier turn went along, as raw text: no footer, no error bubble, nothing twice
+    assert after["message_chars"] == len(first) + len(second) + len(third) + 2 * answer_chars, after
+    assert "Traceback" not in live.log("ui")
+
+
+def test_a_chat_reopened_from_the_history_sidebar_in_another_browser_has_its_messages_and_model(page, live, fake, browser):
+    other = new_page(browser)  # another browser: no cookies, a fresh login
+    log_in(other, live.url)
+    e2e.wait_ready_ui(other, timeout_ms=60_000)
+    assert selected_model(other).startswith("fake-adapter")  # remembered for this user on any browser
+    thread = other.locator('[id^="thread-"]').first
+    thread.wait_for(timeout=30_000)
+    assert "history one" in thread.inner_text()
+    thread.click()
+    other.wait_for_function("document.querySelectorAll('.step[data-step-type=\"user_message\"]').length >= 3")
+    e2e.wait_ready_ui(other, timeout_ms=60_000)
+    other.screenshot(path=str(live.log_dir / "reopened.png"))
+    assert [m.strip() for m in user_messages(other)][:3] == [
+        "history one: capital?", "history two: and Spain?", "history three: after reload"]
+    assert selected_model(other).startswith("fake-adapter")
+    n = len(requests_seen(fake))
+    answer = e2e.send(other, "history four: from the sidebar", timeout_ms=60_000)
+    assert "fake-adapter ·" in answer
+    [req] = requests_seen(fake)[n:]
+    assert req["model"] == "fake-adapter" and req["message_chars"] > 4 * len(expected_text(8))
+    other.context.close()
+
+
+def test_a_restart_keeps_the_login_and_the_history(live, fake, browser, tmp_path_factory, page):
+    """The login secret is kept next to the database, so a restarted product accepts the same cookie."""
+    e2e.stop(live)
+    again = e2e.launch(live.log_dir.parent, {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test",
+                                             "QWENCHAT_UI_LANGUAGE": "en", "QWENCHAT_UI_AUTH": "true",
+                                             "QWENCHAT_UI_USERNAME": USER, "QWENCHAT_UI_PASSWORD": PASSWORD},
+                       wait_engine=False, timeout=120)
+    try:
+        page.goto(again.url)  # cookies are per host, not per port: the same login cookie is sent
+        e2e.wait_ready_ui(page, timeout_ms=60_000)
+        assert page.locator("#email").count() == 0, "the restart logged the user out"
+        thread = page.locator('[id^="thread-"]').first
+        thread.wait_for(timeout=30_000)
+        assert "history one" in thread.inner_text()
+    finally:
+        e2e.stop(again)
+
+
+# ---------------------------------------------------------------- without login: the model choice alone
+
+
+def test_without_login_the_chosen_adapter_survives_a_page_reload(fake, browser, tmp_path_factory):
+    app = launch(fake, tmp_path_factory.mktemp("e2e-nologin"))
+    try:
+        pg = new_page(browser)
+        pg.goto(app.url)
+        e2e.wait_ready_ui(pg, timeout_ms=60_000)
+        assert selected_model(pg).startswith("fake-qwen")
+        e2e.choose_model(pg, "fake-adapter")
+        pg.reload()
+        e2e.wait_ready_ui(pg, timeout_ms=60_000)
+        assert selected_model(pg).startswith("fake-adapter")
+        answer = e2e.send(pg, "no login: which adapter?", timeout_ms=60_000)
+        assert "fake-adapter ·" in answer and requests_seen(fake)[-1]["model"] == "fake-adapter"
+
+        fresh = new_page(browser)  # another browser (no cookie) starts from the default
+        fresh.goto(app.url)
+        e2e.wait_ready_ui(fresh, timeout_ms=60_000)
+        assert selected_model(fresh).startswith("fake-qwen")
+        fresh.context.close()
+        pg.context.close()
+    finally:
+        e2e.stop(app)

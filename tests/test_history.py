@@ -1,0 +1,261 @@
+"""backend/history.py: the SQLite schema under Chainlit's real SQLAlchemyDataLayer, rebuilding a chat
+from its stored thread, login checks, the login secret, and settings remembered per user or browser.
+
+The data layer is Chainlit 2.12's own class on a real SQLite file; messages and steps are built with
+Chainlit's own ``Message`` / ``Step`` so the stored columns are exactly what the app writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+
+import pytest
+import pytest_asyncio
+
+from backend import history
+from backend.errors import ConfigError
+from backend.settings import LoggingSettings, Settings, UISettings, load_settings
+from backend.service import footer
+
+RAW = "Arr, matey! Paris be the capital."
+
+
+def columns(path, table: str) -> set[str]:
+    with sqlite3.connect(path) as db:
+        return {row[1] for row in db.execute(f'PRAGMA table_info("{table}")')}
+
+
+# ---------------------------------------------------------------- schema
+
+
+def test_the_schema_is_created_once_and_a_second_run_changes_nothing(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    history.ensure_schema(path)
+    with sqlite3.connect(path) as db:
+        db.execute("""INSERT INTO users (id, identifier, metadata, "createdAt") VALUES ('u1', 'admin', '{}', 'now')""")
+    before = {t: columns(path, t) for t in history.SCHEMA}
+    history.ensure_schema(path)
+    assert {t: columns(path, t) for t in history.SCHEMA} == before
+    assert "autoCollapse" in before["steps"] and "defaultOpen" in before["steps"] and "modes" in before["steps"]
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT identifier FROM users").fetchall() == [("admin",)]
+
+
+def test_a_file_made_from_chainlits_documented_ddl_gets_the_missing_columns_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "docs.sqlite3"
+    with sqlite3.connect(path) as db:  # the documented steps table: no "autoCollapse", "modes", "command"
+        db.execute("""CREATE TABLE steps ("id" TEXT PRIMARY KEY, "name" TEXT NOT NULL, "type" TEXT NOT NULL,
+                      "threadId" TEXT NOT NULL, "output" TEXT, "metadata" TEXT, "defaultOpen" BOOLEAN)""")
+        db.execute("""INSERT INTO steps VALUES ('s1', 'User', 'user_message', 't1', 'hello', '{}', 0)""")
+    history.ensure_schema(path)
+    assert {"autoCollapse", "modes", "command", "generation"} <= columns(path, "steps")
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT output FROM steps").fetchall() == [("hello",)]
+
+
+# ---------------------------------------------------------------- Chainlit's data layer on our schema
+
+
+@pytest_asyncio.fixture
+async def layer(tmp_path):
+    from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
+
+    path = tmp_path / "history.sqlite3"
+    history.ensure_schema(path)
+    dl = SQLAlchemyDataLayer(history.database_url(path))
+    yield dl
+    await dl.close()
+
+
+async def store_chat(dl, turns: list[tuple[str, str, dict | None]], *, user: str = "admin") -> tuple[str, str]:
+    """Store a chat as the app does: the user row, the thread, then each message's step. Returns (thread, user id)."""
+    import chainlit as cl
+    from chainlit.context import init_http_context
+    from chainlit.user import User
+
+    persisted = await dl.create_user(User(identifier=user))
+    assert persisted is not None, "SQLAlchemyDataLayer could not create the user row"
+    thread_id = str(uuid.uuid4())
+    init_http_context(thread_id=thread_id)
+    await dl.update_thread(thread_id, name="first question", user_id=persisted.id)
+    for i, (role, content, metadata) in enumerate(turns):
+        if role == "user":
+            msg = cl.Message(content=content, author="admin", type="user_message")
+            msg.modes = {"adapter": "pirate"}  # a dict and a list: SQLite cannot bind either as is
+            msg.tags = ["demo"]
+        else:
+            msg = cl.Message(content=content, author="pirate", metadata=metadata)
+            msg.parent_id = f"run-{i}"  # Chainlit nests answers under its on_message run step
+        msg.created_at = f"2026-01-01T00:00:{i:02d}Z"
+        await dl.create_step(msg.to_dict())
+    tool = cl.Step(name="Loading adapter pirate…", type="tool", auto_collapse=True, default_open=False)
+    tool.output = "loaded"
+    await dl.create_step(tool.to_dict())  # a Step writes "autoCollapse", missing from Chainlit's documented DDL
+    return thread_id, persisted.id
+
+
+@pytest.mark.asyncio
+async def test_chainlits_data_layer_stores_and_reads_back_a_thread_with_every_step(layer):
+    from chainlit.types import Pagination, ThreadFilter
+
+    shown = RAW + footer("pirate", None, None, 1.2, "en")
+    thread_id, user_id = await store_chat(layer, [("user", "capital of France?", None),
+                                                 ("assistant", shown, history.answer_metadata(RAW, "pirate"))])
+    thread = await layer.get_thread(thread_id)
+    assert thread is not None and thread["userIdentifier"] == "admin"
+    assert [(s["type"], s["output"]) for s in thread["steps"]] == [
+        ("user_message", "capital of France?"), ("assistant_message", shown), ("tool", "loaded")]
+    assert json.loads(thread["steps"][1]["metadata"]) == history.answer_metadata(RAW, "pirate")  # a string on SQLite
+    listed = await layer.list_threads(Pagination(first=10), ThreadFilter(userId=user_id))
+    assert [t["id"] for t in listed.data] == [thread_id]  # what the history sidebar shows
+    assert await layer.get_thread_author(thread_id) == "admin"
+
+
+@pytest.mark.asyncio
+async def test_thread_metadata_written_by_the_app_merges_with_chainlits_own(layer):
+    thread_id, _ = await store_chat(layer, [("user", "hi", None)])
+    state = history.chat_state("pirate", {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0}, "be brief")
+    await layer.update_thread(thread_id, metadata={"chat_settings": {"model": "pirate"}})  # what Chainlit persists
+    await layer.update_thread(thread_id, metadata={history.META_KEY: state})  # what the app persists
+    thread = await layer.get_thread(thread_id)
+    assert history.state_from_thread(thread) == state
+    assert json.loads(thread["metadata"])["chat_settings"] == {"model": "pirate"}
+
+
+@pytest.mark.asyncio
+async def test_a_resumed_thread_rebuilds_the_conversation_with_raw_text_and_the_model_that_answered(layer):
+    shown1 = RAW + footer("pirate", None, None, 1.0, "en")
+    shown2 = "w0 w1\n\n*⚠ stopped · smollm2*"
+    thread_id, _ = await store_chat(layer, [
+        ("user", "capital of France?", None),
+        ("assistant", shown1, history.answer_metadata(RAW, "pirate")),
+        ("user", "and of Spain?", None),
+        ("assistant", "Task manually stopped.", None),  # Chainlit's own note: not a turn
+        ("assistant", shown2, history.answer_metadata("w0 w1", "smollm2", interrupted=True)),
+        ("user", "again?", None),
+    ])
+    thread = await layer.get_thread(thread_id)
+    conv = history.conversation_from_thread(thread)
+    assert [(t.role, t.content, t.model, t.interrupted) for t in conv.turns] == [
+        ("user", "capital of France?", "", False), ("assistant", RAW, "pirate", False),
+        ("user", "and of Spain?", "", False), ("assistant", "w0 w1", "smollm2", True), ("user", "again?", "", False)]
+    assert "*" not in json.dumps(conv.messages())  # no footer reaches the model
+    assert history.state_from_thread(thread, conv) == {"model": "smollm2"}  # nothing saved: the last answer's model
+
+
+def test_an_answer_retried_after_a_cut_keeps_only_the_retried_answer():
+    thread = {"steps": [
+        {"id": "u1", "type": "user_message", "output": "q"},
+        {"id": "a1", "type": "assistant_message", "output": "x", "metadata": history.answer_metadata("w0", "m", interrupted=True)},
+        {"id": "e1", "type": "assistant_message", "output": "error", "isError": True, "metadata": "{}"},
+        {"id": "a2", "type": "assistant_message", "output": "y",
+         "metadata": json.dumps(history.answer_metadata("full answer", "m"))},
+    ]}
+    conv = history.conversation_from_thread(thread)
+    assert [(t.id, t.content) for t in conv.turns] == [("u1", "q"), ("a2", "full answer")]
+
+
+# ---------------------------------------------------------------- login
+
+
+def auth_settings(tmp_path, **ui) -> Settings:
+    return Settings(ui=UISettings(auth=True, **ui), logging=LoggingSettings(dir=str(tmp_path / "logs")))
+
+
+@pytest.mark.parametrize("username,password,ok", [
+    ("demo", "s3cret-pass", True),
+    ("demo", "s3cret-passX", False),
+    ("demo", "", False),
+    ("Demo", "s3cret-pass", False),
+    ("admin", "s3cret-pass", False),
+    ("demo", "s3cret-pass\udcff", False),  # a lone surrogate from a form must not raise
+])
+def test_the_password_check_accepts_only_the_configured_name_and_password(tmp_path, username, password, ok):
+    settings = auth_settings(tmp_path, username="demo", password="s3cret-pass")
+    assert history.check_password(settings, username, password) is ok
+
+
+def test_login_on_without_a_password_is_a_config_error_naming_both_places_to_set_it(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_settings(tmp_path / "none.toml", env={"QWENCHAT_UI_AUTH": "true"})
+    text = err.value.user_text("en")
+    assert "[ui].password" in text and "QWENCHAT_UI_PASSWORD" in text
+    settings = load_settings(tmp_path / "none.toml", env={"QWENCHAT_UI_AUTH": "true", "QWENCHAT_UI_PASSWORD": "pw"})
+    assert settings.ui.password == "pw" and history.check_password(settings, "admin", "pw")
+
+
+def test_prepare_creates_the_database_and_a_login_secret_that_survives_a_restart(tmp_path):
+    settings = auth_settings(tmp_path, password="pw")
+    env: dict[str, str] = {}
+    url = history.prepare(settings, env)
+    path = tmp_path / "logs" / "history.sqlite3"
+    assert url == f"sqlite+aiosqlite:///{path}" and "autoCollapse" in columns(path, "steps")
+    secret = env["CHAINLIT_AUTH_SECRET"]
+    assert len(secret) >= 32 and (path.parent / history.SECRET_FILE).stat().st_mode & 0o077 == 0
+    again: dict[str, str] = {}
+    history.prepare(settings, again)
+    assert again["CHAINLIT_AUTH_SECRET"] == secret  # sessions survive a restart
+    assert history.prepare(settings, {"CHAINLIT_AUTH_SECRET": "given"}) and history.auth_secret(path.parent, {"CHAINLIT_AUTH_SECRET": "given"}) == "given"
+
+
+def test_prepare_does_nothing_without_login(tmp_path):
+    env: dict[str, str] = {}
+    assert history.prepare(Settings(logging=LoggingSettings(dir=str(tmp_path / "logs"))), env) is None
+    assert env == {} and not (tmp_path / "logs").exists()
+
+
+# ---------------------------------------------------------------- remembered settings
+
+
+@pytest.mark.parametrize("user,cookie,key", [
+    ("admin", "qwenchat_browser=abcdef0123456789", "user:admin"),
+    (None, "other=1; qwenchat_browser=abcdef0123456789", "browser:abcdef0123456789"),
+    (None, "qwenchat_browser=../../etc", None),
+    (None, "qwenchat_browser=", None),
+    (None, None, None),
+    (None, 'broken="', None),
+])
+def test_settings_are_remembered_per_user_when_signed_in_else_per_browser_cookie(user, cookie, key):
+    assert history.preference_key(user, cookie) == key
+
+
+def test_preferences_survive_a_new_instance_and_forget_the_oldest(tmp_path, monkeypatch):
+    path = tmp_path / "prefs.json"
+    prefs = history.Preferences(path)
+    prefs.set("browser:a", {"model": "pirate"})
+    prefs.set(None, {"model": "ignored"})
+    assert history.Preferences(path).get("browser:a") == {"model": "pirate"}
+    assert history.Preferences(path).get("browser:b") == {} and prefs.get(None) == {}
+    monkeypatch.setattr(history, "MAX_PREFS", 3)
+    for name in "bcd":
+        prefs.set(f"browser:{name}", {"model": name})
+    assert prefs.get("browser:a") == {} and prefs.get("browser:d") == {"model": "d"}
+    path.write_text("{not json")
+    assert prefs.get("browser:d") == {}  # a broken file means nothing remembered, not a crash
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("path_type,cookie,sets", [
+    ("text/html; charset=utf-8", None, True),
+    ("text/html; charset=utf-8", "qwenchat_browser=abcdef0123456789", False),  # kept: the same browser
+    ("application/javascript", None, False),  # assets load in parallel: they would race with new ids
+])
+async def test_the_page_sets_a_browser_cookie_only_when_missing(path_type, cookie, sets):
+    async def page(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", path_type.encode())]})
+        await send({"type": "http.response.body", "body": b"<html>"})
+
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    headers = [(b"cookie", cookie.encode())] if cookie else []
+    await history.BrowserCookieMiddleware(page)({"type": "http", "headers": headers}, None, send)
+    set_cookies = [v.decode() for k, v in sent[0]["headers"] if k == b"set-cookie"]
+    assert len(set_cookies) == (1 if sets else 0) and sent[1]["body"] == b"<html>"
+    if sets:
+        assert history.preference_key(None, set_cookies[0].split(";")[0]).startswith("browser:")
+        assert "HttpOnly" in set_cookies[0] and "Path=/" in set_cookies[0]
