@@ -139,6 +139,7 @@ async def remember() -> None:
 async def open_chat() -> None:
     await app.start()
     await send_settings()
+    await send_commands()
     cl.user_session.set("watcher", asyncio.create_task(watch_models()))
 
 
@@ -191,11 +192,39 @@ async def load_adapter(model: str) -> None:
     await send_settings()
 
 
+async def send_commands() -> None:
+    """Composer commands: /adapters lists them, /unload NAME frees an adapter slot."""
+    await cl.context.emitter.set_commands([
+        {"id": "adapters", "description": t("cmd_adapters", lang()), "icon": "layers", "button": False},
+        {"id": "unload", "description": t("cmd_unload", lang()), "icon": "circle-minus", "button": False},
+    ])
+
+
+async def run_command(command: str, text: str) -> None:
+    status = app.poller.status
+    if command == "adapters":
+        await cl.Message(content=app.adapters_overview(status, await app.local_adapters(status), lang())).send()
+        return
+    name = text.strip().strip("`")
+    try:
+        await app.unload(name, status)
+    except QwenChatError as exc:
+        await show_error(exc.user_text(lang()))
+        return
+    if cl.user_session.get("model") == name:
+        cl.user_session.set("model", app.default_model(app.poller.status))
+    await cl.Message(content=t("unloaded", lang(), name=name, model=cl.user_session.get("model"))).send()
+    await send_settings()
+
+
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
     # Chainlit runs an edited message inline in its socket handler, not as the task Stop cancels.
     cl.context.session.current_task = asyncio.current_task()
     text = message.content or ""
+    if getattr(message, "command", None) in ("adapters", "unload"):
+        await run_command(message.command, text)
+        return
     if not text.strip():
         await show_error(t("empty_message", lang()))
         return

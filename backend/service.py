@@ -131,6 +131,27 @@ class Service:
             await self.poller.refresh()
             return True
 
+    async def unload(self, name: str, status: HealthStatus) -> None:
+        """Unload a served adapter (the base model cannot be unloaded)."""
+        from . import adapters
+        from .errors import ModelNotFound
+
+        if not any(m.id == name for m in status.adapters):
+            raise ModelNotFound(name, "not a served adapter")
+        await adapters.unload_adapter(self.base_url, self.api_key, name)
+        await self.poller.refresh()
+
+    def adapters_overview(self, status: HealthStatus, local: list[LocalAdapter], lang: str) -> str:
+        """Markdown list for the /adapters command: served adapters, then loadable ones."""
+        lines = [f"**{t('base', lang)}**: `{self.default_model(status)}`"]
+        for m in status.adapters:
+            rank = self.adapter_rank(m.root)
+            lines.append(f"- `{m.id}` (LoRA{f' r{rank}' if rank else ''})")
+        lines += [f"- `{a.name}` (LoRA{f' r{a.rank}' if a.rank else ''}; {t('not_loaded', lang)})" for a in local]
+        for name, reason in self.excluded_adapters().items():
+            lines.append(f"- ~~`{name}`~~ — {reason}")
+        return "\n".join(lines)
+
     # ------------------------------------------------------------ sampling and budget
 
     def default_sampling(self) -> dict[str, float]:

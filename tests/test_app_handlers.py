@@ -510,3 +510,40 @@ async def test_a_settings_change_to_a_served_adapter_shows_no_loading_step_and_t
     assert "fake-adapter ·" in screen.answers[-1]
     rec = chat.received(m)[-1]
     assert rec.model == "fake-adapter" and len(rec.messages) == 3  # the earlier exchange is still sent
+
+
+# ---------------------------------------------------------------- composer commands
+
+
+async def send_command(chat, command: str, text: str):
+    from chainlit import socket
+
+    n = len(chat.events)
+    payload = {**chat.payload(text), "command": command}
+    await socket.message(chat.sid, {"message": payload, "fileReferences": None})
+    await asyncio.wait_for(chat.session.current_task, 30)
+    return chat.screen(n)
+
+
+async def test_the_chat_offers_the_adapters_and_unload_commands(chat):
+    sent = [d for e, d in chat.events if e == "set_commands"]
+    assert sent and {c["id"] for c in sent[-1]} == {"adapters", "unload"}
+
+
+async def test_adapters_command_lists_the_base_and_the_served_adapter_and_sends_nothing_to_the_model(chat, fake):
+    before = len(fake.records)
+    screen = await send_command(chat, "adapters", "")
+    assert "fake-qwen" in screen.answers[-1] and "fake-adapter" in screen.answers[-1]
+    assert len(fake.records) == before
+
+
+async def test_unloading_something_that_is_not_a_served_adapter_is_a_clear_error(chat):
+    screen = await send_command(chat, "unload", "fake-qwen")
+    assert screen.errors and "fake-qwen" in screen.errors[-1]
+
+
+async def test_unload_refused_by_the_engine_is_shown_and_the_chat_goes_on(chat):
+    # The fake server has no /v1/unload_lora_adapter route: the engine's refusal must reach the user.
+    screen = await send_command(chat, "unload", "fake-adapter")
+    assert screen.errors and "fake-adapter" in screen.errors[-1]
+    assert (await chat.send("still there?")).answers

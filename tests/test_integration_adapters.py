@@ -243,6 +243,12 @@ async def test_service_loads_a_folder_adapter_on_choice_and_the_dropdown_labels_
         assert list(options.values()).count("service-good") == 1  # served now, no longer offered as "not loaded"
         assert options.get(f"good (LoRA r{RANK})") == "good"  # the static one, labelled the same way
         assert await service.ensure_loaded("service-good", status) is False  # already served: no second load
+
+        await service.unload("service-good", status)  # what the /unload command calls
+        status = service.poller.status
+        assert "service-good" not in [m.id for m in status.adapters]
+        offered = model_options(status, await service.local_adapters(status), "en", rank_of=service.adapter_rank)
+        assert offered.get(f"service-good (LoRA r{RANK}; {t('not_loaded', 'en')})") == "service-good"  # offered again
     finally:
         await service.client.aclose()
         await reset_shared()
