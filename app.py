@@ -43,6 +43,12 @@ if DB_URL:  # [ui].auth: login, and history through Chainlit's own data layer
         return None
 
 
+@cl.on_app_startup
+async def on_app_startup() -> None:
+    """Poll the engine from the first second, so the status line is right before anyone chats."""
+    await app.start()
+
+
 async def status_route() -> dict:
     """Polled by public/status.js: the engine state line shown at all times."""
     await app.start()
