@@ -48,7 +48,7 @@ class ModelSettings:
     max_model_len: int = 8192
     dtype: str = "auto"
     system_prompt: str = ""
-    temperature: float = 0.2
+    temperature: float = 0.0  # greedy: the 135M demo model wanders off even at 0.2
     top_p: float = 0.9
     top_k: int = -1  # -1: disabled (vLLM's convention)
     min_p: float = 0.0

@@ -35,7 +35,9 @@ qc_env() {
   local t0=$SECONDS
   "$dir/bin/pip" install --disable-pip-version-check --progress-bar off "${args[@]}" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" \
-    | grep -E --line-buffered "^(Collecting|Successfully|ERROR|error)" | sed -u 's/^/  /' >&2
+    | awk '/^Collecting/ { n++; if (n % 25 == 0) { printf "  ... %d packages resolved\n", n; fflush() } }
+           /^(ERROR|error)/ { print "  " $0; fflush() }
+           /^Successfully installed/ { printf "  installed %d packages\n", NF - 2; fflush() }' >&2
   if [ "${PIPESTATUS[0]}" -ne 0 ]; then qc_say "installing the $name environment failed (see above)"; return 1; fi
   if [ -n "$post" ]; then "$post" "$dir" || return 1; fi
   touch "$dir/.complete"
