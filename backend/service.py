@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from . import budget as budget_mod
 from . import template
-from .client import ChatClient, Finish, Usage
+from .client import ChatClient, Finish, Usage, anomaly_counts
 from .errors import PromptTooLong
 from .health import HealthSettings, HealthStatus, get_poller
 from .i18n import t
@@ -74,6 +74,8 @@ class Service:
             "elapsed": round(st.starting_elapsed), "attempt": st.attempt, "max_attempts": st.max_attempts,
             "model": st.base_model or self.settings.model.name,
             "adapters": [m.id for m in st.adapters], "stale": st.models_stale,
+            # Off-spec chunks tolerated since start, by kind (e.g. {"empty_choices": 3}): whose backend misbehaves.
+            "anomalies": anomaly_counts(),
         }
 
     # ------------------------------------------------------------ models and adapters

@@ -547,3 +547,10 @@ async def test_unload_refused_by_the_engine_is_shown_and_the_chat_goes_on(chat):
     screen = await send_command(chat, "unload", "fake-adapter")
     assert screen.errors and "fake-adapter" in screen.errors[-1]
     assert (await chat.send("still there?")).answers
+
+
+async def test_status_route_exposes_the_anomaly_counters_by_kind(chat, ui):
+    before = (await ui.status_route())["anomalies"].get("empty_choices", 0)
+    screen = await chat.send(f"[[fault:empty-choices-first]] {marker()}")
+    assert screen.answers  # tolerated: the answer still appears
+    assert (await ui.status_route())["anomalies"]["empty_choices"] == before + 1
