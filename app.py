@@ -104,6 +104,10 @@ async def send_settings() -> None:
         Slider(id="top_k", label=t("top_k", lang()), initial=sampling["top_k"], min=-1, max=100, step=1),
         Slider(id="min_p", label=t("min_p", lang()), initial=sampling["min_p"], min=0, max=1, step=0.01),
     ]).send()
+    # The same choice as a picker in the composer (Chainlit Modes): visible without opening the panel.
+    cl.user_session.set("mode_shown", chosen)
+    await cl.context.emitter.set_modes([cl.Mode(id="model", name=t("model", lang()), options=[
+        cl.ModeOption(id=model_id, name=label, default=model_id == chosen) for label, model_id in options.items()])])
 
 
 async def watch_models() -> None:
@@ -180,11 +184,17 @@ async def on_settings_update(values: dict) -> None:
     cl.user_session.set("system_prompt", values.get("system_prompt") or "")
     model = values.get("model")
     if model and model != cl.user_session.get("model"):
-        cl.user_session.set("model", model)
-        # A served model needs nothing (no "Loading adapter" step); one from [lora].dir loads now.
-        if model not in {m.id for m in app.poller.status.models}:
-            await load_adapter(model)
+        await choose_model(model)
     await remember()
+
+
+async def choose_model(model: str) -> None:
+    """The user picked a model (settings panel or composer); one from [lora].dir loads now."""
+    cl.user_session.set("model", model)
+    if model not in {m.id for m in app.poller.status.models}:
+        await load_adapter(model)  # re-sends the settings
+    else:  # no "Loading adapter" step for a served one; keep panel and composer in step
+        await send_settings()
 
 
 async def load_adapter(model: str) -> None:
@@ -234,6 +244,9 @@ async def on_message(message: cl.Message) -> None:
     if not text.strip():
         await show_error(t("empty_message", lang()))
         return
+    picked = (getattr(message, "modes", None) or {}).get("model")
+    if picked and picked != cl.user_session.get("mode_shown"):  # changed in the composer picker
+        await choose_model(picked)
     conversation().add_user(message.id, text)
     await answer()
 

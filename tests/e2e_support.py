@@ -125,3 +125,9 @@ def choose_model(page, label_prefix: str) -> None:
     page.click('[role=dialog] button#model')
     page.locator("[role=option]", has_text=label_prefix).first.click()
     page.click("#confirm")
+
+
+def choose_in_composer(page, label_prefix: str) -> None:
+    """Pick a model in the composer's picker (Chainlit Modes) instead of the settings panel."""
+    page.click("#mode-picker-trigger-model")
+    page.locator("[role=option]", has_text=label_prefix).first.click()

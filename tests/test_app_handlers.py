@@ -554,3 +554,17 @@ async def test_status_route_exposes_the_anomaly_counters_by_kind(chat, ui):
     screen = await chat.send(f"[[fault:empty-choices-first]] {marker()}")
     assert screen.answers  # tolerated: the answer still appears
     assert (await ui.status_route())["anomalies"]["empty_choices"] == before + 1
+
+
+async def test_a_model_picked_in_the_composer_answers_the_message_it_came_with(chat, fake):
+    from chainlit import socket
+
+    sent = [d for e, d in chat.events if e == "set_modes"]
+    assert sent and [o["id"] for o in sent[-1][0]["options"]] == ["fake-qwen", "fake-adapter"]
+    m = marker()
+    n = len(chat.events)
+    payload = {**chat.payload(f"composer {m}"), "modes": {"model": "fake-adapter"}}
+    await socket.message(chat.sid, {"message": payload, "fileReferences": None})
+    await asyncio.wait_for(chat.session.current_task, 30)
+    assert "fake-adapter ·" in chat.screen(n).answers[-1]
+    assert chat.received(m)[-1].model == "fake-adapter"

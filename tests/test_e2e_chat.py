@@ -86,6 +86,7 @@ def test_long_chat_leaves_early_turns_out_and_the_meter_says_so(page, live):
 def test_our_count_equals_vllms_prompt_tokens_for_the_default_model(live, messages):
     """The meter's number is exact for the embedded model too (its template adds a default system prompt)."""
     import asyncio
+    import concurrent.futures
 
     from backend import template
     from backend.budget import fit_history
@@ -99,5 +100,7 @@ def test_our_count_equals_vllms_prompt_tokens_for_the_default_model(live, messag
             answer = await client.complete(fitted.messages, "smollm2-135m-instruct", max_tokens=1)
         return fitted.prompt_tokens, answer.usage.prompt_tokens
 
-    ours, vllms = asyncio.run(check())
+    # Playwright's sync API keeps an event loop running in this thread: use a fresh one elsewhere.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ours, vllms = pool.submit(asyncio.run, check()).result()
     assert ours == vllms
