@@ -5,14 +5,25 @@
 #   ./test.sh tests/test_budget.py -k overflow     any pytest arguments
 set -euo pipefail
 cd "$(dirname "$0")"
+# Tests choose their servers and settings themselves: nothing from the caller's environment
+# (OPENAI_BASE_URL, QWENCHAT_MODEL_PATH, a profile, ...) may leak into them; a local edit of
+# config.toml must not either.
+for var in $(env | sed -n 's/^\(OPENAI_[A-Z_]*\|QWENCHAT_[A-Z_]*\)=.*/\1/p'); do
+  [ "$var" = QWENCHAT_HOME ] || unset "$var"
+done
+export QWENCHAT_CONFIG="$PWD/tests/config.toml"
 source scripts/env.sh
 t_start=$SECONDS
+qc_check_python || exit 2
 
-if ! command -v chromium >/dev/null 2>&1; then
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
   qc_say "installing Debian chromium for the browser tests ..."
-  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-  $SUDO apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  if [ "$(id -u)" = 0 ]; then SUDO=()
+  elif sudo -n true 2>/dev/null; then SUDO=(sudo -n)
+  else qc_say "the browser tests need Debian's chromium: run 'sudo apt-get install chromium' once, then ./test.sh"; exit 2
+  fi
+  "${SUDO[@]}" apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq chromium >/dev/null
 fi
 
 APP="$(qc_test_env)"
@@ -24,8 +35,6 @@ export QWENCHAT_TEST_MODELS="$QWENCHAT_HOME/test-models"
 "$APP/bin/python" -m backend prepare >&2
 qc_say "setup done in $((SECONDS - t_start)) s; running tests"
 
-# No stray OPENAI_* from the caller: tests choose their servers explicitly.
-unset OPENAI_BASE_URL OPENAI_API_KEY
 set +e
 "$APP/bin/python" -m pytest "${@:-tests}"
 rc=$?

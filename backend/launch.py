@@ -58,7 +58,22 @@ def static_adapters(settings: Settings, *, check: bool = True) -> tuple[dict[str
     return good, bad
 
 
+def engine_memory(settings: Settings, engine: str) -> int | None:
+    """What the KV-cache estimate is compared with: GPU memory × utilisation (CPU: the setting)."""
+    if engine != "gpu":
+        return None
+    total = server.gpu_memory_bytes()
+    return int(total * settings.server.gpu_memory_utilization) if total else None
+
+
+def chat_template_for(settings: Settings, log_dir: Path) -> Path | None:
+    if server.needs_chat_template(settings.model.resolved_path):
+        return server.fallback_chat_template(log_dir)
+    return None
+
+
 def dry_run(settings: Settings) -> int:
+    """Print what a real start would run: the doctor's choice of adapters, the fallbacks, the advice."""
     has_gpu = server.gpu_available()
     engine = settings.server.engine if settings.server.engine != "auto" else ("gpu" if has_gpu else "cpu")
     if settings.external:
@@ -66,15 +81,19 @@ def dry_run(settings: Settings) -> int:
     else:
         if engine == "gpu" and not has_gpu:
             say("note: no GPU on this machine; a real start with engine=gpu would stop with an error")
-        adapters, _ = static_adapters(settings, check=False)
+        model_dir = settings.model.resolved_path
+        adapters, excluded = static_adapters(settings, check=(model_dir / "config.json").exists())
+        for name, text in excluded.items():
+            print(f"# adapter {name!r} would be left out: {text}")
+        template = Path("<log dir>/chatml-fallback.jinja") if server.needs_chat_template(model_dir) else None
         cmd = server.build_engine_command(settings, engine=engine, python=engine_python(),
-                                          api_key="<per-launch key>", adapters=adapters)
+                                          api_key="<per-launch key>", adapters=adapters, chat_template=template)
         print("# engine")
         print(cmd.render())
-        if not (settings.model.resolved_path / "config.json").exists():
-            print(f"# note: {settings.model.resolved_path} has no config.json here; a real start stops at that check")
-        for advice in server.check_limits(settings, server.model_config(settings.model.resolved_path),
-                                          engine=engine, available_bytes=None):
+        if not (model_dir / "config.json").exists():
+            print(f"# note: {model_dir} has no config.json here; a real start stops at that check")
+        for advice in server.check_limits(settings, server.model_config(model_dir), engine=engine,
+                                          available_bytes=engine_memory(settings, engine)):
             print(f"# {advice.level}: {advice.text}")
     print("# ui")
     print(server.build_ui_command(settings, python=sys.executable).render())
@@ -90,7 +109,7 @@ def preflight(settings: Settings, engine: str) -> None:
         server.check_model_dir(settings.model.resolved_path)
         server.check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
         for advice in server.check_limits(settings, server.model_config(settings.model.resolved_path),
-                                          engine=engine, available_bytes=None):
+                                          engine=engine, available_bytes=engine_memory(settings, engine)):
             if advice.level == "error":
                 from .errors import ConfigError
 
@@ -119,17 +138,20 @@ async def serve(settings: Settings) -> int:
     engine = "external" if settings.external else server.resolve_engine(settings.server.engine, server.gpu_available())
     preflight(settings, engine)
     status_path = log_dir / "engine-status.json"
-    ui_env = {"QWENCHAT_ENGINE": engine, "QWENCHAT_LOG_DIR": str(log_dir)}
+    excluded_path = log_dir / "adapters-excluded.json"
+    excluded_path.unlink(missing_ok=True)  # only this launch's verdicts reach the UI
+    # The UI talks to the engine on loopback: never through an http_proxy from the environment.
+    no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1,localhost,::1"]))
+    ui_env = {"QWENCHAT_ENGINE": engine, "QWENCHAT_LOG_DIR": str(log_dir), "NO_PROXY": no_proxy, "no_proxy": no_proxy}
     supervisor = None
     if not settings.external:
         api_key = settings.server.api_key or secrets.token_urlsafe(24)
         adapters, excluded = static_adapters(settings)
         for name, text in excluded.items():
             say(f"adapter {name!r} left out: {text}")
-        (log_dir / "adapters-excluded.json").write_text(json.dumps(excluded, ensure_ascii=False, indent=2))
-        template = None
-        if server.needs_chat_template(settings.model.resolved_path):
-            template = server.fallback_chat_template(log_dir)
+        excluded_path.write_text(json.dumps(excluded, ensure_ascii=False, indent=2))
+        template = chat_template_for(settings, log_dir)
+        if template:
             say(f"{settings.model.resolved_path} has no chat template; serving it with the ChatML fallback")
         cmd = server.build_engine_command(settings, engine=engine, python=engine_python(), api_key=api_key,
                                           adapters=adapters, chat_template=template)
@@ -147,7 +169,7 @@ async def serve(settings: Settings) -> int:
     ui_proc = server.start_process(ui_cmd, log_dir / "ui.log")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         loop.add_signal_handler(sig, stop.set)
     sup_task = asyncio.create_task(supervisor.run()) if supervisor else None
     rc = 0
@@ -162,9 +184,12 @@ async def serve(settings: Settings) -> int:
         if supervisor:
             ready_wait = asyncio.create_task(supervisor.ready_event.wait())
             stop_wait = asyncio.create_task(stop.wait())
-            await asyncio.wait({ready_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({ready_wait, stop_wait, sup_task}, return_when=asyncio.FIRST_COMPLETED)
             ready_wait.cancel()
             stop_wait.cancel()
+            if sup_task.done() and sup_task.exception():
+                say(f"the engine supervisor failed: {sup_task.exception()!r}; see {log_dir / 'engine.log'}")
+                return 1
             if supervisor.failed:
                 say(supervisor.failed.user_text("en"))
                 return 1
@@ -175,6 +200,10 @@ async def serve(settings: Settings) -> int:
                 say(f"the UI exited with code {ui_proc.returncode}; see {log_dir / 'ui.log'}")
                 rc = 1
                 break
+            if sup_task and sup_task.done() and not sup_task.cancelled() and sup_task.exception():
+                say(f"the engine supervisor failed: {sup_task.exception()!r}; see {log_dir / 'engine.log'}")
+                rc = 1
+                break
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
             except asyncio.TimeoutError:
@@ -182,8 +211,11 @@ async def serve(settings: Settings) -> int:
         if stop.is_set():
             say("stopping ...")
     finally:
-        if supervisor:
-            supervisor.stop()
+        try:
+            if supervisor:
+                supervisor.stop()
+        except Exception:  # noqa: BLE001 - the UI must still be stopped
+            logger.exception("stopping the engine failed")
         if sup_task:
             sup_task.cancel()
             await asyncio.gather(sup_task, return_exceptions=True)

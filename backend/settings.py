@@ -1,7 +1,7 @@
 """Typed, immutable settings from config.toml + an optional profile + the environment.
 
     settings = load_settings()                        # config.toml next to the repo root
-    settings = load_settings(profile="qwen3-4b-gpu")  # + profiles/qwen3-4b-gpu.toml on top
+    settings = load_settings(profile="qwen3-4b-instruct-2507")  # + profiles/<name>.toml on top
     settings = Settings()                             # defaults, for tests
     settings = Settings(client=ClientSettings(idle_timeout=0.5))
 
@@ -59,9 +59,11 @@ class ModelSettings:
 
     @property
     def resolved_path(self) -> Path:
+        """The model folder; a relative [model].path is relative to the repository folder."""
         if self.is_embedded:
             return home_dir() / "models" / EMBEDDED_MODEL_NAME
-        return Path(self.path).expanduser().resolve()
+        p = Path(self.path).expanduser()
+        return (p if p.is_absolute() else ROOT / p).resolve()
 
     @property
     def name(self) -> str:
@@ -126,7 +128,7 @@ class ClientSettings:
 @dataclass(frozen=True)
 class BudgetSettings:
     reply_reserve: int = 1024  # tokens kept free for the answer; also sent as max_tokens
-    max_model_len: int = 0  # fallback when /v1/models does not say; 0: [model].max_model_len
+    max_model_len: int = 0  # 0: what /v1/models says (else [model].max_model_len); >0: this, always
 
 
 @dataclass(frozen=True)
@@ -260,6 +262,11 @@ def _validate(s: Settings) -> None:
     need(s.server.max_num_seqs > 0, "server.max_num_seqs", s.server.max_num_seqs, "a positive integer")
     need(s.server.cpu_kvcache_gib > 0, "server.cpu_kvcache_gib", s.server.cpu_kvcache_gib, "a positive whole number of GiB (VLLM_CPU_KVCACHE_SPACE)")
     need(s.server.restart_attempts >= 0, "server.restart_attempts", s.server.restart_attempts, "0 or more")
+    need(s.server.restart_window_min > 0, "server.restart_window_min", s.server.restart_window_min,
+         "a positive number of minutes")
+    need(s.server.startup_timeout > 0, "server.startup_timeout", s.server.startup_timeout, "a positive number of seconds")
+    need(s.server.tensor_parallel_size >= 1, "server.tensor_parallel_size", s.server.tensor_parallel_size,
+         "1 or more GPUs")
     need(s.lora.max_lora_rank in VLLM_LORA_RANKS, "lora.max_lora_rank", s.lora.max_lora_rank,
          "one of " + ", ".join(map(str, VLLM_LORA_RANKS)) + " (the ranks vLLM accepts)")
     need(s.lora.max_loras > 0, "lora.max_loras", s.lora.max_loras, "a positive integer")
@@ -272,6 +279,7 @@ def _validate(s: Settings) -> None:
         v = getattr(s.client, key)
         need(v > 0, f"client.{key}", v, "a positive number of seconds")
     need(s.client.max_retries >= 0, "client.max_retries", s.client.max_retries, "0 (diagnose: no retries) or more")
+    need(s.client.retry_backoff >= 0, "client.retry_backoff", s.client.retry_backoff, "0 or more seconds")
     need(s.budget.reply_reserve > 0, "budget.reply_reserve", s.budget.reply_reserve, "a positive number of tokens")
     need(s.budget_max_model_len > s.budget.reply_reserve, "budget.reply_reserve", s.budget.reply_reserve,
          f"fewer tokens than max_model_len ({s.budget_max_model_len}) so the prompt has room")

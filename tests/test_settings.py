@@ -57,6 +57,9 @@ def test_lora_modules_accept_vllm_style_name_equals_path(tmp_path):
     ("[lora]\nmax_lora_rank = 24\n", "lora.max_lora_rank", "320"),
     ("[client]\nidle_timeout = 0\n", "client.idle_timeout", "positive"),
     ("[server]\nengine = \"tpu\"\n", "server.engine", "cpu"),
+    ("[server]\nrestart_window_min = 0\n", "server.restart_window_min", "positive"),
+    ("[server]\nstartup_timeout = -1\n", "server.startup_timeout", "positive"),
+    ("[client]\nretry_backoff = -0.5\n", "client.retry_backoff", "0 or more"),
     ("[sever]\nport = 1\n", "sever", "[server]"),
     ("[model]\npth = \"x\"\n", "model.pth", "path"),
     ("[model\npath = 1\n", "config.toml", "valid TOML"),
@@ -101,3 +104,7 @@ def test_launcher_key_wins_over_a_stray_openai_key_when_not_external(tmp_path):
     # `chainlit run` in CI mode sets OPENAI_API_KEY to a fake value; the launcher's key must win.
     s = load_settings(write(tmp_path, ""), env={"QWENCHAT_ENGINE_API_KEY": "launch", "OPENAI_API_KEY": "sk-FAKE"})
     assert s.api_key == "launch"
+
+
+def test_a_relative_model_path_is_relative_to_the_repository_folder():
+    assert ModelSettings(path="models/x").resolved_path == (ROOT / "models" / "x").resolve()
