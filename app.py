@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -11,18 +12,20 @@ import uuid
 import chainlit as cl
 from chainlit.input_widget import Select, Slider, TextInput
 
+from chainlit.auth import get_current_user
 from chainlit.data import get_data_layer
 from chainlit.server import app as http_app
+from fastapi import Depends
 
 from backend import history
 from backend import service as ui
 from backend.chat import Conversation
 from backend.client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
-from backend.errors import BackendError, ConnectionLost, PromptTooLong, QwenChatError, ServerUnreachable
+from backend.errors import ConnectionLost, ModelNotFound, PromptTooLong, QwenChatError, ServerUnreachable
 from backend.health import EngineState
 from backend.i18n import t
 
-logger = logging.getLogger("qwenchat.app")
+logger = logging.getLogger(__name__)
 app = ui.Service.from_environment()
 # Sets CHAINLIT_AUTH_SECRET: Chainlit checks it only after importing this file.
 DB_URL = history.prepare(app.settings)
@@ -49,8 +52,12 @@ async def on_app_startup() -> None:
     await app.start()
 
 
-async def status_route() -> dict:
-    """Polled by public/status.js: the engine state line shown at all times."""
+async def status_route(user: cl.User | None = Depends(get_current_user)) -> dict:
+    """Polled by public/status.js: the engine state line shown at all times.
+
+    With [ui].auth it names models, adapters and failure paths: Chainlit's own dependency answers
+    401 without a login (and returns None when login is off).
+    """
     await app.start()
     return app.status_json()
 
@@ -79,8 +86,41 @@ def conversation() -> Conversation:
     return conv
 
 
+def guarded(handler):
+    """An exception escaping a Chainlit handler is invisible in the UI: log it, say so, with an id."""
+
+    @functools.wraps(handler)
+    async def run(*args, **kwargs):
+        try:
+            return await handler(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - the last line of defence; CancelledError (Stop) passes
+            rid = new_request_id()
+            logger.exception("[%s] unexpected failure in %s", rid, handler.__name__)
+            with contextlib.suppress(Exception):
+                await show_error(t("app_error", lang(), rid=rid))
+
+    return run
+
+
+def settings_lock() -> asyncio.Lock:
+    lock = cl.user_session.get("settings_lock")
+    if not isinstance(lock, asyncio.Lock):  # a resumed thread's copy of user_session holds None here
+        lock = asyncio.Lock()
+        cl.user_session.set("settings_lock", lock)
+    return lock
+
+
 async def send_settings() -> None:
-    """The settings panel: model/adapter dropdown (live from the poller) and sampling."""
+    """The settings panel: model/adapter dropdown (live from the poller) and sampling.
+
+    One at a time per chat: between setting "model" and sending the composer's modes, a second
+    call (the watcher, a choice) would otherwise send the other model as the picker's default.
+    """
+    async with settings_lock():
+        await _send_settings()
+
+
+async def _send_settings() -> None:
     status = app.poller.status
     options = ui.model_options(status, await app.local_adapters(status), lang(), app.adapter_rank)
     if not options:  # no model listed yet (engine loading): Select refuses an empty list
@@ -112,9 +152,21 @@ async def send_settings() -> None:
 
 async def watch_models() -> None:
     """Re-send the dropdown when adapters appear or disappear (the poller's version changes)."""
-    async for status in app.poller.subscribe():
-        if status.version != cl.user_session.get("models_version"):
-            await send_settings()
+    async with app.poller.subscribe() as changes:  # leaving it unsubscribes, also when cancelled
+        async for status in changes:
+            if status.version != cl.user_session.get("models_version"):
+                try:
+                    await send_settings()
+                except Exception:  # noqa: BLE001 - one failed update must not end the watching
+                    logger.exception("could not re-send the model list")
+
+
+def ensure_watcher() -> None:
+    """Start the model-list watcher, or restart it: Chainlit runs on_chat_end on every disconnect,
+    but not on_chat_start when the same session reconnects."""
+    task = cl.user_session.get("watcher")
+    if not isinstance(task, asyncio.Task) or task.done():  # None, or a resumed thread's copy
+        cl.user_session.set("watcher", asyncio.create_task(watch_models()))
 
 
 def preference_key() -> str | None:
@@ -137,6 +189,9 @@ async def remember() -> None:
     """Keep the settings for this user/browser and in this chat's stored thread (reload, resume)."""
     state = history.chat_state(cl.user_session.get("model") or "", cl.user_session.get("sampling") or app.default_sampling(),
                                cl.user_session.get("system_prompt", app.settings.model.system_prompt))
+    # Chainlit copies the thread metadata into user_session on resume and writes it back (a shallow
+    # merge) on disconnect: keep that copy current, or it overwrites what update_thread stored.
+    cl.user_session.set(history.META_KEY, state)
     try:
         await asyncio.to_thread(prefs.set, preference_key(), state)
         layer = get_data_layer()
@@ -150,13 +205,13 @@ async def open_chat() -> None:
     await app.start()
     await send_settings()
     await send_commands()
-    cl.user_session.set("watcher", asyncio.create_task(watch_models()))
+    ensure_watcher()
 
 
 @cl.on_chat_start
 async def on_chat_start() -> None:
     conversation()
-    restore(prefs.get(preference_key()))
+    restore(await asyncio.to_thread(prefs.get, preference_key()))
     await open_chat()
     for name, reason in app.excluded_adapters().items():
         await show_error(t("excluded_adapter", lang(), name=name, reason=reason))
@@ -174,12 +229,16 @@ async def on_chat_resume(thread: dict) -> None:
 @cl.on_chat_end
 async def on_chat_end() -> None:
     task = cl.user_session.get("watcher")
-    if task:
-        task.cancel()
+    if isinstance(task, asyncio.Task):
+        task.cancel()  # a reconnect restarts it (ensure_watcher)
 
 
 @cl.on_settings_update
+@guarded
 async def on_settings_update(values: dict) -> None:
+    # Chainlit runs this in its socket handler: make it the task Stop cancels (an adapter load can take a while).
+    cl.context.session.current_task = asyncio.current_task()
+    ensure_watcher()
     cl.user_session.set("sampling", ui.sampling_from(values, app.default_sampling()))
     cl.user_session.set("system_prompt", values.get("system_prompt") or "")
     model = values.get("model")
@@ -200,11 +259,16 @@ async def choose_model(model: str) -> None:
 async def load_adapter(model: str) -> None:
     try:
         async with cl.Step(name=t("loading_adapter", lang(), name=model), type="tool") as step:
-            if await app.ensure_loaded(model, app.poller.status):
+            if await app.ensure_loaded(model):
                 step.output = t("adapter_loaded", lang(), name=model)
     except QwenChatError as exc:
         cl.user_session.set("model", app.default_model(app.poller.status))
         await show_error(exc.user_text(lang()))
+    except asyncio.CancelledError:  # Stop during the load: the adapter is not there, do not keep it chosen
+        cl.user_session.set("model", app.default_model(app.poller.status))
+        with contextlib.suppress(Exception):
+            await send_settings()
+        raise
     await send_settings()
 
 
@@ -234,11 +298,16 @@ async def run_command(command: str, text: str) -> None:
 
 
 @cl.on_message
+@guarded
 async def on_message(message: cl.Message) -> None:
     # Chainlit runs an edited message inline in its socket handler, not as the task Stop cancels.
     cl.context.session.current_task = asyncio.current_task()
+    ensure_watcher()
+    if app.poller.status.version != cl.user_session.get("models_version"):  # missed while disconnected
+        await send_settings()
     text = message.content or ""
-    if getattr(message, "command", None) in ("adapters", "unload"):
+    if getattr(message, "command", None) in history.COMMANDS:
+        await mark_command(message)
         await run_command(message.command, text)
         return
     if not text.strip():
@@ -251,23 +320,44 @@ async def on_message(message: cl.Message) -> None:
     await answer()
 
 
-@cl.action_callback("retry")
-async def on_retry(action: cl.Action) -> None:
-    conv = conversation()
-    if conv.last_user() is None:
+async def mark_command(message: cl.Message) -> None:
+    """Tag the stored message as a command, so a resumed chat does not send "/unload x" as "x"."""
+    message.metadata = {**(message.metadata or {}), **history.command_metadata(message.command)}
+    try:
+        await message.update()
+    except Exception:  # noqa: BLE001 - the command still runs; only a resume would show it
+        logger.exception("could not mark the /%s message as a command", message.command)
+
+
+async def turn_of(action: cl.Action):
+    """The user turn an action button belongs to, if it is still the latest; else say why not."""
+    await action.remove()  # one press per button
+    last = conversation().last_user()
+    if last is None:
         await show_error(t("nothing_to_retry", lang()))
+    elif (action.payload or {}).get("turn") != last.id:
+        await show_error(t("old_button", lang()))
+    else:
+        return last
+    return None
+
+
+@cl.action_callback("retry")
+@guarded
+async def on_retry(action: cl.Action) -> None:
+    if await turn_of(action) is None:
         return
-    conv.drop_answers_after_last_user()
+    conversation().drop_answers_after_last_user()
     await answer_as_task()
 
 
 @cl.action_callback("send_trimmed")
+@guarded
 async def on_send_trimmed(action: cl.Action) -> None:
-    conv = conversation()
-    last = conv.last_user()
+    last = await turn_of(action)
     if last is None:
         return
-    conv.add_user(last.id, action.payload["text"])
+    conversation().add_user(last.id, action.payload["text"])
     await answer_as_task()
 
 
@@ -293,7 +383,10 @@ async def show_error(text: str, actions: list[cl.Action] | None = None) -> None:
 
 
 def retry_action() -> cl.Action:
-    return cl.Action(name="retry", payload={"n": 1}, label=t("retry", lang()), icon="rotate-ccw")
+    """Retry for the latest user turn; the payload names it, so an older bubble's button is refused."""
+    turn = conversation().last_user()
+    return cl.Action(name="retry", payload={"turn": turn.id if turn else None}, label=t("retry", lang()),
+                     icon="rotate-ccw")
 
 
 async def wait_for_engine() -> bool:
@@ -326,17 +419,6 @@ async def answer() -> None:
         await answer_once(may_wait_again=False)
 
 
-async def engine_after_failure():
-    """The poller's fresh view after a connection failure (the supervisor needs a moment to notice)."""
-    status = await app.poller.refresh()
-    for _ in range(3):
-        if status.state is not EngineState.DOWN or status.attempt is None:
-            break
-        await asyncio.sleep(0.7)
-        status = await app.poller.refresh()
-    return status
-
-
 async def answer_once(may_wait_again: bool) -> str:
     """One attempt; returns "engine_gone" when the engine died before any text and it is worth waiting."""
     conv = conversation()
@@ -349,7 +431,7 @@ async def answer_once(may_wait_again: bool) -> str:
     try:
         if not await wait_for_engine():
             return "failed"
-        if await remembered_but_not_loaded(model):  # e.g. chosen before a restart, restored on reload
+        if await app.needs_runtime_load(model):  # e.g. chosen before a restart, restored on reload
             await load_adapter(model)
             model = msg.author = cl.user_session.get("model")
         system = cl.user_session.get("system_prompt", app.settings.model.system_prompt)
@@ -370,21 +452,22 @@ async def answer_once(may_wait_again: bool) -> str:
                     usage = ev
                 elif isinstance(ev, Finish):
                     finish = ev
-        if reasoning_step is not None:
-            await reasoning_step.update()
         served = finish.model if finish and finish.model else model
         msg.author = served
-        msg.content = text + ui.footer(served, usage, fitted, time.monotonic() - t0, lang(), finish)
+        msg.content = ui.close_fence(text) + ui.footer(served, usage, fitted, time.monotonic() - t0, lang(), finish)
         msg.metadata = history.answer_metadata(text, served)  # the history keeps no footer
         await msg.send()
         conv.add_assistant(msg.id, text, served)
-        await show_left_out(fitted)
-        await remember()
-        return "answered"
     except PromptTooLong as exc:
-        trimmed = await app.trimmed(conv.last_user().content, exc)
-        await show_error(exc.user_text(lang()), [cl.Action(name="send_trimmed", payload={"text": trimmed},
-                                                           label=t("send_trimmed", lang()), icon="scissors")])
+        try:
+            trimmed = await app.trimmed(conv.last_user().content, exc)
+        except Exception:  # noqa: BLE001 - without a trimmed version the numbers still help
+            logger.exception("[%s] could not build a trimmed version", rid)
+            await show_error(exc.user_text(lang()))
+        else:
+            await show_error(exc.user_text(lang()), [cl.Action(
+                name="send_trimmed", payload={"turn": conv.last_user().id, "text": trimmed},
+                label=t("send_trimmed", lang()), icon="scissors")])
     except asyncio.CancelledError:
         # Stop button: Chainlit cancels this task; the client closes the upstream request.
         await keep_partial(conv, msg, text, model, t("stopped", lang()))
@@ -393,28 +476,45 @@ async def answer_once(may_wait_again: bool) -> str:
         # The engine went away (crash, kill, restart): say why, and if nothing was shown yet,
         # wait for the supervisor to bring it back like during start-up, then try once more.
         logger.info("[%s] engine connection failed: %s", rid, exc.code)
-        status = await engine_after_failure()
+        status = await app.status_after_failure()
         if not text and may_wait_again and not status.answering and status.state is not EngineState.DOWN:
             return "engine_gone"
         await keep_partial(conv, msg, text, model, t("interrupted", lang()))
         why = status.text(lang()) if not status.answering else ""
         await show_error(exc.user_text(lang()) + (f"\n\n{t('engine_state', lang(), reason=why)}" if why else ""),
                          [retry_action()])
+    except ModelNotFound as exc:
+        # The adapter is gone (unloaded elsewhere, engine restarted): left selected, every later message fails.
+        logger.info("[%s] model %r is not served", rid, model)
+        await keep_partial(conv, msg, text, model, t("interrupted", lang()))
+        default = app.default_model(app.poller.status)
+        if model == default:
+            await show_error(exc.user_text(lang()))
+        else:
+            cl.user_session.set("model", default)
+            await send_settings()
+            await show_error(f"{exc.user_text(lang())}\n\n{t('model_reset', lang(), model=default)}", [retry_action()])
     except QwenChatError as exc:
         logger.info("[%s] answer failed: %s", rid, exc.code)
         await keep_partial(conv, msg, text, model, t("interrupted", lang()))
         await show_error(exc.user_text(lang()), [retry_action()] if getattr(exc, "retryable", True) else [])
-    except Exception as exc:  # noqa: BLE001 - an exception escaping on_message is invisible in Chainlit
+    except Exception:  # noqa: BLE001 - a bug in the app, not the engine's fault: say so; the log has the id
         logger.exception("[%s] unexpected failure", rid)
         await keep_partial(conv, msg, text, model, t("interrupted", lang()))
-        await show_error(BackendError(f"{type(exc).__name__}: {exc}").user_text(lang()), [retry_action()])
-
-
-async def remembered_but_not_loaded(model: str) -> bool:
-    status = app.poller.status
-    if any(m.id == model for m in status.models):
-        return False
-    return any(a.name == model for a in await app.local_adapters(status))
+        await show_error(t("app_error", lang(), rid=rid), [retry_action()])
+    else:
+        # The answer is recorded: a failure or Stop from here on must not record it again as interrupted.
+        try:
+            await show_left_out(fitted)
+        except Exception:  # noqa: BLE001 - the answer stands; the left-out note is extra
+            logger.exception("[%s] could not show the left-out turns", rid)
+        await remember()
+        return "answered"
+    finally:
+        if reasoning_step is not None:  # never left streaming after an error or Stop
+            with contextlib.suppress(Exception):
+                await reasoning_step.update()
+    return "failed"
 
 
 async def keep_partial(conv: Conversation, msg: cl.Message, text: str, model: str, why: str) -> None:
@@ -423,7 +523,7 @@ async def keep_partial(conv: Conversation, msg: cl.Message, text: str, model: st
         with contextlib.suppress(Exception):
             await msg.remove()
         return
-    msg.content = f"{text}\n\n*⚠ {why} · {model}*"
+    msg.content = ui.close_fence(text) + ui.interrupted_marker(why, model)
     msg.metadata = history.answer_metadata(text, model, interrupted=True)
     with contextlib.suppress(Exception):
         await msg.send()

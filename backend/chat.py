@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from .client import sanitize_text
 from .template import strip_reasoning
 
 
@@ -52,15 +53,19 @@ class Conversation:
             del self.turns[self.turns.index(last) + 1:]
 
     def messages(self, system_prompt: str = "") -> list[dict[str, str]]:
-        """OpenAI-format messages: system prompt (if any), then the turns; reasoning stripped."""
+        """OpenAI-format messages: system prompt (if any), then the turns; reasoning stripped.
+
+        Lone surrogates become U+FFFD here, before the budget's tokenizer sees them (the Rust
+        tokenizer raises TypeError on them); the turns keep the text as typed.
+        """
         out: list[dict[str, str]] = []
         if system_prompt.strip():
-            out.append({"role": "system", "content": system_prompt})
+            out.append({"role": "system", "content": sanitize_text(system_prompt)})
         for turn in self.turns:
             content = strip_reasoning(turn.content) if turn.role == "assistant" else turn.content
             if turn.role == "assistant" and not content.strip():
                 continue  # an answer cut before any text carries nothing for the model
-            out.append({"role": turn.role, "content": content})
+            out.append({"role": turn.role, "content": sanitize_text(content)})
         return out
 
     def to_list(self) -> list[dict[str, Any]]:

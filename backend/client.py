@@ -39,6 +39,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import secrets
 import threading
 import time
@@ -334,20 +335,31 @@ def _status_of(code: Any) -> int | None:
     return None
 
 
-def _from_status(status: int | None, body: Any, message: str, *, model: str) -> BackendError:
+#: vLLM's unknown-model text; older versions send it without ``param: "model"``.
+_NO_SUCH_MODEL = re.compile(r"\bmodel `[^`]*` does not exist", re.IGNORECASE)
+
+
+def _from_status(status: int | None, body: Any, message: str, *, model: str, url: str = "") -> BackendError:
     """The HTTP-status part of the mapping, shared by status errors and error events."""
     fields = body if isinstance(body, dict) else {}
     param = fields.get("param")
     code = fields.get("code")
     status = status if status is not None else _status_of(code)
     # The SDK's message reads "Error code: 400 - {...}"; the server's own message is clearer.
-    detail = _short(fields.get("message") or message or f"HTTP {status}")
+    plain = fields.get("detail") if isinstance(fields.get("detail"), str) else None  # {"detail": "Not Found"}
+    detail = _short(fields.get("message") or plain or message or f"HTTP {status}")
     # Key on param, not wording (vLLM: 400 param input_tokens / max_tokens); OpenAI itself
     # uses code context_length_exceeded; a proxy's 413 means the body was too big.
     if (status == 400 and param in CONTEXT_PARAMS) or code == "context_length_exceeded" or status == 413:
         return ContextOverflow(detail)
     if status == 404:
-        return ModelNotFound(model, detail)
+        # Only a 404 about the model is "pick another model"; any other 404 ({"detail": "Not Found"}
+        # from a server or proxy) means the route is wrong, usually a base URL without /v1.
+        if param == "model" or _NO_SUCH_MODEL.search(str(fields.get("message") or message or "")):
+            return ModelNotFound(model, detail)
+        where = f"{url}/chat/completions" if url else "the chat completions route"
+        return RequestRejected(404, f"{detail}; {where} was not found: check that OPENAI_BASE_URL "
+                                    "(or the engine URL) ends in /v1")
     if status in (401, 403):
         return AuthenticationFailed(status, detail)
     if status in (429, 503):
@@ -387,13 +399,18 @@ def map_error(exc: BaseException, *, url: str = "", model: str = "",
     if isinstance(exc, BackendError):
         return exc
     if isinstance(exc, ErrorEvent):
-        return _from_status(None, exc.body, str(exc), model=model)
+        return _from_status(None, exc.body, str(exc), model=model, url=url)
     if isinstance(exc, openai.APIResponseValidationError):
         return MalformedResponse(_short(exc.message))
     if isinstance(exc, openai.APIStatusError):
-        return _from_status(exc.status_code, exc.body, exc.message, model=model)
+        return _from_status(exc.status_code, exc.body, exc.message, model=model, url=url)
     if isinstance(exc, openai.APITimeoutError):
-        if any(isinstance(c, (httpx2.ReadTimeout, httpx2.WriteTimeout)) for c in _causes(exc)):
+        causes = list(_causes(exc))
+        # write=idle_timeout: the request body (a big prompt) stopped going out. Nothing was
+        # answered yet, so this is not the idle timeout of an answer that stalled.
+        if any(isinstance(c, httpx2.WriteTimeout) for c in causes):
+            return ConnectionLost(f"sending the request stalled for {s.idle_timeout:g} s, [client].idle_timeout")
+        if any(isinstance(c, httpx2.ReadTimeout) for c in causes):  # read=None: only with other settings
             return IdleTimeout(s.idle_timeout)
         return ConnectTimeout(s.connect_timeout)
     if isinstance(exc, (openai.APIConnectionError, httpx2.TransportError, OSError)):
@@ -405,7 +422,7 @@ def map_error(exc: BaseException, *, url: str = "", model: str = "",
             return ConnectTimeout(s.connect_timeout)
         return ConnectionLost(_transport_detail(exc))
     if isinstance(exc, openai.APIError):  # the SDK's own error event inside a stream
-        return _from_status(None, exc.body, exc.message, model=model)
+        return _from_status(None, exc.body, exc.message, model=model, url=url)
     if isinstance(exc, (_Malformed, ValueError)):  # JSONDecodeError, UnicodeDecodeError are ValueErrors
         return MalformedResponse(_short(f"{type(exc).__name__}: {exc}" if not isinstance(exc, _Malformed) else exc))
     return EngineError(_short(f"{type(exc).__name__}: {exc}"))
@@ -619,6 +636,7 @@ class ChatClient:
             max_retries=s.max_retries,
             retry_backoff=s.retry_backoff,
             # read=None: first-token / idle / total are enforced by our own deadlines below.
+            # write: a body that stops going out (map_error: ConnectionLost, not IdleTimeout).
             timeout=httpx2.Timeout(connect=s.connect_timeout, read=None, write=s.idle_timeout,
                                    pool=s.connect_timeout),
         )

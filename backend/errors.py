@@ -2,8 +2,10 @@
 
 Every class knows its user-facing text in English and Chinese: what happened,
 and what the user can do. Lower-layer errors (openai SDK, aiohttp, OS) are
-translated into these in one place each (``client.map_error`` for the engine
-API), most specific first, keeping the cause (``raise X(...) from exc``).
+translated into these in one place each (``client.map_error`` for the chat API,
+``template.RemoteCounter._post`` for vLLM's /tokenize), most specific first,
+keeping the cause (``raise X(...) from exc``). One class lives outside this
+module, next to the only code that raises it (marked below).
 
     QwenChatError                  base: ``user_text(lang)``, ``code``
     ├── ConfigError                a config.toml / environment value is wrong
@@ -17,10 +19,13 @@ API), most specific first, keeping the cause (``raise X(...) from exc``).
     │   ├── AdapterPathRefused     name escapes the adapters folder
     │   ├── AdapterLimitReached    --max-loras / --max-cpu-loras reached
     │   └── AdapterRuntimeDisabled the engine has no /v1/load_lora_adapter route
+    ├── merge.MergeError           (see backend/merge.py) merging a LoRA into its base was refused or failed
     ├── PromptTooLong              the newest user message alone exceeds the budget
+    ├── SystemPromptTooLong        the system prompt leaves no room for any message
     └── BackendError               talking to the engine failed
         ├── ServerUnreachable      connection refused / DNS: no connection could be made
-        ├── ConnectionLost         the connection broke after it was made (reset, dropped mid-answer)
+        ├── ConnectionLost         the connection broke after it was made (reset, dropped mid-answer,
+        │                          or the request body stopped going out)
         ├── ServerStarting         the engine is still loading the model (raised by the health layer)
         ├── RequestTimeout         one of the four [client] limits was hit
         │   ├── ConnectTimeout
@@ -28,9 +33,9 @@ API), most specific first, keeping the cause (``raise X(...) from exc``).
         │   ├── IdleTimeout
         │   └── TotalTimeout
         ├── ContextOverflow        400 with param input_tokens / max_tokens
-        ├── ModelNotFound          404: unknown model or adapter
+        ├── ModelNotFound          404 about the model (param "model"): unknown model or adapter
         ├── AuthenticationFailed   401 / 403: the API key was refused
-        ├── RequestRejected        any other 4xx: the engine refused the request as sent
+        ├── RequestRejected        any other 4xx (incl. a 404 for a wrong route): refused as sent
         ├── Overloaded             429 / 503
         ├── EngineError            other 5xx, or an error event inside a stream
         ├── EmptyAnswer            stream ended with no text and no finish reason
@@ -68,7 +73,7 @@ class QwenChatError(Exception):
         template = self.text_zh if pick_language(lang) == "zh" else self.text_en
         try:
             return template.format(**self.params)
-        except (KeyError, IndexError, ValueError):
+        except (KeyError, IndexError, ValueError, TypeError):
             return f"{template} {self.params}"
 
 
@@ -206,6 +211,17 @@ class PromptTooLong(QwenChatError):
         super().__init__(tokens=tokens, system=system, budget=budget)
 
 
+class SystemPromptTooLong(QwenChatError):
+    """The system prompt and the template leave (almost) no room for any message."""
+
+    code = "system_prompt_too_long"
+    text_en = "the system prompt and the chat template take {system} of the {budget} prompt tokens, leaving no room for your message. Nothing was sent. Shorten the system prompt (settings panel or [model].system_prompt), or lower [budget].reply_reserve."
+    text_zh = "系统提示和对话模板占用了 {budget} 个提示词元中的 {system} 个，没有留给您消息的空间。消息未发送。请缩短系统提示（设置面板或 [model].system_prompt），或调低 [budget].reply_reserve。"
+
+    def __init__(self, system: int, budget: int) -> None:
+        super().__init__(system=system, budget=budget)
+
+
 # ---------------------------------------------------------------- backend
 
 
@@ -306,7 +322,7 @@ class ContextOverflow(BackendError):
 
 
 class ModelNotFound(BackendError):
-    """The engine does not serve the requested model or adapter (HTTP 404)."""
+    """The engine does not serve the requested model or adapter (HTTP 404 with param "model")."""
 
     code = "model_not_found"
     retryable = False

@@ -9,16 +9,18 @@
     await poller.stop()
 
 Each poll: the supervisor's status file (if any), ``GET {root}/health``, ``GET {root}/v1/models``
-and, every ``probe_every`` seconds (every poll while not ready), a real one-token generation on the
-base model, because vLLM's /health can say 200 while the engine is hung (vllm#39863).
+and a real one-token generation on the base model, because vLLM's /health can say 200 while the
+engine is hung (vllm#39863). The probe runs every ``probe_every`` seconds after one that answered
+(even slowly: a 4B model on CPU is slow, and probing it every second only adds load), and on every
+poll while probes fail or right after /health or /v1/models failed.
 
 States (``EngineState``):
 
     STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting
     READY     health 200 (or no /health route), models listed, probe answered within probe_slow
     DEGRADED  after health 200 and models: probe timed out, failed or was slow; or /health or /v1/models stopped answering
-    DOWN      refused (or unhealthy) after having been ready; never up within startup_limit; supervisor down/stopped;
-              the engine refused our API key
+    DOWN      refused (or unhealthy) after having been ready (any probe that answered, even slowly, counts as
+              "ready" here); never up within startup_limit; supervisor down/stopped; the engine refused our API key
 
 A transition (state or reason) is logged once and pushed to subscribers once; a steady state is
 not re-logged. Reasons are stable texts (no ticking numbers) so they can be compared.
@@ -231,6 +233,9 @@ class HealthPoller:
         self._ever_ready = False
         self._life_started = time.monotonic()  # monotonic start of the current engine life
         self._last_probe_at: float | None = None  # monotonic
+        # the outcome of the last probe that answered (READY or slow DEGRADED), replayed between
+        # probes; None while probes fail or after /health or /v1/models failed: probe on every poll
+        self._answered: tuple[EngineState, str, str] | None = None
         self._health_404_logged = False
         self._published: tuple[Any, ...] = ()
         self._poll_seq = 0  # polls started
@@ -370,7 +375,9 @@ class HealthPoller:
             for after, fut in self._waiters:
                 if after <= seq and not fut.done():
                     fut.set_result(self.status)
-            interval = self.settings.poll_ready if self._status.state is EngineState.READY else self.settings.poll_starting
+            # poll fast only while failing; a slow but answering engine is polled like a ready one
+            answering = self._status.state is EngineState.READY or self._answered is not None
+            interval = self.settings.poll_ready if answering else self.settings.poll_starting
             try:
                 await asyncio.wait_for(self._wake.wait(), interval)
             except asyncio.TimeoutError:
@@ -410,6 +417,9 @@ class HealthPoller:
             return _Http(error=f"{type(exc).__name__}: {exc}", latency=time.monotonic() - started)
 
     async def _poll_once(self) -> None:
+        # Any early return below (health or models failing) leaves this None, so the next poll
+        # that gets through probes again before it may report READY.
+        answered, self._answered = self._answered, None
         s = self.settings
         sup = await asyncio.to_thread(_read_status_file, self.status_file) if self.status_file else None
         if sup is not None:
@@ -478,10 +488,12 @@ class HealthPoller:
         self._update_models(models or ())
 
         now = time.monotonic()
-        due = (self._force_probe or self._status.state is not EngineState.READY or self._last_probe_at is None
+        due = (self._force_probe or answered is None or self._last_probe_at is None
                or now - self._last_probe_at >= s.probe_every)
         if not due:
-            self._set(self._status.state, self._status.reason, self._status.reason_zh, sup=sup, models_ok=True)
+            assert answered is not None
+            self._answered = answered
+            self._set(*answered, sup=sup, models_ok=True)
             return
         self._force_probe = False
         probe = await self._request(
@@ -491,12 +503,14 @@ class HealthPoller:
         )
         self._last_probe_at = time.monotonic()
         if probe.ok and probe.status == 200 and isinstance(probe.body, dict) and probe.body.get("choices"):
+            self._ever_ready = True  # it answered: a later refusal is a crash (DOWN), not "starting"
             if probe.latency > s.probe_slow:
-                self._set(EngineState.DEGRADED, f"the engine answers slowly: the test generation took over {s.probe_slow:g} s",
-                          f"引擎响应缓慢：测试生成超过 {s.probe_slow:g} 秒", sup=sup, models_ok=True, latency=probe.latency)
+                self._answered = (EngineState.DEGRADED,
+                                  f"the engine answers slowly: the test generation took over {s.probe_slow:g} s",
+                                  f"引擎响应缓慢：测试生成超过 {s.probe_slow:g} 秒")
             else:
-                self._ever_ready = True
-                self._set(EngineState.READY, "the model is ready", "模型已就绪", sup=sup, models_ok=True, latency=probe.latency)
+                self._answered = (EngineState.READY, "the model is ready", "模型已就绪")
+            self._set(*self._answered, sup=sup, models_ok=True, latency=probe.latency)
             return
         if probe.error == "timeout":
             en = f"health 200 but the test generation timed out after {s.probe_timeout:g} s (the engine may be hung or overloaded)"
@@ -517,6 +531,7 @@ class HealthPoller:
     def _new_life(self, since: float | None) -> None:
         self._ever_ready = False
         self._last_probe_at = None
+        self._answered = None
         if since is not None:
             self._life_started = time.monotonic() - max(0.0, time.time() - since)
         else:

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 META_KEY = "qwenchat"  # our key inside Chainlit's step and thread metadata
 BROWSER_COOKIE = "qwenchat_browser"
+COMMANDS = ("adapters", "unload")  # composer commands (app.py): talk to the app, never to the model
 SECRET_FILE = "chainlit-auth-secret"
 PREFS_FILE = "ui-preferences.json"
 MAX_PREFS = 500  # remembered browsers/users; the least recently changed are forgotten
@@ -154,6 +155,12 @@ def answer_metadata(raw: str, model: str, *, interrupted: bool = False) -> dict[
     return {META_KEY: {"raw": raw, "model": model, "interrupted": interrupted}}
 
 
+def command_metadata(command: str) -> dict[str, Any]:
+    """Metadata marking a user message as a composer command (Chainlit's data layer drops the
+    step's own "command" column when it reads a thread back)."""
+    return {META_KEY: {"command": command}}
+
+
 def _json_dict(value: Any) -> dict[str, Any]:
     """Chainlit hands metadata back as a JSON string on SQLite, a dict elsewhere."""
     if isinstance(value, str):
@@ -167,15 +174,19 @@ def _json_dict(value: Any) -> dict[str, Any]:
 def conversation_from_thread(thread: Mapping[str, Any]) -> Conversation:
     """The model-facing history of a stored thread: user messages and our answers' raw text.
 
-    Error bubbles, Chainlit's own notes ("Task manually stopped.") and tool steps are left out. Two
-    answers in a row (a cut answer, then its Retry) keep the last, as the live chat does.
+    Composer commands and their replies, error bubbles, Chainlit's own notes ("Task manually
+    stopped.") and tool steps are left out. Two answers in a row (a cut answer, then its Retry)
+    keep the last, as the live chat does.
     """
     conv = Conversation()
     for step in thread.get("steps") or []:  # answers have a parent (Chainlit's on_message run step)
+        ours = _json_dict(step.get("metadata")).get(META_KEY)
+        command = step.get("command") or (ours.get("command") if isinstance(ours, dict) else None)
+        if command in COMMANDS:  # "/unload pirate" is stored as the user message "pirate"
+            continue
         if step.get("type") == "user_message":
             conv.add_user(str(step["id"]), step.get("output") or "")
             continue
-        ours = _json_dict(step.get("metadata")).get(META_KEY)
         if step.get("type") != "assistant_message" or not isinstance(ours, dict) or "raw" not in ours:
             continue
         if conv.turns and conv.turns[-1].role == "assistant":

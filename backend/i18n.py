@@ -40,6 +40,12 @@ TEXTS: dict[str, tuple[str, str]] = {
     "loading_adapter": ("Loading adapter {name}…", "正在加载适配器 {name}…"),
     "adapter_loaded": ("Adapter {name} loaded.", "适配器 {name} 已加载。"),
     "nothing_to_retry": ("There is no message to retry.", "没有可重试的消息。"),
+    "old_button": ("This button belongs to an earlier message; only the latest message can be retried or trimmed.",
+                   "此按钮属于较早的消息；只能重试或精简最新的消息。"),
+    "app_error": ("Something went wrong in the chat app (request {rid}); it is logged. Your message is kept.",
+                  "聊天应用内部出错（请求 {rid}），已记录日志。您的消息已保留。"),
+    "model_reset": ("Switched back to {model}; pick another model or adapter in the settings if you like.",
+                    "已切换回 {model}；如有需要，可在设置中选择其他模型或适配器。"),
     "excluded_adapter": ("Adapter {name} was left out at start: {reason}", "适配器 {name} 在启动时被排除：{reason}"),
 }
 

@@ -17,8 +17,8 @@ from typing import Any, Mapping
 from . import budget as budget_mod
 from . import template
 from .client import ChatClient, Finish, Usage, anomaly_counts
-from .errors import PromptTooLong
-from .health import HealthSettings, HealthStatus, get_poller
+from .errors import BackendError, PromptTooLong
+from .health import EngineState, HealthSettings, HealthStatus, get_poller
 from .i18n import t
 from .settings import Settings, load_settings
 
@@ -76,7 +76,19 @@ class Service:
             "adapters": [m.id for m in st.adapters], "stale": st.models_stale,
             # Off-spec chunks tolerated since start, by kind (e.g. {"empty_choices": 3}): whose backend misbehaves.
             "anomalies": anomaly_counts(),
+            # [ui].language: "en"/"zh" force the badge's language too; "auto" lets the browser decide.
+            "lang": self.settings.ui.language,
         }
+
+    async def status_after_failure(self) -> HealthStatus:
+        """The poller's fresh view after a connection failure (the supervisor needs a moment to notice)."""
+        status = await self.poller.refresh()
+        for _ in range(3):
+            if status.state is not EngineState.DOWN or status.attempt is None:
+                break
+            await asyncio.sleep(0.7)
+            status = await self.poller.refresh()
+        return status
 
     # ------------------------------------------------------------ models and adapters
 
@@ -114,16 +126,28 @@ class Service:
         except Exception:  # noqa: BLE001 - a label detail; never worth failing the dropdown
             return None
 
-    async def ensure_loaded(self, name: str, status: HealthStatus) -> bool:
+    async def needs_runtime_load(self, model: str) -> bool:
+        """True for an adapter in [lora].dir that the engine does not serve (e.g. chosen before a restart)."""
+        status = self.poller.status
+        if any(m.id == model for m in status.models):
+            return False
+        return any(a.name == model for a in await self.local_adapters(status))
+
+    async def ensure_loaded(self, name: str, status: HealthStatus | None = None) -> bool:
         """Load an adapter from [lora].dir at runtime (allow-list + doctor first) if not served.
 
         Returns True when a load happened; raises an AdapterError naming the problem otherwise.
+        ``status`` is only a hint: inside the lock the poller's current view decides, else two
+        sessions loading at once would both pass the [lora].max_cpu_loras check.
         """
-        if any(m.id == name for m in status.models):
+        if status is not None and any(m.id == name for m in status.models):
             return False
         from . import adapters
 
         async with self._load_lock:
+            status = self.poller.status
+            if any(m.id == name for m in status.models):
+                return False  # another session loaded it while this one waited
             lora = self.settings.lora
             await adapters.load_adapter_from_folder(
                 self.base_url, self.api_key, lora.resolved_dir, name,
@@ -172,12 +196,21 @@ class Service:
                 s = self.settings
                 self._counter = await template.open_counter(
                     tokenizer_dir=None if s.external else s.model.resolved_path,
-                    base_url=self.base_url, model=self.default_model(self.poller.status), api_key=self.api_key)
+                    base_url=self.base_url, model=self.default_model(self.poller.status), api_key=self.api_key,
+                    client=s.client)
             return self._counter
 
     async def fit(self, messages: list[dict[str, str]]) -> budget_mod.FitResult:
-        return await budget_mod.fit_history(messages, await self.counter(), max_model_len=self.max_model_len(),
-                                            reply_reserve=self.reply_tokens())
+        try:
+            return await budget_mod.fit_history(messages, await self.counter(), max_model_len=self.max_model_len(),
+                                                reply_reserve=self.reply_tokens())
+        except BackendError as exc:
+            # A counter that talks to the server (/tokenize) stopped answering: choose again
+            # (the estimate, if the server still fails) instead of failing every message from now on.
+            logger.warning("token counting failed (%s); choosing the counter again", exc.code)
+            self._counter = None
+            return await budget_mod.fit_history(messages, await self.counter(), max_model_len=self.max_model_len(),
+                                                reply_reserve=self.reply_tokens())
 
     async def trimmed(self, text: str, exc: PromptTooLong) -> str:
         """The user's message with its middle replaced by a marker, sized to fit the budget."""
@@ -222,10 +255,30 @@ def sampling_body(sampling: Mapping[str, float]) -> dict[str, Any]:
     return body
 
 
+def close_fence(text: str) -> str:
+    """``text`` with a code fence left open (an answer cut mid-block) closed, so what follows renders."""
+    fence = None
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        for mark in ("```", "~~~"):
+            if stripped.startswith(mark):
+                if fence is None:
+                    fence = mark
+                elif fence == mark and not stripped.strip(mark[0]).strip():
+                    fence = None
+                break
+    return text if fence is None else f"{text}\n{fence}"
+
+
+def interrupted_marker(why: str, model: str) -> str:
+    """The line under a cut answer (after ``close_fence``): why, and which model."""
+    return f"\n\n*⚠ {why} · `{model}`*"
+
+
 def footer(model: str, usage: Usage | None, fitted: budget_mod.FitResult | None, seconds: float, lang: str,
            finish: Finish | None = None) -> str:
-    """The line under each answer: who answered, how much, how long, and the context meter."""
-    parts = [model]
+    """The line under each answer (after ``close_fence``): who answered, how much, how long, the context meter."""
+    parts = [f"`{model}`"]  # ids like my_adapter or a*b would break the italics
     if usage and usage.completion_tokens is not None:
         parts.append(t("tokens", lang, n=usage.completion_tokens))
     parts.append(f"{seconds:.1f} s")

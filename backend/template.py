@@ -41,7 +41,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
-from .errors import BackendError, ModelPathError, ServerUnreachable
+from .errors import (
+    AuthenticationFailed,
+    BackendError,
+    ConnectionLost,
+    ConnectTimeout,
+    EngineError,
+    FirstTokenTimeout,
+    MalformedResponse,
+    ModelPathError,
+    Overloaded,
+    ServerUnreachable,
+)
+from .settings import ClientSettings
 
 logger = logging.getLogger(__name__)
 
@@ -64,67 +76,28 @@ REMOTE_SPECIALS = (*CHATML_SPECIALS, "<think>", "</think>", "<tool_call>", "</to
 # ---------------------------------------------------------------- reasoning
 
 
-def split_reasoning(text: str) -> tuple[str, str]:
-    """Split assistant text into (reasoning, answer) at ``<think>…</think>``.
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
 
-    Qwen3 thinking templates put ``<think>`` in the prompt, so the output may start inside the
-    reasoning and only show ``</think>``; like Qwen's template, everything before the last
-    ``</think>`` is reasoning. An unclosed ``<think>`` (answer cut off) is reasoning to the end.
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """Split assistant text into (reasoning, answer): only a LEADING ``<think>…</think>`` block is reasoning.
+
+    The same rule as the stream splitter (``client.ThinkSplitter``): ``<think>`` opens reasoning
+    only at the start (after whitespace), as Qwen3 emits it; an answer that merely mentions the
+    tags ("Qwen closes reasoning with </think>") keeps every word. An unclosed leading block (the
+    answer was cut off while thinking) is reasoning to the end. Whitespace after either tag is dropped.
     """
-    if "</think>" in text:
-        before, _, answer = text.rpartition("</think>")
-        return before.replace("<think>", "").replace("</think>", "").strip("\n"), answer.lstrip("\n")
-    if "<think>" in text:
-        answer, _, reasoning = text.partition("<think>")
-        return reasoning.strip("\n"), answer.rstrip("\n")
-    return "", text
+    stripped = text.lstrip()
+    if not stripped.startswith(THINK_OPEN):
+        return "", text
+    reasoning, closed, answer = stripped[len(THINK_OPEN):].lstrip().partition(THINK_CLOSE)
+    return reasoning, answer.lstrip() if closed else ""
 
 
 def strip_reasoning(text: str) -> str:
-    """The answer without its ``<think>`` block: what history may send back to the model."""
+    """The answer without its leading ``<think>`` block: what history may send back to the model."""
     return split_reasoning(text)[1]
-
-
-class ReasoningSplitter:
-    """Split a streamed answer into reasoning and answer pieces as deltas arrive.
-
-    ``feed(delta)`` returns ``[("reasoning" | "answer", text), ...]``; a tag cut between two
-    deltas is held back until it is complete. ``in_reasoning=True`` for models whose prompt
-    already opened ``<think>``.
-    """
-
-    _TAGS = {"<think>": True, "</think>": False}
-
-    def __init__(self, in_reasoning: bool = False) -> None:
-        self.in_reasoning = in_reasoning
-        self._pending = ""
-
-    def feed(self, delta: str) -> list[tuple[str, str]]:
-        text, self._pending = self._pending + delta, ""
-        out: list[tuple[str, str]] = []
-        while text:
-            cut = min(((text.find(t), t) for t in self._TAGS if t in text), default=None)
-            if cut is not None:
-                pos, tag = cut
-                self._emit(out, text[:pos])
-                self.in_reasoning = self._TAGS[tag]
-                text = text[pos + len(tag):]
-                continue
-            keep = max((k for t in self._TAGS for k in range(1, len(t)) if text.endswith(t[:k])), default=0)
-            self._emit(out, text[: len(text) - keep])
-            self._pending = text[len(text) - keep:]
-            break
-        return out
-
-    def flush(self) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
-        self._emit(out, self._pending)
-        self._pending = ""
-        return out
-
-    def _emit(self, out: list[tuple[str, str]], text: str) -> None:
-        if text:
-            out.append(("reasoning" if self.in_reasoning else "answer", text))
 
 
 # ---------------------------------------------------------------- role-forgery guard
@@ -342,6 +315,8 @@ class _RenderingCounter:
         return await asyncio.to_thread(lambda: self.lengths([self.render(msgs, add_generation_prompt)])[0])
 
     async def count_segments(self, messages: Sequence[Message]) -> list[int]:
+        if not messages:
+            return []
         fmt = self._additive_format()
         segments = [fmt.segment(m["role"], m["content"]) for m in _plain(messages)]
         if sum(map(len, segments)) < 4096:  # a new turn: not worth a thread hop
@@ -605,18 +580,6 @@ def qwen_tiktoken_encoding(folder: str | Path) -> Any:
                              special_tokens=specials)
 
 
-def load_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
-    """Read a ``.tiktoken`` rank file (``base64-token rank`` per line, e.g. Qwen's ``qwen.tiktoken``)."""
-    import base64
-
-    ranks: dict[bytes, int] = {}
-    for line in Path(path).read_text(encoding="ascii").splitlines():
-        if line.strip():
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
-
-
 class EstimateCounter(_RenderingCounter):
     """Last resort: tiktoken counts of a built-in ChatML render, plus a safety margin. Not exact."""
 
@@ -642,6 +605,8 @@ class EstimateCounter(_RenderingCounter):
         return chatml_head(system)
 
     def lengths(self, texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
         norm = [t if t.isascii() else unicodedata.normalize("NFC", t) for t in texts]
         encoded = self.encoding.encode_batch(norm, allowed_special="all") if len(norm) > 1 else [
             self.encoding.encode(norm[0], allowed_special="all")]
@@ -679,17 +644,24 @@ class RemoteCounter:
     Per-message costs are differences of two server counts, ``[a, m, b] − [a, b]`` with fixed
     short user messages ``a`` and ``b`` (so Qwen3's last-turn ``<think>`` handling never sees
     ``m`` last); the decomposition is checked once against a full count (``ready()``).
+
+    Each request is bounded like the start of a chat request: connecting by
+    ``[client].connect_timeout``, the whole answer by ``[client].first_token_timeout`` (``timeout``
+    overrides the latter). Every failure is a typed :class:`BackendError` (see :meth:`_post`).
     """
 
     exact = True
 
-    def __init__(self, base_url: str, model: str, api_key: str = "", *, timeout: float = 30.0,
-                 concurrency: int = 8, specials: Iterable[str] = REMOTE_SPECIALS) -> None:
+    def __init__(self, base_url: str, model: str, api_key: str = "", *, timeout: float | None = None,
+                 concurrency: int = 8, specials: Iterable[str] = REMOTE_SPECIALS,
+                 client: ClientSettings | None = None) -> None:
         root = base_url.rstrip("/")
+        limits = client or ClientSettings()
         self.url = (root[:-3] if root.endswith("/v1") else root) + "/tokenize"
         self.model = model
         self.api_key = api_key
-        self.timeout = timeout
+        self.timeout = timeout if timeout is not None else limits.first_token_timeout
+        self.connect_timeout = min(limits.connect_timeout, self.timeout)
         self.concurrency = concurrency
         self.specials = tuple(specials)
         self.source = f"vLLM {self.url} (model {model})"
@@ -702,42 +674,80 @@ class RemoteCounter:
     _B = {"role": "user", "content": "b"}
 
     async def _post(self, session: Any, body: dict[str, Any]) -> int:
+        """One /tokenize call; every aiohttp error, timeout and bad status becomes a BackendError subclass."""
         import aiohttp
 
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
             async with session.post(self.url, json={"model": self.model, **body}, headers=headers) as resp:
-                text = await resp.text()
-                if resp.status in (404, 405):
-                    raise BackendError(f"{self.url} answered {resp.status}")
-                if resp.status != 200:
-                    raise BackendError(f"{self.url} answered {resp.status}: {text[:300]}")
-                data = json.loads(text)
-        except aiohttp.ClientConnectionError as exc:
+                text = await resp.text(errors="replace")
+                status = resp.status
+        # Most specific first. aiohttp's connect timeout is both a ClientError and a TimeoutError;
+        # the total timeout is a bare TimeoutError (== asyncio.TimeoutError on 3.11).
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise ConnectTimeout(self.connect_timeout) from exc
+        except asyncio.TimeoutError as exc:
+            raise FirstTokenTimeout(self.timeout) from exc
+        except aiohttp.ClientConnectorError as exc:
             raise ServerUnreachable(self.url, str(exc)) from exc
-        except (ValueError, TypeError) as exc:
-            raise BackendError(f"{self.url} sent a body that is not JSON") from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            # dropped mid-answer: ServerDisconnectedError, a truncated body, a reset
+            raise ConnectionLost(f"{self.url}: {type(exc).__name__}: {exc}"[:300]) from exc
+        except aiohttp.ClientResponseError as exc:  # not HTTP as aiohttp knows it
+            raise MalformedResponse(f"{self.url}: {exc}"[:300]) from exc
+        except aiohttp.ClientError as exc:
+            raise ConnectionLost(f"{self.url}: {type(exc).__name__}: {exc}"[:300]) from exc
+        detail = f"{self.url} answered {status}: {text[:300]}"
+        if status in (401, 403):
+            raise AuthenticationFailed(status, detail)
+        if status in (404, 405):  # no /tokenize route: not a vLLM server (or an old one)
+            raise BackendError(f"{self.url} answered {status}")
+        if status in (429, 503):
+            raise Overloaded(detail)
+        if status >= 500:
+            raise EngineError(detail)
+        if status != 200:
+            raise BackendError(detail)
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise MalformedResponse(f"{self.url} sent a body that is not JSON") from exc
         count = data.get("count") if isinstance(data, dict) else None
         if not isinstance(count, int):
             tokens = data.get("tokens") if isinstance(data, dict) else None
             if not isinstance(tokens, list):
-                raise BackendError(f"{self.url} answered without count/tokens")
+                raise MalformedResponse(f"{self.url} answered without count/tokens")
             count = len(tokens)
         return count
 
     def _session(self) -> Any:
         import aiohttp
 
-        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout,
+                                                                   sock_connect=self.connect_timeout))
 
     async def _count_many(self, bodies: Sequence[dict[str, Any]]) -> list[int]:
+        if not bodies:
+            return []
         sem = asyncio.Semaphore(self.concurrency)
         async with self._session() as session:
             async def one(body: dict[str, Any]) -> int:
                 async with sem:
                     return await self._post(session, body)
 
-            return list(await asyncio.gather(*(one(b) for b in bodies)))
+            # Fail fast on the first error, and cancel the rest before the session closes: no
+            # sibling is left running against a closed session with nobody to read its error.
+            tasks = [asyncio.ensure_future(one(b)) for b in bodies]
+            try:
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        for t in tasks:
+            if not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+        return [t.result() for t in tasks]
 
     @staticmethod
     def _chat(messages: Sequence[Message], gen: bool) -> dict[str, Any]:
@@ -786,24 +796,29 @@ class RemoteCounter:
 
 
 async def open_counter(*, tokenizer_dir: str | Path | None = None, base_url: str = "", model: str = "",
-                       api_key: str = "", estimate_dir: str | Path | None = None) -> TokenCounter:
+                       api_key: str = "", estimate_dir: str | Path | None = None,
+                       client: ClientSettings | None = None) -> TokenCounter:
     """The best counter available: local tokenizer folder, else vLLM ``/tokenize``, else an estimate.
 
     Local mode passes the served model folder; external mode (``OPENAI_BASE_URL``) passes the
     server's base URL and model name (and a folder too, if the user has the model's files).
+    ``client`` bounds the /tokenize calls (see :class:`RemoteCounter`). Any failure of
+    /tokenize while opening (refused, timed out, 401, a broken body) falls back to the estimate,
+    so a bad /tokenize costs one wait, not one per message.
     """
     if tokenizer_dir and has_tokenizer(tokenizer_dir):
         return await load_local_counter(tokenizer_dir)
     if tokenizer_dir:
         logger.warning("no tokenizer files in %s; trying the server's /tokenize", tokenizer_dir)
     if base_url and model:
-        remote = RemoteCounter(base_url, model, api_key)
+        remote = RemoteCounter(base_url, model, api_key, client=client)
         try:
             await remote.ready()
             logger.info("token counter: %s (additive=%s)", remote.source, remote.additive)
             return remote
-        except BackendError as exc:
-            logger.warning("cannot count with %s (%s); falling back to an estimate", remote.url, exc)
+        except BackendError as exc:  # _post maps every transport error and timeout to one
+            logger.warning("cannot count with %s (%s: %s); falling back to an estimate", remote.url,
+                           type(exc).__name__, exc)
     counter = await load_estimate_counter(estimate_dir)
     logger.warning("token counter: %s — the context meter shows estimates", counter.source)
     return counter

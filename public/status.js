@@ -1,9 +1,11 @@
 // Always-visible engine status line: polls /qwenchat/status (the app's shared health poller).
 (function () {
-  const zh = (navigator.language || "").toLowerCase().startsWith("zh");
-  const LABELS = zh
-    ? { starting: "模型加载中", ready: "就绪", degraded: "响应缓慢", down: "引擎不可用", offline: "界面未连接" }
-    : { starting: "model loading", ready: "ready", degraded: "degraded", down: "engine down", offline: "UI offline" };
+  const browserZh = (navigator.language || "").toLowerCase().startsWith("zh");
+  const LABELS = {
+    en: { starting: "model loading", ready: "ready", degraded: "degraded", down: "engine down", offline: "UI offline" },
+    zh: { starting: "模型加载中", ready: "就绪", degraded: "响应缓慢", down: "引擎不可用", offline: "界面未连接" },
+  };
+  let zh = browserZh; // until the server says which language [ui].language forces
   function badge() {
     let el = document.getElementById("qwenchat-status");
     if (!el) {
@@ -17,20 +19,32 @@
   }
   async function poll() {
     const el = badge();
+    let r, s;
     try {
-      const r = await fetch("/qwenchat/status", { cache: "no-store" });
-      const s = await r.json();
-      let text = `● ${s.model} — ${LABELS[s.state] || s.state}`;
-      if (s.state === "starting" && s.elapsed) text += zh ? ` ${s.elapsed} 秒` : ` ${s.elapsed} s`;
-      const reason = zh ? s.reason_zh || s.reason : s.reason;
-      if (reason && s.state !== "ready") text += ` · ${reason}`;
-      el.textContent = text;
-      el.dataset.state = s.state;
-      el.title = (s.adapters || []).length ? "LoRA: " + s.adapters.join(", ") : "";
+      r = await fetch("/qwenchat/status", { cache: "no-store" });
+      if (r.ok) s = await r.json();
     } catch (e) {
-      el.textContent = "● " + LABELS.offline;
+      el.hidden = false;
+      el.textContent = "● " + LABELS[zh ? "zh" : "en"].offline;
       el.dataset.state = "offline";
+      return;
     }
+    if (!r.ok) { // e.g. 401 before login ([ui].auth): nothing to show, not "undefined"
+      el.hidden = true;
+      el.textContent = "";
+      el.dataset.state = "hidden";
+      return;
+    }
+    zh = s.lang === "zh" || ((!s.lang || s.lang === "auto") && browserZh);
+    const labels = LABELS[zh ? "zh" : "en"];
+    let text = `● ${s.model} — ${labels[s.state] || s.state}`;
+    if (s.state === "starting" && s.elapsed) text += zh ? ` ${s.elapsed} 秒` : ` ${s.elapsed} s`;
+    const reason = zh ? s.reason_zh || s.reason : s.reason;
+    if (reason && s.state !== "ready") text += ` · ${reason}`;
+    el.hidden = false;
+    el.textContent = text;
+    el.dataset.state = s.state;
+    el.title = (s.adapters || []).length ? "LoRA: " + s.adapters.join(", ") : "";
   }
   poll();
   setInterval(poll, 2000);

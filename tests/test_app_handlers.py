@@ -10,6 +10,7 @@ external mode against ``tests.fakeserver`` (in-process, so the test sees exactly
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import sys
 import time
@@ -258,9 +259,23 @@ async def test_a_chat_opened_while_the_engine_lists_no_model_yet_still_gets_its_
         async def start(self) -> None:
             pass
 
-        async def subscribe(self):
+        def subscribe(self):
+            return NoChanges()
+
+    class NoChanges:
+        """A subscription on which nothing ever changes."""
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc) -> None:
+            pass
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
             await asyncio.Event().wait()
-            yield self.status
 
     monkeypatch.setattr(ui.app, "_poller", LoadingPoller())
     tab = Chat(ui, fake)
@@ -337,7 +352,7 @@ async def test_each_fault_shows_text_or_a_clear_error_keeps_history_and_the_next
         assert ("retry" in screen.error_actions()) is retry
         if shown:
             assert len(screen.answers) == 1, screen.answers
-            assert screen.answers[0].startswith(shown) and "⚠ answer interrupted · fake-qwen" in screen.answers[0]
+            assert screen.answers[0].startswith(shown) and "⚠ answer interrupted · `fake-qwen`" in screen.answers[0]
             assert expected_text(4) not in screen.answers[0]  # nothing after the fault point was invented
         else:
             assert screen.answers == []  # no empty bubble left behind
@@ -382,7 +397,7 @@ async def test_stop_closes_the_upstream_request_and_keeps_the_partial_marked_sto
     await fake.wait_finished(rec, 5)
     assert rec.disconnected and not rec.completed  # the engine saw the connection close
     [shown] = [a for a in chat.screen().answers if "⚠" in a]
-    assert shown.endswith("*⚠ stopped · fake-qwen*")
+    assert shown.endswith("*⚠ stopped · `fake-qwen`*")
     partial = shown.split("\n\n*⚠")[0]
     assert partial.startswith(expected_text(4)) and expected_text(400) not in partial
     last = chat.conversation.turns[-1]
@@ -417,7 +432,7 @@ async def test_stop_also_cancels_the_answer_to_an_edited_message(chat, fake):
     rec = chat.received(m)[-1]
     await fake.wait_finished(rec, 5)
     assert rec.disconnected
-    assert [a for a in chat.screen(n).answers if "⚠" in a][0].endswith("*⚠ stopped · fake-qwen*")
+    assert [a for a in chat.screen(n).answers if "⚠" in a][0].endswith("*⚠ stopped · `fake-qwen`*")
     assert chat.conversation.turns[-1].interrupted
 
 
@@ -449,7 +464,7 @@ async def test_stop_also_cancels_an_answer_started_by_retry(chat, fake):
     rec = chat.received(m)[-1]
     await fake.wait_finished(rec, 5)
     assert rec.disconnected
-    assert [a for a in chat.screen(n).answers if "⚠" in a][0].endswith("*⚠ stopped · fake-qwen*")
+    assert [a for a in chat.screen(n).answers if "⚠" in a][0].endswith("*⚠ stopped · `fake-qwen`*")
     assert chat.events[-1] == ("task_end", {})
 
 
@@ -507,7 +522,7 @@ async def test_a_settings_change_to_a_served_adapter_shows_no_loading_step_and_t
     await config.code.on_settings_update({"model": "fake-adapter", "temperature": 0.5})
     assert [e for e, d in chat.events[n:] if e in ("new_message", "delete_message", "stream_start")] == []
     screen = await chat.send(f"after {m}")
-    assert "fake-adapter ·" in screen.answers[-1]
+    assert "`fake-adapter` ·" in screen.answers[-1]
     rec = chat.received(m)[-1]
     assert rec.model == "fake-adapter" and len(rec.messages) == 3  # the earlier exchange is still sent
 
@@ -566,5 +581,251 @@ async def test_a_model_picked_in_the_composer_answers_the_message_it_came_with(c
     payload = {**chat.payload(f"composer {m}"), "modes": {"model": "fake-adapter"}}
     await socket.message(chat.sid, {"message": payload, "fileReferences": None})
     await asyncio.wait_for(chat.session.current_task, 30)
-    assert "fake-adapter ·" in chat.screen(n).answers[-1]
+    assert "`fake-adapter` ·" in chat.screen(n).answers[-1]
     assert chat.received(m)[-1].model == "fake-adapter"
+
+
+# ---------------------------------------------------------------- review fixes: watcher, failures, buttons, races
+
+
+def user_session(chat) -> dict:
+    from chainlit.user_session import user_sessions
+
+    return user_sessions[chat.session.id]
+
+
+def settings_sent(chat, since: int = 0) -> list:
+    return [d for e, d in chat.events[since:] if e == "chat_settings"]
+
+
+async def push_model_change(ui) -> None:
+    """What the poller does when the engine's model list changes: a status with a new version."""
+    import dataclasses
+
+    st = ui.app.poller.status
+    for q in list(ui.app.poller._subscribers):
+        q.put_nowait(dataclasses.replace(st, version=st.version + 1000))
+
+
+async def test_a_reconnect_restarts_the_model_watcher_and_a_cancelled_one_unsubscribes(chat, ui):
+    from chainlit.config import config
+    from chainlit.context import init_ws_context
+
+    subscribers = len(ui.app.poller._subscribers)
+    first = user_session(chat)["watcher"]
+    init_ws_context(chat.session)
+    await config.code.on_chat_end()  # Chainlit calls it on every disconnect, also a brief network drop
+    await asyncio.wait({first}, timeout=5)
+    assert first.cancelled()
+    assert len(ui.app.poller._subscribers) == subscribers - 1  # its queue left the poller
+
+    await chat.send(f"after the reconnect {marker()}")  # same session: no on_chat_start
+    again = user_session(chat)["watcher"]
+    assert again is not first and not again.done()
+    assert len(ui.app.poller._subscribers) == subscribers
+    n = len(chat.events)
+    await push_model_change(ui)
+    await wait_for(lambda: settings_sent(chat, n), 5, "the settings panel re-sent by the restarted watcher")
+
+
+async def test_a_failed_settings_update_does_not_end_the_model_watcher(chat, ui, monkeypatch):
+    real = ui.app.local_adapters
+    calls = []
+
+    async def broken_once(status):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("adapter folder unreadable")
+        return await real(status)
+
+    monkeypatch.setattr(ui.app, "local_adapters", broken_once)
+    watcher = user_session(chat)["watcher"]
+    await push_model_change(ui)
+    await wait_for(lambda: calls, 5, "the watcher to try re-sending the settings")
+    n = len(chat.events)
+    await push_model_change(ui)
+    await wait_for(lambda: settings_sent(chat, n), 5, "the settings re-sent after the failure")
+    assert not watcher.done()
+
+
+async def test_an_app_bug_while_answering_is_reported_as_the_apps_with_a_request_id_not_the_engines(chat, ui, monkeypatch):
+    async def broken_fit(messages):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(ui.app, "fit", broken_fit)
+    screen = await chat.send(f"question {marker()}")
+    [error] = screen.errors
+    assert error.startswith("Something went wrong in the chat app (request ") and "it is logged" in error, error
+    assert "model server" not in error and "KeyError" not in error
+    assert chat.conversation.turns[-1].role == "user"  # the message is kept for Retry
+
+
+async def test_an_app_bug_in_a_command_is_shown_not_swallowed(chat, ui, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("broken overview")
+
+    monkeypatch.setattr(ui.app, "adapters_overview", broken)
+    screen = await send_command(chat, "adapters", "")
+    assert len(screen.errors) == 1 and "Something went wrong in the chat app" in screen.errors[0]
+
+
+async def test_retry_on_an_older_bubble_is_refused_and_does_not_resend_the_latest_message(chat, fake):
+    m = marker()
+    screen = await chat.send(f"[[fault:http-500:fail=1]] old {m}")
+    [retry] = [a for msg in screen.messages for a in screen.actions.get(msg["id"], []) if a["name"] == "retry"]
+    assert retry["payload"]["turn"] == chat.conversation.last_user().id
+    await chat.send(f"newer {m}")
+    turns_before = [(t.role, t.content) for t in chat.conversation.turns]
+    requests_before = len(fake.records)
+
+    clicked = await chat.click(retry)
+    assert clicked.errors == ["This button belongs to an earlier message; only the latest message can be retried "
+                              "or trimmed."]
+    assert len(fake.records) == requests_before  # nothing was sent again
+    assert [(t.role, t.content) for t in chat.conversation.turns] == turns_before
+    assert [d["id"] for e, d in clicked.events if e == "remove_action"] == [retry["id"]]  # one press per button
+
+
+async def test_the_settings_panel_and_the_composer_picker_agree_when_a_choice_lands_mid_update(chat, ui, monkeypatch):
+    import chainlit as cl
+
+    real_send = cl.ChatSettings.send
+    calls = []
+
+    async def slow_first_send(self):
+        calls.append(1)
+        if len(calls) == 1:  # the first update (the watcher's) is slow to reach the browser
+            await asyncio.sleep(0.3)
+        return await real_send(self)
+
+    monkeypatch.setattr(cl.ChatSettings, "send", slow_first_send)
+    from chainlit.context import init_ws_context
+
+    init_ws_context(chat.session)
+    user_session(chat)["model"] = "fake-qwen"
+    n = len(chat.events)
+    watcher_update = asyncio.create_task(ui.send_settings())
+    await asyncio.sleep(0.05)
+    await ui.choose_model("fake-adapter")  # the user picks while that update is in flight
+    await watcher_update
+
+    modes = [d for e, d in chat.events[n:] if e == "set_modes"]
+    picked = [o["id"] for o in modes[-1][0]["options"] if o.get("default")]
+    assert user_session(chat)["model"] == "fake-adapter" and picked == ["fake-adapter"], picked
+
+
+async def test_settings_changes_are_kept_in_the_user_session_copy_chainlit_writes_back(chat, ui):
+    from backend import history
+    from chainlit.config import config
+    from chainlit.context import init_ws_context
+
+    init_ws_context(chat.session)
+    await config.code.on_settings_update({"model": "fake-adapter", "temperature": 0.25})
+    stored = chat.session.to_persistable()[history.META_KEY]  # what Chainlit writes on disconnect
+    assert stored["model"] == "fake-adapter" and stored["sampling"]["temperature"] == 0.25
+
+
+async def test_a_command_message_is_marked_so_a_resumed_chat_leaves_it_out(chat):
+    from backend import history
+
+    n = len(chat.events)
+    await send_command(chat, "unload", "fake-qwen")
+    marked = [d for e, d in chat.events[n:] if e == "update_message" and d.get("type") == "user_message"]
+    assert marked and marked[-1]["metadata"] == history.command_metadata("unload")
+    thread = {"steps": [marked[-1]]}
+    assert history.conversation_from_thread(thread).turns == []
+
+
+async def test_a_failure_after_the_answer_was_shown_records_it_once_and_unmarked(chat, ui, monkeypatch):
+    async def broken_left_out(fitted):
+        raise RuntimeError("left-out note failed")
+
+    monkeypatch.setattr(ui, "show_left_out", broken_left_out)
+    m = marker()
+    screen = await chat.send(f"question {m}")
+    assert screen.errors == [] and len(screen.answers) == 1 and "⚠" not in screen.answers[0]
+    turns = chat.conversation.turns
+    assert [(t.role, t.interrupted) for t in turns[-2:]] == [("user", False), ("assistant", False)]
+    assert turns[-1].content == FULL and len(turns) == 2
+
+
+async def test_stop_after_the_answer_was_shown_does_not_record_it_twice(chat, ui, monkeypatch):
+    reached = asyncio.Event()
+
+    async def slow_left_out(fitted):
+        reached.set()
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(ui, "show_left_out", slow_left_out)
+    task = chat.start_sending(f"question {marker()}")
+    await asyncio.wait_for(reached.wait(), 20)
+    await chat.stop()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, 20)
+    turns = chat.conversation.turns
+    assert [(t.role, t.interrupted) for t in turns] == [("user", False), ("assistant", False)]
+    assert [a for a in chat.screen().answers if "⚠" in a] == []
+
+
+async def test_stop_during_an_adapter_load_from_the_settings_panel_cancels_it(chat, ui, monkeypatch):
+    from chainlit import socket
+
+    started = asyncio.Event()
+
+    async def slow_load(name, status=None):
+        started.set()
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(ui.app, "ensure_loaded", slow_load)
+    change = asyncio.create_task(socket.change_settings(chat.sid, {"model": "slow-adapter"}))
+    await asyncio.wait_for(started.wait(), 10)
+    t0 = time.monotonic()
+    await chat.stop()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(change, 10)
+    assert change.done() and time.monotonic() - t0 < 5
+    assert user_session(chat)["model"] == "fake-qwen"  # the load never happened: not left chosen
+
+
+async def test_an_adapter_gone_from_the_engine_switches_the_chat_back_to_the_base_model(chat, fake):
+    user_session(chat)["model"] = "gone-adapter"  # chosen, then unloaded elsewhere
+    m = marker()
+    screen = await chat.send(f"question {m}")
+    [error] = screen.errors
+    assert "does not serve 'gone-adapter'" in error and "Switched back to fake-qwen" in error, error
+    assert user_session(chat)["model"] == "fake-qwen"
+    after = await chat.send(f"next {m}")
+    assert after.errors == [] and after.answers[-1].startswith(FULL)
+    assert chat.received(m)[-1].model == "fake-qwen"
+
+
+async def test_the_status_route_needs_a_login_when_login_is_on(ui, monkeypatch):
+    import httpx
+    from chainlit.auth import create_jwt
+    from chainlit.config import config
+    from chainlit.server import app as http_app
+    import chainlit as cl
+
+    transport = httpx.ASGITransport(app=http_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        open_status = await client.get("/qwenchat/status")
+        assert open_status.status_code == 200 and open_status.json()["lang"] == "en"
+
+        monkeypatch.setattr(config.code, "password_auth_callback", lambda u, p: None)
+        monkeypatch.setenv("CHAINLIT_AUTH_SECRET", "x" * 64)
+        refused = await client.get("/qwenchat/status")
+        assert refused.status_code == 401 and "adapters" not in refused.text
+
+        token = create_jwt(cl.User(identifier="admin"))
+        allowed = await client.get("/qwenchat/status", headers={"Authorization": f"Bearer {token}"})
+        assert allowed.status_code == 200 and allowed.json()["model"] == "fake-qwen"
+
+
+async def test_stop_mid_answer_also_ends_the_reasoning_steps_streaming(chat):
+    task = chat.start_sending(f"[[fault:think-inline:tokens=400:rate=20]] {marker()}")
+    await wait_for(lambda: chat.screen().answers and "w3" in chat.screen().answers[-1], 20, "four streamed tokens")
+    await chat.stop()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, 20)
+    [reasoning] = chat.screen().steps_named("Reasoning")
+    assert reasoning["output"] == "reasoning" and reasoning["streaming"] is False, reasoning

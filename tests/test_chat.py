@@ -62,3 +62,22 @@ def test_round_trip_for_resume():
     conv.add_assistant("a1", "a", "pirate", interrupted=True)
     again = Conversation.from_list(conv.to_list())
     assert again.turns == conv.turns
+
+
+def test_lone_surrogates_reach_the_model_as_replacement_characters_but_stay_in_the_history():
+    conv = Conversation()
+    conv.add_user("u1", "a lone \ud800 surrogate")
+    conv.add_assistant("a1", "echo \udfff", "base")
+    sent = conv.messages("sys \ud801")
+    assert [m["content"] for m in sent] == ["sys \ufffd", "a lone \ufffd surrogate", "echo \ufffd"]
+    for m in sent:
+        m["content"].encode("utf-8")  # what the Rust tokenizer and the HTTP body need
+    assert conv.turns[0].content == "a lone \ud800 surrogate"
+
+
+def test_a_retry_of_a_message_with_a_lone_surrogate_sends_it_sanitized_again():
+    conv = Conversation()
+    conv.add_user("u1", "bad \udc00")
+    conv.add_assistant("a1", "cut", "base", interrupted=True)
+    conv.drop_answers_after_last_user()
+    assert conv.messages() == [{"role": "user", "content": "bad \ufffd"}]

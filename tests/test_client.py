@@ -648,6 +648,11 @@ MAPPING: list[tuple[str, Exception, type]] = [
      ContextOverflow),
     ("413 proxy limit", _status(openai.APIStatusError, 413, "Request Entity Too Large"), ContextOverflow),
     ("404", _status(openai.NotFoundError, 404, not_found_body("m")["error"]), ModelNotFound),
+    ("404 vLLM wording without param", _status(openai.NotFoundError, 404,
+                                                {"message": "The model `m` does not exist.", "code": 404}),
+     ModelNotFound),
+    ("404 route, not the model", _status(openai.NotFoundError, 404, {"detail": "Not Found"}), RequestRejected),
+    ("404 plain text", _status(openai.NotFoundError, 404, "404: Not Found"), RequestRejected),
     ("401", _status(openai.AuthenticationError, 401, {"message": "bad key"}), AuthenticationFailed),
     ("422", _status(openai.UnprocessableEntityError, 422, {"message": "bad field"}), RequestRejected),
     ("429", _status(openai.RateLimitError, 429, {"message": "slow down"}), Overloaded),
@@ -658,6 +663,7 @@ MAPPING: list[tuple[str, Exception, type]] = [
                                 httpx2.ConnectError("[Errno 111] Connection refused")), ServerUnreachable),
     ("connect timeout", _caused(openai.APITimeoutError(request=REQ), httpx2.ConnectTimeout("t")), ConnectTimeout),
     ("read timeout", _caused(openai.APITimeoutError(request=REQ), httpx2.ReadTimeout("t")), IdleTimeout),
+    ("write timeout", _caused(openai.APITimeoutError(request=REQ), httpx2.WriteTimeout("t")), ConnectionLost),
     ("dropped", _caused(openai.APIConnectionError(request=REQ),
                         httpx2.RemoteProtocolError("peer closed connection")), ConnectionLost),
     ("raw reset", ConnectionResetError(104, "Connection reset by peer"), ConnectionLost),
@@ -684,6 +690,63 @@ def test_map_error_translates_most_specific_first(exc, expected):
         assert mapped.user_text(lang) == template.format(**mapped.params)
 
 
+def test_a_404_that_is_not_about_the_model_points_at_the_base_url_not_the_model_list():
+    exc = _status(openai.NotFoundError, 404, {"detail": "Not Found"})
+    mapped = map_error(exc, url="http://h:8000", model="m", settings=FAST)
+    text = mapped.user_text("en")
+    assert type(mapped) is RequestRejected and mapped.status == 404
+    assert "OPENAI_BASE_URL" in text and "/v1" in text and "http://h:8000/chat/completions" in text
+    assert "pick another model" not in text
+
+
+@pytest.mark.asyncio
+async def test_a_base_url_without_v1_is_a_rejected_route_not_an_unknown_model(server):
+    client = ChatClient(server.base_url[: -len("/v1")], "test-key", FAST)
+    try:
+        events, exc = await collect(client, "normal")
+    finally:
+        await client.aclose()
+    assert type(exc) is RequestRejected and exc.status == 404, exc
+    assert "ends in /v1" in exc.user_text("en")
+
+
+@pytest.mark.asyncio
+async def test_a_request_body_that_stops_going_out_is_connection_lost_not_an_idle_answer():
+    """A server that accepts but never reads: the 40 MB prompt stalls in the socket (httpx WriteTimeout)."""
+    release = asyncio.Event()
+
+    async def never_read(reader, writer):
+        await release.wait()
+        writer.close()
+
+    srv = await asyncio.start_server(never_read, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    settings = ClientSettings(connect_timeout=2.0, first_token_timeout=10.0, idle_timeout=0.3, total_timeout=10.0,
+                              max_retries=0)
+    client = ChatClient(f"http://127.0.0.1:{port}/v1", "", settings)
+    try:
+        t0 = time.monotonic()
+        events, exc = await collect(client, "m", [{"role": "user", "content": "x" * 40_000_000}])
+        assert type(exc) is ConnectionLost, exc
+        assert any(isinstance(c, httpx2.WriteTimeout) for c in _causes_of(exc))
+        text = exc.user_text("en")
+        assert "sending the request" in text and "[client].idle_timeout" in text and "0.3 s" in text
+        assert time.monotonic() - t0 < 5
+    finally:
+        await client.aclose()
+        release.set()
+        srv.close()
+        await srv.wait_closed()
+
+
+def _causes_of(exc: BaseException) -> list[BaseException]:
+    out, cur = [], exc
+    while cur is not None and len(out) < 20:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
 def _all_subclasses(cls: type) -> set[type]:
     out = set()
     for sub in cls.__subclasses__():
@@ -700,6 +763,17 @@ def test_every_backend_error_subclass_is_reachable_from_the_client():
     reachable |= {v for v in list(STREAM.values()) + list(NONSTREAM.values()) if isinstance(v, type)}
     missing = _all_subclasses(BackendError) - reachable - set(RAISED_ELSEWHERE)
     assert not missing, f"no mapping or fault mode produces {sorted(c.__name__ for c in missing)}"
+
+
+def test_the_error_tree_in_the_errors_docstring_names_every_class():
+    import backend.merge  # noqa: F401 - registers MergeError, which lives next to its only user
+
+    tree = errors.__doc__.split("QwenChatError", 1)[1]
+    named = set(re.findall(r"[├└]── (?:\w+\.)?(\w+)", tree))
+    classes = {c.__name__ for c in _all_subclasses(errors.QwenChatError)}
+    assert classes - named == set(), f"missing from the tree: {sorted(classes - named)}"
+    assert named - classes == set(), f"in the tree but not a class: {sorted(named - classes)}"
+    assert "merge.MergeError (see backend/merge.py)" in " ".join(errors.__doc__.split())
 
 
 # ---------------------------------------------------------------- the fake server itself

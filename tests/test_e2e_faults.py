@@ -164,3 +164,16 @@ def test_the_composer_picker_and_the_settings_panel_stay_in_step(page):
     e2e.choose_model(page, "fake-qwen")  # the settings panel wins from then on, and the picker follows
     page.wait_for_function("() => document.querySelector('#mode-picker-trigger-model').innerText.includes('fake-qwen')")
     assert "fake-qwen ·" in e2e.send(page, "picked in the settings panel")
+
+
+def test_the_status_line_follows_the_forced_ui_language_not_the_browsers(page, live):
+    context = page.context.browser.new_context(locale="zh-CN", viewport={"width": 1280, "height": 900})
+    try:
+        zh_page = context.new_page()
+        zh_page.goto(live.url)
+        zh_page.wait_for_selector('#qwenchat-status[data-state="ready"]', timeout=60_000)
+        text = zh_page.inner_text("#qwenchat-status")
+        assert zh_page.evaluate("navigator.language").startswith("zh")
+        assert "fake-qwen — ready" in text and "就绪" not in text, text  # [ui].language = "en" here
+    finally:
+        context.close()

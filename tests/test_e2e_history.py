@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -54,13 +56,26 @@ def requests_seen(fake: str) -> list[dict]:
         return json.loads(resp.read())
 
 
+def status_of(app: e2e.LiveApp, login: bool) -> dict:
+    """GET /qwenchat/status; with [ui].auth it needs a login, so log in first as the page does."""
+    if not login:
+        return e2e.status(app)
+    form = urllib.parse.urlencode({"username": USER, "password": PASSWORD}).encode()
+    with urllib.request.urlopen(urllib.request.Request(app.url + "/login", data=form), timeout=5) as resp:
+        cookies = [c.split(";")[0] for c in resp.headers.get_all("set-cookie") or []]
+    req = urllib.request.Request(app.url + "/qwenchat/status", headers={"Cookie": "; ".join(cookies)})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
 def launch(fake: str, tmp, **env: str) -> e2e.LiveApp:
+    login = env.get("QWENCHAT_UI_AUTH") == "true"
     app = e2e.launch(tmp, {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en",
                            **env}, wait_engine=False, timeout=120)
     deadline = time.monotonic() + 60
     while True:
         try:
-            state = e2e.status(app)
+            state = status_of(app, login)
         except OSError as exc:
             state = {"unavailable": str(exc)}
         if state.get("state") == "ready" and state.get("model") == "fake-qwen":
@@ -135,6 +150,23 @@ def test_a_wrong_password_is_refused_with_a_message_and_no_chat(live, browser):
     pg.wait_for_timeout(1500)
     assert pg.locator("#chat-input").count() == 0 and pg.locator("#email").is_visible()
     assert "Traceback" not in pg.content()
+    pg.context.close()
+
+
+def test_with_login_the_status_line_is_not_readable_before_login_and_the_login_page_shows_no_badge(live, browser):
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        e2e.status(live)  # no login cookie
+    assert refused.value.code == 401
+    assert status_of(live, True)["model"] == "fake-qwen"  # with one, it is
+    pg = new_page(browser)
+    pg.goto(live.url)
+    pg.wait_for_selector("#email", timeout=60_000)
+    pg.wait_for_function("() => document.getElementById('qwenchat-status')?.dataset.state === 'hidden'",
+                         timeout=15_000)
+    badge = pg.evaluate("() => { const el = document.getElementById('qwenchat-status');"
+                        " return {hidden: el.hidden, visible: el.offsetParent !== null, text: el.textContent}; }")
+    assert badge == {"hidden": True, "visible": False, "text": ""}, badge
+    assert "undefined" not in pg.inner_text("body")
     pg.context.close()
 
 

@@ -350,3 +350,56 @@ async def test_refresh_without_start_polls_once(engine):
         assert st.ready and not poller.running and engine.probes == 1
     finally:
         await poller.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_slow_but_answering_engine_is_probed_every_probe_every_not_every_poll(engine):
+    """A 4B model on CPU answers the probe slowly: degraded, but not probed on every 0.05 s poll."""
+    settings = HealthSettings(poll_starting=0.05, poll_ready=0.05, probe_every=30, probe_timeout=0.4,
+                              probe_slow=0.1, request_timeout=0.3)
+    engine.probe, engine.probe_delay = "slow", 0.15
+    await engine.start()
+    poller = HealthPoller(engine.url, KEY, settings)
+    await poller.start()
+    try:
+        st = await until(poller, lambda s: s.state is EngineState.DEGRADED and "slowly" in s.reason, what="slow")
+        probes, health_calls = engine.probes, sum(p == "/health" for p, _ in engine.seen)
+        await asyncio.sleep(0.6)
+        assert engine.probes == probes == 1, f"a slow probe was repeated before probe_every: {engine.probes}"
+        assert sum(p == "/health" for p, _ in engine.seen) >= health_calls + 4  # still polling /health
+        assert poller.status.state is EngineState.DEGRADED and poller.status.reason == st.reason
+    finally:
+        await poller.stop()
+
+
+@pytest.mark.asyncio
+async def test_an_engine_that_only_ever_answered_slowly_is_down_when_it_crashes_not_starting(engine, poller):
+    engine.probe, engine.probe_delay = "slow", 0.35  # FAST: slower than probe_slow 0.3
+    await engine.start()
+    await poller.start()
+    await until(poller, lambda s: s.state is EngineState.DEGRADED and "slowly" in s.reason, what="slow")
+    await engine.stop()
+    st = await until(poller, lambda s: s.state is not EngineState.DEGRADED, what="the crash noticed")
+    assert st.state is EngineState.DOWN, st
+    assert "stopped answering" in st.reason and "not listening yet" not in st.reason
+
+
+@pytest.mark.asyncio
+async def test_after_health_fails_a_ready_state_is_not_replayed_without_a_new_probe(engine):
+    """Between probes the last answer is replayed, but not across an outage: the engine must answer again."""
+    settings = HealthSettings(poll_starting=0.05, poll_ready=0.05, probe_every=30, probe_timeout=0.4,
+                              probe_slow=0.3, request_timeout=0.3)
+    poller = HealthPoller(engine.url, KEY, settings)
+    await engine.start()
+    await poller.start()
+    try:
+        await until(poller, lambda s: s.ready, what="ready")
+        probes = engine.probes
+        await engine.stop()
+        await until(poller, lambda s: s.state is EngineState.DOWN, what="down")
+        engine.probe = "error"
+        await engine.start()
+        st = await until(poller, lambda s: s.state is EngineState.DEGRADED, what="probe fails after restart")
+        assert "test generation failed" in st.reason and engine.probes > probes
+    finally:
+        await poller.stop()

@@ -17,7 +17,7 @@ import pytest_asyncio
 from backend import history
 from backend.errors import ConfigError
 from backend.settings import LoggingSettings, Settings, UISettings, load_settings
-from backend.service import footer
+from backend.service import footer, interrupted_marker
 
 RAW = "Arr, matey! Paris be the capital."
 
@@ -127,7 +127,7 @@ async def test_thread_metadata_written_by_the_app_merges_with_chainlits_own(laye
 @pytest.mark.asyncio
 async def test_a_resumed_thread_rebuilds_the_conversation_with_raw_text_and_the_model_that_answered(layer):
     shown1 = RAW + footer("pirate", None, None, 1.0, "en")
-    shown2 = "w0 w1\n\n*⚠ stopped · smollm2*"
+    shown2 = "w0 w1" + interrupted_marker("stopped", "smollm2")
     thread_id, _ = await store_chat(layer, [
         ("user", "capital of France?", None),
         ("assistant", shown1, history.answer_metadata(RAW, "pirate")),
@@ -259,3 +259,33 @@ async def test_the_page_sets_a_browser_cookie_only_when_missing(path_type, cooki
     if sets:
         assert history.preference_key(None, set_cookies[0].split(";")[0]).startswith("browser:")
         assert "HttpOnly" in set_cookies[0] and "Path=/" in set_cookies[0]
+
+
+@pytest.mark.asyncio
+async def test_a_resumed_thread_leaves_out_composer_commands_marked_by_the_app(layer):
+    import chainlit as cl
+
+    thread_id, _ = await store_chat(layer, [
+        ("user", "capital of France?", None),
+        ("assistant", RAW, history.answer_metadata(RAW, "pirate")),
+        ("user", "pirate", None),  # typed as "/unload pirate"
+        ("assistant", "Adapter pirate unloaded; answers now come from base.", None),
+    ])
+    thread = await layer.get_thread(thread_id)
+    [command] = [s for s in thread["steps"] if s["output"] == "pirate"]
+    msg = cl.Message(content="pirate", author="admin", type="user_message", id=command["id"])
+    msg.created_at, msg.thread_id = command["createdAt"], thread_id
+    msg.metadata = history.command_metadata("unload")  # what app.mark_command stores
+    await layer.update_step(msg.to_dict())
+
+    conv = history.conversation_from_thread(await layer.get_thread(thread_id))
+    assert [(t.role, t.content) for t in conv.turns] == [("user", "capital of France?"), ("assistant", RAW)]
+
+
+@pytest.mark.parametrize("step", [
+    {"id": "c", "type": "user_message", "output": "pirate", "command": "unload"},  # a layer that keeps "command"
+    {"id": "c", "type": "user_message", "output": "", "metadata": json.dumps(history.command_metadata("adapters"))},
+])
+def test_command_steps_are_not_chat_turns(step):
+    thread = {"steps": [{"id": "u1", "type": "user_message", "output": "hi"}, step]}
+    assert [t.content for t in history.conversation_from_thread(thread).turns] == ["hi"]

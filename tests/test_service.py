@@ -39,4 +39,73 @@ def test_sampling_body_sends_vllm_extensions_only_when_active():
 def test_footer_names_the_model_tokens_time_and_context_meter():
     fitted = FitResult(messages=[], prompt_tokens=1234, budget=7168, max_model_len=8192, reply_reserve=1024)
     text = footer("pirate", Usage(40, 25), fitted, 1.25, "en", Finish("stop", "pirate"))
-    assert text.startswith("\n\n*pirate ·") and "25 tokens" in text and "1.2 s" in text and "1,234 / 7,168" in text
+    assert text.startswith("\n\n*`pirate` ·") and "25 tokens" in text and "1.2 s" in text and "1,234 / 7,168" in text
+
+
+import asyncio  # noqa: E402
+
+import pytest  # noqa: E402
+
+from backend.service import close_fence, footer as footer_, interrupted_marker  # noqa: E402
+
+
+@pytest.mark.parametrize("text, closed", [
+    ("plain answer", "plain answer"),
+    ("```python\nprint(1)\n```\ndone", "```python\nprint(1)\n```\ndone"),
+    ("```python\nprint(1", "```python\nprint(1\n```"),
+    ("see:\n  ```\n  indented", "see:\n  ```\n  indented\n```"),
+    ("~~~\ncode", "~~~\ncode\n~~~"),
+    ("```\n~~~ inside\n", "```\n~~~ inside\n\n```"),
+    ("```\na\n```\n```js\nb", "```\na\n```\n```js\nb\n```"),
+])
+def test_an_answer_cut_inside_a_code_block_gets_the_block_closed(text, closed):
+    assert close_fence(text) == closed
+
+
+def test_model_ids_with_markdown_characters_are_shown_as_code_in_the_footer_and_the_marker():
+    assert footer_("my_adapter*v2", None, None, 1.0, "en").startswith("\n\n*`my_adapter*v2` ·")
+    assert interrupted_marker("stopped", "a_b") == "\n\n*⚠ stopped · `a_b`*"
+
+
+class FakePoller:
+    """The shared poller's view: loads show up in it only after they finish (refresh)."""
+
+    def __init__(self) -> None:
+        self.served: list[str] = []
+        self.pending: list[str] = []
+
+    @property
+    def status(self) -> HealthStatus:
+        return status(ModelEntry("base"), *[ModelEntry(n, parent="base") for n in self.served])
+
+    async def refresh(self) -> HealthStatus:
+        self.served += self.pending
+        self.pending = []
+        return self.status
+
+
+def test_two_sessions_loading_at_once_see_each_others_adapter_in_the_limit_check(monkeypatch, tmp_path):
+    from backend import adapters
+    from backend.service import Service
+    from backend.settings import LoggingSettings, LoraSettings, Settings
+
+    settings = Settings(lora=LoraSettings(dir=str(tmp_path), max_loras=1, max_cpu_loras=1),
+                        logging=LoggingSettings(dir=str(tmp_path / "logs")))
+    service = Service(settings)
+    poller = service._poller = FakePoller()
+    seen: list[tuple[str, list[str]]] = []
+
+    async def load(base_url, api_key, folder, name, base_path, max_rank, *, loaded, limit, base_aliases):
+        seen.append((name, list(loaded)))
+        await asyncio.sleep(0.05)
+        poller.pending.append(name)
+
+    monkeypatch.setattr(adapters, "load_adapter_from_folder", load)
+
+    async def both():
+        stale = poller.status  # read by both sessions before either load
+        return await asyncio.gather(service.ensure_loaded("a", stale), service.ensure_loaded("b", stale),
+                                    service.ensure_loaded("a", stale))
+
+    assert asyncio.run(both()) == [True, True, False]  # the second "a" found it served after the lock
+    assert seen == [("a", []), ("b", ["a"])]  # "b" was checked against the limit with "a" counted

@@ -11,7 +11,15 @@ import pytest
 from aiohttp import web
 
 from backend import template as T
-from backend.errors import ModelPathError
+from backend.errors import (
+    AuthenticationFailed,
+    ConnectionLost,
+    EngineError,
+    FirstTokenTimeout,
+    MalformedResponse,
+    ModelPathError,
+)
+from backend.settings import ClientSettings
 from backend.models import qwen_tokenizer_dir
 
 # ---------------------------------------------------------------- fixtures
@@ -239,32 +247,38 @@ def test_forged_turn_markers_cannot_create_a_system_turn(counter, attack):
 # ---------------------------------------------------------------- reasoning
 
 
-@pytest.mark.parametrize("text, reasoning, answer", [
-    ("<think>\nplan\n</think>\n\nThe answer.", "plan", "The answer."),
-    ("plan only, the prompt opened it\n</think>\n\nDone.", "plan only, the prompt opened it", "Done."),
-    ("Answer first. <think>cut off mid-thought", "cut off mid-thought", "Answer first. "),
+REASONING_CASES = [  # (assistant text, reasoning, answer)
+    ("<think>\nplan\n</think>\n\nThe answer.", "plan\n", "The answer."),
+    ("  \n<think>plan</think>The answer.", "plan", "The answer."),
+    ("<think>cut off mid-thought", "cut off mid-thought", ""),
     ("No reasoning at all.", "", "No reasoning at all."),
-    ("<think>a</think>b<think>c</think>\nfinal", "abc", "final"),
-])
-def test_split_reasoning(text, reasoning, answer):
+    ("<think>a</think>b<think>c</think>\nfinal", "a", "b<think>c</think>\nfinal"),
+    # answers that talk about the tags keep every word (review finding 2)
+    ("Qwen closes reasoning with </think>, then answers.", "", "Qwen closes reasoning with </think>, then answers."),
+    ("Wrap it in <think> tags; the parser drops <think>…</think> blocks.", "",
+     "Wrap it in <think> tags; the parser drops <think>…</think> blocks."),
+    ("plan only, the prompt opened it\n</think>\n\nDone.", "", "plan only, the prompt opened it\n</think>\n\nDone."),
+    ("<think>x</think>\n\nUse `</think>` to close.", "x", "Use `</think>` to close."),
+    ("", "", ""),
+]
+
+
+@pytest.mark.parametrize("text, reasoning, answer", REASONING_CASES)
+def test_only_a_leading_think_block_is_reasoning(text, reasoning, answer):
     assert T.split_reasoning(text) == (reasoning, answer)
     assert T.strip_reasoning(text) == answer
 
 
-def test_streamed_reasoning_is_split_wherever_the_tags_are_cut():
-    text = "<think>step 1, step 2</think>The answer is 4."
-    for cut in range(len(text) + 1):
-        for cut2 in range(cut, len(text) + 1, 7):
-            s = T.ReasoningSplitter()
-            pieces = s.feed(text[:cut]) + s.feed(text[cut:cut2]) + s.feed(text[cut2:]) + s.flush()
-            got = {k: "".join(t for kind, t in pieces if kind == k) for k in ("reasoning", "answer")}
-            assert got == {"reasoning": "step 1, step 2", "answer": "The answer is 4."}, (cut, cut2)
+@pytest.mark.parametrize("text", [c[0] for c in REASONING_CASES])
+def test_history_stripping_follows_the_stream_splitter_rule(text):
+    """What the client streams as text is what strip_reasoning keeps: one rule in both places."""
+    from backend.client import ReasoningDelta, TextDelta, ThinkSplitter
 
-
-def test_stream_that_starts_inside_reasoning():
-    s = T.ReasoningSplitter(in_reasoning=True)
-    assert s.feed("hmm</thi") == [("reasoning", "hmm")]
-    assert s.feed("nk>ok") == [("answer", "ok")]
+    sp = ThinkSplitter()
+    pieces = sp.feed(text) + sp.flush()
+    streamed = ("".join(p.text for p in pieces if isinstance(p, ReasoningDelta)),
+                "".join(p.text for p in pieces if isinstance(p, TextDelta)))
+    assert T.split_reasoning(text) == streamed
 
 
 # ---------------------------------------------------------------- estimate (tiktoken, offline)
@@ -278,14 +292,6 @@ def test_tiktoken_built_offline_gives_qwen_ids(qwen_dir, counter):
             assert enc.encode_ordinary(unicodedata.normalize("NFC", text)) == counter.encode(text)
 
 
-def test_tiktoken_rank_file_is_read(tmp_path):
-    import base64
-
-    (tmp_path / "r.tiktoken").write_text(
-        "".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate([b"a", b"b", b"ab", "你".encode()])))
-    assert T.load_tiktoken_ranks(tmp_path / "r.tiktoken") == {b"a": 0, b"b": 1, b"ab": 2, "你".encode(): 3}
-
-
 @pytest.mark.asyncio
 async def test_estimate_is_flagged_and_not_below_the_exact_count(qwen_dir, counter):
     est = await T.load_estimate_counter(qwen_dir)
@@ -293,6 +299,13 @@ async def test_estimate_is_flagged_and_not_below_the_exact_count(qwen_dir, count
     for conv in CONVERSATIONS.values():
         exact = await counter.count_messages(conv)
         assert exact <= await est.count_messages(conv) <= exact * 1.2 + 10
+
+
+@pytest.mark.asyncio
+async def test_estimate_of_nothing_is_an_empty_list(qwen_dir):
+    est = await T.load_estimate_counter(qwen_dir)
+    assert est.lengths([]) == []
+    assert await est.count_segments([]) == []
 
 
 # ---------------------------------------------------------------- vLLM /tokenize
@@ -366,3 +379,78 @@ async def test_open_counter_falls_back_to_an_estimate(counter, qwen_dir, server)
         assert isinstance(c, T.EstimateCounter) and not c.exact
     finally:
         await runner.cleanup()
+
+
+# ---------------------------------------------------------------- /tokenize failures (review finding 1)
+
+_JSON_401 = b'{"error": {"message": "invalid api key", "type": "AuthenticationError", "code": 401}}'
+BROKEN_TOKENIZE = {  # mode: what the server sends back after reading the request (None: never answers)
+    "hangs": None,
+    "401": b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+           % (len(_JSON_401), _JSON_401),
+    "cut body": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"count\": ",
+    "not json": b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n<html>hi</html>",
+    "500": b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nboom",
+}
+BROKEN_OUTCOME = {  # mode: (typed error, words its user text must contain)
+    "hangs": (FirstTokenTimeout, ["0.5 s", "[client].first_token_timeout"]),
+    "401": (AuthenticationFailed, ["HTTP 401", "OPENAI_API_KEY"]),
+    "cut body": (ConnectionLost, ["ClientPayloadError"]),
+    "not json": (MalformedResponse, ["not JSON"]),
+    "500": (EngineError, ["500", "boom"]),
+}
+LIMITS = ClientSettings(connect_timeout=2.0, first_token_timeout=0.5)
+
+
+async def broken_tokenize(mode):
+    """A raw loopback HTTP server whose /tokenize misbehaves as ``mode`` says (closes after each reply)."""
+
+    async def handle(reader, writer):
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            reply = BROKEN_TOKENIZE[mode]
+            if reply is None:
+                await asyncio.sleep(30)
+            else:
+                writer.write(reply)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", list(BROKEN_TOKENIZE))
+async def test_every_tokenize_failure_is_a_typed_error_naming_its_fix(mode):
+    server, url = await broken_tokenize(mode)
+    try:
+        remote = T.RemoteCounter(url, "qwen", client=LIMITS)
+        cls, words = BROKEN_OUTCOME[mode]
+        with pytest.raises(cls) as info:
+            await remote.count_text("hello")
+        for word in words:
+            assert word in info.value.user_text("en"), info.value.user_text("en")
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", list(BROKEN_TOKENIZE))
+async def test_open_counter_falls_back_to_an_estimate_on_any_tokenize_failure(qwen_dir, mode):
+    server, url = await broken_tokenize(mode)
+    try:
+        t0 = asyncio.get_running_loop().time()
+        c = await T.open_counter(base_url=url, model="qwen", estimate_dir=qwen_dir, client=LIMITS)
+        assert isinstance(c, T.EstimateCounter) and not c.exact
+        assert asyncio.get_running_loop().time() - t0 < 5  # one bounded wait, not a hang
+    finally:
+        server.close()
+        await server.wait_closed()
