@@ -21,7 +21,7 @@ from backend import history
 from backend import service as ui
 from backend.chat import Conversation
 from backend.client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
-from backend.errors import ConnectionLost, ModelNotFound, PromptTooLong, QwenChatError, ServerUnreachable
+from backend.errors import ConnectionLost, ModelNotFound, PromptTooLong, QwenChatError, ServerStarting, ServerUnreachable
 from backend.health import EngineState
 from backend.i18n import t
 
@@ -408,8 +408,10 @@ async def wait_for_engine() -> bool:
         step.name = t("loading_done", lang(), elapsed=time.monotonic() - t0)
     if status.answering:
         return True
-    key = "engine_down" if status.state is EngineState.DOWN else "still_loading"
-    await show_error(t(key, lang(), reason=status.text(lang()) or "?", elapsed=time.monotonic() - t0), [retry_action()])
+    if status.state is EngineState.DOWN:
+        await show_error(t("engine_down", lang(), reason=status.text(lang()) or "?"), [retry_action()])
+    else:
+        await show_error(ServerStarting(time.monotonic() - t0).user_text(lang()), [retry_action()])
     return False
 
 

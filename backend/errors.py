@@ -257,8 +257,8 @@ class ServerStarting(BackendError):
     """The engine is up but still loading the model."""
 
     code = "starting"
-    text_en = "the model is still loading ({elapsed:.0f} s so far); your message is kept and will be sent when it is ready."
-    text_zh = "模型仍在加载（已 {elapsed:.0f} 秒）；您的消息已保留，就绪后会发送。"
+    text_en = "the model is still loading after {elapsed:.0f} s ([ui].wait_for_ready); your message is kept — press Retry when the status line says ready."
+    text_zh = "模型在 {elapsed:.0f} 秒后仍在加载（[ui].wait_for_ready）；您的消息已保留，状态行显示就绪后请点“重试”。"
 
     def __init__(self, elapsed: float = 0.0) -> None:
         super().__init__(elapsed=elapsed)

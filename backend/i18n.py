@@ -19,8 +19,6 @@ TEXTS: dict[str, tuple[str, str]] = {
     "empty_message": ("Your message is empty; nothing was sent.", "消息为空，未发送。"),
     "loading": ("The model is loading… {elapsed:.0f} s", "模型加载中… {elapsed:.0f} 秒"),
     "loading_done": ("The model is ready (waited {elapsed:.0f} s).", "模型已就绪（等待了 {elapsed:.0f} 秒）。"),
-    "still_loading": ("The model is still loading after {elapsed:.0f} s ([ui].wait_for_ready); your message is kept — press Retry.",
-                      "模型在 {elapsed:.0f} 秒后仍在加载（[ui].wait_for_ready）；您的消息已保留，请点“重试”。"),
     "engine_down": ("The engine is not answering: {reason}. Your message is kept — press Retry when it is back.",
                     "引擎无响应：{reason}。您的消息已保留，恢复后请点“重试”。"),
     "retry": ("Retry", "重试"),

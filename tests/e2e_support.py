@@ -131,3 +131,28 @@ def choose_in_composer(page, label_prefix: str) -> None:
     """Pick a model in the composer's picker (Chainlit Modes) instead of the settings panel."""
     page.click("#mode-picker-trigger-model")
     page.locator("[role=option]", has_text=label_prefix).first.click()
+
+
+@contextlib.contextmanager
+def fake_server(tmp: Path):
+    """`python -m tests.fakeserver` in its own process on a free port; yields its root URL."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    out = tmp / "fake.out"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakeserver", "--port", str(port)], cwd=str(ROOT),
+                            stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the fake server did not start:\n{out.read_text()}")
+                time.sleep(0.2)
+        yield url
+    finally:
+        server.stop_process_group(proc, grace=5)

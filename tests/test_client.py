@@ -754,7 +754,7 @@ def _all_subclasses(cls: type) -> set[type]:
     return out
 
 
-RAISED_ELSEWHERE = {ServerStarting: "raised by the health layer while the engine loads",
+RAISED_ELSEWHERE = {ServerStarting: "shown by the app when the model is still loading after [ui].wait_for_ready",
                     errors.RequestTimeout: "abstract parent of the four timeouts"}
 
 

@@ -32,23 +32,8 @@ FULL = expected_text(8).strip()  # the fake server's normal answer
 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
-    port = free_port()
-    out = tmp_path_factory.mktemp("fakeserver") / "fake.out"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.fakeserver", "--port", str(port)], cwd=str(ROOT),
-                            stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                server.stop_process_group(proc, grace=5)
-                pytest.fail(f"the fake server did not start:\n{out.read_text()}")
-            time.sleep(0.2)
-    yield url
-    server.stop_process_group(proc, grace=5)
+    with e2e.fake_server(tmp_path_factory.mktemp("fakeserver")) as url:
+        yield url
 
 
 def requests_seen(fake: str) -> list[dict]:
