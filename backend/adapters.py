@@ -206,8 +206,8 @@ class _Findings:
 # ---------------------------------------------------------------- safetensors headers
 
 
-def read_safetensors_header(path: str | Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from a .safetensors header, without reading any weights.
+def read_safetensors_metadata(path: str | Path) -> dict[str, Any]:
+    """The raw JSON header of a .safetensors file (name -> {dtype, shape, data_offsets}), no weights read.
 
     Format: 8-byte little-endian header length N, then N bytes of JSON. ValueError when unreadable.
     """
@@ -226,6 +226,13 @@ def read_safetensors_header(path: str | Path) -> dict[str, tuple[int, ...]]:
             raise ValueError(f"{path.name} has an unreadable safetensors header ({exc})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path.name} has a safetensors header that is not a JSON object")
+    return header
+
+
+def read_safetensors_header(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from a .safetensors header, without reading any weights; ValueError when unreadable."""
+    path = Path(path)
+    header = read_safetensors_metadata(path)
     shapes: dict[str, tuple[int, ...]] = {}
     for name, meta in header.items():
         if name == "__metadata__":

@@ -663,6 +663,17 @@ class ChatClient:
     def _map(self, exc: BaseException, model: str) -> BackendError:
         return map_error(exc, url=self.base_url, model=model, settings=self.settings)
 
+    def _outcome(self, exc: BaseException, model: str) -> tuple[str, BaseException]:
+        """How a request ended (for its log line) and what to raise: ours as is, the rest mapped."""
+        if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+            return "cancelled", exc
+        if isinstance(exc, BackendError):
+            return f"failed: {exc.code}", exc
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not ours to translate
+            return "failed", exc
+        mapped = self._map(exc, model)
+        return f"failed: {mapped.code} ({type(exc).__name__}: {_short(exc)})", mapped
+
     async def stream(self, messages: list[dict[str, Any]], model: str, *, max_tokens: int | None = None,
                      sampling: dict[str, Any] | None = None, request_id: str | None = None
                      ) -> AsyncIterator[Event]:
@@ -730,16 +741,11 @@ class ChatClient:
                     yield st.usage
                 outcome = "done"
                 yield Finish(st.finish, st.model)
-            except (asyncio.CancelledError, GeneratorExit):
-                outcome = "cancelled"
-                raise
-            except BackendError as exc:
-                outcome = f"failed: {exc.code}"
-                raise
-            except Exception as exc:
-                mapped = self._map(exc, model)
-                outcome = f"failed: {mapped.code} ({type(exc).__name__}: {_short(exc)})"
-                raise mapped from exc
+            except BaseException as exc:
+                outcome, err = self._outcome(exc, model)
+                if err is exc:
+                    raise
+                raise err from exc
         finally:
             if sdk_stream is not None:
                 try:
@@ -779,16 +785,11 @@ class ChatClient:
             answer = self._answer(st, data, notes)
             outcome = "done"
             return answer
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        except BackendError as exc:
-            outcome = f"failed: {exc.code}"
-            raise
-        except Exception as exc:
-            mapped = self._map(exc, model)
-            outcome = f"failed: {mapped.code} ({type(exc).__name__}: {_short(exc)})"
-            raise mapped from exc
+        except BaseException as exc:
+            outcome, err = self._outcome(exc, model)
+            if err is exc:
+                raise
+            raise err from exc
         finally:
             self._log_end(st, outcome, time.monotonic() - t0)
 

@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+from .errors import pick_language
+
 CauseKind = Literal[
     "oom_gpu", "oom_cpu_kvcache", "lora_load_failed", "model_missing", "port_in_use", "unsupported_flag", "unknown"
 ]
@@ -45,7 +47,7 @@ class Cause:
     adapter: str | None = None
 
     def text(self, lang: str | None = "en") -> str:
-        return self.reason_zh if (lang or "").lower().startswith("zh") else self.reason
+        return self.reason_zh if pick_language(lang) == "zh" else self.reason
 
     @property
     def restart_may_help(self) -> bool:

@@ -42,7 +42,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 
-from .settings import HealthSettings  # noqa: E402 - re-exported: the [health] section
+from .errors import pick_language
+from .settings import HealthSettings  # re-exported: the [health] section
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class HealthStatus:
         return tuple(m for m in self.models if m.is_adapter)
 
     def text(self, lang: str | None = "en") -> str:
-        return self.reason_zh if (lang or "").lower().startswith("zh") else self.reason
+        return self.reason_zh if pick_language(lang) == "zh" else self.reason
 
 
 # ---------------------------------------------------------------- one poll's observations

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from .adapters import Diagnosis, diagnose_adapter, read_safetensors_header
+from .adapters import Diagnosis, diagnose_adapter, read_safetensors_header, read_safetensors_metadata
 from .errors import ModelPathError, QwenChatError
 from .server import check_model_dir
 from .settings import home_dir
@@ -115,22 +115,11 @@ def tokenizer_files(folder: Path) -> list[Path]:
     return out
 
 
-def _raw_header(path: Path) -> dict[str, Any]:
-    with path.open("rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > min(100 * 1024 * 1024, path.stat().st_size - 8):
-            raise ValueError(f"{path.name} has a header length of {n} bytes; not a safetensors file")
-        header = json.loads(f.read(n))
-    if not isinstance(header, dict):
-        raise ValueError(f"{path.name} has a safetensors header that is not a JSON object")
-    return header
-
-
 def _stored_dtype(base: Path) -> str | None:
     """The dtype the base's floating-point weights are stored in (safetensors header), e.g. "BF16"."""
     for st in sorted(base.glob("*.safetensors")):
         try:
-            header = _raw_header(st)
+            header = read_safetensors_metadata(st)
         except (OSError, ValueError, struct.error):
             continue
         for name, meta in header.items():
@@ -165,7 +154,7 @@ def _tied(base: Path) -> bool:
 def _embedding_bytes(base: Path) -> int:
     for st in sorted(base.glob("*.safetensors")):
         try:
-            header = _raw_header(st)
+            header = read_safetensors_metadata(st)
         except (OSError, ValueError, struct.error):
             continue
         for name, meta in header.items():
@@ -282,7 +271,7 @@ def inspect_merged(folder: Path, base: Path | None = None) -> MergedReport:
     dtypes: set[str] = set()
     for st in files:
         try:
-            header = _raw_header(st)
+            header = read_safetensors_metadata(st)
         except (OSError, ValueError, struct.error) as exc:
             raise MergeError(f"the merged weights {st} are unreadable ({exc})") from None
         for name, meta in header.items():
@@ -300,7 +289,7 @@ def inspect_merged(folder: Path, base: Path | None = None) -> MergedReport:
         base_keys: dict[str, tuple[int, ...]] = {}
         for st in sorted(Path(base).glob("*.safetensors")):
             try:
-                base_keys.update({k: tuple(m.get("shape", ())) for k, m in _raw_header(st).items()
+                base_keys.update({k: tuple(m.get("shape", ())) for k, m in read_safetensors_metadata(st).items()
                                   if k != "__metadata__" and isinstance(m, dict)})
             except (OSError, ValueError, struct.error):
                 continue
