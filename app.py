@@ -10,26 +10,32 @@ import time
 import uuid
 
 import chainlit as cl
-from chainlit.input_widget import Select, Slider, TextInput
-
+from backend.chat.client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
+from backend.chat.health import EngineState
 from chainlit.auth import get_current_user
 from chainlit.data import get_data_layer
+from chainlit.input_widget import Select, Slider, TextInput
 from chainlit.server import app as http_app
 from fastapi import Depends
 
-from backend import history
-from backend import service as ui
-from backend.chat import Conversation
-from backend.client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
-from backend.errors import ConnectionLost, ModelNotFound, PromptTooLong, QwenChatError, ServerStarting, ServerUnreachable
-from backend.health import EngineState
+from backend.chat import history, login, preferences
+from backend.chat import service as ui
+from backend.chat.conversation import Conversation
+from backend.errors import (
+    ConnectionLost,
+    ModelNotFound,
+    PromptTooLong,
+    QwenChatError,
+    ServerStarting,
+    ServerUnreachable,
+)
 from backend.i18n import t
 
 logger = logging.getLogger(__name__)
 app = ui.Service.from_environment()
 # Sets CHAINLIT_AUTH_SECRET: Chainlit checks it only after importing this file.
 DB_URL = history.prepare(app.settings)
-prefs = history.Preferences(app.settings.logging.resolved_dir / history.PREFS_FILE)
+prefs = preferences.Preferences(app.settings.logging.resolved_dir / preferences.PREFS_FILE)
 
 if DB_URL:  # [ui].auth: login, and history through Chainlit's own data layer
     from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
@@ -40,7 +46,7 @@ if DB_URL:  # [ui].auth: login, and history through Chainlit's own data layer
 
     @cl.password_auth_callback
     async def login(username: str, password: str) -> cl.User | None:
-        if history.check_password(app.settings, username, password):
+        if login.check_password(app.settings, username, password):
             return cl.User(identifier=username, metadata={"provider": "credentials"})
         logger.warning("login refused for %r", username)
         return None
@@ -68,8 +74,8 @@ http_app.router.routes.insert(0, http_app.router.routes.pop())
 
 
 # Without login, the page sets a browser cookie that the websocket carries: settings survive a reload.
-if not any(m.cls is history.BrowserCookieMiddleware for m in http_app.user_middleware):
-    http_app.add_middleware(history.BrowserCookieMiddleware)
+if not any(m.cls is preferences.BrowserCookieMiddleware for m in http_app.user_middleware):
+    http_app.add_middleware(preferences.BrowserCookieMiddleware)
 
 
 def lang() -> str:
@@ -171,7 +177,7 @@ def ensure_watcher() -> None:
 
 def preference_key() -> str | None:
     session = cl.context.session
-    return history.preference_key(session.user.identifier if session.user else None,
+    return preferences.preference_key(session.user.identifier if session.user else None,
                                   (session.environ or {}).get("HTTP_COOKIE"))
 
 

@@ -38,10 +38,10 @@ def cmd_prepare(args) -> int:
     if not settings.model.is_embedded:
         _progress(f"model: {settings.model.resolved_path} (given by [model].path; nothing to build)")
         return 0
-    from . import models
+    from . import packages
 
     target = settings.model.resolved_path
-    if models.is_built(target):
+    if packages.is_built(target):
         _progress(f"embedded model ready: {target}")
         return 0
     engine_py = os.environ.get("QWENCHAT_ENGINE_PYTHON") or sys.executable
@@ -50,7 +50,7 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_build_default(args) -> int:
-    from . import models
+    from .engine import models
     from .settings import ModelSettings
 
     path = models.convert_gguf(ModelSettings().resolved_path, progress=_progress)
@@ -59,7 +59,7 @@ def cmd_build_default(args) -> int:
 
 
 def cmd_build_test_models(args) -> int:
-    from . import models
+    from .engine import models
 
     out = Path(args.out) if args.out else home_dir() / "test-models"
     qwen = models.build_tiny_qwen3(out / "tiny-qwen3", progress=_progress)
@@ -71,7 +71,7 @@ def cmd_build_test_models(args) -> int:
 def cmd_train_demo(args) -> int:
     import shutil
 
-    from . import models
+    from .engine import models
     from .settings import ModelSettings
 
     base = models.convert_gguf(ModelSettings().resolved_path, progress=_progress)
@@ -89,22 +89,22 @@ def cmd_train_demo(args) -> int:
 
 def cmd_engine_kind(args) -> int:
     """Print external | cpu | gpu for start.sh (which engine env to install); validates config."""
-    from . import server
+    from .engine import command
 
     settings = _settings(args)
     if settings.external:
         print("external")
         return 0
-    has_gpu = server.gpu_available()
+    has_gpu = command.gpu_available()
     if args.dry_run and settings.server.engine == "gpu":
         print("gpu")  # a dry run may show the GPU command on a CPU machine
         return 0
-    print(server.resolve_engine(settings.server.engine, has_gpu))
+    print(command.resolve_engine(settings.server.engine, has_gpu))
     return 0
 
 
 def cmd_serve(args) -> int:
-    from . import launch
+    from .engine import launch
 
     settings = _settings(args)
     logging.basicConfig(level=settings.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -114,13 +114,13 @@ def cmd_serve(args) -> int:
 
 
 def cmd_doctor(args, rest: list[str]) -> int:
-    from . import adapters
+    from .adapters import doctor
 
-    return adapters.doctor_main(rest)
+    return doctor.doctor_main(rest)
 
 
 def cmd_merge(args, rest: list[str]) -> int:
-    from . import merge
+    from .engine import merge
 
     return merge.merge_main(rest)
 

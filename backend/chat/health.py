@@ -42,8 +42,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 
-from .errors import pick_language
-from .settings import HealthSettings  # re-exported: the [health] section
+from ..errors import pick_language
+from ..settings import HealthSettings  # re-exported: the [health] section
 
 logger = logging.getLogger(__name__)
 

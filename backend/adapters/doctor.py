@@ -1,4 +1,4 @@
-"""LoRA adapters: the adapter doctor, the adapters-folder allow-list, runtime load/unload.
+"""The adapter doctor: does this LoRA folder fit the base model, and if not, exactly why.
 
     diagnosis = diagnose_adapter("adapters/pirate", base_dir=model_dir, max_rank=16)
     diagnosis.ok, diagnosis.errors, diagnosis.rank, diagnosis.format_text()
@@ -13,6 +13,7 @@ Why a doctor: vLLM exits rc=1 at start on one bad static adapter, crashes deep i
 lacks (200, no effect). The doctor reads only ``adapter_config.json`` and safetensors *headers* (no torch,
 no weights) and mirrors vLLM 0.32's own rules (vllm/lora/peft_helper.py, lora_model.py, utils.py).
 Pure functions; file reads are small but callers in async code should use ``asyncio.to_thread``.
+
 """
 
 from __future__ import annotations
@@ -20,28 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
-import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
-from .errors import (
-    AdapterError,
-    AdapterLimitReached,
-    AdapterPathRefused,
-    AdapterRejected,
-    AdapterRuntimeDisabled,
-    BackendError,
+from ..errors import (
     ConfigError,
-    ModelNotFound,
-    Overloaded,
-    RequestTimeout,
-    ServerUnreachable,
 )
-from .settings import VLLM_LORA_RANKS
+from ..settings import VLLM_LORA_RANKS
+from .safetensors import read_safetensors_header
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +52,6 @@ EMBEDDING_LORA_ARCHS = frozenset({
     "ExaoneForCausalLM", "NemotronForCausalLM", "PhiMoEForCausalLM",
 })
 _EMBEDDING_NAMES = ("embed_tokens", "wte", "word_embeddings", "embed_in")
-_HEADER_LIMIT = 100 * 1024 * 1024  # a safetensors JSON header larger than this is not a real file
 
 
 # ---------------------------------------------------------------- value objects
@@ -146,21 +135,6 @@ class Diagnosis:
         }
 
 
-@dataclass(frozen=True)
-class AdapterInfo:
-    """An adapter folder found in the adapters folder; ``problem`` is set when it could not be read."""
-
-    name: str
-    path: Path
-    rank: int | None = None
-    base_model_name_or_path: str | None = None
-    problem: str = ""
-
-    @property
-    def label(self) -> str:
-        """Dropdown label: ``pirate (r=8)``."""
-        return f"{self.name} (r={self.rank})" if self.rank is not None else self.name
-
 
 @dataclass(frozen=True)
 class BaseModelInfo:
@@ -203,47 +177,6 @@ class _Findings:
         return tuple(sorted(out, key=lambda f: f.severity != "error"))
 
 
-# ---------------------------------------------------------------- safetensors headers
-
-
-def read_safetensors_metadata(path: str | Path) -> dict[str, Any]:
-    """The raw JSON header of a .safetensors file (name -> {dtype, shape, data_offsets}), no weights read.
-
-    Format: 8-byte little-endian header length N, then N bytes of JSON. ValueError when unreadable.
-    """
-    path = Path(path)
-    with path.open("rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{path.name} is shorter than a safetensors header")
-        (n,) = struct.unpack("<Q", raw)
-        size = path.stat().st_size
-        if n > min(_HEADER_LIMIT, size - 8):
-            raise ValueError(f"{path.name} has a header length of {n} bytes, larger than the file; not a safetensors file")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path.name} has an unreadable safetensors header ({exc})") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path.name} has a safetensors header that is not a JSON object")
-    return header
-
-
-def read_safetensors_header(path: str | Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from a .safetensors header, without reading any weights; ValueError when unreadable."""
-    path = Path(path)
-    header = read_safetensors_metadata(path)
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        shape = meta.get("shape") if isinstance(meta, dict) else None
-        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
-            raise ValueError(f"{path.name}: tensor {name!r} has no valid shape in the header")
-        shapes[name] = tuple(shape)
-    return shapes
-
-
 # ---------------------------------------------------------------- base model
 
 
@@ -251,7 +184,7 @@ def _is_embedding(module: str) -> bool:
     return module.rsplit(".", 1)[-1] in _EMBEDDING_NAMES
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     with path.open("r", encoding="utf-8") as f:
         return json.load(f)
 
@@ -267,7 +200,7 @@ def read_base_model(base_dir: str | Path) -> BaseModelInfo:
     config: dict[str, Any] = {}
     if (base / "config.json").is_file():
         try:
-            config = _read_json(base / "config.json")
+            config = read_json(base / "config.json")
         except (OSError, ValueError) as exc:
             raise ValueError(f"{base / 'config.json'} is not valid JSON ({exc})") from None
     tensors: dict[str, tuple[int, ...] | None] = {}
@@ -279,7 +212,7 @@ def read_base_model(base_dir: str | Path) -> BaseModelInfo:
     elif index.is_file() or bin_index.is_file():
         idx = index if index.is_file() else bin_index
         try:
-            weight_map = _read_json(idx)["weight_map"]
+            weight_map = read_json(idx)["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{idx} has no readable weight_map ({exc})") from None
         tensors.update({name: None for name in weight_map})
@@ -401,7 +334,7 @@ def diagnose_adapter(
         found.add("error", "missing_config", f"adapter {q} has no {CONFIG_FILE} in {path}{hint}")
         return done()
     try:
-        cfg = _read_json(cfg_path)
+        cfg = read_json(cfg_path)
     except (OSError, ValueError) as exc:
         found.add("error", "bad_config", f"adapter {q}: {CONFIG_FILE} is not valid JSON ({exc}); re-save it with PEFT")
         return done()
@@ -808,7 +741,7 @@ def diagnose_model_dir(path: str | Path) -> Diagnosis:
                   "(delete it), otherwise check that the weights really are merged")
     elif cfg_path.is_file() or lora_keys:
         try:
-            adapter_base = _read_json(cfg_path).get("base_model_name_or_path") if cfg_path.is_file() else None
+            adapter_base = read_json(cfg_path).get("base_model_name_or_path") if cfg_path.is_file() else None
         except (OSError, ValueError, AttributeError):
             adapter_base = None
         base_hint = adapter_base or "BASE_MODEL"
@@ -838,7 +771,7 @@ def doctor_main(argv: list[str]) -> int:
 
     settings = None
     try:
-        from .settings import load_settings
+        from ..settings import load_settings
 
         settings = load_settings()
     except ConfigError as exc:
@@ -865,226 +798,3 @@ def doctor_main(argv: list[str]) -> int:
     return 0 if diagnosis.ok else 1
 
 
-# ---------------------------------------------------------------- adapters folder (allow-list)
-
-
-def resolve_adapter(folder: str | Path, name: str) -> Path:
-    """The folder of adapter ``name`` directly inside ``folder``; nothing else can be named.
-
-    AdapterPathRefused for "", ".", "..", hidden names, separators, absolute paths, NUL, and symlinks
-    resolving outside ``folder``; AdapterRejected when there is no such adapter folder.
-    """
-    folder = Path(folder)
-    shown = str(folder)
-    if (not isinstance(name, str) or not name or name in (".", "..") or name.startswith(".")
-            or any(c in name for c in ("/", "\\", "\x00", ":")) or name != name.strip()
-            or os.path.isabs(name)):
-        raise AdapterPathRefused(name=name if isinstance(name, str) else repr(name), folder=shown)
-    root = folder.resolve()
-    candidate = root / name
-    try:
-        target = candidate.resolve(strict=True)
-    except (OSError, RuntimeError):  # missing, or a symlink loop
-        target = None
-    if target is not None and (target == root or not target.is_relative_to(root)):
-        raise AdapterPathRefused(name=name, folder=shown)
-    if target is None or not target.is_dir():
-        try:  # plain listing: discover_adapters() calls us, so no recursion through it
-            known = ", ".join(sorted(p.name for p in root.iterdir()
-                                     if not p.name.startswith(".") and (p / CONFIG_FILE).is_file())) or "none"
-        except OSError:
-            known = "none (the folder does not exist)"
-        raise AdapterRejected(name, f"there is no adapter folder named {name!r} in {shown} (found: {known})")
-    return target
-
-
-def discover_adapters(folder: str | Path) -> list[AdapterInfo]:
-    """Adapter folders (with adapter_config.json) directly inside ``folder``, sorted by name.
-
-    Unreadable ones are returned with ``problem`` set, never raised; symlinks leading outside are skipped.
-    """
-    root = Path(folder)
-    try:
-        entries = sorted(root.iterdir(), key=lambda p: p.name)
-    except OSError:
-        return []
-    out: list[AdapterInfo] = []
-    for entry in entries:
-        if entry.name.startswith("."):
-            continue
-        try:
-            path = resolve_adapter(root, entry.name)
-        except AdapterError:
-            continue
-        cfg_path = path / CONFIG_FILE
-        if not cfg_path.is_file():
-            continue
-        try:
-            cfg = _read_json(cfg_path)
-            if not isinstance(cfg, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as exc:
-            out.append(AdapterInfo(entry.name, path, problem=f"{CONFIG_FILE} is unreadable ({exc})"))
-            continue
-        r = cfg.get("r")
-        base_name = cfg.get("base_model_name_or_path")
-        out.append(AdapterInfo(
-            entry.name, path,
-            rank=r if isinstance(r, int) and not isinstance(r, bool) else None,
-            base_model_name_or_path=base_name if isinstance(base_name, str) else None,
-            problem="" if isinstance(r, int) else f"{CONFIG_FILE} has no valid rank r ({r!r})",
-        ))
-    return out
-
-
-def read_rank(adapter_dir: str | Path) -> int | None:
-    """The adapter's rank ``r`` from adapter_config.json, or None (for dropdown labels)."""
-    try:
-        r = _read_json(Path(adapter_dir) / CONFIG_FILE).get("r")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return r if isinstance(r, int) and not isinstance(r, bool) else None
-
-
-def prepare_runtime_load(folder: str | Path, name: str, base_dir: str | Path | None, max_rank: int,
-                         *, base_aliases: Iterable[str] = ()) -> Diagnosis:
-    """Allow-list + doctor before a runtime load; AdapterPathRefused / AdapterRejected (doctor's errors)."""
-    path = resolve_adapter(folder, name)
-    diagnosis = diagnose_adapter(path, base_dir, max_rank, name=name, base_aliases=base_aliases)
-    if not diagnosis.ok:
-        raise AdapterRejected(name, diagnosis.error_text())
-    return diagnosis
-
-
-# ---------------------------------------------------------------- runtime load / unload (vLLM)
-
-
-def _engine_client(client_or_base_url: Any, api_key: str | None, timeout: float) -> tuple[Any, bool]:
-    """(client, owned): an AsyncOpenAI without retries (a failed load must not be repeated)."""
-    from openai import AsyncOpenAI
-
-    if isinstance(client_or_base_url, str):
-        return AsyncOpenAI(base_url=client_or_base_url.rstrip("/"), api_key=api_key or "EMPTY",
-                           max_retries=0, timeout=timeout), True
-    options: dict[str, Any] = {"max_retries": 0, "timeout": timeout}
-    if api_key:
-        options["api_key"] = api_key
-    return client_or_base_url.with_options(**options), False
-
-
-def _error_parts(exc: Any) -> tuple[int, str, bool]:
-    """(status, message, route_missing) from an openai APIStatusError holding a vLLM error body."""
-    response = exc.response
-    status = response.status_code
-    try:
-        body = json.loads(response.text)
-    except ValueError:
-        return status, response.text.strip()[:500], False
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return status, str(body["error"].get("message", "")), False
-    if isinstance(body, dict) and isinstance(body.get("error"), str):  # the --api-key middleware
-        return status, body["error"], False
-    if isinstance(body, dict) and "message" in body:  # older vLLM: flat {"object": "error", ...}
-        return status, str(body["message"]), False
-    if isinstance(body, dict) and "detail" in body:  # FastAPI's own 404: the route is not there
-        return status, str(body["detail"]), status == 404
-    return status, response.text.strip()[:500], False
-
-
-async def _post(client_or_base_url: Any, api_key: str | None, route: str, body: dict[str, Any],
-                timeout: float) -> str:
-    client, owned = _engine_client(client_or_base_url, api_key, timeout)
-    try:
-        return await client.post(route, body=body, cast_to=str)
-    finally:
-        if owned:
-            await client.close()
-
-
-def _map_runtime_error(exc: Exception, action: str, name: str, path: str, url: str, timeout: float) -> Exception:
-    """Translate openai SDK errors from /v1/(un)load_lora_adapter into our family, most specific first."""
-    import openai
-
-    if isinstance(exc, openai.APITimeoutError):
-        return RequestTimeout(timeout)
-    if isinstance(exc, openai.APIConnectionError):
-        return ServerUnreachable(url, str(exc))
-    if not isinstance(exc, openai.APIStatusError):
-        return BackendError(str(exc))
-    status, message, route_missing = _error_parts(exc)
-    if route_missing:
-        return AdapterRuntimeDisabled(name=name)
-    if status in (401, 403):
-        return BackendError(f"HTTP {status} from {url} ({message}); the API key does not match the server's "
-                            "--api-key (OPENAI_API_KEY / [server].api_key)")
-    if status in (429, 503):
-        return Overloaded(f"HTTP {status}: {message}")
-    if action == "unload":
-        if status == 404:
-            return ModelNotFound(model=name, detail=message)
-        return BackendError(f"unloading {name!r} failed: HTTP {status}: {message}")
-    if status == 404:
-        return AdapterRejected(name, f"the model server cannot find {path} ({message}); if it runs in another "
-                                     "container or host, the adapters folder must be mounted there at the same path")
-    if status >= 500:
-        return AdapterRejected(name, f"the model server could not load it (HTTP {status}): {message}")
-    return AdapterRejected(name, f"HTTP {status}: {message}")
-
-
-def _url_of(client_or_base_url: Any) -> str:
-    return client_or_base_url if isinstance(client_or_base_url, str) else str(getattr(client_or_base_url, "base_url", ""))
-
-
-async def load_adapter(client_or_base_url: Any, api_key: str | None, name: str, path: str | Path, *,
-                       loaded: Collection[str] = (), limit: int = 0, timeout: float = 120.0) -> str:
-    """POST /v1/load_lora_adapter; returns vLLM's text. Already loaded under this name: a no-op.
-
-    ``loaded``/``limit``: names the engine serves now (from /v1/models) and [lora].max_cpu_loras — vLLM
-    itself never refuses for capacity (its CPU cache evicts silently), so the limit is enforced here.
-    Raises AdapterRuntimeDisabled, AdapterLimitReached, AdapterRejected, or a BackendError subclass.
-    """
-    if limit and name not in loaded and len(loaded) >= limit:
-        raise AdapterLimitReached(name=name, loaded=len(loaded), limit=limit, setting="[lora].max_cpu_loras")
-    import openai
-
-    url = _url_of(client_or_base_url)
-    try:
-        text = await _post(client_or_base_url, api_key, "/load_lora_adapter",
-                           {"lora_name": name, "lora_path": str(path)}, timeout)
-    except openai.APIStatusError as exc:
-        status, message, _ = _error_parts(exc)
-        if status == 400 and "already been loaded" in message:
-            logger.info("adapter %s is already loaded", name)
-            return message
-        raise _map_runtime_error(exc, "load", name, str(path), url, timeout) from exc
-    except openai.OpenAIError as exc:
-        raise _map_runtime_error(exc, "load", name, str(path), url, timeout) from exc
-    logger.info("loaded adapter %s from %s", name, path)
-    return text
-
-
-async def unload_adapter(client_or_base_url: Any, api_key: str | None, name: str, *, timeout: float = 30.0) -> str:
-    """POST /v1/unload_lora_adapter; ModelNotFound when the engine does not have it."""
-    import openai
-
-    url = _url_of(client_or_base_url)
-    try:
-        text = await _post(client_or_base_url, api_key, "/unload_lora_adapter", {"lora_name": name}, timeout)
-    except openai.OpenAIError as exc:
-        raise _map_runtime_error(exc, "unload", name, "", url, timeout) from exc
-    logger.info("unloaded adapter %s", name)
-    return text
-
-
-async def load_adapter_from_folder(client_or_base_url: Any, api_key: str | None, folder: str | Path, name: str,
-                                   base_dir: str | Path | None, max_rank: int, *, loaded: Collection[str] = (),
-                                   limit: int = 0, base_aliases: Iterable[str] = ()) -> Diagnosis:
-    """Allow-list + doctor (in a thread) + load: what the dropdown calls for an adapter not yet served."""
-    import asyncio
-
-    if limit and name not in loaded and len(loaded) >= limit:
-        raise AdapterLimitReached(name=name, loaded=len(loaded), limit=limit, setting="[lora].max_cpu_loras")
-    diagnosis = await asyncio.to_thread(prepare_runtime_load, folder, name, base_dir, max_rank,
-                                        base_aliases=tuple(base_aliases))
-    await load_adapter(client_or_base_url, api_key, name, diagnosis.path, loaded=loaded, limit=limit)
-    return diagnosis

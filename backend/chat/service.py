@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..errors import BackendError, PromptTooLong
+from ..i18n import t
+from ..settings import Settings, load_settings
 from . import budget as budget_mod
-from . import template
+from . import counters
 from .client import ChatClient, Finish, Usage, anomaly_counts
-from .errors import BackendError, PromptTooLong
 from .health import EngineState, HealthSettings, HealthStatus, get_poller
-from .i18n import t
-from .settings import Settings, load_settings
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Service:
         self.health_settings = health or settings.health
         self.client = ChatClient(self.base_url, self.api_key, settings.client)
         self._poller = None
-        self._counter: template.TokenCounter | None = None
+        self._counter: counters.TokenCounter | None = None
         self._counter_lock = asyncio.Lock()
         self._load_lock = asyncio.Lock()
 
@@ -108,10 +108,10 @@ class Service:
         """Adapters in [lora].dir that the engine does not list: offered, loaded on first use."""
         if self.settings.external or not self.settings.lora.runtime_loading:
             return []
-        from . import adapters
+        from ..adapters import folder
 
         served = {m.id for m in status.models}
-        found = await asyncio.to_thread(adapters.discover_adapters, self.settings.lora.resolved_dir)
+        found = await asyncio.to_thread(folder.discover_adapters, self.settings.lora.resolved_dir)
         return [LocalAdapter(a.name, a.rank) for a in found if a.name not in served and not a.problem]
 
     @staticmethod
@@ -119,7 +119,7 @@ class Service:
         """The rank of a served adapter, when its folder is readable from here (dropdown label)."""
         if not root:
             return None
-        from .adapters import read_rank
+        from ..adapters.folder import read_rank
 
         try:
             return read_rank(Path(root))
@@ -142,14 +142,14 @@ class Service:
         """
         if status is not None and any(m.id == name for m in status.models):
             return False
-        from . import adapters
+        from ..adapters import runtime
 
         async with self._load_lock:
             status = self.poller.status
             if any(m.id == name for m in status.models):
                 return False  # another session loaded it while this one waited
             lora = self.settings.lora
-            await adapters.load_adapter_from_folder(
+            await runtime.load_adapter_from_folder(
                 self.base_url, self.api_key, lora.resolved_dir, name,
                 None if self.settings.external else self.settings.model.resolved_path, lora.max_lora_rank,
                 loaded=[m.id for m in status.adapters], limit=lora.max_cpu_loras,
@@ -159,12 +159,12 @@ class Service:
 
     async def unload(self, name: str, status: HealthStatus) -> None:
         """Unload a served adapter (the base model cannot be unloaded)."""
-        from . import adapters
-        from .errors import ModelNotFound
+        from ..adapters import runtime
+        from ..errors import ModelNotFound
 
         if not any(m.id == name for m in status.adapters):
             raise ModelNotFound(name, "not a served adapter")
-        await adapters.unload_adapter(self.base_url, self.api_key, name)
+        await runtime.unload_adapter(self.base_url, self.api_key, name)
         await self.poller.refresh()
 
     def adapters_overview(self, status: HealthStatus, local: list[LocalAdapter], lang: str) -> str:
@@ -190,11 +190,11 @@ class Service:
     def max_model_len(self) -> int:
         return self.settings.budget.max_model_len or self.poller.status.max_model_len or self.settings.model.max_model_len
 
-    async def counter(self) -> template.TokenCounter:
+    async def counter(self) -> counters.TokenCounter:
         async with self._counter_lock:
             if self._counter is None:
                 s = self.settings
-                self._counter = await template.open_counter(
+                self._counter = await counters.open_counter(
                     tokenizer_dir=None if s.external else s.model.resolved_path,
                     base_url=self.base_url, model=self.default_model(self.poller.status), api_key=self.api_key,
                     client=s.client)

