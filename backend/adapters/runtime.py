@@ -10,20 +10,13 @@ vLLM answers these routes only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (e
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, Collection, Iterable
 
+from ..engine_http import Limits, Route, error_message, status_error, transport_error
 from ..errors import (
     AdapterLimitReached,
-    AdapterRejected,
-    AdapterRuntimeDisabled,
-    BackendError,
-    ModelNotFound,
-    Overloaded,
-    RequestTimeout,
-    ServerUnreachable,
 )
 from .doctor import Diagnosis
 from .folder import prepare_runtime_load
@@ -46,25 +39,6 @@ def _engine_client(client_or_base_url: Any, api_key: str | None, timeout: float)
     return client_or_base_url.with_options(**options), False
 
 
-def _error_parts(exc: Any) -> tuple[int, str, bool]:
-    """(status, message, route_missing) from an openai APIStatusError holding a vLLM error body."""
-    response = exc.response
-    status = response.status_code
-    try:
-        body = json.loads(response.text)
-    except ValueError:
-        return status, response.text.strip()[:500], False
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return status, str(body["error"].get("message", "")), False
-    if isinstance(body, dict) and isinstance(body.get("error"), str):  # the --api-key middleware
-        return status, body["error"], False
-    if isinstance(body, dict) and "message" in body:  # older vLLM: flat {"object": "error", ...}
-        return status, str(body["message"]), False
-    if isinstance(body, dict) and "detail" in body:  # FastAPI's own 404: the route is not there
-        return status, str(body["detail"]), status == 404
-    return status, response.text.strip()[:500], False
-
-
 async def _post(client_or_base_url: Any, api_key: str | None, route: str, body: dict[str, Any],
                 timeout: float) -> str:
     client, owned = _engine_client(client_or_base_url, api_key, timeout)
@@ -75,34 +49,14 @@ async def _post(client_or_base_url: Any, api_key: str | None, route: str, body: 
             await client.close()
 
 
-def _map_runtime_error(exc: Exception, action: str, name: str, path: str, url: str, timeout: float) -> Exception:
-    """Translate openai SDK errors from /v1/(un)load_lora_adapter into our family, most specific first."""
+def _map(exc: Exception, route: Route, name: str, path: str, url: str, timeout: float) -> Exception:
+    """Our error for a failed load/unload: the engine's answer through the one table in ``engine_http``."""
     import openai
 
-    if isinstance(exc, openai.APITimeoutError):
-        return RequestTimeout(timeout)
-    if isinstance(exc, openai.APIConnectionError):
-        return ServerUnreachable(url, str(exc))
-    if not isinstance(exc, openai.APIStatusError):
-        return BackendError(str(exc))
-    status, message, route_missing = _error_parts(exc)
-    if route_missing:
-        return AdapterRuntimeDisabled(name=name)
-    if status in (401, 403):
-        return BackendError(f"HTTP {status} from {url} ({message}); the API key does not match the server's "
-                            "--api-key (OPENAI_API_KEY / [server].api_key)")
-    if status in (429, 503):
-        return Overloaded(f"HTTP {status}: {message}")
-    if action == "unload":
-        if status == 404:
-            return ModelNotFound(model=name, detail=message)
-        return BackendError(f"unloading {name!r} failed: HTTP {status}: {message}")
-    if status == 404:
-        return AdapterRejected(name, f"the model server cannot find {path} ({message}); if it runs in another "
-                                     "container or host, the adapters folder must be mounted there at the same path")
-    if status >= 500:
-        return AdapterRejected(name, f"the model server could not load it (HTTP {status}): {message}")
-    return AdapterRejected(name, f"HTTP {status}: {message}")
+    if isinstance(exc, openai.APIStatusError):
+        return status_error(exc.status_code, exc.body, route, url=url, model=name, path=path, message=exc.message)
+    what = f"{'loading' if route is Route.LOAD_ADAPTER else 'unloading'} adapter {name!r}"
+    return transport_error(exc, route, url=url, limits=Limits(timeout, timeout, "a fixed limit of the app", what))
 
 
 def _url_of(client_or_base_url: Any) -> str:
@@ -126,13 +80,12 @@ async def load_adapter(client_or_base_url: Any, api_key: str | None, name: str, 
         text = await _post(client_or_base_url, api_key, "/load_lora_adapter",
                            {"lora_name": name, "lora_path": str(path)}, timeout)
     except openai.APIStatusError as exc:
-        status, message, _ = _error_parts(exc)
-        if status == 400 and "already been loaded" in message:
+        if exc.status_code == 400 and "already been loaded" in error_message(exc.body, exc.message):
             logger.info("adapter %s is already loaded", name)
-            return message
-        raise _map_runtime_error(exc, "load", name, str(path), url, timeout) from exc
+            return error_message(exc.body, exc.message)
+        raise _map(exc, Route.LOAD_ADAPTER, name, str(path), url, timeout) from exc
     except openai.OpenAIError as exc:
-        raise _map_runtime_error(exc, "load", name, str(path), url, timeout) from exc
+        raise _map(exc, Route.LOAD_ADAPTER, name, str(path), url, timeout) from exc
     logger.info("loaded adapter %s from %s", name, path)
     return text
 
@@ -145,7 +98,7 @@ async def unload_adapter(client_or_base_url: Any, api_key: str | None, name: str
     try:
         text = await _post(client_or_base_url, api_key, "/unload_lora_adapter", {"lora_name": name}, timeout)
     except openai.OpenAIError as exc:
-        raise _map_runtime_error(exc, "unload", name, "", url, timeout) from exc
+        raise _map(exc, Route.UNLOAD_ADAPTER, name, "", url, timeout) from exc
     logger.info("unloaded adapter %s", name)
     return text
 

@@ -289,10 +289,8 @@ MIN_MESSAGE_ROOM = 64
 def _too_long(tokens: int, other: int, budget: int) -> PromptTooLong | SystemPromptTooLong:
     if budget - other < MIN_MESSAGE_ROOM:
         return SystemPromptTooLong(system=other, budget=budget)
-    exc = PromptTooLong(tokens=tokens, system=other, budget=budget)
-    # The most tokens the newest message may have; what trim_middle should aim for.
-    exc.params["limit"] = max(0, budget - other)
-    return exc
+    # limit: the most tokens the newest message may have; what trim_middle should aim for.
+    return PromptTooLong(tokens=tokens, system=other, budget=budget, limit=max(0, budget - other))
 
 
 async def _fit_by_segments(system: str | None, turns: list[list[_Item]], counter: TokenCounter,

@@ -39,7 +39,6 @@ import asyncio
 import json
 import logging
 import math
-import re
 import secrets
 import threading
 import time
@@ -55,32 +54,22 @@ from openai._constants import INITIAL_RETRY_DELAY, MAX_RETRY_AFTER_DELAY
 from openai._streaming import ServerSentEvent, SSEDecoder
 
 from ..errors import (
-    AuthenticationFailed,
     BackendError,
-    ConnectionLost,
-    ConnectTimeout,
-    ContextOverflow,
     EmptyAnswer,
     EngineError,
     FirstTokenTimeout,
     IdleTimeout,
     MalformedResponse,
-    ModelNotFound,
-    Overloaded,
-    RequestRejected,
-    ServerUnreachable,
     TotalTimeout,
 )
+from ..engine_http import Limits, Route, short, status_error, transport_error
 from ..settings import ClientSettings
 
 logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-# input_text: newer vLLM rejects over-long text before tokenising it.
-CONTEXT_PARAMS = frozenset({"input_tokens", "max_tokens", "input_text"})
 SUMMARY_INTERVAL = 300.0  # seconds between INFO summaries of the anomaly counters
 RAW_LOG_LIMIT = 2000  # characters of a raw chunk in a debug line
-DETAIL_LIMIT = 300  # characters of a server message inside a user-facing error
 
 
 # ---------------------------------------------------------------- events
@@ -220,9 +209,6 @@ def _raw(data: Any) -> str:
     return text if len(text) <= RAW_LOG_LIMIT else text[:RAW_LOG_LIMIT] + f"… ({len(text)} chars)"
 
 
-def _short(text: Any) -> str:
-    text = str(text)
-    return text if len(text) <= DETAIL_LIMIT else text[:DETAIL_LIMIT] + "…"
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -327,105 +313,38 @@ class _Malformed(Exception):
     """The response is not the OpenAI chat API."""
 
 
-def _status_of(code: Any) -> int | None:
-    if isinstance(code, int) and not isinstance(code, bool):
-        return code
-    if isinstance(code, str) and code.isdigit():
-        return int(code)
-    return None
-
-
-#: vLLM's unknown-model text; older versions send it without ``param: "model"``.
-_NO_SUCH_MODEL = re.compile(r"\bmodel `[^`]*` does not exist", re.IGNORECASE)
-
-
-def _from_status(status: int | None, body: Any, message: str, *, model: str, url: str = "") -> BackendError:
-    """The HTTP-status part of the mapping, shared by status errors and error events."""
-    fields = body if isinstance(body, dict) else {}
-    param = fields.get("param")
-    code = fields.get("code")
-    status = status if status is not None else _status_of(code)
-    # The SDK's message reads "Error code: 400 - {...}"; the server's own message is clearer.
-    plain = fields.get("detail") if isinstance(fields.get("detail"), str) else None  # {"detail": "Not Found"}
-    detail = _short(fields.get("message") or plain or message or f"HTTP {status}")
-    # Key on param, not wording (vLLM: 400 param input_tokens / max_tokens); OpenAI itself
-    # uses code context_length_exceeded; a proxy's 413 means the body was too big.
-    if (status == 400 and param in CONTEXT_PARAMS) or code == "context_length_exceeded" or status == 413:
-        return ContextOverflow(detail)
-    if status == 404:
-        # Only a 404 about the model is "pick another model"; any other 404 ({"detail": "Not Found"}
-        # from a server or proxy) means the route is wrong, usually a base URL without /v1.
-        if param == "model" or _NO_SUCH_MODEL.search(str(fields.get("message") or message or "")):
-            return ModelNotFound(model, detail)
-        where = f"{url}/chat/completions" if url else "the chat completions route"
-        return RequestRejected(404, f"{detail}; {where} was not found: check that OPENAI_BASE_URL "
-                                    "(or the engine URL) ends in /v1")
-    if status in (401, 403):
-        return AuthenticationFailed(status, detail)
-    if status in (429, 503):
-        return Overloaded(detail)
-    if status is not None and 400 <= status < 500:
-        return RequestRejected(status, detail)
-    return EngineError(detail if status is None or status < 500 else f"HTTP {status}: {detail}")
-
-
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        yield cur
-        cur = cur.__cause__ or cur.__context__
-
-
-def _transport_detail(exc: BaseException) -> str:
-    for cause in _causes(exc):
-        if isinstance(cause, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(cause, OSError) and cause.strerror:
-            return cause.strerror.lower()
-    inner = list(_causes(exc))[-1]
-    return _short(str(inner) or type(inner).__name__)
-
-
 def map_error(exc: BaseException, *, url: str = "", model: str = "",
               settings: ClientSettings | None = None) -> BackendError:
-    """Translate any exception from talking to the engine into one BackendError (most specific first).
+    """Translate any exception from a chat request into one BackendError (most specific first).
 
-    The caller raises the result ``from exc``. Our own time limits are not mapped here: they
-    are raised where they are measured (they are not lower-layer errors).
+    HTTP answers and transport failures go through ``engine_http`` (the one table for every
+    engine call); what is particular to the chat stream (error events, unreadable chunks) is
+    handled here. The caller raises the result ``from exc``. Our own time limits are not mapped
+    here: they are raised where they are measured (they are not lower-layer errors).
     """
     s = settings or ClientSettings()
     if isinstance(exc, BackendError):
         return exc
     if isinstance(exc, ErrorEvent):
-        return _from_status(None, exc.body, str(exc), model=model, url=url)
+        return _chat_error(None, exc.body, str(exc), model=model, url=url)
     if isinstance(exc, openai.APIResponseValidationError):
-        return MalformedResponse(_short(exc.message))
+        return MalformedResponse(short(exc.message))
     if isinstance(exc, openai.APIStatusError):
-        return _from_status(exc.status_code, exc.body, exc.message, model=model, url=url)
-    if isinstance(exc, openai.APITimeoutError):
-        causes = list(_causes(exc))
-        # write=idle_timeout: the request body (a big prompt) stopped going out. Nothing was
-        # answered yet, so this is not the idle timeout of an answer that stalled.
-        if any(isinstance(c, httpx2.WriteTimeout) for c in causes):
-            return ConnectionLost(f"sending the request stalled for {s.idle_timeout:g} s, [client].idle_timeout")
-        if any(isinstance(c, httpx2.ReadTimeout) for c in causes):  # read=None: only with other settings
-            return IdleTimeout(s.idle_timeout)
-        return ConnectTimeout(s.connect_timeout)
-    if isinstance(exc, (openai.APIConnectionError, httpx2.TransportError, OSError)):
-        causes = list(_causes(exc))
-        if any(isinstance(c, (httpx2.ConnectError, httpx2.UnsupportedProtocol, ConnectionRefusedError))
-               for c in causes):
-            return ServerUnreachable(url, _transport_detail(exc))
-        if any(isinstance(c, (httpx2.ConnectTimeout, httpx2.PoolTimeout)) for c in causes):
-            return ConnectTimeout(s.connect_timeout)
-        return ConnectionLost(_transport_detail(exc))
+        return _chat_error(exc.status_code, exc.body, exc.message, model=model, url=url)
+    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, httpx2.TransportError, OSError)):
+        limits = Limits(s.connect_timeout, s.idle_timeout, "[client].idle_timeout", "the model server")
+        return transport_error(exc, Route.CHAT, url=url, limits=limits)
     if isinstance(exc, openai.APIError):  # the SDK's own error event inside a stream
-        return _from_status(None, exc.body, exc.message, model=model, url=url)
+        return _chat_error(None, exc.body, exc.message, model=model, url=url)
     if isinstance(exc, (_Malformed, ValueError)):  # JSONDecodeError, UnicodeDecodeError are ValueErrors
-        return MalformedResponse(_short(f"{type(exc).__name__}: {exc}" if not isinstance(exc, _Malformed) else exc))
-    return EngineError(_short(f"{type(exc).__name__}: {exc}"))
+        return MalformedResponse(short(f"{type(exc).__name__}: {exc}" if not isinstance(exc, _Malformed) else exc))
+    return EngineError(short(f"{type(exc).__name__}: {exc}"))
+
+
+def _chat_error(status: int | None, body: Any, message: str, *, model: str, url: str) -> BackendError:
+    err = status_error(status, body, Route.CHAT, url=url, model=model, message=message)
+    assert isinstance(err, BackendError)  # the chat route maps to BackendErrors only
+    return err
 
 
 # ---------------------------------------------------------------- the SDK, narrowed
@@ -672,7 +591,7 @@ class ChatClient:
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not ours to translate
             return "failed", exc
         mapped = self._map(exc, model)
-        return f"failed: {mapped.code} ({type(exc).__name__}: {_short(exc)})", mapped
+        return f"failed: {mapped.code} ({type(exc).__name__}: {short(exc)})", mapped
 
     async def stream(self, messages: list[dict[str, Any]], model: str, *, max_tokens: int | None = None,
                      sampling: dict[str, Any] | None = None, request_id: str | None = None

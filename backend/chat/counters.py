@@ -25,17 +25,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from ..chatml import CHATML_SPECIALS, CHATML_TEMPLATE
+from ..engine_http import Limits, Route, auth_headers, status_error, transport_error
 from ..errors import (
-    AuthenticationFailed,
     BackendError,
-    ConnectionLost,
-    ConnectTimeout,
-    EngineError,
-    FirstTokenTimeout,
     MalformedResponse,
     ModelPathError,
-    Overloaded,
-    ServerUnreachable,
 )
 from ..settings import ClientSettings
 from .template import (
@@ -459,6 +453,8 @@ class RemoteCounter:
         self.api_key = api_key
         self.timeout = timeout if timeout is not None else limits.first_token_timeout
         self.connect_timeout = min(limits.connect_timeout, self.timeout)
+        self.limits = Limits(self.connect_timeout, self.timeout, "[client].first_token_timeout",
+                             "the model server's /tokenize (token counting)")
         self.concurrency = concurrency
         self.specials = tuple(specials)
         self.source = f"vLLM {self.url} (model {model})"
@@ -472,39 +468,21 @@ class RemoteCounter:
 
     async def _post(self, session: Any, body: dict[str, Any]) -> int:
         """One /tokenize call; every aiohttp error, timeout and bad status becomes a BackendError subclass."""
-        import aiohttp
-
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            async with session.post(self.url, json={"model": self.model, **body}, headers=headers) as resp:
+            async with session.post(self.url, json={"model": self.model, **body},
+                                    headers=auth_headers(self.api_key)) as resp:
                 text = await resp.text(errors="replace")
                 status = resp.status
-        # Most specific first. aiohttp's connect timeout is both a ClientError and a TimeoutError;
-        # the total timeout is a bare TimeoutError (== asyncio.TimeoutError on 3.11).
-        except aiohttp.ConnectionTimeoutError as exc:
-            raise ConnectTimeout(self.connect_timeout) from exc
-        except asyncio.TimeoutError as exc:
-            raise FirstTokenTimeout(self.timeout) from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise ServerUnreachable(self.url, str(exc)) from exc
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            # dropped mid-answer: ServerDisconnectedError, a truncated body, a reset
-            raise ConnectionLost(f"{self.url}: {type(exc).__name__}: {exc}"[:300]) from exc
-        except aiohttp.ClientResponseError as exc:  # not HTTP as aiohttp knows it
-            raise MalformedResponse(f"{self.url}: {exc}"[:300]) from exc
-        except aiohttp.ClientError as exc:
-            raise ConnectionLost(f"{self.url}: {type(exc).__name__}: {exc}"[:300]) from exc
-        detail = f"{self.url} answered {status}: {text[:300]}"
-        if status in (401, 403):
-            raise AuthenticationFailed(status, detail)
-        if status in (404, 405):  # no /tokenize route: not a vLLM server (or an old one)
-            raise BackendError(f"{self.url} answered {status}")
-        if status in (429, 503):
-            raise Overloaded(detail)
-        if status >= 500:
-            raise EngineError(detail)
+        except Exception as exc:  # noqa: BLE001 - transport_error keeps what it cannot classify as EngineError
+            raise transport_error(exc, Route.TOKENIZE, url=self.url, limits=self.limits) from exc
         if status != 200:
-            raise BackendError(detail)
+            try:
+                parsed: Any = json.loads(text)
+            except ValueError:
+                parsed = text
+            err = status_error(status, parsed, Route.TOKENIZE, url=self.url, model=self.model)
+            assert isinstance(err, BackendError)  # the /tokenize route maps to BackendErrors only
+            raise err
         try:
             data = json.loads(text)
         except ValueError as exc:

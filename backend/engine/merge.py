@@ -64,8 +64,7 @@ class MergeError(QwenChatError):
     """The merge was refused or failed; the text names the bad value and the fix."""
 
     code: ClassVar[str] = "merge"
-    text_en: ClassVar[str] = "{detail}"
-    text_zh: ClassVar[str] = "合并失败：{detail}"
+    text_key: ClassVar[str] = "error.merge"
 
 
 def _say(text: str) -> None:

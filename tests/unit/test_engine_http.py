@@ -1,0 +1,213 @@
+"""backend.engine_http: one table from the engine's answers to our errors, used by every engine call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from backend.adapters import runtime
+from backend.chat.client import map_error
+from backend.chat.counters import RemoteCounter
+from backend.chat.health import HealthPoller, HealthSettings
+from backend.engine_http import Limits, Route, auth_headers, error_message, status_error, transport_error
+from backend.errors import (
+    AdapterRejected,
+    AdapterRuntimeDisabled,
+    AuthenticationFailed,
+    BackendError,
+    ConnectTimeout,
+    ContextOverflow,
+    EngineError,
+    FirstTokenTimeout,
+    ModelNotFound,
+    Overloaded,
+    QwenChatError,
+    RequestRejected,
+    RequestTimeout,
+    ServerUnreachable,
+)
+from backend.settings import ClientSettings
+
+NOT_FOUND_ROUTE = {"detail": "Not Found"}  # FastAPI's own 404: the route does not exist
+UNKNOWN_MODEL = {"message": "The model `x` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}
+
+
+@pytest.mark.parametrize("status, body, route, expected", [
+    (400, {"message": "too long", "param": "input_tokens", "code": 400}, Route.CHAT, ContextOverflow),
+    (400, {"message": "too long", "param": "max_tokens", "code": 400}, Route.CHAT, ContextOverflow),
+    (400, {"message": "too long", "code": "context_length_exceeded"}, Route.CHAT, ContextOverflow),
+    (413, "Request Entity Too Large", Route.CHAT, ContextOverflow),
+    (400, {"message": "bad temperature", "param": "temperature"}, Route.CHAT, RequestRejected),
+    (404, UNKNOWN_MODEL, Route.CHAT, ModelNotFound),
+    (404, {"message": "The model `x` does not exist."}, Route.CHAT, ModelNotFound),  # older vLLM: no param
+    (404, NOT_FOUND_ROUTE, Route.CHAT, RequestRejected),  # a base URL without /v1
+    (404, NOT_FOUND_ROUTE, Route.TOKENIZE, RequestRejected),
+    (404, NOT_FOUND_ROUTE, Route.LOAD_ADAPTER, AdapterRuntimeDisabled),
+    (404, NOT_FOUND_ROUTE, Route.UNLOAD_ADAPTER, AdapterRuntimeDisabled),
+    (404, {"message": "no such path", "code": 404}, Route.LOAD_ADAPTER, AdapterRejected),
+    (404, {"message": "The lora adapter 'x' cannot be found.", "code": 404}, Route.UNLOAD_ADAPTER, ModelNotFound),
+    (400, {"message": "bad rank", "code": 400}, Route.LOAD_ADAPTER, AdapterRejected),
+    (500, {"message": "IndexError", "code": 500}, Route.LOAD_ADAPTER, AdapterRejected),
+    (500, {"message": "boom", "code": 500}, Route.CHAT, EngineError),
+    (500, {"message": "boom", "code": 500}, Route.UNLOAD_ADAPTER, EngineError),
+    (502, "<html>Bad Gateway</html>", Route.MODELS, EngineError),
+    (None, {"message": "error event", "code": 503}, Route.CHAT, Overloaded),
+    (None, {"message": "error event without status"}, Route.CHAT, EngineError),
+])
+def test_status_error_follows_the_table(status, body, route, expected):
+    assert type(status_error(status, body, route, url="http://h/v1", model="x", path="/a/x")) is expected
+
+
+@pytest.mark.parametrize("route", list(Route))
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_key_is_authentication_failed_on_every_route(route, status):
+    err = status_error(status, {"error": "Unauthorized"}, route, model="pirate")
+    assert isinstance(err, AuthenticationFailed) and err.status == status
+    assert "API" in err.user_text("en") and "API" in err.user_text("zh")
+
+
+@pytest.mark.parametrize("route", list(Route))
+@pytest.mark.parametrize("status", [429, 503])
+def test_busy_is_overloaded_on_every_route(route, status):
+    assert isinstance(status_error(status, {"message": "busy"}, route), Overloaded)
+
+
+@pytest.mark.parametrize("route", list(Route))
+@pytest.mark.parametrize("status", [None, *range(400, 419), *range(421, 432), 451, *range(500, 512)])
+def test_every_status_on_every_route_maps_to_one_of_our_errors(route, status):
+    """The table is complete: no answer falls through to a raw exception or a base-class error."""
+    err = status_error(status, {"message": "m"}, route, model="x")
+    assert isinstance(err, QwenChatError) and type(err) not in (QwenChatError, BackendError)
+    assert err.user_text("en") and err.user_text("zh")
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"error": {"message": "nested", "code": 400}}, "nested"),
+    ({"object": "error", "message": "flat"}, "flat"),
+    ({"error": "Unauthorized"}, "Unauthorized"),
+    ({"detail": "Not Found"}, "Not Found"),
+    ("plain text", "plain text"),
+    (None, ""),
+    ([1, 2], ""),
+])
+def test_error_message_reads_every_body_shape(body, message):
+    assert error_message(body) == message
+
+
+def test_auth_header_only_with_a_key():
+    assert auth_headers("k") == {"Authorization": "Bearer k"}
+    assert auth_headers("") == {} and auth_headers(None) == {}
+
+
+def test_transport_timeout_names_the_setting_and_what_was_waited_for():
+    err = transport_error(asyncio.TimeoutError(), Route.TOKENIZE, url="http://h/tokenize",
+                          limits=Limits(1, 7, "[client].first_token_timeout", "the model server's /tokenize"))
+    assert type(err) is RequestTimeout and err.seconds == 7
+    assert "/tokenize" in err.user_text("en") and "[client].first_token_timeout" in err.user_text("en")
+
+
+def test_chat_mapping_goes_through_the_table():
+    import httpx2
+    import openai
+
+    request = httpx2.Request("POST", "http://h/v1/chat/completions")
+    response = httpx2.Response(401, request=request, json={"error": "Unauthorized"})
+    exc = openai.AuthenticationError("Error code: 401", response=response, body="Unauthorized")
+    assert isinstance(map_error(exc, url="http://h/v1", model="m"), AuthenticationFailed)
+
+
+# ---------------------------------------------------------------- the same table, through the real callers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest_asyncio.fixture
+async def engine():
+    """A loopback server whose every route answers what the test sets: fault injection for one call."""
+    answers: dict[str, tuple[int, object, float]] = {}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        status, body, delay = answers.get(request.path, (404, NOT_FOUND_ROUTE, 0.0))
+        await asyncio.sleep(delay)
+        return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = _free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    yield f"http://127.0.0.1:{port}", answers
+    await runner.cleanup()
+
+
+@pytest.mark.asyncio
+async def test_a_refused_key_on_adapter_load_says_so_not_a_generic_backend_error(engine):
+    url, answers = engine
+    answers["/v1/load_lora_adapter"] = (401, {"error": "Unauthorized"}, 0.0)
+    with pytest.raises(AuthenticationFailed) as info:
+        await runtime.load_adapter(url + "/v1", "wrong-key", "pirate", "/adapters/pirate")
+    assert "API key" in info.value.user_text("en")
+
+
+@pytest.mark.asyncio
+async def test_adapter_load_404_without_runtime_loading_says_how_to_turn_it_on(engine):
+    url, _ = engine
+    with pytest.raises(AdapterRuntimeDisabled) as info:
+        await runtime.load_adapter(url + "/v1", "", "pirate", "/adapters/pirate")
+    assert "runtime_loading" in info.value.user_text("en")
+
+
+@pytest.mark.asyncio
+async def test_a_tokenize_timeout_names_tokenize_and_its_limit_not_the_first_token(engine):
+    url, answers = engine
+    answers["/tokenize"] = (200, {"count": 1}, 5.0)
+    counter = RemoteCounter(url + "/v1", "m", client=ClientSettings(connect_timeout=1, first_token_timeout=0.3))
+    with pytest.raises(RequestTimeout) as info:
+        await counter.count_text("hello")
+    assert not isinstance(info.value, FirstTokenTimeout)
+    text = info.value.user_text("en")
+    assert "/tokenize" in text and "0.3 s" in text and "[client].first_token_timeout" in text
+
+
+@pytest.mark.asyncio
+async def test_a_refused_key_on_tokenize_is_authentication_failed(engine):
+    url, answers = engine
+    answers["/tokenize"] = (401, {"error": "Unauthorized"}, 0.0)
+    with pytest.raises(AuthenticationFailed):
+        await RemoteCounter(url + "/v1", "m", "bad").count_text("hello")
+
+
+@pytest.mark.asyncio
+async def test_health_shows_the_tables_text_for_a_refused_key(engine):
+    url, answers = engine
+    answers["/health"] = (401, {"error": "Unauthorized"}, 0.0)
+    poller = HealthPoller(url + "/v1", "bad", HealthSettings(request_timeout=2))
+    status = await poller.refresh()
+    assert status.state.value == "down"
+    assert status.reason == AuthenticationFailed(401, "Unauthorized").user_text("en")
+    assert status.reason_zh == AuthenticationFailed(401, "Unauthorized").user_text("zh")
+
+
+@pytest.mark.asyncio
+async def test_nothing_listening_is_server_unreachable_for_adapter_load():
+    with pytest.raises(ServerUnreachable):
+        await runtime.load_adapter(f"http://127.0.0.1:{_free_port()}/v1", "", "pirate", "/a/pirate", timeout=2)
+
+
+def test_connect_timeout_keeps_its_own_class():
+    import aiohttp
+
+    err = transport_error(aiohttp.ConnectionTimeoutError(), Route.HEALTH, url="u",
+                          limits=Limits(3, 9, "[health].request_timeout", "/health"))
+    assert type(err) is ConnectTimeout and err.seconds == 3
