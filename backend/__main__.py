@@ -19,18 +19,18 @@ import sys
 from pathlib import Path
 
 from .errors import QwenChatError
-from .settings import DEMO_ADAPTER_DIR, home_dir, load_settings
+from .settings import DEMO_ADAPTER_DIR, Settings, home_dir, load_settings
 
 
 def _progress(text: str) -> None:
     print(f"[qwenchat] {text}", flush=True)
 
 
-def _settings(args):
+def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(profile=getattr(args, "profile", None))
 
 
-def cmd_prepare(args) -> int:
+def cmd_prepare(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings.external:
         _progress("external mode (OPENAI_BASE_URL set): nothing to prepare")
@@ -49,7 +49,7 @@ def cmd_prepare(args) -> int:
     return subprocess.call([engine_py, "-m", "backend", "build-default"], cwd=str(Path(__file__).parent.parent))
 
 
-def cmd_build_default(args) -> int:
+def cmd_build_default(args: argparse.Namespace) -> int:
     from .engine import models
     from .settings import ModelSettings
 
@@ -58,7 +58,7 @@ def cmd_build_default(args) -> int:
     return 0
 
 
-def cmd_build_test_models(args) -> int:
+def cmd_build_test_models(args: argparse.Namespace) -> int:
     from .engine import models
 
     out = Path(args.out) if args.out else home_dir() / "test-models"
@@ -68,7 +68,7 @@ def cmd_build_test_models(args) -> int:
     return 0
 
 
-def cmd_train_demo(args) -> int:
+def cmd_train_demo(args: argparse.Namespace) -> int:
     import shutil
 
     from .engine import models
@@ -87,7 +87,7 @@ def cmd_train_demo(args) -> int:
     return 0
 
 
-def cmd_engine_kind(args) -> int:
+def cmd_engine_kind(args: argparse.Namespace) -> int:
     """Print external | cpu | gpu for start.sh (which engine env to install); validates config."""
     from .engine import command
 
@@ -103,7 +103,7 @@ def cmd_engine_kind(args) -> int:
     return 0
 
 
-def cmd_serve(args) -> int:
+def cmd_serve(args: argparse.Namespace) -> int:
     from .engine import launch
 
     settings = _settings(args)
@@ -113,13 +113,13 @@ def cmd_serve(args) -> int:
     return launch.run_serve(settings)
 
 
-def cmd_doctor(args, rest: list[str]) -> int:
+def cmd_doctor(args: argparse.Namespace, rest: list[str]) -> int:
     from .adapters import doctor
 
     return doctor.doctor_main(rest)
 
 
-def cmd_merge(args, rest: list[str]) -> int:
+def cmd_merge(args: argparse.Namespace, rest: list[str]) -> int:
     from .engine import merge
 
     return merge.merge_main(rest)

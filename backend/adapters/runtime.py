@@ -43,7 +43,8 @@ async def _post(client_or_base_url: Any, api_key: str | None, route: str, body: 
                 timeout: float) -> str:
     client, owned = _engine_client(client_or_base_url, api_key, timeout)
     try:
-        return await client.post(route, body=body, cast_to=str)
+        text: str = await client.post(route, body=body, cast_to=str)
+        return text
     finally:
         if owned:
             await client.close()

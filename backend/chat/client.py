@@ -53,6 +53,7 @@ from openai import AsyncOpenAI
 from openai._constants import INITIAL_RETRY_DELAY, MAX_RETRY_AFTER_DELAY
 from openai._streaming import ServerSentEvent, SSEDecoder
 
+from ..engine_http import Limits, Route, short, status_error, transport_error
 from ..errors import (
     BackendError,
     EmptyAnswer,
@@ -60,9 +61,9 @@ from ..errors import (
     FirstTokenTimeout,
     IdleTimeout,
     MalformedResponse,
+    RequestTimeout,
     TotalTimeout,
 )
-from ..engine_http import Limits, Route, short, status_error, transport_error
 from ..settings import ClientSettings
 
 logger = logging.getLogger(__name__)
@@ -612,7 +613,7 @@ class ChatClient:
 
         async def bounded(awaitable: Any) -> Any:
             """Await under the binding deadline; raise the matching RequestTimeout."""
-            limits = [(total_at, TotalTimeout(s.total_timeout))]
+            limits: list[tuple[float, RequestTimeout]] = [(total_at, TotalTimeout(s.total_timeout))]
             if st.shown:
                 limits.append((loop.time() + s.idle_timeout, IdleTimeout(s.idle_timeout)))
             else:
@@ -742,7 +743,8 @@ class ChatClient:
         if finish is None:
             a = st.anomaly("no_finish_reason", "answer without finish_reason", data)
             events += [a] if a else []
-        model = data.get("model") if isinstance(data.get("model"), str) and data.get("model") else st.model
+        served = data.get("model")
+        model = served if isinstance(served, str) and served else st.model
         return Answer(
             text="".join(e.text for e in events if isinstance(e, TextDelta)),
             reasoning="".join(e.text for e in events if isinstance(e, ReasoningDelta)),

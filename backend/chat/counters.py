@@ -233,9 +233,10 @@ class LocalCounter(_RenderingCounter):
             logger.warning("chat template of %s is not additive; token budgets use full renders (slower)", folder)
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(
+        text: str = self.tokenizer.apply_chat_template(
             _plain(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **self._template_kwargs
         )
+        return text
 
     def system_head(self, system: str | None) -> str:
         fmt = self._additive_format()
@@ -314,7 +315,7 @@ async def load_local_counter(folder: str | Path) -> LocalCounter:
     return await asyncio.wrap_future(fut)
 
 
-def _fill_future(fut: concurrent.futures.Future, fn: Callable[..., Any], *args: Any) -> None:
+def _fill_future(fut: concurrent.futures.Future[Any], fn: Callable[..., Any], *args: Any) -> None:
     try:
         fut.set_result(fn(*args))
     except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine

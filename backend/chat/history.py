@@ -19,7 +19,7 @@ import logging
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, MutableMapping
 
 from ..settings import Settings
 from .conversation import Conversation
@@ -96,7 +96,7 @@ def ensure_schema(path: Path) -> None:
         db.execute('CREATE INDEX IF NOT EXISTS steps_thread ON steps ("threadId")')
         db.execute('CREATE INDEX IF NOT EXISTS threads_user ON threads ("userId")')
 
-def prepare(settings: Settings, env: dict[str, str] | os._Environ = os.environ) -> str | None:
+def prepare(settings: Settings, env: MutableMapping[str, str] = os.environ) -> str | None:
     """At app start: with ``[ui].auth``, the tables and the login secret; returns the database URL.
 
     Chainlit reads CHAINLIT_AUTH_SECRET from the environment lazily (after importing app.py), so
@@ -167,7 +167,8 @@ def chat_state(model: str, sampling: Mapping[str, float], system_prompt: str) ->
 def state_from_thread(thread: Mapping[str, Any], conv: Conversation | None = None) -> dict[str, Any]:
     """The settings a stored thread was last used with; the last answer's model when none were saved."""
     meta = _json_dict(thread.get("metadata"))
-    state = meta.get(META_KEY) if isinstance(meta.get(META_KEY), dict) else {}
+    stored = meta.get(META_KEY)
+    state: dict[str, Any] = stored if isinstance(stored, dict) else {}
     out: dict[str, Any] = {}
     model = state.get("model") or meta.get("model")
     if not model and conv is not None:

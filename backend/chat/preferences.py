@@ -62,7 +62,7 @@ class BrowserCookieMiddleware:
         self.app = app
         self.max_age = max_age_days * 86400
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
@@ -71,7 +71,7 @@ class BrowserCookieMiddleware:
             await self.app(scope, receive, send)
             return
 
-        async def send_with_cookie(message: dict) -> None:
+        async def send_with_cookie(message: dict[str, Any]) -> None:
             if message.get("type") == "http.response.start":
                 headers = list(message.get("headers") or [])
                 ctype = next((v for k, v in headers if k.lower() == b"content-type"), b"")

@@ -153,12 +153,16 @@ _PROBES = (
 )
 
 
+#: One probe render: the messages, the rendered text, and where each message's content sits in it.
+_Probe = tuple[list[dict[str, str]], str, list[tuple[int, int]]]
+
+
 def derive_chat_format(render: Callable[[list[dict[str, str]], bool], str], specials: Iterable[str]) -> ChatFormat | None:
     """Find the :class:`ChatFormat` of a template by rendering sentinel conversations; None if none fits."""
     pattern = _special_pattern(tuple(specials))
     if pattern is None:
         return None
-    probes = []
+    probes: list[_Probe] = []
     for n, roles in enumerate(_PROBES):
         msgs = [{"role": r, "content": sentinel(i)} for i, r in enumerate(roles)]
         try:
@@ -168,7 +172,8 @@ def derive_chat_format(render: Callable[[list[dict[str, str]], bool], str], spec
                 continue
             logger.debug("chat template refused probe %s", roles, exc_info=True)
             return None
-        spans, pos = [], 0
+        spans: list[tuple[int, int]] = []
+        pos = 0
         for m in msgs:
             start = text.find(m["content"], pos)
             if start < 0:
@@ -183,7 +188,7 @@ def derive_chat_format(render: Callable[[list[dict[str, str]], bool], str], spec
     return None
 
 
-def _format_at_depth(probes, pattern: re.Pattern[str], depth: int) -> ChatFormat | None:
+def _format_at_depth(probes: list[_Probe], pattern: re.Pattern[str], depth: int) -> ChatFormat | None:
     """Cut each gap between two contents at its ``depth``-th last special token."""
     opens: dict[str, set[str]] = {}
     closes: dict[str, set[str]] = {}
@@ -219,7 +224,7 @@ def _format_at_depth(probes, pattern: re.Pattern[str], depth: int) -> ChatFormat
     return ChatFormat(op, cl, generations.pop(), head[: len(head) - len(op["user"])], frozenset(op))
 
 
-def _rebuilds(fmt: ChatFormat, msgs, text: str, spans) -> bool:
+def _rebuilds(fmt: ChatFormat, msgs: list[dict[str, str]], text: str, spans: list[tuple[int, int]]) -> bool:
     if msgs[0]["role"] == "system":
         head_end = spans[1][0] - len(fmt.opens[msgs[1]["role"]])
         head, rest = text[:head_end], msgs[1:]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..packages import (
     SMOLLM2_GGUF,
+    Progress,
     atomic_build_dir,
     is_built,
     publish,
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 SMOLLM2_MAX_LEN = 8192
 
 
-def convert_gguf(final: Path, progress=print) -> Path:
+def convert_gguf(final: Path, progress: Progress = print) -> Path:
     """SmolLM2-135M-Instruct GGUF → a normal Hugging Face folder vLLM can serve (bf16)."""
     if is_built(final):
         return final
@@ -95,7 +96,7 @@ def _inline_chat_template(folder: Path) -> None:
 TINY_QWEN3_VERSION = 2
 
 
-def build_tiny_qwen3(final: Path, *, max_len: int = 32768, seed: int = 0, progress=print) -> Path:
+def build_tiny_qwen3(final: Path, *, max_len: int = 32768, seed: int = 0, progress: Progress = print) -> Path:
     """A 2-layer random Qwen3 with the real Qwen3 tokenizer and chat template (tests; seconds).
 
     head_dim is 32: vLLM's CPU attention kernels need head_dim >= 32 (16 crashes the engine).
@@ -115,7 +116,7 @@ def build_tiny_qwen3(final: Path, *, max_len: int = 32768, seed: int = 0, progre
         vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=max_len,
         tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), dtype="bfloat16",
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), dtype="bfloat16",  # type: ignore[arg-type]
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).to(torch.bfloat16)
@@ -125,7 +126,7 @@ def build_tiny_qwen3(final: Path, *, max_len: int = 32768, seed: int = 0, progre
 
 
 def build_random_lora(base: Path, final: Path, *, rank: int = 8, seed: int = 1,
-                      targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"), progress=print) -> Path:
+                      targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"), progress: Progress = print) -> Path:
     """A LoRA with random non-zero weights: changes outputs, means nothing (tests)."""
     base_id = json.loads((base / ".qwenchat-built.json").read_text()) if (base / ".qwenchat-built.json").exists() else {}
     if is_built(final, kind="random-lora", rank=rank, seed=seed, base=base_id):
@@ -157,7 +158,7 @@ DEMO_DATA = Path(__file__).resolve().parent.parent / "data" / "pirate.jsonl"
 
 
 def train_demo_adapter(base: Path, final: Path, *, rank: int = 8, steps: int = 60, seed: int = 0,
-                       progress=print) -> Path:
+                       progress: Progress = print) -> Path:
     """Train the 'pirate' persona LoRA on CPU (about a minute): answers visibly change style."""
     if is_built(final):
         return final

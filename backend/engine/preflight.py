@@ -8,7 +8,7 @@ import logging
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..errors import ModelPathError, PortInUse
 from ..settings import Settings
@@ -43,14 +43,15 @@ def check_port_free(host: str, port: int, setting: str) -> None:
             raise PortInUse(host, port, setting) from None
 
 
-def model_config(path: Path) -> dict:
+def model_config(path: Path) -> dict[str, Any]:
     try:
-        return json.loads((path / "config.json").read_text())
+        config = json.loads((path / "config.json").read_text())
+        return config if isinstance(config, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
-def kv_cache_bytes_per_token(config: Mapping) -> int:
+def kv_cache_bytes_per_token(config: Mapping[str, Any]) -> int:
     """K and V for every layer: 2 × layers × kv_heads × head_dim × 2 bytes (bf16/fp16)."""
     cfg = config.get("text_config", config)
     layers = int(cfg.get("num_hidden_layers", 0))
@@ -66,7 +67,7 @@ class Advice:
     text: str
 
 
-def check_limits(settings: Settings, config: Mapping, *, engine: str, available_bytes: int | None) -> list[Advice]:
+def check_limits(settings: Settings, config: Mapping[str, Any], *, engine: str, available_bytes: int | None) -> list[Advice]:
     """max_model_len within the model's limit; a KV-cache estimate against what is available."""
     out: list[Advice] = []
     m = settings.model
