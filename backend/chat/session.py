@@ -1,0 +1,30 @@
+"""One open chat's state: its turns, its settings, and the tasks that serve it, in one typed object.
+
+app.py keeps it under a single key of Chainlit's ``user_session`` and rebuilds it when that key
+holds anything else: on resume Chainlit hands back a JSON copy of the old ``user_session``, in
+which this object (like the lock and the task inside it) has become None. What must survive a
+resume is stored apart from it, as plain JSON (``history.META_KEY``, see app.py's ``remember``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from .conversation import Conversation
+
+
+@dataclass(eq=False)
+class ChatSession:
+    """What one browser chat holds between two messages."""
+
+    system_prompt: str
+    sampling: dict[str, float]  # temperature, top_p, top_k, min_p as the settings panel shows them
+    conversation: Conversation = field(default_factory=Conversation)
+    model: str | None = None  # the chosen model or adapter; None until the panel was first sent (the default)
+    models_version: int | None = None  # the poller's model-list version the panel was last sent with
+    mode_shown: str | None = None  # the model the composer's picker last showed as chosen
+    # One settings send at a time: between setting ``model`` and sending the picker, a second send
+    # (the watcher, a choice) would otherwise show the other model as the picker's default.
+    settings_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    watcher: asyncio.Task[None] | None = None  # re-sends the panel when the engine's model list changes

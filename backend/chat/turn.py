@@ -1,0 +1,294 @@
+"""One chat turn: wait for the engine, load the chosen adapter, fit the history, stream the answer,
+and say what went wrong, all shown through a ``Renderer`` (app.py draws it with Chainlit).
+
+    outcome = await turn.answer(session, service, view)   # ANSWERED or FAILED; Stop raises CancelledError
+    await turn.load_adapter(session, service, view, name)  # the user picked an adapter that is not served
+
+The policy, in order:
+
+- Wait while the model loads, with a live step; a DOWN engine or a wait that runs out is an error
+  with Retry.
+- An adapter chosen from [lora].dir but not served (chosen before a restart, restored on reload)
+  is loaded first; if that fails the chat goes back to the default model.
+- The history is fitted into the token budget; the earlier turns left out are listed afterwards.
+- The answer streams; the footer says who answered, how much, how long, and the context meter.
+- Failures: a message too long for the model offers a trimmed version; Stop keeps what was shown,
+  marked, and lets ``CancelledError`` through; an engine that vanished before any text is waited
+  for and asked once more; an adapter the engine no longer serves switches the chat back to the
+  default model; any other error of ours says what happened (Retry when resending may help); a
+  bug in the app says so, with the request id the log has.
+
+What was shown is what the history holds: an answer cut by an error or Stop is kept, marked
+interrupted; one that never showed any text is removed and not recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+import uuid
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import ConnectionLost, ModelNotFound, PromptTooLong, QwenChatError, ServerStarting, ServerUnreachable
+from ..i18n import t
+from .budget import FitResult
+from .client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
+from .health import EngineState, HealthStatus
+from .service import Service, sampling_body
+from .session import ChatSession
+
+logger = logging.getLogger(__name__)
+
+
+class Outcome(enum.Enum):
+    """How a turn (or one attempt at it) ended. Stop is not an outcome: ``CancelledError`` propagates."""
+
+    ANSWERED = "answered"  # the answer was shown and recorded
+    FAILED = "failed"  # an error was shown, with Retry or "Send trimmed" where they can help
+    ENGINE_GONE = "engine_gone"  # attempt() only: the engine vanished before any text; worth waiting for it
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A finished answer and what its footer reports."""
+
+    text: str  # as streamed; the history keeps this, without the footer
+    model: str  # the model that served it
+    usage: Usage | None
+    finish: Finish | None
+    fitted: FitResult  # the context meter
+    seconds: float  # from the message to the last token, including any wait for the engine
+
+
+class StepView(Protocol):
+    """A progress line on screen (``chainlit.Step`` is one): set its title and detail, then update it."""
+
+    name: str
+    output: str
+
+    async def update(self) -> Any: ...
+
+
+class Renderer(Protocol):
+    """What a turn shows, and how; app.py draws it with Chainlit messages, steps and buttons.
+
+    One per turn. Each attempt starts a bubble with ``new_answer``, which is then shown
+    (``show_answer``), kept cut (``keep_partial``) or removed (``drop_answer``); a turn that fails
+    before any token may leave it unshown. Texts come ready to show, in ``lang``; the buttons are
+    the renderer's, bound to the latest user turn.
+    """
+
+    lang: str  # the language every text of the turn is in
+
+    def step(self, title: str) -> AbstractAsyncContextManager[StepView]:
+        """A progress line (the wait for the engine, an adapter load), final when the block ends."""
+        ...
+
+    async def new_answer(self, model: str) -> None:
+        """A fresh answer bubble by ``model``, not shown before its first token."""
+
+    async def stream_token(self, token: str) -> None:
+        """Stream answer text into the bubble."""
+
+    async def stream_reasoning(self, token: str) -> None:
+        """Stream the model's reasoning, apart from the answer."""
+
+    async def reasoning_done(self) -> None:
+        """The reasoning (if any was shown) streams no more: the answer ended, failed or was stopped."""
+
+    async def show_answer(self, reply: Reply) -> str:
+        """Show the finished answer with its footer; returns the bubble's id (the history's turn id)."""
+        ...
+
+    async def keep_partial(self, text: str, model: str, why: str) -> str:
+        """Show the cut answer marked with ``why``; returns the bubble's id."""
+        ...
+
+    async def drop_answer(self) -> None:
+        """Remove the answer bubble: no text reached it."""
+
+    async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
+        """An error bubble; with Retry, or with "Send trimmed" that sends ``trimmed`` in place of the message."""
+
+    async def model_changed(self) -> None:
+        """The chat's model changed (an adapter loaded, or back to the default): show the choice again."""
+
+    async def left_out(self, fitted: FitResult) -> None:
+        """After an answer: the earlier turns that were not sent (often none)."""
+
+
+async def answer(session: ChatSession, service: Service, view: Renderer) -> Outcome:
+    """Answer the last user turn; if the engine vanished before any text, wait for it and try once more."""
+    turn = _Turn(session, service, view)
+    outcome = await turn.attempt(may_wait_again=True)
+    if outcome is Outcome.ENGINE_GONE:
+        outcome = await turn.attempt(may_wait_again=False)
+    return outcome
+
+
+async def load_adapter(session: ChatSession, service: Service, view: Renderer, model: str) -> None:
+    """Load an adapter from [lora].dir now, with a step; if that fails the chat goes back to the default model."""
+    await _Turn(session, service, view).load_adapter(model)
+
+
+class _Turn:
+    """One turn's parts, shared by its attempts."""
+
+    def __init__(self, session: ChatSession, service: Service, view: Renderer) -> None:
+        self.session, self.service, self.view = session, service, view
+
+    async def attempt(self, *, may_wait_again: bool) -> Outcome:
+        """One attempt; ENGINE_GONE when the engine died before any text and it is worth waiting."""
+        service, view, lang = self.service, self.view, self.view.lang
+        conv = self.session.conversation
+        model = self.session.model or service.default_model(service.poller.status)
+        rid = new_request_id()
+        await view.new_answer(model)
+        text, usage, finish, t0 = "", None, None, time.monotonic()
+        try:
+            if not await self.wait_for_engine():
+                return Outcome.FAILED
+            if await service.needs_runtime_load(model):  # e.g. chosen before a restart, restored on reload
+                await self.load_adapter(model)
+                model = self.session.model or service.default_model(service.poller.status)
+                await view.new_answer(model)  # nothing shown yet: the bubble is by the model that answers
+            fitted = await service.fit(conv.messages(self.session.system_prompt))
+            # client.stream is an async generator (it has aclose) but is annotated AsyncIterator.
+            async with contextlib.aclosing(
+                service.client.stream(  # type: ignore[type-var]
+                    fitted.messages,
+                    model,
+                    max_tokens=service.reply_tokens(),
+                    sampling=sampling_body(self.session.sampling),
+                    request_id=rid,
+                )
+            ) as events:
+                async for ev in events:
+                    if isinstance(ev, TextDelta):
+                        text += ev.text
+                        await view.stream_token(ev.text)
+                    elif isinstance(ev, ReasoningDelta) and service.settings.ui.show_reasoning:
+                        await view.stream_reasoning(ev.text)
+                    elif isinstance(ev, Usage):
+                        usage = ev
+                    elif isinstance(ev, Finish):
+                        finish = ev
+            served = finish.model if finish and finish.model else model
+            turn_id = await view.show_answer(Reply(text, served, usage, finish, fitted, time.monotonic() - t0))
+            conv.add_assistant(turn_id, text, served)
+        except PromptTooLong as exc:
+            last = conv.last_user()
+            try:
+                assert last is not None  # the message too long is the newest user turn
+                trimmed = await service.trimmed(last.content, exc)
+            except Exception:  # without a trimmed version the numbers still help
+                logger.exception("[%s] could not build a trimmed version", rid)
+                await view.show_error(exc.user_text(lang))
+            else:
+                await view.show_error(exc.user_text(lang), trimmed=trimmed)
+        except asyncio.CancelledError:
+            # Stop button: Chainlit cancels this task; the client closes the upstream request.
+            await self.keep_partial(text, model, t("stopped", lang))
+            raise
+        except (ServerUnreachable, ConnectionLost) as exc:
+            # The engine went away (crash, kill, restart): say why, and if nothing was shown yet,
+            # wait for the supervisor to bring it back like during start-up, then try once more.
+            logger.info("[%s] engine connection failed: %s", rid, exc.code)
+            status = await service.status_after_failure()
+            if not text and may_wait_again and not status.answering and status.state is not EngineState.DOWN:
+                return Outcome.ENGINE_GONE
+            await self.keep_partial(text, model, t("interrupted", lang))
+            why = status.text(lang) if not status.answering else ""
+            await view.show_error(
+                exc.user_text(lang) + (f"\n\n{t('engine_state', lang, reason=why)}" if why else ""), retry=True
+            )
+        except ModelNotFound as exc:
+            # The adapter is gone (unloaded elsewhere, engine restarted): left selected, every later message fails.
+            logger.info("[%s] model %r is not served", rid, model)
+            await self.keep_partial(text, model, t("interrupted", lang))
+            default = service.default_model(service.poller.status)
+            if model == default:
+                await view.show_error(exc.user_text(lang))
+            else:
+                self.session.model = default
+                await view.model_changed()
+                await view.show_error(f"{exc.user_text(lang)}\n\n{t('model_reset', lang, model=default)}", retry=True)
+        except QwenChatError as exc:
+            logger.info("[%s] answer failed: %s", rid, exc.code)
+            await self.keep_partial(text, model, t("interrupted", lang))
+            await view.show_error(exc.user_text(lang), retry=getattr(exc, "retryable", True))
+        except Exception:  # a bug in the app, not the engine's fault: say so; the log has the id
+            logger.exception("[%s] unexpected failure", rid)
+            await self.keep_partial(text, model, t("interrupted", lang))
+            await view.show_error(t("app_error", lang, rid=rid), retry=True)
+        else:
+            # The answer is recorded: a failure or Stop from here on must not record it again as interrupted.
+            try:
+                await view.left_out(fitted)
+            except Exception:  # the answer stands; the left-out note is extra
+                logger.exception("[%s] could not show the left-out turns", rid)
+            return Outcome.ANSWERED
+        finally:
+            with contextlib.suppress(Exception):  # never left streaming after an error or Stop
+                await view.reasoning_done()
+        return Outcome.FAILED
+
+    async def wait_for_engine(self) -> bool:
+        """Wait (with a live step) while the model loads; False when the user must retry later."""
+        poller, view, lang = self.service.poller, self.view, self.view.lang
+        status = poller.status
+        if status.answering:
+            return True
+        if status.state is EngineState.DOWN:
+            await view.show_error(t("engine_down", lang, reason=status.text(lang) or "?"), retry=True)
+            return False
+        t0 = time.monotonic()
+        async with view.step(t("loading", lang, elapsed=0)) as step:
+
+            async def progress(elapsed: float, st: HealthStatus) -> None:
+                step.name = t("loading", lang, elapsed=time.monotonic() - t0)
+                step.output = st.text(lang) or ""
+                await step.update()
+
+            status = await poller.wait_until_ready(self.service.settings.ui.wait_for_ready, on_progress=progress)
+            step.name = t("loading_done", lang, elapsed=time.monotonic() - t0)
+        if status.answering:
+            return True
+        if status.state is EngineState.DOWN:
+            await view.show_error(t("engine_down", lang, reason=status.text(lang) or "?"), retry=True)
+        else:
+            await view.show_error(ServerStarting(time.monotonic() - t0).user_text(lang), retry=True)
+        return False
+
+    async def load_adapter(self, model: str) -> None:
+        """See ``load_adapter``; the choice is shown again either way."""
+        service, view, lang = self.service, self.view, self.view.lang
+        try:
+            async with view.step(t("loading_adapter", lang, name=model)) as step:
+                if await service.ensure_loaded(model):
+                    step.output = t("adapter_loaded", lang, name=model)
+        except QwenChatError as exc:
+            self.session.model = service.default_model(service.poller.status)
+            await view.show_error(exc.user_text(lang))
+        except asyncio.CancelledError:  # Stop during the load: the adapter is not there, do not keep it chosen
+            self.session.model = service.default_model(service.poller.status)
+            with contextlib.suppress(Exception):
+                await view.model_changed()
+            raise
+        await view.model_changed()
+
+    async def keep_partial(self, text: str, model: str, why: str) -> None:
+        """What was shown stays, visibly marked; the history holds it as interrupted."""
+        if not text:
+            with contextlib.suppress(Exception):
+                await self.view.drop_answer()
+            return
+        turn_id = None
+        with contextlib.suppress(Exception):  # the bubble may be gone (websocket); the history still holds it
+            turn_id = await self.view.keep_partial(text, model, why)
+        self.session.conversation.add_assistant(turn_id or str(uuid.uuid4()), text, model, interrupted=True)

@@ -1,0 +1,350 @@
+"""The policy of one chat turn (backend/chat/turn.py): one test per way a turn can end.
+
+A real ``Service`` (client, budget, health poller) talks to the fault-injecting fake OpenAI server
+(``tests.fakes.openai_server``); a recording renderer stands in for Chainlit and keeps, in order,
+everything the turn asked it to show. Only the engine's restart is staged, by a poller that says
+"restarting" once: the fake server cannot restart itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+import uuid
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from backend.chat import turn
+from backend.chat.health import EngineState, HealthPoller, HealthStatus
+from backend.chat.service import Service
+from backend.chat.session import ChatSession
+from backend.chat.turn import Outcome, Reply
+from backend.settings import ClientSettings, HealthSettings, LoggingSettings, Settings, UISettings
+from tests.fakes.openai_server import FakeServer, expected_text
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+FULL = expected_text(8)  # a normal answer from the fake server
+
+
+# ---------------------------------------------------------------- a renderer that records
+
+
+class RecordedStep:
+    """A progress step: its title and detail as last set, and how often it was updated."""
+
+    def __init__(self, title: str) -> None:
+        self.name, self.output, self.updates, self.open = title, "", 0, False
+
+    async def update(self) -> None:
+        self.updates += 1
+
+    async def __aenter__(self) -> RecordedStep:
+        self.open = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.open = False
+
+
+class Recorder:
+    """What the turn showed, in order: ``events`` holds (callback, arguments…) tuples."""
+
+    def __init__(self, lang: str = "en") -> None:
+        self.lang = lang
+        self.events: list[tuple[Any, ...]] = []
+        self.steps: list[RecordedStep] = []
+        self.token_seen = asyncio.Event()  # set on every streamed token (Stop tests wait on it)
+
+    def step(self, title: str) -> RecordedStep:
+        self.steps.append(RecordedStep(title))
+        return self.steps[-1]
+
+    async def new_answer(self, model: str) -> None:
+        self.events.append(("new_answer", model))
+
+    async def stream_token(self, token: str) -> None:
+        self.events.append(("token", token))
+        self.token_seen.set()
+
+    async def stream_reasoning(self, token: str) -> None:
+        self.events.append(("reasoning", token))
+
+    async def reasoning_done(self) -> None:
+        self.events.append(("reasoning_done",))
+
+    async def show_answer(self, reply: Reply) -> str:
+        self.events.append(("answer", reply))
+        return "answer-bubble"
+
+    async def keep_partial(self, text: str, model: str, why: str) -> str:
+        self.events.append(("partial", text, model, why))
+        return "partial-bubble"
+
+    async def drop_answer(self) -> None:
+        self.events.append(("drop_answer",))
+
+    async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
+        self.events.append(("error", text, retry, trimmed))
+
+    async def model_changed(self) -> None:
+        self.events.append(("model_changed",))
+
+    async def left_out(self, fitted: Any) -> None:
+        self.events.append(("left_out", fitted))
+
+    # -------------------------------------------------------- what the test looks at
+
+    def kinds(self) -> list[str]:
+        return [e[0] for e in self.events]
+
+    def tokens(self) -> list[str]:
+        return [e[1] for e in self.events if e[0] == "token"]
+
+    def reply(self) -> Reply:
+        [reply] = [e[1] for e in self.events if e[0] == "answer"]
+        return reply
+
+    def errors(self) -> list[tuple[str, bool, str | None]]:
+        return [e[1:] for e in self.events if e[0] == "error"]
+
+
+async def test_the_recorder_has_every_callback_of_the_renderer_protocol():
+    """Else a callback the turn starts to use would fail here as an app bug, not as a missing method."""
+    wanted = {name for name in vars(turn.Renderer) if not name.startswith("_")} - {"lang"}
+    assert wanted <= set(dir(Recorder)), wanted - set(dir(Recorder))
+
+
+# ---------------------------------------------------------------- the service, against the fake server
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def fake():
+    async with FakeServer() as srv:
+        yield srv
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def service(fake, tmp_path_factory):
+    settings = Settings(base_url=fake.base_url, api_key="test",
+                        client=ClientSettings(first_token_timeout=2, idle_timeout=1, max_retries=0, retry_backoff=0.05),
+                        ui=UISettings(language="en", wait_for_ready=10),
+                        logging=LoggingSettings(dir=str(tmp_path_factory.mktemp("logs"))))
+    svc = Service(settings)
+    svc._poller = HealthPoller(fake.base_url, "test", HealthSettings(poll_starting=0.05, poll_ready=0.5,
+                                                                      probe_timeout=2, probe_slow=1))
+    await svc.poller.start()
+    status = await svc.poller.wait_until_ready(10)
+    assert status.ready, f"the fake server never became ready: {status}"
+    yield svc
+    await svc.poller.stop()
+    await svc.client.aclose()
+
+
+def chat(service: Service, text: str, model: str | None = None) -> ChatSession:
+    """A chat whose last user turn is ``text``."""
+    session = ChatSession(system_prompt="", sampling=service.default_sampling(), model=model)
+    session.conversation.add_user(str(uuid.uuid4()), text)
+    return session
+
+
+def marker() -> str:
+    return f"m{uuid.uuid4().hex[:8]}"
+
+
+def received(fake: FakeServer, marker: str) -> list:
+    """The chat requests the fake server got whose last message contains ``marker``."""
+    return [r for r in fake.records if r.messages and marker in str(r.messages[-1].get("content"))]
+
+
+# ---------------------------------------------------------------- one test per way a turn ends
+
+
+async def test_an_answer_streams_its_tokens_in_order_and_reports_who_answered_how_much_and_how_long(service, fake):
+    m = marker()
+    session = chat(service, f"hello {m}")
+    view = Recorder()
+
+    assert await turn.answer(session, service, view) is Outcome.ANSWERED
+
+    assert view.tokens() == [f"w{i} " for i in range(8)]
+    assert view.kinds() == ["new_answer", *["token"] * 8, "answer", "left_out", "reasoning_done"]
+    reply = view.reply()
+    assert (reply.text, reply.model, reply.finish.reason) == (FULL, "fake-qwen", "stop")
+    assert reply.usage.completion_tokens == 8 and reply.fitted.prompt_tokens > 0 and reply.seconds > 0
+    assert [(t.id, t.role, t.content, t.interrupted) for t in session.conversation.turns[1:]] == [
+        ("answer-bubble", "assistant", FULL, False)]
+    [rec] = received(fake, m)
+    assert rec.model == "fake-qwen" and rec.max_tokens == service.reply_tokens()
+
+
+async def test_a_message_too_long_for_the_model_sends_nothing_and_offers_a_trimmed_version(service, fake):
+    m = marker()
+    big = f"{m} " + "lorem ipsum dolor sit amet " * 20_000  # far above the fake's 8192 tokens
+    session = chat(service, big)
+    view = Recorder()
+
+    assert await turn.answer(session, service, view) is Outcome.FAILED
+
+    assert received(fake, m) == []
+    [(text, retry, trimmed)] = view.errors()
+    assert "Nothing was sent" in text and not retry
+    assert trimmed is not None and trimmed.startswith(m) and len(trimmed) < len(big)
+    assert [t.content for t in session.conversation.turns] == [big]  # nothing typed is lost
+
+
+async def test_stop_keeps_the_partial_answer_marked_stopped_and_lets_the_cancellation_through(service, fake):
+    m = marker()
+    session = chat(service, f"[[normal:tokens=400:rate=50]] long {m}")
+    view = Recorder()
+    task = asyncio.create_task(turn.answer(session, service, view))
+    while len(view.tokens()) < 4:
+        await asyncio.wait_for(view.token_seen.wait(), 10)
+        view.token_seen.clear()
+
+    task.cancel()  # what Chainlit's Stop does to the message task
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    shown = "".join(view.tokens())
+    assert shown.startswith(expected_text(4)) and shown != expected_text(400)
+    assert ("partial", shown, "fake-qwen", "stopped") in view.events and view.errors() == []
+    assert view.kinds()[-1] == "reasoning_done"
+    last = session.conversation.turns[-1]
+    assert (last.id, last.content, last.interrupted) == ("partial-bubble", shown, True)
+    [rec] = received(fake, m)
+    await fake.wait_finished(rec, 5)
+    assert rec.disconnected  # the engine saw the connection close
+
+
+class RestartingPoller:
+    """The real poller, except that right after a failure the engine is "restarting" until waited for."""
+
+    def __init__(self, real: HealthPoller) -> None:
+        self.real, self.restarting, self.waits = real, False, 0
+
+    @property
+    def status(self) -> HealthStatus:
+        st = self.real.status
+        return dataclasses.replace(st, state=EngineState.STARTING, reason="restarting") if self.restarting else st
+
+    async def refresh(self, probe: bool = False) -> HealthStatus:
+        self.restarting = True
+        return self.status
+
+    async def wait_until_ready(self, timeout: float, on_progress=None, **kwargs: Any) -> HealthStatus:
+        self.waits += 1
+        if on_progress is not None:
+            await on_progress(0.0, self.status)
+        self.restarting = False
+        return self.real.status
+
+
+@pytest.mark.parametrize("drops, outcome", [(1, Outcome.ANSWERED), (2, Outcome.FAILED)])
+async def test_an_engine_gone_before_any_text_is_waited_for_and_asked_once_more(service, fake, monkeypatch,
+                                                                                  drops, outcome):
+    poller = RestartingPoller(service.poller)
+    monkeypatch.setattr(service, "_poller", poller)
+    m = marker()
+    session = chat(service, f"[[fault:drop-mid:at=0:fail={drops}]] {m}")  # the connection closes before any text
+    view = Recorder()
+
+    assert await turn.answer(session, service, view) is outcome
+
+    assert len(received(fake, m)) == 2  # sent again once, never twice
+    [step] = view.steps  # the wait, shown live
+    assert poller.waits == 1 and step.name.startswith("The model is ready (waited") and step.output == "restarting"
+    assert view.kinds().count("new_answer") == 2  # a fresh bubble for the second try
+    if outcome is Outcome.ANSWERED:
+        assert view.errors() == [] and view.reply().text == FULL
+        assert [t.role for t in session.conversation.turns] == ["user", "assistant"]
+    else:
+        [(text, retry, _)] = view.errors()
+        assert "broke off" in text and retry
+        assert "drop_answer" in view.kinds() and [t.role for t in session.conversation.turns] == ["user"]
+
+
+class DownPoller:
+    """The engine is down and the supervisor gave up: nothing to wait for."""
+
+    status = HealthStatus(state=EngineState.DOWN, reason="the model server crashed")
+
+
+async def test_a_down_engine_is_an_error_with_retry_and_nothing_is_sent(service, fake, monkeypatch):
+    monkeypatch.setattr(service, "_poller", DownPoller())
+    m = marker()
+    view = Recorder()
+
+    assert await turn.answer(chat(service, m), service, view) is Outcome.FAILED
+
+    assert received(fake, m) == [] and view.steps == []
+    [(text, retry, _)] = view.errors()
+    assert "the model server crashed" in text and retry
+
+
+async def test_an_adapter_the_engine_no_longer_serves_switches_the_chat_back_to_the_default_model(service, fake):
+    m = marker()
+    session = chat(service, f"question {m}", model="gone-adapter")  # chosen, then unloaded elsewhere
+    view = Recorder()
+
+    assert await turn.answer(session, service, view) is Outcome.FAILED
+
+    assert session.model == "fake-qwen"
+    assert view.kinds()[-3:] == ["model_changed", "error", "reasoning_done"]  # the panel shows it before the error
+    [(text, retry, _)] = view.errors()
+    assert "does not serve 'gone-adapter'" in text and "Switched back to fake-qwen" in text and retry
+
+
+async def test_the_default_model_not_served_is_an_error_without_a_switch_or_retry(service, fake):
+    session = chat(service, f"[[fault:unknown-model-404]] {marker()}")
+    view = Recorder()
+
+    assert await turn.answer(session, service, view) is Outcome.FAILED
+
+    assert session.model is None and "model_changed" not in view.kinds()
+    [(text, retry, _)] = view.errors()
+    assert "does not serve 'fake-qwen'" in text and not retry
+
+
+@pytest.mark.parametrize("spec, shown, error, retry", [
+    ("fault:http-500", "", "failed while answering: HTTP 500", True),
+    ("fault:error-mid", expected_text(3), "fake engine failure mid-stream", True),
+    ("fault:overflow-400", "", "too long for the model", False),
+])
+async def test_other_backend_errors_keep_what_was_shown_and_offer_retry_only_when_resending_may_help(
+        service, fake, spec, shown, error, retry):
+    session = chat(service, f"[[{spec}]] {marker()}")
+    view = Recorder()
+
+    assert await turn.answer(session, service, view) is Outcome.FAILED
+
+    [(text, offered, trimmed)] = view.errors()
+    assert error in text and offered is retry and trimmed is None
+    if shown:
+        assert ("partial", shown, "fake-qwen", "answer interrupted") in view.events
+        assert [(t.content, t.interrupted) for t in session.conversation.turns[1:]] == [(shown, True)]
+    else:
+        assert "drop_answer" in view.kinds() and len(session.conversation.turns) == 1
+
+
+async def test_a_bug_in_the_app_is_reported_as_the_apps_with_the_request_id_the_log_has(service, fake, monkeypatch,
+                                                                                        caplog):
+    async def broken_fit(messages):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(service, "fit", broken_fit)
+    session = chat(service, marker())
+    view = Recorder()
+
+    with caplog.at_level(logging.ERROR, logger="backend.chat.turn"):
+        assert await turn.answer(session, service, view) is Outcome.FAILED
+
+    [(text, retry, _)] = view.errors()
+    rid = re.search(r"\(request (\w+)\)", text).group(1)
+    assert text.startswith("Something went wrong in the chat app") and "KeyError" not in text and retry
+    assert any(rid in r.getMessage() and r.exc_info for r in caplog.records)
+    assert [t.role for t in session.conversation.turns] == ["user"]  # the message is kept for Retry
