@@ -42,6 +42,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 
+from ..contract import EngineStatus, SupervisorState
 from ..errors import pick_language
 from ..settings import HealthSettings  # re-exported: the [health] section
 
@@ -110,45 +111,6 @@ class HealthStatus:
 
 
 # ---------------------------------------------------------------- one poll's observations
-
-
-@dataclass(frozen=True)
-class _Supervisor:
-    state: str
-    pid: int | None
-    attempt: int | None
-    max_attempts: int | None
-    reason: str
-    reason_zh: str
-    cause: str | None
-    log_path: str | None
-    since: float | None
-
-
-def _read_status_file(path: Path) -> _Supervisor | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        logger.debug("supervisor status file %s unreadable: %s", path, exc)
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("state"), str):
-        return None
-
-    def num(key: str, tp: type) -> Any:
-        v = data.get(key)
-        return tp(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    def text(key: str) -> str:
-        v = data.get(key)
-        return v if isinstance(v, str) else ""
-
-    return _Supervisor(
-        state=data["state"], pid=num("pid", int), attempt=num("attempt", int), max_attempts=num("max_attempts", int),
-        reason=text("reason"), reason_zh=text("reason_zh"), cause=text("cause") or None,
-        log_path=text("log_path") or None, since=num("since", float),
-    )
 
 
 @dataclass
@@ -422,18 +384,18 @@ class HealthPoller:
         # that gets through probes again before it may report READY.
         answered, self._answered = self._answered, None
         s = self.settings
-        sup = await asyncio.to_thread(_read_status_file, self.status_file) if self.status_file else None
+        sup = await asyncio.to_thread(EngineStatus.read, self.status_file) if self.status_file else None
         if sup is not None:
             key = (sup.state, sup.pid, sup.attempt)
             if key != self._sup_key:
                 # a (re)start or a new engine process begins a new life: "ever ready" and the
                 # starting clock (from the supervisor's "since") start over
                 new_process = self._sup_key is not None and sup.pid != self._sup_key[1]
-                if sup.state in ("starting", "restarting") or new_process or self._sup_key is None:
+                if sup.state in _SUP_STARTING or new_process or self._sup_key is None:
                     self._new_life(sup.since)
                 self._sup_key = key
 
-        if sup is not None and sup.state in ("down", "stopped"):
+        if sup is not None and sup.state in _SUP_DOWN:
             self._set(EngineState.DOWN, *_supervisor_down_text(sup), sup=sup, models_ok=False)
             return
 
@@ -443,7 +405,7 @@ class HealthPoller:
             self._health_404_logged = True
             logger.info("%s/health is not served (404); readiness from /v1/models and the probe only", self.root_url)
 
-        if sup is not None and sup.state in ("starting", "restarting") and not health_ok:
+        if sup is not None and sup.state in _SUP_STARTING and not health_ok:
             self._set(EngineState.STARTING, *_supervisor_starting_text(sup), sup=sup, models_ok=False)
             return
 
@@ -538,7 +500,7 @@ class HealthPoller:
         else:
             self._life_started = time.monotonic()
 
-    def _starting_or_timed_out(self, en: str, zh: str, sup: _Supervisor | None) -> None:
+    def _starting_or_timed_out(self, en: str, zh: str, sup: EngineStatus | None) -> None:
         limit = self.settings.startup_limit
         if time.monotonic() - self._life_started >= limit:
             self._set(EngineState.DOWN, f"the model server did not become ready within {limit:g} s",
@@ -557,7 +519,7 @@ class HealthPoller:
             logger.info("engine models changed (version %d): %s", self._status.version,
                         ", ".join(m.id for m in models))
 
-    def _set(self, state: EngineState, en: str, zh: str, *, sup: _Supervisor | None, models_ok: bool,
+    def _set(self, state: EngineState, en: str, zh: str, *, sup: EngineStatus | None, models_ok: bool,
              latency: float | None = None) -> None:
         old = self._status
         now = time.time()
@@ -571,10 +533,10 @@ class HealthPoller:
             models_stale=bool(old.models) and not models_ok,
             last_probe_latency=latency if latency is not None else old.last_probe_latency,
             checked_at=now,
-            cause=sup.cause if sup else None,
+            cause=(sup.cause or None) if sup else None,
             attempt=sup.attempt if sup else None,
             max_attempts=sup.max_attempts if sup else None,
-            log_path=sup.log_path if sup else None,
+            log_path=(sup.log_path or None) if sup else None,
         )
         self._status = new
         key = (state, en, new.version, new.models_stale, new.attempt)
@@ -636,9 +598,12 @@ class Subscription:
 
 # ---------------------------------------------------------------- texts from the supervisor's file
 
+_SUP_STARTING = (SupervisorState.STARTING, SupervisorState.RESTARTING)
+_SUP_DOWN = (SupervisorState.DOWN, SupervisorState.STOPPED)
 
-def _supervisor_starting_text(sup: _Supervisor) -> tuple[str, str]:
-    if sup.state == "restarting":
+
+def _supervisor_starting_text(sup: EngineStatus) -> tuple[str, str]:
+    if sup.state is SupervisorState.RESTARTING:
         reason = sup.reason or "the engine stopped"
         reason_zh = sup.reason_zh or sup.reason or "引擎已停止"
         if sup.attempt and sup.max_attempts:
@@ -648,8 +613,8 @@ def _supervisor_starting_text(sup: _Supervisor) -> tuple[str, str]:
     return "the model server is starting (loading the model)", "模型服务器正在启动（加载模型）"
 
 
-def _supervisor_down_text(sup: _Supervisor) -> tuple[str, str]:
-    if sup.state == "stopped":
+def _supervisor_down_text(sup: EngineStatus) -> tuple[str, str]:
+    if sup.state is SupervisorState.STOPPED:
         return "the engine was stopped", "引擎已停止运行"
     reason = sup.reason or "the engine stopped"
     reason_zh = sup.reason_zh or sup.reason or "引擎已停止"

