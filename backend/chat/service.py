@@ -215,7 +215,7 @@ class Service:
 
     async def trimmed(self, text: str, exc: PromptTooLong) -> str:
         """The user's message with its middle replaced by a marker, sized to fit the budget."""
-        room = exc.params.get("limit") or max(1, int(exc.budget) - int(exc.system) - 16)
+        room = exc.limit or max(1, exc.budget - exc.system - 16)
         return await budget_mod.trim_middle(text, int(room), await self.counter())
 
 
