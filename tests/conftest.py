@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from backend import server
-from backend.settings import (ClientSettings, LoggingSettings, LoraSettings, ModelSettings, ServerSettings,
-                              Settings)
+from backend.engine import command, supervisor
+from backend.settings import ClientSettings, LoggingSettings, LoraSettings, ModelSettings, ServerSettings, Settings
 
 
 def free_port() -> int:
@@ -61,20 +60,20 @@ def wait_healthy(url: str, proc, timeout: float, log_path: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"vLLM exited with {proc.returncode}:\n{server.read_tail(log_path, 6000)}")
+            pytest.fail(f"vLLM exited with {proc.returncode}:\n{supervisor.read_tail(log_path, 6000)}")
         try:
             if urllib.request.urlopen(url, timeout=2).status == 200:
                 return
         except Exception:  # noqa: BLE001 - refused while loading
             time.sleep(0.5)
-    pytest.fail(f"vLLM not healthy after {timeout:.0f} s:\n{server.read_tail(log_path, 6000)}")
+    pytest.fail(f"vLLM not healthy after {timeout:.0f} s:\n{supervisor.read_tail(log_path, 6000)}")
 
 
 def start_engine(settings: Settings, adapters: dict[str, Path], log_path: Path, api_key: str = "test-key",
                  wait: bool = True) -> Engine:
-    cmd = server.build_engine_command(settings, engine="cpu", python=need_env("QWENCHAT_ENGINE_PYTHON"),
+    cmd = command.build_engine_command(settings, engine="cpu", python=need_env("QWENCHAT_ENGINE_PYTHON"),
                                       api_key=api_key, adapters=adapters)
-    proc = server.start_process(cmd, log_path)
+    proc = supervisor.start_process(cmd, log_path)
     engine = Engine(settings, proc, log_path, api_key)
     if wait:
         wait_healthy(settings.engine_base_url.removesuffix("/v1") + "/health", proc, 300, log_path)
@@ -101,4 +100,4 @@ def tiny_engine(test_models, tmp_path_factory) -> Engine:
     log = tmp_path_factory.mktemp("vllm") / "engine.log"
     engine = start_engine(settings, {"tiny-lora": test_models / "tiny-qwen3-lora"}, log)
     yield engine
-    server.stop_process_group(engine.proc)
+    supervisor.stop_process_group(engine.proc)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backend import server
+from backend.engine import supervisor
 from backend.settings import ROOT
 
 ENGINE_KEY = "e2e-engine-key"  # a fixed key, so tests can also talk to the launched vLLM directly
@@ -34,7 +34,7 @@ class LiveApp:
 
     def log(self, name: str = "serve") -> str:
         path = self.output if name == "serve" else self.log_dir / f"{name}.log"
-        return server.read_tail(path, 20000)
+        return supervisor.read_tail(path, 20000)
 
 
 def launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool = True, timeout: float = 300) -> LiveApp:
@@ -65,7 +65,7 @@ def launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool = True
 
 
 def stop(app: LiveApp) -> None:
-    server.stop_process_group(app.proc, grace=20)
+    supervisor.stop_process_group(app.proc, grace=20)
 
 
 def status(app: LiveApp) -> dict:
@@ -135,12 +135,12 @@ def choose_in_composer(page, label_prefix: str) -> None:
 
 @contextlib.contextmanager
 def fake_server(tmp: Path):
-    """`python -m tests.fakeserver` in its own process on a free port; yields its root URL."""
+    """`python -m tests.fakes.openai_server` in its own process on a free port; yields its root URL."""
     from tests.conftest import free_port
 
     port = free_port()
     out = tmp / "fake.out"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.fakeserver", "--port", str(port)], cwd=str(ROOT),
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.openai_server", "--port", str(port)], cwd=str(ROOT),
                             stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -155,4 +155,4 @@ def fake_server(tmp: Path):
                 time.sleep(0.2)
         yield url
     finally:
-        server.stop_process_group(proc, grace=5)
+        supervisor.stop_process_group(proc, grace=5)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import e2e_support as e2e
+from tests.e2e import support as e2e
 
 pytestmark = pytest.mark.e2e
 
@@ -88,13 +88,13 @@ def test_our_count_equals_vllms_prompt_tokens_for_the_default_model(live, messag
     import asyncio
     import concurrent.futures
 
-    from backend import template
-    from backend.budget import fit_history
-    from backend.client import ChatClient
+    from backend.chat import counters
+    from backend.chat.budget import fit_history
+    from backend.chat.client import ChatClient
     from backend.settings import ModelSettings
 
     async def check() -> tuple[int, int]:
-        counter = await template.load_local_counter(ModelSettings().resolved_path)
+        counter = await counters.load_local_counter(ModelSettings().resolved_path)
         fitted = await fit_history(messages, counter, max_model_len=1200, reply_reserve=150, verify=True)
         async with ChatClient(live.engine_url, e2e.ENGINE_KEY) as client:
             answer = await client.complete(fitted.messages, "smollm2-135m-instruct", max_tokens=1)

@@ -1,25 +1,19 @@
 """End to end: backend faults as a user sees them in real Chromium, and the chat keeps working.
 
 The product is launched as start.sh launches it (`python -m backend serve`) in external mode
-(OPENAI_BASE_URL) against the fault-injecting server (`python -m tests.fakeserver`); each message
+(OPENAI_BASE_URL) against the fault-injecting server (`python -m tests.fakes.openai_server`); each message
 picks its fault with a `[[fault:...]]` directive, as a tester would type it.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
 
-from backend import server
-from backend.settings import ROOT
-from tests import e2e_support as e2e
-from tests.conftest import free_port
-from tests.fakeserver import expected_text
+from tests.e2e import support as e2e
+from tests.fakes.openai_server import expected_text
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
 """End to end: login, chat history, and the chosen model surviving a reload — in real Chromium.
 
 The product is launched as start.sh launches it (`python -m backend serve`) in external mode against
-the fake OpenAI server (`python -m tests.fakeserver`), whose ``GET /fake/requests`` says which model
+the fake OpenAI server (`python -m tests.fakes.openai_server`), whose ``GET /fake/requests`` says which model
 each request named and how many characters of messages it carried (so the test sees whether the
 earlier turns — and only their raw text, no footers — were sent after a reload).
 """
@@ -9,8 +9,6 @@ earlier turns — and only their raw text, no footers — were sent after a relo
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -18,11 +16,8 @@ import urllib.request
 
 import pytest
 
-from backend import server
-from backend.settings import ROOT
-from tests import e2e_support as e2e
-from tests.conftest import free_port
-from tests.fakeserver import expected_text
+from tests.e2e import support as e2e
+from tests.fakes.openai_server import expected_text
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 
-from tests import e2e_support as e2e
-from tests.test_supervisor import group_members, wait_group_empty
+from tests.e2e import support as e2e
+from tests.support.supervision import group_members, wait_group_empty
 
 pytestmark = pytest.mark.e2e
 

@@ -23,7 +23,7 @@ closed the connection before the server finished (``disconnected`` — what the 
 button must cause). Other processes read them from ``GET /fake/requests``.
 
 Use as ``async with FakeServer() as srv: srv.base_url`` or standalone:
-``python -m tests.fakeserver --port 8011`` (then ``OPENAI_BASE_URL=http://127.0.0.1:8011/v1``).
+``python -m tests.fakes.openai_server --port 8011`` (then ``OPENAI_BASE_URL=http://127.0.0.1:8011/v1``).
 """
 
 from __future__ import annotations
@@ -585,7 +585,7 @@ class FakeServer:
 async def _serve(port: int, mode: str, model: str, adapter: str, max_model_len: int) -> None:
     server = FakeServer(port=port, model=model, adapter=adapter, max_model_len=max_model_len, default_mode=mode)
     await server.start()
-    print(f"fakeserver listening on {server.base_url} (model {model!r}, adapter {adapter!r}, mode {mode!r})",
+    print(f"fake OpenAI server listening on {server.base_url} (model {model!r}, adapter {adapter!r}, mode {mode!r})",
           flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -599,7 +599,7 @@ async def _serve(port: int, mode: str, model: str, adapter: str, max_model_len: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m tests.fakeserver", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tests.fakes.openai_server", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: pick a free one)")
     p.add_argument("--mode", default="normal", help="default mode spec for the served names (default: normal)")
     p.add_argument("--model", default="fake-qwen", help="served base model name")

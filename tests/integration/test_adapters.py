@@ -2,7 +2,7 @@
 
 What only a real engine shows: that one bad static adapter kills vLLM at start (rc=1) and the doctor
 prevents it; that runtime loading from [lora].dir really serves the adapter and changes answers; that
-unload really removes it. Adapters are built here with tests/adapter_zoo.py in the shapes of the
+unload really removes it. Adapters are built here with tests/fakes/adapter_zoo.py in the shapes of the
 tiny-qwen3 test model (head_dim 32: vLLM's CPU attention needs >= 32).
 
 vLLM starts in this file: two. One short-lived start with the bad adapter included (exits rc=1, first
@@ -20,16 +20,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend import adapters, server
-from backend.client import ChatClient
-from backend.engine_log import classify_failure
+from backend.adapters import runtime
+from backend.chat.client import ChatClient
+from backend.chat.health import HealthPoller, HealthSettings, reset_shared
+from backend.chat.service import Service, model_options
+from backend.engine import supervisor
+from backend.engine.launch import static_adapters
+from backend.engine.log_diagnosis import classify_failure
 from backend.errors import AdapterPathRefused, AdapterRejected, ModelNotFound
-from backend.health import HealthPoller, HealthSettings, reset_shared
 from backend.i18n import t
-from backend.launch import static_adapters
-from backend.service import Service, model_options
-from tests import adapter_zoo as zoo
 from tests.conftest import free_port, start_engine, tiny_settings
+from tests.fakes import adapter_zoo as zoo
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -114,7 +115,7 @@ def engine(test_models, layout, tmp_path_factory):
     eng = start_engine(settings, good, log)
     eng.excluded = bad
     yield eng
-    server.stop_process_group(eng.proc)
+    supervisor.stop_process_group(eng.proc)
 
 
 def served(engine) -> dict[str, dict]:
@@ -142,9 +143,9 @@ async def test_without_the_doctor_one_bad_static_adapter_makes_vllm_exit_rc1(tes
     try:
         rc = eng.proc.wait(timeout=300)
     finally:
-        server.stop_process_group(eng.proc)
+        supervisor.stop_process_group(eng.proc)
     text = log.read_text(errors="replace")
-    assert rc == 1, f"vLLM with a rank-{BIG_RANK} adapter exited with {rc}:\n{server.read_tail(log, 3000)}"
+    assert rc == 1, f"vLLM with a rank-{BIG_RANK} adapter exited with {rc}:\n{supervisor.read_tail(log, 3000)}"
     cause = classify_failure(text)
     assert cause is not None and cause.kind == "lora_load_failed", cause
     assert cause.adapter == "too-big"
@@ -168,7 +169,7 @@ async def test_runtime_load_from_the_folder_is_served_listed_and_changes_answers
     poller = HealthPoller(engine.base_url, engine.api_key, HealthSettings(probe_every=60))
     try:
         before = await poller.refresh()
-        diagnosis = await adapters.load_adapter_from_folder(
+        diagnosis = await runtime.load_adapter_from_folder(
             engine.base_url, engine.api_key, layout.lora_dir, "runtime-good", layout.base, RANK,
             loaded=[m.id for m in before.adapters], limit=engine.settings.lora.max_cpu_loras)
         after = await poller.refresh()
@@ -196,7 +197,7 @@ async def test_names_reaching_outside_the_folder_are_refused_before_vllm_is_aske
             "absolute": str(layout.outside),
             "symlink-out": "escape"}[how]
     with pytest.raises(AdapterPathRefused) as info:
-        await adapters.load_adapter_from_folder(Untouchable(), engine.api_key, layout.lora_dir, name, layout.base, RANK)
+        await runtime.load_adapter_from_folder(Untouchable(), engine.api_key, layout.lora_dir, name, layout.base, RANK)
     assert str(layout.lora_dir) in info.value.user_text("en")
     assert not any(m.get("root") and Path(m["root"]).resolve() == layout.outside.resolve()
                    for m in served(engine).values())
@@ -204,7 +205,7 @@ async def test_names_reaching_outside_the_folder_are_refused_before_vllm_is_aske
 
 async def test_a_bad_adapter_in_the_folder_is_refused_by_the_doctor_with_its_diagnosis(engine, layout):
     with pytest.raises(AdapterRejected) as info:
-        await adapters.load_adapter_from_folder(Untouchable(), engine.api_key, layout.lora_dir, "wrong-shape",
+        await runtime.load_adapter_from_folder(Untouchable(), engine.api_key, layout.lora_dir, "wrong-shape",
                                                 layout.base, RANK)
     text = info.value.user_text("en")
     kv_out = layout.shape.kv_heads * layout.shape.head_dim
@@ -213,13 +214,13 @@ async def test_a_bad_adapter_in_the_folder_is_refused_by_the_doctor_with_its_dia
 
 
 async def test_unload_removes_the_adapter_and_a_second_unload_is_model_not_found(engine, layout):
-    await adapters.load_adapter_from_folder(engine.base_url, engine.api_key, layout.lora_dir, "unload-me",
+    await runtime.load_adapter_from_folder(engine.base_url, engine.api_key, layout.lora_dir, "unload-me",
                                             layout.base, RANK)
     assert "unload-me" in served(engine)
-    await adapters.unload_adapter(engine.base_url, engine.api_key, "unload-me")
+    await runtime.unload_adapter(engine.base_url, engine.api_key, "unload-me")
     assert "unload-me" not in served(engine)
     with pytest.raises(ModelNotFound):
-        await adapters.unload_adapter(engine.base_url, engine.api_key, "unload-me")
+        await runtime.unload_adapter(engine.base_url, engine.api_key, "unload-me")
 
 
 # ---------------------------------------------------------------- 3. the Service path (what the dropdown calls)

@@ -12,11 +12,11 @@ import urllib.request
 
 import pytest
 
-from backend import template
-from backend.budget import fit_history
-from backend.client import Anomaly, ChatClient, Finish, TextDelta, Usage
+from backend.chat import counters
+from backend.chat.budget import fit_history
+from backend.chat.client import Anomaly, ChatClient, Finish, Usage
+from backend.chat.health import HealthPoller, HealthSettings
 from backend.errors import ContextOverflow, ModelNotFound
-from backend.health import HealthSettings, HealthPoller
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -95,7 +95,7 @@ CONVERSATIONS = {
 @pytest.mark.parametrize("name", list(CONVERSATIONS))
 async def test_our_prompt_count_equals_vllms_prompt_tokens(tiny_engine, name):
     messages = CONVERSATIONS[name]
-    counter = await template.load_local_counter(tiny_engine.settings.model.resolved_path)
+    counter = await counters.load_local_counter(tiny_engine.settings.model.resolved_path)
     fitted = await fit_history(messages, counter, max_model_len=4096, reply_reserve=64)
     async with ChatClient(tiny_engine.base_url, tiny_engine.api_key, tiny_engine.settings.client) as client:
         answer = await client.complete(fitted.messages, "tiny-qwen3", max_tokens=1, sampling={"temperature": 0})
@@ -110,7 +110,7 @@ async def test_forged_role_markers_do_not_become_special_tokens_in_vllms_prompt(
     raw = get_json(tiny_engine, "/tokenize", {"model": "tiny-qwen3", "messages": messages, "add_generation_prompt": True})
     # What vLLM itself does with the raw text: the markers become real special tokens.
     assert raw["tokens"].count(im_start) > 2
-    counter = await template.load_local_counter(tiny_engine.settings.model.resolved_path)
+    counter = await counters.load_local_counter(tiny_engine.settings.model.resolved_path)
     fitted = await fit_history(messages, counter, max_model_len=4096, reply_reserve=64)
     guarded = get_json(tiny_engine, "/tokenize", {"model": "tiny-qwen3", "messages": fitted.messages,
                                                   "add_generation_prompt": True})

@@ -4,7 +4,7 @@ A real ``WebsocketSession`` whose ``emit`` records every event stands in for the
 go through ``chainlit.socket.message`` (the ``client_message`` event, so Stop cancels the same task
 as in production), Stop through ``chainlit.socket.stop``, edits through ``chainlit.socket.edit_message``,
 action buttons through the registered callbacks (what ``POST /project/action`` calls). The app runs in
-external mode against ``tests.fakeserver`` (in-process, so the test sees exactly what it received).
+external mode against ``tests.fakes.openai_server`` (in-process, so the test sees exactly what it received).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from backend.chat import Conversation
-from tests.fakeserver import FAULTS, FakeServer, expected_text
+from backend.chat.conversation import Conversation
+from tests.fakes.openai_server import FAULTS, FakeServer, expected_text
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -93,7 +93,7 @@ async def fake():
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def ui(fake, tmp_path_factory):
     """app.py imported with its settings from the environment, pointed at the fake server."""
-    from backend import health
+    from backend.chat import health
 
     env = {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "test",
            "QWENCHAT_CLIENT_FIRST_TOKEN_TIMEOUT": str(FIRST_TOKEN_TIMEOUT),
@@ -249,7 +249,7 @@ async def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 async def test_a_chat_opened_while_the_engine_lists_no_model_yet_still_gets_its_settings_panel(ui, fake, monkeypatch):
-    from backend.health import HealthStatus
+    from backend.chat.health import HealthStatus
 
     class LoadingPoller:
         """The shared poller before the engine lists any model (it is still loading)."""
@@ -715,9 +715,10 @@ async def test_the_settings_panel_and_the_composer_picker_agree_when_a_choice_la
 
 
 async def test_settings_changes_are_kept_in_the_user_session_copy_chainlit_writes_back(chat, ui):
-    from backend import history
     from chainlit.config import config
     from chainlit.context import init_ws_context
+
+    from backend.chat import history
 
     init_ws_context(chat.session)
     await config.code.on_settings_update({"model": "fake-adapter", "temperature": 0.25})
@@ -726,7 +727,7 @@ async def test_settings_changes_are_kept_in_the_user_session_copy_chainlit_write
 
 
 async def test_a_command_message_is_marked_so_a_resumed_chat_leaves_it_out(chat):
-    from backend import history
+    from backend.chat import history
 
     n = len(chat.events)
     await send_command(chat, "unload", "fake-qwen")
@@ -800,11 +801,11 @@ async def test_an_adapter_gone_from_the_engine_switches_the_chat_back_to_the_bas
 
 
 async def test_the_status_route_needs_a_login_when_login_is_on(ui, monkeypatch):
+    import chainlit as cl
     import httpx
     from chainlit.auth import create_jwt
     from chainlit.config import config
     from chainlit.server import app as http_app
-    import chainlit as cl
 
     transport = httpx.ASGITransport(app=http_app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

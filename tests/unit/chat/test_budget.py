@@ -1,4 +1,4 @@
-"""backend.budget: fitting history into max_model_len − reply_reserve with the real Qwen3 tokenizer."""
+"""backend.chat.budget: fitting history into max_model_len − reply_reserve with the real Qwen3 tokenizer."""
 
 from __future__ import annotations
 
@@ -11,28 +11,20 @@ import time
 
 import pytest
 
-from backend import budget as B
-from backend import template as T
+from backend.chat import budget as B
+from backend.chat import counters as C
+from backend.chat import template as T
 from backend.errors import ConfigError, PromptTooLong
-from backend.models import qwen_tokenizer_dir
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. 请用用户的语言回答。"}
 
-
-@pytest.fixture(scope="module")
-def qwen_dir():
-    return qwen_tokenizer_dir(progress=lambda *_: None)
-
-
-@pytest.fixture(scope="module")
-def counter(qwen_dir):
-    return asyncio.run(T.load_local_counter(qwen_dir))
+# qwen_dir (the real Qwen3 tokenizer) and counter (a LocalCounter on it) come from tests/unit/chat/conftest.py.
 
 
 @pytest.fixture
 def fresh(qwen_dir):
     """A private counter instance (own cache, own flags) for tests that change its state."""
-    return T._load_local(qwen_dir)
+    return C._load_local(qwen_dir)
 
 
 class Recording:
@@ -315,7 +307,7 @@ async def test_template_that_does_not_decompose_is_fitted_with_full_renders(qwen
         "{%- for m in messages %}<|im_start|>{{ m.role }} #{{ loop.index }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
         "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    c = await T.load_local_counter(folder)
+    c = await C.load_local_counter(folder)
     assert not c.additive
     msgs = [SYSTEM, *history(40), {"role": "user", "content": "q"}]
     r = await fit(msgs, c, 1500)
@@ -347,7 +339,7 @@ async def test_meter_says_used_budget_and_left_out(counter):
 
 @pytest.mark.asyncio
 async def test_meter_marks_estimates(qwen_dir):
-    est = await T.load_estimate_counter(qwen_dir)
+    est = await C.load_estimate_counter(qwen_dir)
     r = await fit([SYSTEM, {"role": "user", "content": "hello"}], est, 1000)
     assert not r.exact and r.meter_text("en").startswith("context: ≈")
 

@@ -1,4 +1,4 @@
-"""backend.client against tests.fakeserver: every fault mode, stream and non-stream, ends in one typed outcome."""
+"""backend.chat.client against tests.fakes.openai_server: every fault mode, stream and non-stream, ends in one typed outcome."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 
 from backend import errors
-from backend.client import (
+from backend.chat.client import (
     Anomaly,
     Answer,
     ChatClient,
@@ -57,9 +57,9 @@ from backend.errors import (
     TotalTimeout,
 )
 from backend.settings import ClientSettings
-from tests.fakeserver import FAULTS, FakeServer, expected_text, not_found_body, overflow_body
+from tests.fakes.openai_server import FAULTS, FakeServer, expected_text, not_found_body, overflow_body
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 N = 8  # tokens in a default fake answer
 TEXT = expected_text(N)
 AT = 3  # default index of a mid-stream fault
@@ -512,7 +512,7 @@ async def test_request_id_is_sent_as_header_and_on_every_log_line(server, client
     events, exc = await collect(client, "fault:empty-choices-first", prompt, request_id="abcd1234")
     assert exc is None
     assert server.records[-1].request_id == "abcd1234"
-    lines = [r.getMessage() for r in caplog.records if r.name == "backend.client"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "backend.chat.client"]
     assert lines and all("[abcd1234]" in line for line in lines)
     first = [m for m in lines if "first chunk" in m]
     assert first and '"choices": []' in first[0]  # the raw first chunk, as the engine sent it
@@ -532,7 +532,7 @@ async def test_anomalies_are_counted_once_per_request_and_kind(server, client, c
         await collect(client, "fault:null-content:tokens=10")  # ten null chunks each
     await collect(client, "fault:several-choices")
     assert anomaly_counts() == {"null_content": 2, "several_choices": 1}
-    caplog.set_level(logging.INFO, logger="backend.client")
+    caplog.set_level(logging.INFO, logger="backend.chat.client")
     log_anomaly_summary()
     assert any("null_content" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
 
@@ -766,14 +766,14 @@ def test_every_backend_error_subclass_is_reachable_from_the_client():
 
 
 def test_the_error_tree_in_the_errors_docstring_names_every_class():
-    import backend.merge  # noqa: F401 - registers MergeError, which lives next to its only user
+    import backend.engine.merge  # noqa: F401 - registers MergeError, which lives next to its only user
 
     tree = errors.__doc__.split("QwenChatError", 1)[1]
     named = set(re.findall(r"[├└]── (?:\w+\.)?(\w+)", tree))
     classes = {c.__name__ for c in _all_subclasses(errors.QwenChatError)}
     assert classes - named == set(), f"missing from the tree: {sorted(classes - named)}"
     assert named - classes == set(), f"in the tree but not a class: {sorted(named - classes)}"
-    assert "merge.MergeError (see backend/merge.py)" in " ".join(errors.__doc__.split())
+    assert "merge.MergeError (see backend/engine/merge.py)" in " ".join(errors.__doc__.split())
 
 
 # ---------------------------------------------------------------- the fake server itself
@@ -798,7 +798,7 @@ async def test_fake_server_rejects_a_bad_mode_spec_with_the_list_of_faults(serve
 
 
 def test_fake_server_runs_standalone_and_reports_requests():
-    proc = subprocess.Popen([sys.executable, "-m", "tests.fakeserver", "--port", "0", "--mode", "fault:no-finish"],
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.openai_server", "--port", "0", "--mode", "fault:no-finish"],
                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 20)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.chat import Conversation
+from backend.chat.conversation import Conversation
 
 
 def test_new_turns_append_in_order():

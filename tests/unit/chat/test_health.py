@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from backend import health
+from backend.chat import health
+from backend.chat.health import EngineState, HealthPoller, HealthSettings, get_poller, reset_shared
 from backend.errors import ConfigError
-from backend.health import EngineState, HealthPoller, HealthSettings, get_poller, reset_shared
-from tests.fake_engine import FakeEngine, adapter
+from tests.fakes.vllm_server import FakeEngine, adapter
 
 FAST = HealthSettings(poll_starting=0.05, poll_ready=0.05, probe_every=0.1, probe_timeout=0.4, probe_slow=0.3,
                       request_timeout=0.3, startup_limit=30.0)
@@ -33,7 +33,7 @@ async def until(poller: HealthPoller, pred, timeout: float = 4.0, what: str = ""
 
 
 def transitions(caplog, arrow: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "backend.health" and arrow in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if r.name == "backend.chat.health" and arrow in r.getMessage()]
 
 
 @pytest_asyncio.fixture
@@ -101,7 +101,7 @@ async def test_slow_or_failing_probe_is_degraded_and_says_why(engine, poller, mo
 
 @pytest.mark.asyncio
 async def test_flapping_logs_each_transition_once_and_a_steady_state_never(engine, poller, caplog):
-    caplog.set_level(logging.INFO, logger="backend.health")
+    caplog.set_level(logging.INFO, logger="backend.chat.health")
     await engine.start()
     await poller.start()
     await until(poller, lambda s: s.ready, what="ready")

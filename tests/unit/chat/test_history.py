@@ -1,5 +1,6 @@
-"""backend/history.py: the SQLite schema under Chainlit's real SQLAlchemyDataLayer, rebuilding a chat
-from its stored thread, login checks, the login secret, and settings remembered per user or browser.
+"""backend/chat/history.py: the SQLite schema under Chainlit's real SQLAlchemyDataLayer, rebuilding a chat
+from its stored thread, and ``prepare`` (the database and the login secret). The password check is in
+test_login.py, settings remembered per user or browser in test_preferences.py.
 
 The data layer is Chainlit 2.12's own class on a real SQLite file; messages and steps are built with
 Chainlit's own ``Message`` / ``Step`` so the stored columns are exactly what the app writes.
@@ -14,10 +15,10 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from backend import history
-from backend.errors import ConfigError
-from backend.settings import LoggingSettings, Settings, UISettings, load_settings
-from backend.service import footer, interrupted_marker
+from backend.chat import history
+from backend.chat.login import SECRET_FILE, auth_secret
+from backend.chat.service import footer, interrupted_marker
+from backend.settings import LoggingSettings, Settings, UISettings
 
 RAW = "Arr, matey! Paris be the capital."
 
@@ -157,33 +158,11 @@ def test_an_answer_retried_after_a_cut_keeps_only_the_retried_answer():
     assert [(t.id, t.content) for t in conv.turns] == [("u1", "q"), ("a2", "full answer")]
 
 
-# ---------------------------------------------------------------- login
+# ---------------------------------------------------------------- prepare: the database and the login secret
 
 
 def auth_settings(tmp_path, **ui) -> Settings:
     return Settings(ui=UISettings(auth=True, **ui), logging=LoggingSettings(dir=str(tmp_path / "logs")))
-
-
-@pytest.mark.parametrize("username,password,ok", [
-    ("demo", "s3cret-pass", True),
-    ("demo", "s3cret-passX", False),
-    ("demo", "", False),
-    ("Demo", "s3cret-pass", False),
-    ("admin", "s3cret-pass", False),
-    ("demo", "s3cret-pass\udcff", False),  # a lone surrogate from a form must not raise
-])
-def test_the_password_check_accepts_only_the_configured_name_and_password(tmp_path, username, password, ok):
-    settings = auth_settings(tmp_path, username="demo", password="s3cret-pass")
-    assert history.check_password(settings, username, password) is ok
-
-
-def test_login_on_without_a_password_is_a_config_error_naming_both_places_to_set_it(tmp_path):
-    with pytest.raises(ConfigError) as err:
-        load_settings(tmp_path / "none.toml", env={"QWENCHAT_UI_AUTH": "true"})
-    text = err.value.user_text("en")
-    assert "[ui].password" in text and "QWENCHAT_UI_PASSWORD" in text
-    settings = load_settings(tmp_path / "none.toml", env={"QWENCHAT_UI_AUTH": "true", "QWENCHAT_UI_PASSWORD": "pw"})
-    assert settings.ui.password == "pw" and history.check_password(settings, "admin", "pw")
 
 
 def test_prepare_creates_the_database_and_a_login_secret_that_survives_a_restart(tmp_path):
@@ -193,72 +172,17 @@ def test_prepare_creates_the_database_and_a_login_secret_that_survives_a_restart
     path = tmp_path / "logs" / "history.sqlite3"
     assert url == f"sqlite+aiosqlite:///{path}" and "autoCollapse" in columns(path, "steps")
     secret = env["CHAINLIT_AUTH_SECRET"]
-    assert len(secret) >= 32 and (path.parent / history.SECRET_FILE).stat().st_mode & 0o077 == 0
+    assert len(secret) >= 32 and (path.parent / SECRET_FILE).stat().st_mode & 0o077 == 0
     again: dict[str, str] = {}
     history.prepare(settings, again)
     assert again["CHAINLIT_AUTH_SECRET"] == secret  # sessions survive a restart
-    assert history.prepare(settings, {"CHAINLIT_AUTH_SECRET": "given"}) and history.auth_secret(path.parent, {"CHAINLIT_AUTH_SECRET": "given"}) == "given"
+    assert history.prepare(settings, {"CHAINLIT_AUTH_SECRET": "given"}) and auth_secret(path.parent, {"CHAINLIT_AUTH_SECRET": "given"}) == "given"
 
 
 def test_prepare_does_nothing_without_login(tmp_path):
     env: dict[str, str] = {}
     assert history.prepare(Settings(logging=LoggingSettings(dir=str(tmp_path / "logs"))), env) is None
     assert env == {} and not (tmp_path / "logs").exists()
-
-
-# ---------------------------------------------------------------- remembered settings
-
-
-@pytest.mark.parametrize("user,cookie,key", [
-    ("admin", "qwenchat_browser=abcdef0123456789", "user:admin"),
-    (None, "other=1; qwenchat_browser=abcdef0123456789", "browser:abcdef0123456789"),
-    (None, "qwenchat_browser=../../etc", None),
-    (None, "qwenchat_browser=", None),
-    (None, None, None),
-    (None, 'broken="', None),
-])
-def test_settings_are_remembered_per_user_when_signed_in_else_per_browser_cookie(user, cookie, key):
-    assert history.preference_key(user, cookie) == key
-
-
-def test_preferences_survive_a_new_instance_and_forget_the_oldest(tmp_path, monkeypatch):
-    path = tmp_path / "prefs.json"
-    prefs = history.Preferences(path)
-    prefs.set("browser:a", {"model": "pirate"})
-    prefs.set(None, {"model": "ignored"})
-    assert history.Preferences(path).get("browser:a") == {"model": "pirate"}
-    assert history.Preferences(path).get("browser:b") == {} and prefs.get(None) == {}
-    monkeypatch.setattr(history, "MAX_PREFS", 3)
-    for name in "bcd":
-        prefs.set(f"browser:{name}", {"model": name})
-    assert prefs.get("browser:a") == {} and prefs.get("browser:d") == {"model": "d"}
-    path.write_text("{not json")
-    assert prefs.get("browser:d") == {}  # a broken file means nothing remembered, not a crash
-
-
-@pytest.mark.asyncio
-@pytest.mark.parametrize("path_type,cookie,sets", [
-    ("text/html; charset=utf-8", None, True),
-    ("text/html; charset=utf-8", "qwenchat_browser=abcdef0123456789", False),  # kept: the same browser
-    ("application/javascript", None, False),  # assets load in parallel: they would race with new ids
-])
-async def test_the_page_sets_a_browser_cookie_only_when_missing(path_type, cookie, sets):
-    async def page(scope, receive, send):
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", path_type.encode())]})
-        await send({"type": "http.response.body", "body": b"<html>"})
-
-    sent: list[dict] = []
-
-    async def send(message):
-        sent.append(message)
-
-    headers = [(b"cookie", cookie.encode())] if cookie else []
-    await history.BrowserCookieMiddleware(page)({"type": "http", "headers": headers}, None, send)
-    set_cookies = [v.decode() for k, v in sent[0]["headers"] if k == b"set-cookie"]
-    assert len(set_cookies) == (1 if sets else 0) and sent[1]["body"] == b"<html>"
-    if sets:
-        assert history.preference_key(None, set_cookies[0].split(";")[0]).startswith("browser:")
-        assert "HttpOnly" in set_cookies[0] and "Path=/" in set_cookies[0]
 
 
 @pytest.mark.asyncio

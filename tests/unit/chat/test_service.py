@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from backend.budget import FitResult
-from backend.client import Finish, Usage
-from backend.health import HealthStatus, ModelEntry
-from backend.service import LocalAdapter, footer, model_options, sampling_body, sampling_from
+from backend.chat.budget import FitResult
+from backend.chat.client import Finish, Usage
+from backend.chat.health import HealthStatus, ModelEntry
+from backend.chat.service import LocalAdapter, footer, model_options, sampling_body, sampling_from
 
 
 def status(*models: ModelEntry) -> HealthStatus:
@@ -46,7 +46,8 @@ import asyncio  # noqa: E402
 
 import pytest  # noqa: E402
 
-from backend.service import close_fence, footer as footer_, interrupted_marker  # noqa: E402
+from backend.chat.service import close_fence, interrupted_marker  # noqa: E402
+from backend.chat.service import footer as footer_  # noqa: E402
 
 
 @pytest.mark.parametrize("text, closed", [
@@ -85,8 +86,8 @@ class FakePoller:
 
 
 def test_two_sessions_loading_at_once_see_each_others_adapter_in_the_limit_check(monkeypatch, tmp_path):
-    from backend import adapters
-    from backend.service import Service
+    from backend.adapters import runtime
+    from backend.chat.service import Service
     from backend.settings import LoggingSettings, LoraSettings, Settings
 
     settings = Settings(lora=LoraSettings(dir=str(tmp_path), max_loras=1, max_cpu_loras=1),
@@ -100,7 +101,7 @@ def test_two_sessions_loading_at_once_see_each_others_adapter_in_the_limit_check
         await asyncio.sleep(0.05)
         poller.pending.append(name)
 
-    monkeypatch.setattr(adapters, "load_adapter_from_folder", load)
+    monkeypatch.setattr(runtime, "load_adapter_from_folder", load)
 
     async def both():
         stale = poller.status  # read by both sessions before either load

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.engine_log import ATTEMPT_MARKER, Cause, classify_failure, tail_relevant
+from backend.engine.log_diagnosis import ATTEMPT_MARKER, Cause, classify_failure, tail_relevant
 
-LOGS = Path(__file__).parent / "logs"
+LOGS = Path(__file__).resolve().parents[2] / "logs"  # tests/logs
 
 
 def log(name: str) -> str:
