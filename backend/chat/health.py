@@ -46,6 +46,7 @@ from ..contract import EngineStatus, SupervisorState
 from ..engine_http import Route, auth_headers, error_message, status_error
 from ..errors import pick_language
 from ..settings import HealthSettings  # re-exported: the [health] section
+from ..text import both, t
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +170,8 @@ class HealthPoller:
         now = time.time()
         self._status = HealthStatus(
             state=EngineState.STARTING,
-            reason="waiting for the model server to start",
-            reason_zh="正在等待模型服务器启动",
+            reason=t("health.waiting", "en"),
+            reason_zh=t("health.waiting", "zh"),
             since=now,
             checked_at=0.0,
         )
@@ -400,14 +401,13 @@ class HealthPoller:
         if not health.ok:
             how = "connection refused" if health.error == "refused" else health.error
             if self._ever_ready and health.error == "timeout":
-                self._set(EngineState.DEGRADED, f"/health did not answer within {s.request_timeout:g} s",
-                          f"/health 在 {s.request_timeout:g} 秒内没有响应", sup=sup, models_ok=False)
+                self._set(EngineState.DEGRADED, *both("health.health_slow", seconds=s.request_timeout),
+                          sup=sup, models_ok=False)
             elif self._ever_ready:
-                self._set(EngineState.DOWN, f"the model server stopped answering ({how} at {self.root_url})",
-                          f"模型服务器已停止响应（{self.root_url}：{how}）", sup=sup, models_ok=False)
+                self._set(EngineState.DOWN, *both("health.stopped_answering", how=how, url=self.root_url),
+                          sup=sup, models_ok=False)
             else:
-                self._starting_or_timed_out("the model server is starting (not listening yet)",
-                                            "模型服务器正在启动（尚未监听端口）", sup)
+                self._starting_or_timed_out(*both("health.not_listening"), sup)
             return
 
         if health.status in (401, 403):
@@ -415,10 +415,9 @@ class HealthPoller:
             return
         if not health_ok:
             if self._ever_ready:
-                self._set(EngineState.DOWN, f"the model server reports it is unhealthy (health HTTP {health.status})",
-                          f"模型服务器报告自身不健康（health HTTP {health.status}）", sup=sup, models_ok=False)
+                self._set(EngineState.DOWN, *both("health.unhealthy", status=health.status), sup=sup, models_ok=False)
             else:
-                self._starting_or_timed_out("the model is loading", "模型正在加载", sup)
+                self._starting_or_timed_out(*both("health.loading"), sup)
             return
 
         models_resp = await self._get(self.api_url + "/models", s.request_timeout)
@@ -430,11 +429,9 @@ class HealthPoller:
         if base is None:
             if self._ever_ready:
                 detail = models_resp.error or (_error_detail(models_resp) if models_resp.status != 200 else "no base model listed")
-                self._set(EngineState.DEGRADED, f"the model list is unavailable ({detail})",
-                          f"模型列表不可用（{detail}）", sup=sup, models_ok=False)
+                self._set(EngineState.DEGRADED, *both("health.no_model_list", detail=detail), sup=sup, models_ok=False)
             else:
-                self._starting_or_timed_out("the model server is up; waiting for the model list",
-                                            "模型服务器已启动；正在等待模型列表", sup)
+                self._starting_or_timed_out(*both("health.waiting_models"), sup)
             return
         self._update_models(models or ())
 
@@ -456,25 +453,20 @@ class HealthPoller:
         if probe.ok and probe.status == 200 and isinstance(probe.body, dict) and probe.body.get("choices"):
             self._ever_ready = True  # it answered: a later refusal is a crash (DOWN), not "starting"
             if probe.latency > s.probe_slow:
-                self._answered = (EngineState.DEGRADED,
-                                  f"the engine answers slowly: the test generation took over {s.probe_slow:g} s",
-                                  f"引擎响应缓慢：测试生成超过 {s.probe_slow:g} 秒")
+                self._answered = (EngineState.DEGRADED, *both("health.slow", seconds=s.probe_slow))
             else:
-                self._answered = (EngineState.READY, "the model is ready", "模型已就绪")
+                self._answered = (EngineState.READY, *both("health.ready"))
             self._set(*self._answered, sup=sup, models_ok=True, latency=probe.latency)
             return
         if probe.error == "timeout":
-            en = f"health 200 but the test generation timed out after {s.probe_timeout:g} s (the engine may be hung or overloaded)"
-            zh = f"健康检查为 200，但测试生成在 {s.probe_timeout:g} 秒内未完成（引擎可能卡住或过载）"
+            en, zh = both("health.probe_timeout", seconds=s.probe_timeout)
         elif probe.error == "refused":
             self._set(EngineState.DOWN if self._ever_ready else EngineState.STARTING,
-                      "the model server closed the connection during the test generation",
-                      "测试生成期间模型服务器断开了连接", sup=sup, models_ok=True)
+                      *both("health.probe_dropped"), sup=sup, models_ok=True)
             return
         else:
             detail = probe.error or _error_detail(probe)
-            en = f"health 200 but the test generation failed ({detail})"
-            zh = f"健康检查为 200，但测试生成失败（{detail}）"
+            en, zh = both("health.probe_failed", detail=detail)
         self._set(EngineState.DEGRADED, en, zh, sup=sup, models_ok=True)
 
     # ------------------------------------------------------------ state bookkeeping
@@ -491,8 +483,7 @@ class HealthPoller:
     def _starting_or_timed_out(self, en: str, zh: str, sup: EngineStatus | None) -> None:
         limit = self.settings.startup_limit
         if time.monotonic() - self._life_started >= limit:
-            self._set(EngineState.DOWN, f"the model server did not become ready within {limit:g} s",
-                      f"模型服务器在 {limit:g} 秒内未就绪", sup=sup, models_ok=False)
+            self._set(EngineState.DOWN, *both("health.never_ready", seconds=limit), sup=sup, models_ok=False)
         else:
             self._set(EngineState.STARTING, en, zh, sup=sup, models_ok=False)
 
@@ -592,24 +583,30 @@ _SUP_DOWN = (SupervisorState.DOWN, SupervisorState.STOPPED)
 
 def _supervisor_starting_text(sup: EngineStatus) -> tuple[str, str]:
     if sup.state is SupervisorState.RESTARTING:
-        reason = sup.reason or "the engine stopped"
-        reason_zh = sup.reason_zh or sup.reason or "引擎已停止"
+        reasons = _reasons(sup)
         if sup.attempt and sup.max_attempts:
-            return (f"{reason}; it is restarting — attempt {sup.attempt} of {sup.max_attempts}",
-                    f"{reason_zh}；正在重启——第 {sup.attempt}/{sup.max_attempts} 次尝试")
-        return f"{reason}; it is restarting", f"{reason_zh}；正在重启"
-    return "the model server is starting (loading the model)", "模型服务器正在启动（加载模型）"
+            return _in_both("health.restarting_attempt", reasons, attempt=sup.attempt, attempts=sup.max_attempts)
+        return _in_both("health.restarting", reasons)
+    return both("health.starting")
 
 
 def _supervisor_down_text(sup: EngineStatus) -> tuple[str, str]:
     if sup.state is SupervisorState.STOPPED:
-        return "the engine was stopped", "引擎已停止运行"
-    reason = sup.reason or "the engine stopped"
-    reason_zh = sup.reason_zh or sup.reason or "引擎已停止"
+        return both("health.stopped")
+    reasons = _reasons(sup)
     if sup.attempt:
-        return (f"{reason}; it is down after {sup.attempt} attempts",
-                f"{reason_zh}；尝试 {sup.attempt} 次后已停止")
-    return f"{reason}; it is down", f"{reason_zh}；引擎已停止"
+        return _in_both("health.down_after", reasons, attempt=sup.attempt)
+    return _in_both("health.down", reasons)
+
+
+def _reasons(sup: EngineStatus) -> tuple[str, str]:
+    """The supervisor's cause in both languages (the file may hold only English, or nothing)."""
+    en, zh = both("health.engine_stopped")
+    return sup.reason or en, sup.reason_zh or sup.reason or zh
+
+
+def _in_both(key: str, reasons: tuple[str, str], **params: object) -> tuple[str, str]:
+    return t(key, "en", reason=reasons[0], **params), t(key, "zh", reason=reasons[1], **params)
 
 
 def _refused(resp: _Http, route: Route) -> tuple[str, str]:

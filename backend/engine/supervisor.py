@@ -22,6 +22,7 @@ from typing import Any
 from ..contract import EngineStatus, SupervisorState
 from ..errors import EngineStartFailed
 from ..settings import ROOT
+from ..text import both
 from . import log_diagnosis
 from .command import Command
 
@@ -185,10 +186,9 @@ class Supervisor:
             # Killed by a signal (the OOM killer, kill -9): only the exit status tells; what the log shows
             # after that is the children noticing, not the cause.
             name = _signal_name(-rc)
-            return (f"the engine was killed ({name}); if nobody killed it, the system may have run out of memory",
-                    f"引擎被终止（{name}）；如果不是人为终止，可能是系统内存不足", "unknown", tail)
+            return (*both("supervisor.killed", signal=name), "unknown", tail)
         if cause is None:
-            return f"the engine exited with code {rc}", f"引擎退出，退出码 {rc}", "unknown", tail
+            return (*both("supervisor.exited", rc=rc), "unknown", tail)
         return cause.reason, cause.reason_zh, cause.kind, tail
 
     async def run(self) -> None:
@@ -217,8 +217,7 @@ class Supervisor:
             rc = self.proc.poll()  # None: alive but never healthy (start-up limit)
             reason_en, reason_zh, kind, tail = self._diagnose(rc)
             if not healthy and rc is None:
-                reason_en = f"the engine did not become healthy within {self.startup_timeout:.0f} s ([server].startup_timeout)"
-                reason_zh = f"引擎在 {self.startup_timeout:.0f} 秒内未就绪（[server].startup_timeout）"
+                reason_en, reason_zh = both("supervisor.startup_timeout", seconds=self.startup_timeout)
                 kind = "startup_timeout"
             logger.error("engine stopped (rc=%s): %s", rc, reason_en)
             if not self.ever_ready:
