@@ -21,7 +21,7 @@ from backend.chat.client import new_request_id
 from backend.chat.session import ChatSession
 from backend.chat.turn import Outcome, Reply
 from backend.errors import QwenChatError
-from backend.i18n import t
+from backend.text import t
 
 logger = logging.getLogger(__name__)
 app = ui.Service.from_environment()

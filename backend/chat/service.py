@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 from .. import contract
 from ..errors import BackendError, PromptTooLong
-from ..i18n import t
 from ..settings import Settings, load_settings
+from ..text import t
 from . import budget as budget_mod
 from . import counters
 from .client import ChatClient, Finish, Usage, anomaly_counts

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import ConnectionLost, ModelNotFound, PromptTooLong, QwenChatError, ServerStarting, ServerUnreachable
-from ..i18n import t
+from ..text import t
 from .budget import FitResult
 from .client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
 from .health import EngineState, HealthStatus
