@@ -44,9 +44,8 @@ import aiohttp
 
 from ..contract import EngineStatus, SupervisorState
 from ..engine_http import Route, auth_headers, error_message, status_error
-from ..errors import pick_language
 from ..settings import HealthSettings  # re-exported: the [health] section
-from ..text import both, t
+from ..text import both, pick_language, t
 
 logger = logging.getLogger(__name__)
 

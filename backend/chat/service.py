@@ -12,16 +12,16 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .. import contract
 from ..errors import BackendError, PromptTooLong
-from ..settings import Settings, load_settings
+from ..settings import HealthSettings, Settings, load_settings
 from ..text import t
 from . import budget as budget_mod
 from . import counters
 from .client import ChatClient, Finish, Usage, anomaly_counts
-from .health import EngineState, HealthSettings, HealthStatus, get_poller
+from .health import EngineState, HealthPoller, HealthStatus, get_poller
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Service:
         self.status_file = status_file
         self.health_settings = health or settings.health
         self.client = ChatClient(self.base_url, self.api_key, settings.client)
-        self._poller = None
+        self._poller: HealthPoller | None = None
         self._counter: counters.TokenCounter | None = None
         self._counter_lock = asyncio.Lock()
         self._load_lock = asyncio.Lock()
@@ -58,7 +58,7 @@ class Service:
     # ------------------------------------------------------------ health
 
     @property
-    def poller(self):
+    def poller(self) -> HealthPoller:
         if self._poller is None:
             self._poller = get_poller(self.base_url, self.api_key, self.health_settings,
                                       status_file=self.status_file)
@@ -101,9 +101,10 @@ class Service:
         if not folder:
             return {}
         try:
-            return json.loads((Path(folder) / contract.EXCLUDED_ADAPTERS_FILE_NAME).read_text())
+            found = json.loads((Path(folder) / contract.EXCLUDED_ADAPTERS_FILE_NAME).read_text())
         except (OSError, ValueError):
             return {}
+        return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
     async def local_adapters(self, status: HealthStatus) -> list[LocalAdapter]:
         """Adapters in [lora].dir that the engine does not list: offered, loaded on first use."""
@@ -222,7 +223,8 @@ class Service:
 # ---------------------------------------------------------------- pure helpers for the UI
 
 
-def model_options(status: HealthStatus, local: list[LocalAdapter], lang: str, rank_of=lambda root: None) -> dict[str, str]:
+def model_options(status: HealthStatus, local: list[LocalAdapter], lang: str,
+                  rank_of: Callable[[str | None], int | None] = lambda root: None) -> dict[str, str]:
     """Dropdown items, label → model id: the base first, then served adapters, then loadable ones."""
     items: dict[str, str] = {}
     for m in status.models:

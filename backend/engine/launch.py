@@ -14,6 +14,7 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -121,7 +122,7 @@ def preflight(settings: Settings, engine: str) -> None:
     check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
 
 
-async def _wait_port(host: str, port: int, proc, timeout: float) -> bool:
+async def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -185,10 +186,11 @@ async def serve(settings: Settings) -> int:
             say(f"the UI did not start; see {log_dir / 'ui.log'}:")
             print(read_tail(log_dir / "ui.log", 4000), file=sys.stderr)
             return 1
-        if supervisor:
+        if supervisor and sup_task:
             ready_wait = asyncio.create_task(supervisor.ready_event.wait())
             stop_wait = asyncio.create_task(stop.wait())
-            await asyncio.wait({ready_wait, stop_wait, sup_task}, return_when=asyncio.FIRST_COMPLETED)
+            waits: set[asyncio.Task[object]] = {ready_wait, stop_wait, sup_task}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             ready_wait.cancel()
             stop_wait.cancel()
             if sup_task.done() and sup_task.exception():

