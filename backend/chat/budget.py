@@ -36,7 +36,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
-from ..errors import ConfigError, PromptTooLong, SystemPromptTooLong, pick_language
+from .. import text as catalog
+from ..errors import ConfigError, PromptTooLong, SystemPromptTooLong
 from .counters import TokenCounter
 from .template import (
     Message,
@@ -98,13 +99,13 @@ class FitResult:
         return len(self.dropped)
 
     def meter_text(self, lang: str | None = "en") -> str:
-        approx = "" if self.exact else "≈"
+        meter = catalog.t(
+            "meter.context", lang, approx="" if self.exact else "≈", used=self.prompt_tokens, budget=self.budget
+        )
         n = self.left_out
-        if pick_language(lang) == "zh":
-            text = f"上下文：{approx}{self.prompt_tokens:,} / {self.budget:,} 词元"
-            return text + (f" · {n} 轮较早的对话未发送" if n else "")
-        text = f"context: {approx}{self.prompt_tokens:,} / {self.budget:,} tokens"
-        return text + (f" · {n} earlier turn{'s' if n != 1 else ''} left out" if n else "")
+        if n:
+            meter += " · " + catalog.t("meter.left_out.one" if n == 1 else "meter.left_out.many", lang, n=n)
+        return meter
 
 
 # ---------------------------------------------------------------- preparing messages

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from ..errors import pick_language
+from ..text import both, pick_language, t
 
 CauseKind = Literal[
     "oom_gpu", "oom_cpu_kvcache", "lora_load_failed", "model_missing", "port_in_use", "unsupported_flag", "unknown"
@@ -38,7 +38,10 @@ _MAX_LINE = 500
 
 @dataclass(frozen=True)
 class Cause:
-    """One classified engine failure: a stable ``kind``, user text in en/zh, and the lines it rests on."""
+    """One classified engine failure: a stable ``kind``, user text in en/zh, and the lines it rests on.
+
+    ``reason``/``reason_zh`` are both kept (the supervisor's status file carries them to the UI, which
+    picks one); they are rendered from the catalog's ``cause.*`` keys (``text.py``)."""
 
     kind: CauseKind
     reason: str
@@ -195,7 +198,7 @@ def _context(lines: list[_Line]) -> _Context:
 # ---------------------------------------------------------------- rules
 
 # A rule's builder gets the match, the context and the lines before the match (for tracebacks);
-# it returns (kind, en, zh, adapter) or None to pass.
+# it returns (kind, en, zh, adapter) or None to pass. The texts are catalog keys ``cause.*`` (text.py).
 _Verdict = tuple[CauseKind, str, str, "str | None"]
 _Builder = Callable[[re.Match[str], _Context, list[_Line]], "_Verdict | None"]
 
@@ -217,31 +220,23 @@ def _gib(text: str) -> str:
 
 def _flag_unrecognized(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     flags = m.group(1).strip()
-    return ("unsupported_flag",
-            f"this vLLM does not know the flag(s) {flags}; remove them from [server].extra_args or use a vLLM version that has them",
-            f"当前 vLLM 不认识参数 {flags}；请从 [server].extra_args 中删除，或换用支持它们的 vLLM 版本", None)
+    return ("unsupported_flag", *both("cause.unrecognized_flag", flags=flags), None)
 
 
 def _flag_choice(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     flag, value, choices = m.group(1), m.group(2).strip("'"), m.group(3)
     where = _FLAG_SETTINGS.get(flag, "[server].extra_args")
-    return ("unsupported_flag",
-            f"vLLM refused {flag} {value}: it accepts only {choices}; change {where}",
-            f"vLLM 拒绝了 {flag} {value}：只接受 {choices}；请修改 {where}", None)
+    return ("unsupported_flag", *both("cause.flag_choice", flag=flag, value=value, choices=choices, where=where), None)
 
 
 def _flag_other(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     detail = m.group(1).strip()
-    return ("unsupported_flag",
-            f"vLLM refused its command line: {detail}; check [server].extra_args and the other [server] settings",
-            f"vLLM 拒绝了启动参数：{detail}；请检查 [server].extra_args 及其他 [server] 设置", None)
+    return ("unsupported_flag", *both("cause.flag_refused", detail=detail), None)
 
 
 def _flag_max_len(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     asked, limit = m.group(1), m.group(2).removesuffix(".0")
-    return ("unsupported_flag",
-            f"--max-model-len {asked} is above the model's limit {limit} (config.json); set [model].max_model_len to {limit} or less",
-            f"--max-model-len {asked} 超过模型上限 {limit}（config.json）；请把 [model].max_model_len 设为不超过 {limit}", None)
+    return ("unsupported_flag", *both("cause.max_model_len_above_limit", asked=asked, limit=limit), None)
 
 
 def _kvspace_not_int(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict | None:
@@ -249,74 +244,59 @@ def _kvspace_not_int(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _V
     if not ctx.on_cpu:
         return None
     value = m.group(1)
-    return ("unsupported_flag",
-            f"VLLM_CPU_KVCACHE_SPACE must be a whole number of GiB, got '{value}'; set [server].cpu_kvcache_gib to an integer",
-            f"VLLM_CPU_KVCACHE_SPACE 必须是整数（GiB），实际为 '{value}'；请把 [server].cpu_kvcache_gib 设为整数", None)
+    return ("unsupported_flag", *both("cause.kvcache_space_not_integer", value=value), None)
 
 
 def _port(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     bound = re.search(r"\('[^']*', (\d+)\)", m.string)  # uvicorn: "bind on address ('127.0.0.1', 8000)"
     port = bound.group(1) if bound else (str(ctx.port) if ctx.port else "")
-    what = f"port {port}" if port else "the engine's port"
-    what_zh = f"端口 {port}" if port else "引擎端口"
-    return ("port_in_use",
-            f"{what} is already in use, so vLLM could not listen; stop the program using it or change [server].port",
-            f"{what_zh} 已被占用，vLLM 无法监听；请停止占用它的程序或修改 [server].port", None)
+
+    def text(lang: str) -> str:
+        what = t("cause.port_in_use.port", lang, port=port) if port else t("cause.port_in_use.no_port", lang)
+        return t("cause.port_in_use", lang, what=what)
+
+    return ("port_in_use", text("en"), text("zh"), None)
 
 
 def _cpu_node_kv(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     avail, total, requested = _gib(m.group(1)), _gib(m.group(2)), m.group(3).split("/")[0]
-    return ("oom_cpu_kvcache",
-            f"the CPU KV cache needs {requested} GiB but only {avail} of {total} GiB RAM is free; "
-            "lower [server].cpu_kvcache_gib (VLLM_CPU_KVCACHE_SPACE) or free memory",
-            f"CPU KV 缓存需要 {requested} GiB，但内存只剩 {avail} / {total} GiB；"
-            "请调低 [server].cpu_kvcache_gib（VLLM_CPU_KVCACHE_SPACE）或释放内存", None)
+    return (
+        "oom_cpu_kvcache",
+        *both("cause.cpu_kvcache_above_free_ram", requested=requested, avail=avail, total=total),
+        None,
+    )
 
 
 def _cpu_node_startup(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     avail, total, frac, requested = _gib(m.group(1)), _gib(m.group(2)), m.group(3), _gib(m.group(4))
-    return ("oom_cpu_kvcache",
-            f"vLLM-CPU wanted to reserve {frac} of RAM ({requested} GiB) but only {avail} of {total} GiB is free; "
-            "set [server].cpu_kvcache_gib (VLLM_CPU_KVCACHE_SPACE) so it reserves a fixed amount",
-            f"vLLM-CPU 想预留 {frac} 的内存（{requested} GiB），但只剩 {avail} / {total} GiB；"
-            "请设置 [server].cpu_kvcache_gib（VLLM_CPU_KVCACHE_SPACE）以固定预留大小", None)
+    return (
+        "oom_cpu_kvcache",
+        *both("cause.cpu_reserve_above_free_ram", frac=frac, requested=requested, avail=avail, total=total),
+        None,
+    )
 
 
 def _kv_too_small(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     max_len, needed, avail = m.group(1), _gib(m.group(2)), _gib(m.group(3))
     est = re.search(r"estimated maximum model length is (\d+)", m.string)
-    hint = f" to {est.group(1)} or less" if est else ""
-    hint_zh = f"降到 {est.group(1)} 以下" if est else "调低"
     if ctx.on_cpu:
-        return ("oom_cpu_kvcache",
-                f"the KV cache ({avail} GiB) is too small for max_model_len {max_len} (needs {needed} GiB); "
-                f"raise [server].cpu_kvcache_gib or lower [model].max_model_len{hint}",
-                f"KV 缓存（{avail} GiB）不够 max_model_len {max_len} 使用（需要 {needed} GiB）；"
-                f"请调高 [server].cpu_kvcache_gib 或把 [model].max_model_len {hint_zh}", None)
-    return ("oom_gpu",
-            f"the GPU KV cache ({avail} GiB) is too small for max_model_len {max_len} (needs {needed} GiB); "
-            f"lower [model].max_model_len{hint}, or raise [server].gpu_memory_utilization",
-            f"GPU 上的 KV 缓存（{avail} GiB）不够 max_model_len {max_len} 使用（需要 {needed} GiB）；"
-            f"请把 [model].max_model_len {hint_zh}，或调高 [server].gpu_memory_utilization", None)
+        kind: CauseKind = "oom_cpu_kvcache"
+        key = "cause.kv_cache_too_small_cpu.estimate" if est else "cause.kv_cache_too_small_cpu"
+    else:
+        kind = "oom_gpu"
+        key = "cause.kv_cache_too_small_gpu.estimate" if est else "cause.kv_cache_too_small_gpu"
+    return (kind, *both(key, avail=avail, max_len=max_len, needed=needed, estimate=est.group(1) if est else ""), None)
 
 
 def _no_cache_blocks(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     if ctx.on_cpu:
-        return ("oom_cpu_kvcache",
-                "no memory was left for the KV cache after loading the model; raise [server].cpu_kvcache_gib or free RAM",
-                "加载模型后没有剩余内存给 KV 缓存；请调高 [server].cpu_kvcache_gib 或释放内存", None)
-    return ("oom_gpu",
-            "no GPU memory was left for the KV cache after loading the model; raise [server].gpu_memory_utilization, "
-            "use a smaller model or more GPUs ([server].tensor_parallel_size)",
-            "加载模型后 GPU 上没有剩余显存给 KV 缓存；请调高 [server].gpu_memory_utilization、"
-            "换用更小的模型或更多 GPU（[server].tensor_parallel_size）", None)
+        return ("oom_cpu_kvcache", *both("cause.no_cache_blocks_cpu"), None)
+    return ("oom_gpu", *both("cause.no_cache_blocks_gpu"), None)
 
 
 def _cpu_alloc(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     size = f" ({int(m.group(1)) / 2**30:.2f} GiB)" if m.group(1) else ""
-    return ("oom_cpu_kvcache",
-            f"the machine ran out of RAM{size}; lower [server].max_num_seqs, [model].max_model_len or [server].cpu_kvcache_gib",
-            f"机器内存不足{size}；请调低 [server].max_num_seqs、[model].max_model_len 或 [server].cpu_kvcache_gib", None)
+    return ("oom_cpu_kvcache", *both("cause.cpu_out_of_memory", size=size), None)
 
 
 def _cuda_oom(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
@@ -329,15 +309,13 @@ def _cuda_oom(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     if free:
         parts.append(f"{free.group(2)} of {free.group(1)} free")
     detail = f" ({', '.join(parts)})" if parts else ""
-    return ("oom_gpu",
-            f"the GPU ran out of memory{detail}; lower [server].max_num_seqs, [model].max_model_len or "
-            "[server].gpu_memory_utilization, or stop other programs on the GPU",
-            f"GPU 显存不足{detail}；请调低 [server].max_num_seqs、[model].max_model_len 或 "
-            "[server].gpu_memory_utilization，或停止占用 GPU 的其他程序", None)
+    return ("oom_gpu", *both("cause.gpu_out_of_memory", detail=detail), None)
 
 
-def _lora(message_en: str, message_zh: str, *, name_group: int | None = None, path_group: int | None = None,
+def _lora(key: str, *, name_group: int | None = None, path_group: int | None = None,
           detail_group: int | None = None, advice: bool = True) -> _Builder:
+    """``key``'s text has ``{who}`` (the adapter) and may use ``{path}``, ``{detail}`` and the groups ``{g1}``…"""
+
     def build(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
         name = m.group(name_group) if name_group else None
         path = m.group(path_group) if path_group else ""
@@ -350,17 +328,16 @@ def _lora(message_en: str, message_zh: str, *, name_group: int | None = None, pa
         if path == "" and name:
             path = dict(ctx.lora_modules).get(name, "")
         detail = m.group(detail_group).strip().rstrip(".") if detail_group else ""
-        who = f"adapter '{name}'" if name else "a LoRA adapter"
-        who_zh = f"适配器 '{name}'" if name else "某个 LoRA 适配器"
         values = {"path": path or "its folder", "detail": detail}
         groups = m.groups()
         values.update({f"g{i + 1}": g for i, g in enumerate(groups)})
-        en = f"{who} {message_en.format(**values)}"
-        zh = f"{who_zh} {message_zh.format(**values)}"
-        if advice:
-            en += "; fix it or remove it from [lora].modules (the adapter doctor shows details)"
-            zh += "；请修正它或将其从 [lora].modules 中移除（适配器检查可显示详情）"
-        return ("lora_load_failed", en, zh, name)
+
+        def text(lang: str) -> str:
+            who = t("cause.lora.adapter", lang, name=name) if name else t("cause.lora.some_adapter", lang)
+            reason = t(key, lang, who=who, **values)
+            return t("cause.lora.advice", lang, reason=reason) if advice else reason
+
+        return ("lora_load_failed", text("en"), text("zh"), name)
 
     return build
 
@@ -369,26 +346,27 @@ def _lora_traceback(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Ve
     # IndexError at lora_a[i] / KeyError '...lora_A.weight': only when the traceback runs through vllm/lora/.
     if "lora_" not in m.group(0).lower() and not any("/lora/" in b.msg for b in before[-40:]):
         return None
-    return _lora("does not match the base model ({g1})", "与基础模型不匹配（{g1}）")(m, ctx, before)
+    return _lora("cause.lora_mismatch")(m, ctx, before)
 
 
-def _model_missing(message_en: str, message_zh: str, path_group: int | None = 1) -> _Builder:
+def _model_missing(key: str, path_group: int | None = 1) -> _Builder:
+    """``key``'s text may use ``{path}`` and the groups ``{g1}``…; the advice to set [model].path follows."""
+
     def build(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
         path = m.group(path_group) if path_group else ""
         values = {"path": path, **{f"g{i + 1}": g for i, g in enumerate(m.groups())}}
-        return ("model_missing",
-                message_en.format(**values) + "; set [model].path to a folder with config.json and weights "
-                "(leave it empty for the embedded default)",
-                message_zh.format(**values) + "；请把 [model].path 设为包含 config.json 和权重的文件夹（留空则使用内置默认模型）",
-                None)
+        en, zh = (t("cause.model_missing.advice", lang, reason=t(key, lang, **values)) for lang in ("en", "zh"))
+        return ("model_missing", en, zh, None)
 
     return build
 
 
-def _quirk(message_en: str, message_zh: str) -> _Builder:
+def _quirk(key: str) -> _Builder:
+    """``key``'s text may use the groups ``{g1}``…"""
+
     def build(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
         values = {f"g{i + 1}": g for i, g in enumerate(m.groups())}
-        return ("unknown", message_en.format(**values), message_zh.format(**values), None)
+        return ("unknown", *both(key, **values), None)
 
     return build
 
@@ -403,9 +381,7 @@ _WARNING_OK = {_DIED}  # the only rule whose evidence is logged at WARNING level
 def _died(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     code = m.group(2)
     how = f" (exit code {code})" if code else ""
-    return ("unknown",
-            f"the engine process died unexpectedly{how}; if nobody killed it, the system may have run out of memory",
-            f"引擎进程意外退出{how}；如果不是人为终止，可能是系统内存不足", None)
+    return ("unknown", *both("cause.engine_died", how=how), None)
 
 
 # Order is priority: the first rule that matches anywhere in the launch wins. Memory comes before LoRA
@@ -428,48 +404,43 @@ _RULES: list[tuple[re.Pattern[str], _Builder]] = [
     (re.compile(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)(?:: you tried to allocate (\d+) bytes)?"), _cpu_alloc),
     (re.compile(r"(?:CUDA|HIP) out of memory|CUDA error: out of memory|OutOfMemoryError"), _cuda_oom),
     (re.compile(r"Loading lora (\S+) failed: No adapter found for (\S+)"),
-     _lora("was not found at {path} (no adapter_config.json)", "在 {path} 找不到（没有 adapter_config.json）", name_group=1, path_group=2)),
+     _lora("cause.lora_not_found", name_group=1, path_group=2)),
     (re.compile(r"LoRA rank (\d+) is greater than max_lora_rank (\d+)"),
-     _lora("has rank {g1}, above --max-lora-rank {g2}; raise [lora].max_lora_rank (vLLM accepts 1, 8, 16, 32, 64, 128, 256, 320, 512) or retrain with r<={g2}",
-           "的秩为 {g1}，超过 --max-lora-rank {g2}；请调高 [lora].max_lora_rank（vLLM 只接受 1, 8, 16, 32, 64, 128, 256, 320, 512）或以 r<={g2} 重新训练",
-           advice=False)),
+     _lora("cause.lora_rank_too_big", advice=False)),
     (re.compile(r"While loading (\S+), expected target modules in (.+?) but received (\[.*?\])"),
-     _lora("has weights for modules the base model does not have: {g3}", "包含基础模型没有的模块权重：{g3}", path_group=1)),
+     _lora("cause.lora_unexpected_modules", path_group=1)),
     (re.compile(r"(\S+) doesn't contain tensors"),
-     _lora("has no weights in {path} (adapter_model.safetensors or .bin)", "在 {path} 中没有权重文件（adapter_model.safetensors 或 .bin）", path_group=1)),
+     _lora("cause.lora_no_weights", path_group=1)),
     (re.compile(r"Missing required configuration fields: (.+)$"),
-     _lora("has an incomplete adapter_config.json (missing {g1})", "的 adapter_config.json 不完整（缺少 {g1}）")),
+     _lora("cause.lora_config_incomplete")),
     (re.compile(r"Adapter bias is not supported"),
-     _lora("trains biases (bias is not \"none\"), which vLLM cannot serve", "训练了偏置（bias 不是 \"none\"），vLLM 不支持")),
+     _lora("cause.lora_bias")),
     (re.compile(r"The embedding LoRA size\((\d+)\) must be consistent with the base model's vocabulary size\((\d+)\)"),
-     _lora("was trained for a vocabulary of {g1} tokens, the base model has {g2}", "按 {g1} 个词元的词表训练，而基础模型有 {g2} 个")),
+     _lora("cause.lora_vocab_mismatch")),
     (re.compile(r"^((?:KeyError|IndexError): .*)$"), _lora_traceback),
     (re.compile(r"Call to add_lora method failed: (.+)$"),
-     _lora("failed to load: {detail}", "加载失败：{detail}", detail_group=1)),
+     _lora("cause.lora_add_failed", detail_group=1)),
     (re.compile(r"Invalid repository ID or local directory specified: '([^']+)'"),
-     _model_missing("model path {path} does not exist or has no config.json", "模型路径 {path} 不存在或没有 config.json")),
+     _model_missing("cause.model_path_invalid")),
     (re.compile(r"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '([^']+)'"),
-     _model_missing("model path {path} does not exist", "模型路径 {path} 不存在")),
+     _model_missing("cause.model_path_missing")),
     (re.compile(r"(\S+) does not appear to have a file named (\S+?)\.? "),
-     _model_missing("model folder {path} has no {g2}", "模型文件夹 {path} 中没有 {g2}")),
+     _model_missing("cause.model_file_missing")),
     (re.compile(r"(\S+) is not a local folder and is not a valid model identifier"),
-     _model_missing("model path {path} does not exist", "模型路径 {path} 不存在")),
+     _model_missing("cause.model_path_missing")),
     (re.compile(r"Incorrect path_or_model_id: '([^']+)'"),
-     _model_missing("model path {path} does not exist", "模型路径 {path} 不存在")),
+     _model_missing("cause.model_path_missing")),
     (re.compile(r"Cannot find any model weights with [`']([^`']+)[`']"),
-     _model_missing("model folder {path} has no weights (*.safetensors or *.bin)", "模型文件夹 {path} 中没有权重（*.safetensors 或 *.bin）")),
+     _model_missing("cause.model_weights_missing")),
     (re.compile(r"We couldn't connect to '(https?://[^']+)' to load the files"),
-     _model_missing("the model is not on disk and the model hub ({path}) cannot be reached", "模型不在本地，且无法连接模型仓库（{path}）")),
+     _model_missing("cause.model_hub_unreachable")),
     # vLLM-CPU quirks: not one of the causes above, but known, with a known fix.
     (re.compile(r"Unsupported CPU attention configuration: head_dim=(\d+)"),
-     _quirk("vLLM's CPU attention does not support head_dim {g1}; this model cannot run on vLLM-CPU (use a model with head_dim 64 or 128)",
-            "vLLM 的 CPU 注意力内核不支持 head_dim {g1}；该模型无法在 vLLM-CPU 上运行（请用 head_dim 为 64 或 128 的模型）")),
+     _quirk("cause.cpu_head_dim_unsupported")),
     (re.compile(r"operator torchvision::nms does not exist"),
-     _quirk("the engine environment has a CUDA build of torchvision, which breaks every vLLM import; uninstall torchvision, torchaudio and torchcodec from it",
-            "引擎环境中装有 CUDA 版 torchvision，导致 vLLM 无法导入；请从该环境卸载 torchvision、torchaudio 和 torchcodec")),
+     _quirk("cause.torchvision_cuda_build")),
     (re.compile(r"PackageNotFoundError: No package metadata was found for vllm"),
-     _quirk("the `vllm` command is broken in vllm-cpu; start the engine with python -m vllm.entrypoints.openai.api_server",
-            "vllm-cpu 的 `vllm` 命令不可用；请用 python -m vllm.entrypoints.openai.api_server 启动引擎")),
+     _quirk("cause.vllm_command_broken")),
     (_DIED, _died),
 ]
 
@@ -489,7 +460,7 @@ def _generic(lines: list[_Line]) -> Cause | None:
     detail = pick.msg.strip()
     if len(detail) > 200:
         detail = detail[:197] + "..."
-    return Cause("unknown", f"the engine stopped with an error: {detail}", f"引擎因错误停止：{detail}", (pick.raw,))
+    return Cause("unknown", *both("cause.unknown", detail=detail), (pick.raw,))
 
 
 def classify_failure(log_text: str) -> Cause | None:
