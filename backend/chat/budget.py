@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from .. import text as catalog
 from ..errors import ConfigError, PromptTooLong, SystemPromptTooLong
@@ -246,7 +246,7 @@ async def fit_history(
         costs = [it.cost for it in turn]
         dropped.append(DroppedTurn(
             index=turn[0].index, indices=tuple(it.index for it in turn), preview=_preview(user.raw),
-            tokens=sum(costs) if all(c is not None for c in costs) else None,  # type: ignore[misc]
+            tokens=sum(c for c in costs if c is not None) if all(c is not None for c in costs) else None,
         ))
     return FitResult(
         messages=_window(system, turns, first_kept), prompt_tokens=total, budget=budget,
@@ -279,7 +279,7 @@ def _window(system: str | None, turns: list[list[_Item]], first: int) -> list[di
     out = [{"role": "system", "content": system}] if system is not None else []
     for turn in turns[first:]:
         # every kept message was prepared while it was counted; raw text is never sent
-        out.extend({"role": it.role, "content": it.content} for it in turn)
+        out.extend({"role": it.role, "content": it.content or ""} for it in turn)
     return out
 
 
@@ -385,7 +385,8 @@ async def _fit_by_renders(system: str | None, turns: list[list[_Item]], counter:
     # Estimate from the newest turn's chars per token, then search with exact counts.
     chars = sum(len(it.content or "") for it in turns[-1]) + 1
     per_char = newest / chars
-    est, guess = newest, n - 1
+    est: float = newest
+    guess = n - 1
     while guess > 0:
         c = sum(len(it.content or "") for it in turns[guess - 1]) * per_char
         if est + c > budget:
@@ -453,7 +454,8 @@ async def trim_middle(text: str, max_tokens: int, counter: TokenCounter, *, mark
     raise ValueError(f"could not trim to {max_tokens} tokens")
 
 
-async def _fit_piece(text: str, target: int, per_token: float, size, *, from_start: bool) -> tuple[str, int]:
+async def _fit_piece(text: str, target: int, per_token: float, size: Callable[[str], Awaitable[int]], *,
+                     from_start: bool) -> tuple[str, int]:
     """The longest head (or tail) of ``text`` with at most ``target`` tokens, found in a few counts."""
     if target <= 0:
         return "", 0
