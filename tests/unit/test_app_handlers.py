@@ -213,7 +213,7 @@ class Chat:
     def conversation(self) -> Conversation:
         from chainlit.user_session import user_sessions
 
-        return user_sessions[self.session.id]["conversation"]
+        return user_sessions[self.session.id][self.ui.SESSION_KEY].conversation
 
     def received(self, marker: str) -> list:
         """The chat requests the fake server got whose last user message contains ``marker``."""
@@ -588,10 +588,11 @@ async def test_a_model_picked_in_the_composer_answers_the_message_it_came_with(c
 # ---------------------------------------------------------------- review fixes: watcher, failures, buttons, races
 
 
-def user_session(chat) -> dict:
+def user_session(chat):
+    """The chat's ChatSession (app.py keeps it under one key of Chainlit's user_session)."""
     from chainlit.user_session import user_sessions
 
-    return user_sessions[chat.session.id]
+    return user_sessions[chat.session.id][chat.ui.SESSION_KEY]
 
 
 def settings_sent(chat, since: int = 0) -> list:
@@ -612,7 +613,7 @@ async def test_a_reconnect_restarts_the_model_watcher_and_a_cancelled_one_unsubs
     from chainlit.context import init_ws_context
 
     subscribers = len(ui.app.poller._subscribers)
-    first = user_session(chat)["watcher"]
+    first = user_session(chat).watcher
     init_ws_context(chat.session)
     await config.code.on_chat_end()  # Chainlit calls it on every disconnect, also a brief network drop
     await asyncio.wait({first}, timeout=5)
@@ -620,7 +621,7 @@ async def test_a_reconnect_restarts_the_model_watcher_and_a_cancelled_one_unsubs
     assert len(ui.app.poller._subscribers) == subscribers - 1  # its queue left the poller
 
     await chat.send(f"after the reconnect {marker()}")  # same session: no on_chat_start
-    again = user_session(chat)["watcher"]
+    again = user_session(chat).watcher
     assert again is not first and not again.done()
     assert len(ui.app.poller._subscribers) == subscribers
     n = len(chat.events)
@@ -639,7 +640,7 @@ async def test_a_failed_settings_update_does_not_end_the_model_watcher(chat, ui,
         return await real(status)
 
     monkeypatch.setattr(ui.app, "local_adapters", broken_once)
-    watcher = user_session(chat)["watcher"]
+    watcher = user_session(chat).watcher
     await push_model_change(ui)
     await wait_for(lambda: calls, 5, "the watcher to try re-sending the settings")
     n = len(chat.events)
@@ -702,7 +703,7 @@ async def test_the_settings_panel_and_the_composer_picker_agree_when_a_choice_la
     from chainlit.context import init_ws_context
 
     init_ws_context(chat.session)
-    user_session(chat)["model"] = "fake-qwen"
+    user_session(chat).model = "fake-qwen"
     n = len(chat.events)
     watcher_update = asyncio.create_task(ui.send_settings())
     await asyncio.sleep(0.05)
@@ -711,7 +712,7 @@ async def test_the_settings_panel_and_the_composer_picker_agree_when_a_choice_la
 
     modes = [d for e, d in chat.events[n:] if e == "set_modes"]
     picked = [o["id"] for o in modes[-1][0]["options"] if o.get("default")]
-    assert user_session(chat)["model"] == "fake-adapter" and picked == ["fake-adapter"], picked
+    assert user_session(chat).model == "fake-adapter" and picked == ["fake-adapter"], picked
 
 
 async def test_settings_changes_are_kept_in_the_user_session_copy_chainlit_writes_back(chat, ui):
@@ -785,16 +786,16 @@ async def test_stop_during_an_adapter_load_from_the_settings_panel_cancels_it(ch
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.wait_for(change, 10)
     assert change.done() and time.monotonic() - t0 < 5
-    assert user_session(chat)["model"] == "fake-qwen"  # the load never happened: not left chosen
+    assert user_session(chat).model == "fake-qwen"  # the load never happened: not left chosen
 
 
 async def test_an_adapter_gone_from_the_engine_switches_the_chat_back_to_the_base_model(chat, fake):
-    user_session(chat)["model"] = "gone-adapter"  # chosen, then unloaded elsewhere
+    user_session(chat).model = "gone-adapter"  # chosen, then unloaded elsewhere
     m = marker()
     screen = await chat.send(f"question {m}")
     [error] = screen.errors
     assert "does not serve 'gone-adapter'" in error and "Switched back to fake-qwen" in error, error
-    assert user_session(chat)["model"] == "fake-qwen"
+    assert user_session(chat).model == "fake-qwen"
     after = await chat.send(f"next {m}")
     assert after.errors == [] and after.answers[-1].startswith(FULL)
     assert chat.received(m)[-1].model == "fake-qwen"

@@ -16,9 +16,9 @@ from backend.errors import (
     AuthenticationFailed,
     ConnectionLost,
     EngineError,
-    FirstTokenTimeout,
     MalformedResponse,
     ModelPathError,
+    RequestTimeout,
 )
 from backend.settings import ClientSettings
 from tests.unit.chat.conftest import hf_prompt_ids
@@ -272,7 +272,7 @@ async def test_open_counter_falls_back_to_an_estimate(counter, qwen_dir, server)
         await runner.cleanup()
 
 
-# ---------------------------------------------------------------- /tokenize failures (review finding 1)
+# ---------------------------------------------------------------- /tokenize failures
 
 _JSON_401 = b'{"error": {"message": "invalid api key", "type": "AuthenticationError", "code": 401}}'
 BROKEN_TOKENIZE = {  # mode: what the server sends back after reading the request (None: never answers)
@@ -284,7 +284,7 @@ BROKEN_TOKENIZE = {  # mode: what the server sends back after reading the reques
     "500": b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nboom",
 }
 BROKEN_OUTCOME = {  # mode: (typed error, words its user text must contain)
-    "hangs": (FirstTokenTimeout, ["0.5 s", "[client].first_token_timeout"]),
+    "hangs": (RequestTimeout, ["/tokenize", "0.5 s", "[client].first_token_timeout"]),
     "401": (AuthenticationFailed, ["HTTP 401", "OPENAI_API_KEY"]),
     "cut body": (ConnectionLost, ["ClientPayloadError"]),
     "not json": (MalformedResponse, ["not JSON"]),
