@@ -28,7 +28,7 @@ from backend.engine import supervisor
 from backend.engine.launch import static_adapters
 from backend.engine.log_diagnosis import classify_failure
 from backend.errors import AdapterPathRefused, AdapterRejected, ModelNotFound
-from backend.i18n import t
+from backend.text import t
 from tests.conftest import free_port, start_engine, tiny_settings
 from tests.fakes import adapter_zoo as zoo
 
