@@ -127,20 +127,43 @@ async def _send_settings() -> None:
             options[chosen] = chosen
     state.model, state.models_version = chosen, status.version
     sampling = state.sampling
-    await cl.ChatSettings([
-        Select(id="model", label=t("model", lang()), items=options, initial_value=chosen,
-               description=t("stale", lang()) if status.models_stale else t("model_desc", lang())),
-        TextInput(id="system_prompt", label=t("system_prompt", lang()),
-                  initial=state.system_prompt),
-        Slider(id="temperature", label=t("temperature", lang()), initial=sampling["temperature"], min=0, max=2, step=0.05),
-        Slider(id="top_p", label=t("top_p", lang()), initial=sampling["top_p"], min=0.05, max=1, step=0.05),
-        Slider(id="top_k", label=t("top_k", lang()), initial=sampling["top_k"], min=-1, max=100, step=1),
-        Slider(id="min_p", label=t("min_p", lang()), initial=sampling["min_p"], min=0, max=1, step=0.01),
-    ]).send()
+    await cl.ChatSettings(
+        [
+            Select(
+                id="model",
+                label=t("model", lang()),
+                items=options,
+                initial_value=chosen,
+                description=t("stale", lang()) if status.models_stale else t("model_desc", lang()),
+            ),
+            TextInput(id="system_prompt", label=t("system_prompt", lang()), initial=state.system_prompt),
+            Slider(
+                id="temperature",
+                label=t("temperature", lang()),
+                initial=sampling["temperature"],
+                min=0,
+                max=2,
+                step=0.05,
+            ),
+            Slider(id="top_p", label=t("top_p", lang()), initial=sampling["top_p"], min=0.05, max=1, step=0.05),
+            Slider(id="top_k", label=t("top_k", lang()), initial=sampling["top_k"], min=-1, max=100, step=1),
+            Slider(id="min_p", label=t("min_p", lang()), initial=sampling["min_p"], min=0, max=1, step=0.01),
+        ]
+    ).send()
     # The same choice as a picker in the composer (Chainlit Modes): visible without opening the panel.
     state.mode_shown = chosen
-    await cl.context.emitter.set_modes([cl.Mode(id="model", name=t("model", lang()), options=[
-        cl.ModeOption(id=model_id, name=label, default=model_id == chosen) for label, model_id in options.items()])])
+    await cl.context.emitter.set_modes(
+        [
+            cl.Mode(
+                id="model",
+                name=t("model", lang()),
+                options=[
+                    cl.ModeOption(id=model_id, name=label, default=model_id == chosen)
+                    for label, model_id in options.items()
+                ],
+            )
+        ]
+    )
 
 
 async def watch_models() -> None:
@@ -164,8 +187,9 @@ def ensure_watcher() -> None:
 
 def preference_key() -> str | None:
     session = cl.context.session
-    return preferences.preference_key(session.user.identifier if session.user else None,
-                                  (session.environ or {}).get("HTTP_COOKIE"))
+    return preferences.preference_key(
+        session.user.identifier if session.user else None, (session.environ or {}).get("HTTP_COOKIE")
+    )
 
 
 def restore(state: dict) -> None:
@@ -262,10 +286,12 @@ async def choose_model(model: str) -> None:
 
 async def send_commands() -> None:
     """Composer commands: /adapters lists them, /unload NAME frees an adapter slot."""
-    await cl.context.emitter.set_commands([
-        {"id": "adapters", "description": t("cmd_adapters", lang()), "icon": "layers", "button": False},
-        {"id": "unload", "description": t("cmd_unload", lang()), "icon": "circle-minus", "button": False},
-    ])
+    await cl.context.emitter.set_commands(
+        [
+            {"id": "adapters", "description": t("cmd_adapters", lang()), "icon": "layers", "button": False},
+            {"id": "unload", "description": t("cmd_unload", lang()), "icon": "circle-minus", "button": False},
+        ]
+    )
 
 
 async def run_command(command: str, text: str) -> None:
@@ -412,8 +438,9 @@ class ChatView:
 
     async def show_answer(self, reply: Reply) -> str:
         self.msg.author = reply.model
-        self.msg.content = ui.close_fence(reply.text) + ui.footer(reply.model, reply.usage, reply.fitted,
-                                                                   reply.seconds, self.lang, reply.finish)
+        self.msg.content = ui.close_fence(reply.text) + ui.footer(
+            reply.model, reply.usage, reply.fitted, reply.seconds, self.lang, reply.finish
+        )
         self.msg.metadata = history.answer_metadata(reply.text, reply.model)  # the history keeps no footer
         await self.msg.send()
         return self.msg.id
@@ -430,11 +457,20 @@ class ChatView:
     async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
         actions = []
         if retry:
-            actions.append(cl.Action(name="retry", payload={"turn": latest_turn_id()}, label=t("retry", self.lang),
-                                     icon="rotate-ccw"))
+            actions.append(
+                cl.Action(
+                    name="retry", payload={"turn": latest_turn_id()}, label=t("retry", self.lang), icon="rotate-ccw"
+                )
+            )
         if trimmed is not None:
-            actions.append(cl.Action(name="send_trimmed", payload={"turn": latest_turn_id(), "text": trimmed},
-                                     label=t("send_trimmed", self.lang), icon="scissors"))
+            actions.append(
+                cl.Action(
+                    name="send_trimmed",
+                    payload={"turn": latest_turn_id(), "text": trimmed},
+                    label=t("send_trimmed", self.lang),
+                    icon="scissors",
+                )
+            )
         await show_error(text, actions)
 
     async def model_changed(self) -> None:

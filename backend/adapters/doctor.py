@@ -23,9 +23,10 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal
 
 from ..errors import (
     ConfigError,
@@ -46,11 +47,21 @@ PACKED_GROUPS: Mapping[str, tuple[str, ...]] = {
     "gate_up_proj": ("gate_proj", "up_proj"),
 }
 #: Architectures whose vLLM 0.32 model class declares ``embedding_modules`` (LoRA on embed_tokens/lm_head).
-EMBEDDING_LORA_ARCHS = frozenset({
-    "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM", "GraniteForCausalLM", "CohereForCausalLM", "MiniCPMForCausalLM",
-    "ExaoneForCausalLM", "NemotronForCausalLM", "PhiMoEForCausalLM",
-})
+EMBEDDING_LORA_ARCHS = frozenset(
+    {
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "MixtralForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "GraniteForCausalLM",
+        "CohereForCausalLM",
+        "MiniCPMForCausalLM",
+        "ExaoneForCausalLM",
+        "NemotronForCausalLM",
+        "PhiMoEForCausalLM",
+    }
+)
 _EMBEDDING_NAMES = ("embed_tokens", "wte", "word_embeddings", "embed_in")
 
 
@@ -127,13 +138,14 @@ class Diagnosis:
             "base": self.base or None,
             "rank": self.rank,
             "base_model_name_or_path": self.base_model_name_or_path,
-            "target_modules": list(self.target_modules) if isinstance(self.target_modules, tuple) else self.target_modules,
+            "target_modules": list(self.target_modules)
+            if isinstance(self.target_modules, tuple)
+            else self.target_modules,
             "ok": self.ok,
             "errors": len(self.errors),
             "warnings": len(self.warnings),
             "findings": [f.to_dict() for f in self.findings],
         }
-
 
 
 @dataclass(frozen=True)
@@ -148,8 +160,11 @@ class BaseModelInfo:
     @property
     def linear_modules(self) -> list[str]:
         """2-D weights that are not embeddings: what PEFT's "all-linear" could target (minus lm_head)."""
-        return [m for m, s in self.modules.items()
-                if (s is None or len(s) == 2) and not _is_embedding(m) and m.rsplit(".", 1)[-1] != "lm_head"]
+        return [
+            m
+            for m, s in self.modules.items()
+            if (s is None or len(s) == 2) and not _is_embedding(m) and m.rsplit(".", 1)[-1] != "lm_head"
+        ]
 
 
 class _Findings:
@@ -170,8 +185,11 @@ class _Findings:
         for (severity, code, _), (message, wheres) in self._items.items():
             if len(wheres) > 1:
                 more = [w for w in wheres[1:] if w]
-                message += f" (same in {len(wheres) - 1} more: {', '.join(more[:6])}{', …' if len(more) > 6 else ''})" \
-                    if more else f" (and {len(wheres) - 1} more)"
+                message += (
+                    f" (same in {len(wheres) - 1} more: {', '.join(more[:6])}{', …' if len(more) > 6 else ''})"
+                    if more
+                    else f" (and {len(wheres) - 1} more)"
+                )
             out.append(Finding(severity, code, message))
         # errors first, stable order otherwise
         return tuple(sorted(out, key=lambda f: f.severity != "error"))
@@ -223,8 +241,10 @@ def read_base_model(base_dir: str | Path) -> BaseModelInfo:
     else:
         shards = sorted(base.glob("*.safetensors"))
         if not shards:
-            raise ValueError(f"{base} has no model.safetensors, model.safetensors.index.json or "
-                             "pytorch_model.bin.index.json to read module names from")
+            raise ValueError(
+                f"{base} has no model.safetensors, model.safetensors.index.json or "
+                "pytorch_model.bin.index.json to read module names from"
+            )
         for shard in shards:
             tensors.update(read_safetensors_header(shard))
     modules: dict[str, tuple[int, ...] | None] = {}
@@ -318,19 +338,27 @@ def diagnose_adapter(
         return Diagnosis(name, path, found.result(), rank, base_name, targets, base_label)
 
     if max_rank not in VLLM_LORA_RANKS:
-        found.add("error", "bad_max_rank",
-                  f"--max-lora-rank {max_rank} is not a value vLLM accepts; set [lora].max_lora_rank to one of "
-                  + ", ".join(map(str, VLLM_LORA_RANKS)))
+        found.add(
+            "error",
+            "bad_max_rank",
+            f"--max-lora-rank {max_rank} is not a value vLLM accepts; set [lora].max_lora_rank to one of "
+            + ", ".join(map(str, VLLM_LORA_RANKS)),
+        )
 
     if not path.is_dir():
-        found.add("error", "missing_folder", f"adapter {q}: folder {path} does not exist; check the path or [lora].modules")
+        found.add(
+            "error", "missing_folder", f"adapter {q}: folder {path} does not exist; check the path or [lora].modules"
+        )
         return done()
 
     # ---- adapter_config.json
     cfg_path = path / CONFIG_FILE
     if not cfg_path.is_file():
-        hint = (" — this looks like a model folder, not an adapter; serve it as [model].path"
-                if (path / "config.json").is_file() else "; save the adapter with PEFT's save_pretrained()")
+        hint = (
+            " — this looks like a model folder, not an adapter; serve it as [model].path"
+            if (path / "config.json").is_file()
+            else "; save the adapter with PEFT's save_pretrained()"
+        )
         found.add("error", "missing_config", f"adapter {q} has no {CONFIG_FILE} in {path}{hint}")
         return done()
     try:
@@ -345,17 +373,26 @@ def diagnose_adapter(
     base_name = cfg.get("base_model_name_or_path") if isinstance(cfg.get("base_model_name_or_path"), str) else None
     peft_type = cfg.get("peft_type")
     if peft_type is None:
-        found.add("warning", "missing_peft_type",
-                  f"adapter {q}: {CONFIG_FILE} has no peft_type; vLLM assumes LoRA — add \"peft_type\": \"LORA\"")
+        found.add(
+            "warning",
+            "missing_peft_type",
+            f'adapter {q}: {CONFIG_FILE} has no peft_type; vLLM assumes LoRA — add "peft_type": "LORA"',
+        )
     elif str(peft_type).upper() != "LORA":
-        found.add("error", "not_lora",
-                  f"adapter {q} has peft_type {peft_type!r}; vLLM serves only LoRA adapters (peft_type \"LORA\") — "
-                  "retrain it as LoRA")
+        found.add(
+            "error",
+            "not_lora",
+            f'adapter {q} has peft_type {peft_type!r}; vLLM serves only LoRA adapters (peft_type "LORA") — '
+            "retrain it as LoRA",
+        )
         return done()
     missing = [k for k in ("r", "lora_alpha", "target_modules") if k not in cfg]
     if missing:
-        found.add("error", "bad_config",
-                  f"adapter {q}: {CONFIG_FILE} lacks {', '.join(missing)}, which vLLM requires; re-save it with PEFT")
+        found.add(
+            "error",
+            "bad_config",
+            f"adapter {q}: {CONFIG_FILE} lacks {', '.join(missing)}, which vLLM requires; re-save it with PEFT",
+        )
     r = cfg.get("r")
     if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
         if "r" in cfg:
@@ -364,7 +401,9 @@ def diagnose_adapter(
     rank = r
     rank_pattern = cfg.get("rank_pattern") or {}
     if not isinstance(rank_pattern, dict):
-        found.add("error", "bad_config", f"adapter {q}: rank_pattern = {rank_pattern!r}; expected a table of module -> rank")
+        found.add(
+            "error", "bad_config", f"adapter {q}: rank_pattern = {rank_pattern!r}; expected a table of module -> rank"
+        )
         rank_pattern = {}
     raw_targets = cfg.get("target_modules")
     if isinstance(raw_targets, list) and all(isinstance(t, str) for t in raw_targets):
@@ -372,47 +411,66 @@ def diagnose_adapter(
     elif isinstance(raw_targets, str):
         targets = raw_targets
     elif raw_targets is not None:
-        found.add("error", "bad_config", f"adapter {q}: target_modules = {raw_targets!r}; expected a list of names or a regex")
+        found.add(
+            "error", "bad_config", f"adapter {q}: target_modules = {raw_targets!r}; expected a list of names or a regex"
+        )
 
     # ---- rank
     ranks = [x for x in [r, *rank_pattern.values()] if isinstance(x, int) and not isinstance(x, bool)]
     if ranks and max(ranks) > max_rank:
         top = max(ranks)
         where = "" if top == r else " (from rank_pattern)"
-        fix = (f"raise [lora].max_lora_rank to {next(v for v in VLLM_LORA_RANKS if v >= top)} or retrain with r<={max_rank}"
-               if top <= VLLM_LORA_RANKS[-1] else f"retrain with r<={max_rank} (vLLM's largest rank is {VLLM_LORA_RANKS[-1]})")
-        found.add("error", "rank_too_large",
-                  f"adapter {q} has rank {top}{where}, above --max-lora-rank {max_rank}; {fix}")
+        fix = (
+            f"raise [lora].max_lora_rank to {next(v for v in VLLM_LORA_RANKS if v >= top)} or retrain with r<={max_rank}"
+            if top <= VLLM_LORA_RANKS[-1]
+            else f"retrain with r<={max_rank} (vLLM's largest rank is {VLLM_LORA_RANKS[-1]})"
+        )
+        found.add(
+            "error", "rank_too_large", f"adapter {q} has rank {top}{where}, above --max-lora-rank {max_rank}; {fix}"
+        )
 
     # ---- features vLLM 0.32 refuses (PEFTHelper._validate_features)
     mts = cfg.get("modules_to_save") or []
     mts = [m for m in mts if isinstance(m, str)] if isinstance(mts, list) else []
     bad_mts = [m for m in mts if m not in ("classifier", "score")]
     if bad_mts:
-        found.add("error", "modules_to_save",
-                  f"adapter {q} saves full copies of {', '.join(bad_mts)} (modules_to_save); vLLM cannot serve that — "
-                  "retrain without modules_to_save, or merge it: python -m backend merge --base MODEL "
-                  f"--adapter {path} --out DIR")
+        found.add(
+            "error",
+            "modules_to_save",
+            f"adapter {q} saves full copies of {', '.join(bad_mts)} (modules_to_save); vLLM cannot serve that — "
+            "retrain without modules_to_save, or merge it: python -m backend merge --base MODEL "
+            f"--adapter {path} --out DIR",
+        )
     if cfg.get("use_dora"):
-        found.add("error", "dora",
-                  f"adapter {q} uses DoRA (use_dora = true), which vLLM does not support; retrain with use_dora=false "
-                  f"or merge it: python -m backend merge --base MODEL --adapter {path} --out DIR")
+        found.add(
+            "error",
+            "dora",
+            f"adapter {q} uses DoRA (use_dora = true), which vLLM does not support; retrain with use_dora=false "
+            f"or merge it: python -m backend merge --base MODEL --adapter {path} --out DIR",
+        )
     unsupported = []
     if cfg.get("bias", "none") != "none":
-        unsupported.append(f"bias = {cfg.get('bias')!r} (only \"none\")")
+        unsupported.append(f'bias = {cfg.get("bias")!r} (only "none")')
     if cfg.get("lora_bias"):
         unsupported.append("lora_bias = true")
     init = cfg.get("init_lora_weights", True)
     if isinstance(init, str) and init.lower() not in ("gaussian", "eva", "orthogonal", "mica", "lora_ga"):
         unsupported.append(f"init_lora_weights = {init!r} (it changes the base weights)")
-    for key, label in (("alora_invocation_tokens", "aLoRA"), ("layer_replication", "layer_replication"),
-                       ("use_bdlora", "BD-LoRA"), ("use_qalora", "QALoRA")):
+    for key, label in (
+        ("alora_invocation_tokens", "aLoRA"),
+        ("layer_replication", "layer_replication"),
+        ("use_bdlora", "BD-LoRA"),
+        ("use_qalora", "QALoRA"),
+    ):
         if cfg.get(key):
             unsupported.append(label)
     if unsupported:
-        found.add("error", "unsupported_feature",
-                  f"adapter {q} uses {', '.join(unsupported)}, which vLLM does not support; retrain as a plain LoRA "
-                  "or merge it into the base")
+        found.add(
+            "error",
+            "unsupported_feature",
+            f"adapter {q} uses {', '.join(unsupported)}, which vLLM does not support; retrain as a plain LoRA "
+            "or merge it into the base",
+        )
 
     # ---- weights
     weights_path = path / WEIGHTS_FILE
@@ -423,11 +481,16 @@ def diagnose_adapter(
         except (OSError, ValueError) as exc:
             found.add("error", "bad_weights", f"adapter {q}: {exc}; re-save the adapter with PEFT")
     elif (path / "adapter_model.bin").is_file() or (path / "adapter_model.pt").is_file():
-        found.add("warning", "weights_not_inspected",
-                  f"adapter {q} stores its weights as a pickle (adapter_model.bin), which the doctor does not open; "
-                  "re-save with safe_serialization=True to have them checked")
+        found.add(
+            "warning",
+            "weights_not_inspected",
+            f"adapter {q} stores its weights as a pickle (adapter_model.bin), which the doctor does not open; "
+            "re-save with safe_serialization=True to have them checked",
+        )
     else:
-        found.add("error", "no_weights", f"adapter {q} has no {WEIGHTS_FILE} in {path}; vLLM refuses a folder without tensors")
+        found.add(
+            "error", "no_weights", f"adapter {q} has no {WEIGHTS_FILE} in {path}; vLLM refuses a folder without tensors"
+        )
 
     # ---- base model
     base: BaseModelInfo | None = None
@@ -437,8 +500,11 @@ def diagnose_adapter(
         except (OSError, ValueError) as exc:
             found.add("error", "base_unreadable", f"cannot check adapter {q} against the base: {exc}")
     else:
-        found.add("warning", "no_base",
-                  f"adapter {q} was not checked against a base model (module names, shapes); pass --base MODEL")
+        found.add(
+            "warning",
+            "no_base",
+            f"adapter {q} was not checked against a base model (module names, shapes); pass --base MODEL",
+        )
 
     if base is not None:
         _check_base_match(found, q, base_name, base, base_aliases)
@@ -450,19 +516,28 @@ def diagnose_adapter(
     return done()
 
 
-def _check_base_match(found: _Findings, q: str, base_name: str | None, base: BaseModelInfo,
-                      aliases: Iterable[str]) -> None:
+def _check_base_match(
+    found: _Findings, q: str, base_name: str | None, base: BaseModelInfo, aliases: Iterable[str]
+) -> None:
     if not base_name:
         return
     served = {_norm_base_name(n) for n in (str(base.path), base.name_or_path, *aliases) if n}
     if _norm_base_name(base_name) not in served:
-        found.add("warning", "base_mismatch",
-                  f"adapter {q} was trained on {base_name!r} but the served base is {base.path.name!r}; "
-                  "it may load but answer badly — serve it with the base it was trained on")
+        found.add(
+            "warning",
+            "base_mismatch",
+            f"adapter {q} was trained on {base_name!r} but the served base is {base.path.name!r}; "
+            "it may load but answer badly — serve it with the base it was trained on",
+        )
 
 
-def _check_targets(found: _Findings, q: str, targets: tuple[str, ...] | str, base: BaseModelInfo,
-                   tensors: Mapping[str, tuple[int, ...]] | None) -> None:
+def _check_targets(
+    found: _Findings,
+    q: str,
+    targets: tuple[str, ...] | str,
+    base: BaseModelInfo,
+    tensors: Mapping[str, tuple[int, ...]] | None,
+) -> None:
     names = list(base.modules)
     some = ", ".join(sorted({_short(m) for m in base.linear_modules})[:12])
     if isinstance(targets, str):
@@ -474,22 +549,31 @@ def _check_targets(found: _Findings, q: str, targets: tuple[str, ...] | str, bas
             found.add("error", "bad_config", f"adapter {q}: target_modules regex {targets!r} is invalid ({exc})")
             return
         if not hit:
-            found.add("error", "unknown_target_module",
-                      f"adapter {q}: target_modules regex {targets!r} matches no module of the base model "
-                      f"(its linear modules: {some}); it was probably trained for a different model")
+            found.add(
+                "error",
+                "unknown_target_module",
+                f"adapter {q}: target_modules regex {targets!r} matches no module of the base model "
+                f"(its linear modules: {some}); it was probably trained for a different model",
+            )
         return
     lora_modules = {m for m, _ in (_parse_key(k) for k in (tensors or {})) if m}
     for t in targets:
         if t in PACKED_GROUPS and any(_short(m) == t for m in lora_modules):
             continue  # tensors for vLLM's fused name: reported as fused_packed_key
         if not any(_matches_target(m, t) for m in names):
-            found.add("error", "unknown_target_module",
-                      f"adapter {q} targets module {t!r}, which the base model does not have (its linear modules: "
-                      f"{some}); vLLM would silently ignore it — the adapter was probably trained for a different model")
+            found.add(
+                "error",
+                "unknown_target_module",
+                f"adapter {q} targets module {t!r}, which the base model does not have (its linear modules: "
+                f"{some}); vLLM would silently ignore it — the adapter was probably trained for a different model",
+            )
         elif tensors is not None and not any(_matches_target(m, t) for m in lora_modules):
-            found.add("warning", "target_without_tensors",
-                      f"adapter {q} lists {t!r} in target_modules but has no weights for it; that part of the "
-                      "fine-tune is missing — re-save the adapter")
+            found.add(
+                "warning",
+                "target_without_tensors",
+                f"adapter {q} lists {t!r} in target_modules but has no weights for it; that part of the "
+                "fine-tune is missing — re-save the adapter",
+            )
 
 
 def _parse_key(key: str) -> tuple[str | None, str]:
@@ -498,9 +582,10 @@ def _parse_key(key: str) -> tuple[str | None, str]:
     kind: "A", "B", "emb_A", "emb_B", "base_copy" (skipped by vLLM), "dora", "bias", "named" (adapter name
     left in the key), "other" (not a LoRA key).
     """
-    name = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
+    name = key[len(PEFT_PREFIX) :] if key.startswith(PEFT_PREFIX) else key
     if name.endswith((".embed_tokens.base_layer.weight", ".lm_head.base_layer.weight")) or name in (
-            "lm_head.base_layer.weight",):
+        "lm_head.base_layer.weight",
+    ):
         return name.rsplit(".", 2)[0], "base_copy"
     parts = name.split(".")
     if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in ("lora_A", "lora_B"):
@@ -531,8 +616,16 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
 
 
-def _check_tensors(found: _Findings, q: str, tensors: Mapping[str, tuple[int, ...]], r: int | None,
-                   rank_pattern: Mapping[str, Any], mts: list[str], base: BaseModelInfo | None, path: Path) -> None:
+def _check_tensors(
+    found: _Findings,
+    q: str,
+    tensors: Mapping[str, tuple[int, ...]],
+    r: int | None,
+    rank_pattern: Mapping[str, Any],
+    mts: list[str],
+    base: BaseModelInfo | None,
+    path: Path,
+) -> None:
     merge_hint = f"merge it: python -m backend merge --base MODEL --adapter {path} --out DIR"
     modules: dict[str, _ModuleTensors] = {}
     bad_keys: list[str] = []
@@ -544,7 +637,7 @@ def _check_tensors(found: _Findings, q: str, tensors: Mapping[str, tuple[int, ..
         if kind == "base_copy":
             continue  # PEFT's save_embedding_layers copy; vLLM skips it (is_base_embedding_weights)
         if kind == "other":
-            stripped = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
+            stripped = key[len(PEFT_PREFIX) :] if key.startswith(PEFT_PREFIX) else key
             if not any(stripped.startswith(m + ".") or f".{m}." in stripped for m in mts):
                 bad_keys.append(key)  # (modules_to_save copies are reported from the config)
             continue
@@ -562,24 +655,36 @@ def _check_tensors(found: _Findings, q: str, tensors: Mapping[str, tuple[int, ..
     if not tensors:
         found.add("error", "no_weights", f"adapter {q}: {WEIGHTS_FILE} holds no tensors; re-save the adapter with PEFT")
     if bad_keys:
-        found.add("error", "bad_key_name",
-                  f"adapter {q}: {_count(len(bad_keys), 'tensor')} not named the way vLLM reads LoRA weights, e.g. "
-                  f"{bad_keys[0]!r} (expected base_model.model.<module>.lora_A.weight / .lora_B.weight); vLLM "
-                  "refuses the adapter — re-save it with PEFT's save_pretrained()")
+        found.add(
+            "error",
+            "bad_key_name",
+            f"adapter {q}: {_count(len(bad_keys), 'tensor')} not named the way vLLM reads LoRA weights, e.g. "
+            f"{bad_keys[0]!r} (expected base_model.model.<module>.lora_A.weight / .lora_B.weight); vLLM "
+            "refuses the adapter — re-save it with PEFT's save_pretrained()",
+        )
     if named_keys:
         adapter_name = named_keys[0].rsplit(".", 2)[-2]
-        found.add("error", "bad_key_name",
-                  f"adapter {q}: {_count(len(named_keys), 'tensor')} still carry the adapter name {adapter_name!r}, "
-                  f"e.g. {named_keys[0]!r}; vLLM refuses such keys — save with PEFT's save_pretrained() (it drops "
-                  "the name) or rename them to ….lora_A.weight / ….lora_B.weight")
+        found.add(
+            "error",
+            "bad_key_name",
+            f"adapter {q}: {_count(len(named_keys), 'tensor')} still carry the adapter name {adapter_name!r}, "
+            f"e.g. {named_keys[0]!r}; vLLM refuses such keys — save with PEFT's save_pretrained() (it drops "
+            "the name) or rename them to ….lora_A.weight / ….lora_B.weight",
+        )
     if dora_keys:
-        found.add("error", "dora",
-                  f"adapter {q} has {_count(len(dora_keys), 'DoRA magnitude tensor')} (e.g. {dora_keys[0]!r}); vLLM "
-                  f"does not support DoRA — retrain with use_dora=false or {merge_hint}")
+        found.add(
+            "error",
+            "dora",
+            f"adapter {q} has {_count(len(dora_keys), 'DoRA magnitude tensor')} (e.g. {dora_keys[0]!r}); vLLM "
+            f"does not support DoRA — retrain with use_dora=false or {merge_hint}",
+        )
     if bias_keys:
-        found.add("error", "unsupported_feature",
-                  f"adapter {q} has {_count(len(bias_keys), 'LoRA bias tensor')} (e.g. {bias_keys[0]!r}); vLLM does "
-                  "not support lora_bias — retrain with lora_bias=false")
+        found.add(
+            "error",
+            "unsupported_feature",
+            f"adapter {q} has {_count(len(bias_keys), 'LoRA bias tensor')} (e.g. {bias_keys[0]!r}); vLLM does "
+            "not support lora_bias — retrain with lora_bias=false",
+        )
 
     base_mods = base.modules if base is not None else {}
     unpaired: dict[str, list[str]] = {"lora_A": [], "lora_B": []}  # lacking lora_A / lora_B
@@ -599,8 +704,11 @@ def _check_tensors(found: _Findings, q: str, tensors: Mapping[str, tuple[int, ..
         # the adapter's own consistency: 2-D tensors, one rank per module, the rank the config says
         rr = _rank_for(module, r, rank_pattern) if r is not None else None
         labels = ("lora_embedding_A", "lora_embedding_B") if mt.embedding else ("lora_A", "lora_B")
-        problems = [f"{label} is {_fmt_shape(shape)}, not 2-D" for label, shape in zip(labels, (mt.a, mt.b))
-                    if shape is not None and len(shape) != 2]
+        problems = [
+            f"{label} is {_fmt_shape(shape)}, not 2-D"
+            for label, shape in zip(labels, (mt.a, mt.b), strict=True)
+            if shape is not None and len(shape) != 2
+        ]
         if not problems:
             if mt.a is not None and mt.b is not None and mt.a[0] != mt.b[1]:
                 problems.append(f"{labels[0]} has rank {mt.a[0]} but {labels[1]} has rank {mt.b[1]}")
@@ -627,56 +735,76 @@ def _check_tensors(found: _Findings, q: str, tensors: Mapping[str, tuple[int, ..
         if short in _EMBEDDING_NAMES or short == "lm_head":
             archs = set(base.architectures) if base is not None else set()
             if archs and not archs & EMBEDDING_LORA_ARCHS:
-                found.add("error", "embedding_target",
-                          f"adapter {q} adapts {short!r}; vLLM serves embed_tokens/lm_head LoRA only for architectures "
-                          f"that declare embedding_modules (e.g. LlamaForCausalLM, Qwen3ForCausalLM), not "
-                          f"{'/'.join(sorted(archs))} — retrain without {short} or merge the adapter",
-                          group=f"emb:{short}")
+                found.add(
+                    "error",
+                    "embedding_target",
+                    f"adapter {q} adapts {short!r}; vLLM serves embed_tokens/lm_head LoRA only for architectures "
+                    f"that declare embedding_modules (e.g. LlamaForCausalLM, Qwen3ForCausalLM), not "
+                    f"{'/'.join(sorted(archs))} — retrain without {short} or merge the adapter",
+                    group=f"emb:{short}",
+                )
             else:
-                found.add("warning", "embedding_target",
-                          f"adapter {q} adapts {short!r}; vLLM applies embed_tokens/lm_head LoRA only on some "
-                          "architectures and versions — check that answers change, or merge the adapter",
-                          group=f"emb:{short}")
+                found.add(
+                    "warning",
+                    "embedding_target",
+                    f"adapter {q} adapts {short!r}; vLLM applies embed_tokens/lm_head LoRA only on some "
+                    "architectures and versions — check that answers change, or merge the adapter",
+                    group=f"emb:{short}",
+                )
 
     for lack, have in (("lora_B", "lora_A"), ("lora_A", "lora_B")):
         mods = unpaired[lack]
         if mods:
-            found.add("error", f"missing_{lack.lower()}",
-                      f"adapter {q}: {_count(len(mods), 'module')} ({_modules_phrase(mods)}) {'has' if len(mods) == 1 else 'have'} "
-                      f"{have} but no {lack}, e.g. {mods[0]!r}; vLLM cannot load a half pair — the file is incomplete "
-                      "or its keys were renamed; re-save the adapter with PEFT")
+            found.add(
+                "error",
+                f"missing_{lack.lower()}",
+                f"adapter {q}: {_count(len(mods), 'module')} ({_modules_phrase(mods)}) {'has' if len(mods) == 1 else 'have'} "
+                f"{have} but no {lack}, e.g. {mods[0]!r}; vLLM cannot load a half pair — the file is incomplete "
+                "or its keys were renamed; re-save the adapter with PEFT",
+            )
     if fused:
         leaf = _short(fused[0])
         split_names = "/".join(PACKED_GROUPS[leaf])
-        found.add("error", "fused_packed_key",
-                  f"adapter {q}: {_count(len(fused), 'module')} ({_modules_phrase(fused)}) use vLLM's fused name "
-                  f"{leaf!r}, e.g. {fused[0]!r}, but this base stores {split_names} separately; vLLM 0.32 refuses it "
-                  "(\"expected target modules … but received …\"; at start-up that kills the server) and where such "
-                  f"a name is accepted, mis-slices it (IndexError at lora_a[i], vllm#51409) — re-export the adapter "
-                  f"with separate {split_names} weights")
+        found.add(
+            "error",
+            "fused_packed_key",
+            f"adapter {q}: {_count(len(fused), 'module')} ({_modules_phrase(fused)}) use vLLM's fused name "
+            f"{leaf!r}, e.g. {fused[0]!r}, but this base stores {split_names} separately; vLLM 0.32 refuses it "
+            '("expected target modules … but received …"; at start-up that kills the server) and where such '
+            f"a name is accepted, mis-slices it (IndexError at lora_a[i], vllm#51409) — re-export the adapter "
+            f"with separate {split_names} weights",
+        )
     if unknown:
         layers = sorted({_layer_of(m) for m in unknown if _layer_of(m)}, key=int)
         base_layers = _count_layers(base_mods)
         missing_layers = [x for x in layers if int(x) >= base_layers] if base_layers else []
-        why = (f"the base has only {base_layers} layers" if missing_layers
-               else "no such module in the base")
-        found.add("error", "unknown_tensor_module",
-                  f"adapter {q}: {_count(len(unknown), 'module')} in its weights ({_modules_phrase(unknown)}) "
-                  f"{'is' if len(unknown) == 1 else 'are'} missing from the base model ({why}), e.g. {unknown[0]!r}; "
-                  "vLLM would silently ignore them — the adapter was trained for a different model")
+        why = f"the base has only {base_layers} layers" if missing_layers else "no such module in the base"
+        found.add(
+            "error",
+            "unknown_tensor_module",
+            f"adapter {q}: {_count(len(unknown), 'module')} in its weights ({_modules_phrase(unknown)}) "
+            f"{'is' if len(unknown) == 1 else 'are'} missing from the base model ({why}), e.g. {unknown[0]!r}; "
+            "vLLM would silently ignore them — the adapter was trained for a different model",
+        )
     if inconsistent:
         module, text = inconsistent[0]
-        found.add("error", "shape_mismatch",
-                  f"adapter {q}: {_count(len(inconsistent), 'module')} ({_modules_phrase(m for m, _ in inconsistent)}) "
-                  f"{'has' if len(inconsistent) == 1 else 'have'} inconsistent LoRA shapes, e.g. {module!r}: {text}; "
-                  "re-save the adapter with PEFT")
+        found.add(
+            "error",
+            "shape_mismatch",
+            f"adapter {q}: {_count(len(inconsistent), 'module')} ({_modules_phrase(m for m, _ in inconsistent)}) "
+            f"{'has' if len(inconsistent) == 1 else 'have'} inconsistent LoRA shapes, e.g. {module!r}: {text}; "
+            "re-save the adapter with PEFT",
+        )
     if misfits:
         module, text = misfits[0]
-        found.add("error", "shape_mismatch",
-                  f"adapter {q}: {len(misfits)} of {_count(len(modules), 'LoRA module')} "
-                  f"({_modules_phrase(m for m, _ in misfits)}) do not fit the base weights, e.g. {module!r}: {text}; "
-                  "vLLM either fails to load it or pads it into the wrong slots — it was trained for a different "
-                  "model (size); serve it with its own base or retrain")
+        found.add(
+            "error",
+            "shape_mismatch",
+            f"adapter {q}: {len(misfits)} of {_count(len(modules), 'LoRA module')} "
+            f"({_modules_phrase(m for m, _ in misfits)}) do not fit the base weights, e.g. {module!r}: {text}; "
+            "vLLM either fails to load it or pads it into the wrong slots — it was trained for a different "
+            "model (size); serve it with its own base or retrain",
+        )
 
     _check_packed(found, q, modules, base_mods if base is not None else None)
 
@@ -686,8 +814,9 @@ def _count_layers(modules: Iterable[str]) -> int:
     return len(layers)
 
 
-def _check_packed(found: _Findings, q: str, modules: Mapping[str, _ModuleTensors],
-                  base_mods: Mapping[str, Any] | None) -> None:
+def _check_packed(
+    found: _Findings, q: str, modules: Mapping[str, _ModuleTensors], base_mods: Mapping[str, Any] | None
+) -> None:
     """A packed group (q/k/v -> qkv_proj, gate/up -> gate_up_proj) with only some members adapted.
 
     vLLM 0.32 pads the missing slices with None and serves the rest (PackedLoRALayerWeights.pack,
@@ -710,10 +839,13 @@ def _check_packed(found: _Findings, q: str, modules: Mapping[str, _ModuleTensors
             partial.setdefault((packed, have, lack), []).append(_layer_of(parent + ".") or parent)
     for (packed, have, lack), layers in partial.items():
         where = f"layer{'s' * (len(layers) != 1)} {', '.join(layers[:8])}{', …' if len(layers) > 8 else ''}"
-        found.add("warning", "partial_packed_group",
-                  f"adapter {q} adapts {'/'.join(have)} but not {'/'.join(lack)} of vLLM's packed {packed} "
-                  f"({where}); vLLM 0.32 leaves {'/'.join(lack)} unchanged (older vLLM crashed with IndexError at "
-                  f"lora_a[i]) — fine if intended, else retrain with {'/'.join(lack)} in target_modules")
+        found.add(
+            "warning",
+            "partial_packed_group",
+            f"adapter {q} adapts {'/'.join(have)} but not {'/'.join(lack)} of vLLM's packed {packed} "
+            f"({where}); vLLM 0.32 leaves {'/'.join(lack)} unchanged (older vLLM crashed with IndexError at "
+            f"lora_a[i]) — fine if intended, else retrain with {'/'.join(lack)} in target_modules",
+        )
 
 
 def diagnose_model_dir(path: str | Path) -> Diagnosis:
@@ -736,19 +868,25 @@ def diagnose_model_dir(path: str | Path) -> Diagnosis:
             continue
     has_config = (path / "config.json").is_file()
     if cfg_path.is_file() and has_config and not lora_keys:
-        found.add("warning", "stray_adapter_config",
-                  f"{path} is a model but also holds {CONFIG_FILE}; if it is a merged model that file is a leftover "
-                  "(delete it), otherwise check that the weights really are merged")
+        found.add(
+            "warning",
+            "stray_adapter_config",
+            f"{path} is a model but also holds {CONFIG_FILE}; if it is a merged model that file is a leftover "
+            "(delete it), otherwise check that the weights really are merged",
+        )
     elif cfg_path.is_file() or lora_keys:
         try:
             adapter_base = read_json(cfg_path).get("base_model_name_or_path") if cfg_path.is_file() else None
         except (OSError, ValueError, AttributeError):
             adapter_base = None
         base_hint = adapter_base or "BASE_MODEL"
-        found.add("error", "adapter_as_model",
-                  f"{path} is an un-merged LoRA adapter, not a model (vLLM would die with KeyError …lora_A.weight); "
-                  f"serve the base ({base_hint}) with the adapter in [lora].modules (--lora-modules), or merge it: "
-                  f"python -m backend merge --base {base_hint} --adapter {path} --out {path}-merged")
+        found.add(
+            "error",
+            "adapter_as_model",
+            f"{path} is an un-merged LoRA adapter, not a model (vLLM would die with KeyError …lora_A.weight); "
+            f"serve the base ({base_hint}) with the adapter in [lora].modules (--lora-modules), or merge it: "
+            f"python -m backend merge --base {base_hint} --adapter {path} --out {path}-merged",
+        )
     elif not has_config:
         found.add("error", "not_a_model", f"{path} has no config.json; it is not a Hugging Face model folder")
     return Diagnosis(path.name, path, found.result(), base_model_name_or_path=adapter_base, kind="model")
@@ -761,7 +899,8 @@ def doctor_main(argv: list[str]) -> int:
     """``python -m backend doctor ADAPTER [--base MODEL] [--max-rank N] [--json]``; exit 1 on errors."""
     parser = argparse.ArgumentParser(
         prog="python -m backend doctor",
-        description="Check a LoRA adapter folder against the base model before vLLM sees it.")
+        description="Check a LoRA adapter folder against the base model before vLLM sees it.",
+    )
     parser.add_argument("adapter", help="adapter folder, or the name of an adapter in [lora].modules / [lora].dir")
     parser.add_argument("--base", help="base model folder (default: the configured [model])")
     parser.add_argument("--max-rank", type=int, help="vLLM --max-lora-rank (default: [lora].max_lora_rank)")
@@ -796,5 +935,3 @@ def doctor_main(argv: list[str]) -> int:
     else:
         print(diagnosis.format_text())
     return 0 if diagnosis.ok else 1
-
-

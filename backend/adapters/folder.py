@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from ..errors import (
     AdapterError,
@@ -24,6 +24,7 @@ from ..errors import (
 from .doctor import CONFIG_FILE, Diagnosis, diagnose_adapter, read_json
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class AdapterInfo:
@@ -40,6 +41,7 @@ class AdapterInfo:
         """Dropdown label: ``pirate (r=8)``."""
         return f"{self.name} (r={self.rank})" if self.rank is not None else self.name
 
+
 # ---------------------------------------------------------------- adapters folder (allow-list)
 
 
@@ -51,9 +53,15 @@ def resolve_adapter(folder: str | Path, name: str) -> Path:
     """
     folder = Path(folder)
     shown = str(folder)
-    if (not isinstance(name, str) or not name or name in (".", "..") or name.startswith(".")
-            or any(c in name for c in ("/", "\\", "\x00", ":")) or name != name.strip()
-            or os.path.isabs(name)):
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or name.startswith(".")
+        or any(c in name for c in ("/", "\\", "\x00", ":"))
+        or name != name.strip()
+        or os.path.isabs(name)
+    ):
         raise AdapterPathRefused(name=name if isinstance(name, str) else repr(name), folder=shown)
     root = folder.resolve()
     candidate = root / name
@@ -65,8 +73,12 @@ def resolve_adapter(folder: str | Path, name: str) -> Path:
         raise AdapterPathRefused(name=name, folder=shown)
     if target is None or not target.is_dir():
         try:  # plain listing: discover_adapters() calls us, so no recursion through it
-            known = ", ".join(sorted(p.name for p in root.iterdir()
-                                     if not p.name.startswith(".") and (p / CONFIG_FILE).is_file())) or "none"
+            known = (
+                ", ".join(
+                    sorted(p.name for p in root.iterdir() if not p.name.startswith(".") and (p / CONFIG_FILE).is_file())
+                )
+                or "none"
+            )
         except OSError:
             known = "none (the folder does not exist)"
         raise AdapterRejected(name, f"there is no adapter folder named {name!r} in {shown} (found: {known})")
@@ -103,12 +115,15 @@ def discover_adapters(folder: str | Path) -> list[AdapterInfo]:
             continue
         r = cfg.get("r")
         base_name = cfg.get("base_model_name_or_path")
-        out.append(AdapterInfo(
-            entry.name, path,
-            rank=r if isinstance(r, int) and not isinstance(r, bool) else None,
-            base_model_name_or_path=base_name if isinstance(base_name, str) else None,
-            problem="" if isinstance(r, int) else f"{CONFIG_FILE} has no valid rank r ({r!r})",
-        ))
+        out.append(
+            AdapterInfo(
+                entry.name,
+                path,
+                rank=r if isinstance(r, int) and not isinstance(r, bool) else None,
+                base_model_name_or_path=base_name if isinstance(base_name, str) else None,
+                problem="" if isinstance(r, int) else f"{CONFIG_FILE} has no valid rank r ({r!r})",
+            )
+        )
     return out
 
 
@@ -121,13 +136,12 @@ def read_rank(adapter_dir: str | Path) -> int | None:
     return r if isinstance(r, int) and not isinstance(r, bool) else None
 
 
-def prepare_runtime_load(folder: str | Path, name: str, base_dir: str | Path | None, max_rank: int,
-                         *, base_aliases: Iterable[str] = ()) -> Diagnosis:
+def prepare_runtime_load(
+    folder: str | Path, name: str, base_dir: str | Path | None, max_rank: int, *, base_aliases: Iterable[str] = ()
+) -> Diagnosis:
     """Allow-list + doctor before a runtime load; AdapterPathRefused / AdapterRejected (doctor's errors)."""
     path = resolve_adapter(folder, name)
     diagnosis = diagnose_adapter(path, base_dir, max_rank, name=name, base_aliases=base_aliases)
     if not diagnosis.ok:
         raise AdapterRejected(name, diagnosis.error_text())
     return diagnosis
-
-

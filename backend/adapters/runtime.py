@@ -11,8 +11,9 @@ vLLM answers these routes only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (e
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import Any, Collection, Iterable
+from typing import Any
 
 from ..engine_http import Limits, Route, error_message, status_error, transport_error
 from ..errors import (
@@ -31,16 +32,16 @@ def _engine_client(client_or_base_url: Any, api_key: str | None, timeout: float)
     from openai import AsyncOpenAI
 
     if isinstance(client_or_base_url, str):
-        return AsyncOpenAI(base_url=client_or_base_url.rstrip("/"), api_key=api_key or "EMPTY",
-                           max_retries=0, timeout=timeout), True
+        return AsyncOpenAI(
+            base_url=client_or_base_url.rstrip("/"), api_key=api_key or "EMPTY", max_retries=0, timeout=timeout
+        ), True
     options: dict[str, Any] = {"max_retries": 0, "timeout": timeout}
     if api_key:
         options["api_key"] = api_key
     return client_or_base_url.with_options(**options), False
 
 
-async def _post(client_or_base_url: Any, api_key: str | None, route: str, body: dict[str, Any],
-                timeout: float) -> str:
+async def _post(client_or_base_url: Any, api_key: str | None, route: str, body: dict[str, Any], timeout: float) -> str:
     client, owned = _engine_client(client_or_base_url, api_key, timeout)
     try:
         text: str = await client.post(route, body=body, cast_to=str)
@@ -61,11 +62,21 @@ def _map(exc: Exception, route: Route, name: str, path: str, url: str, timeout: 
 
 
 def _url_of(client_or_base_url: Any) -> str:
-    return client_or_base_url if isinstance(client_or_base_url, str) else str(getattr(client_or_base_url, "base_url", ""))
+    return (
+        client_or_base_url if isinstance(client_or_base_url, str) else str(getattr(client_or_base_url, "base_url", ""))
+    )
 
 
-async def load_adapter(client_or_base_url: Any, api_key: str | None, name: str, path: str | Path, *,
-                       loaded: Collection[str] = (), limit: int = 0, timeout: float = 120.0) -> str:
+async def load_adapter(
+    client_or_base_url: Any,
+    api_key: str | None,
+    name: str,
+    path: str | Path,
+    *,
+    loaded: Collection[str] = (),
+    limit: int = 0,
+    timeout: float = 120.0,
+) -> str:
     """POST /v1/load_lora_adapter; returns vLLM's text. Already loaded under this name: a no-op.
 
     ``loaded``/``limit``: names the engine serves now (from /v1/models) and [lora].max_cpu_loras — vLLM
@@ -78,8 +89,9 @@ async def load_adapter(client_or_base_url: Any, api_key: str | None, name: str, 
 
     url = _url_of(client_or_base_url)
     try:
-        text = await _post(client_or_base_url, api_key, "/load_lora_adapter",
-                           {"lora_name": name, "lora_path": str(path)}, timeout)
+        text = await _post(
+            client_or_base_url, api_key, "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, timeout
+        )
     except openai.APIStatusError as exc:
         if exc.status_code == 400 and "already been loaded" in error_message(exc.body, exc.message):
             logger.info("adapter %s is already loaded", name)
@@ -104,15 +116,25 @@ async def unload_adapter(client_or_base_url: Any, api_key: str | None, name: str
     return text
 
 
-async def load_adapter_from_folder(client_or_base_url: Any, api_key: str | None, folder: str | Path, name: str,
-                                   base_dir: str | Path | None, max_rank: int, *, loaded: Collection[str] = (),
-                                   limit: int = 0, base_aliases: Iterable[str] = ()) -> Diagnosis:
+async def load_adapter_from_folder(
+    client_or_base_url: Any,
+    api_key: str | None,
+    folder: str | Path,
+    name: str,
+    base_dir: str | Path | None,
+    max_rank: int,
+    *,
+    loaded: Collection[str] = (),
+    limit: int = 0,
+    base_aliases: Iterable[str] = (),
+) -> Diagnosis:
     """Allow-list + doctor (in a thread) + load: what the dropdown calls for an adapter not yet served."""
     import asyncio
 
     if limit and name not in loaded and len(loaded) >= limit:
         raise AdapterLimitReached(name=name, loaded=len(loaded), limit=limit, setting="[lora].max_cpu_loras")
-    diagnosis = await asyncio.to_thread(prepare_runtime_load, folder, name, base_dir, max_rank,
-                                        base_aliases=tuple(base_aliases))
+    diagnosis = await asyncio.to_thread(
+        prepare_runtime_load, folder, name, base_dir, max_rank, base_aliases=tuple(base_aliases)
+    )
     await load_adapter(client_or_base_url, api_key, name, diagnosis.path, loaded=loaded, limit=limit)
     return diagnosis

@@ -1,7 +1,7 @@
 """Safetensors headers: tensor names and shapes without reading any weights (no torch).
 
-    read_safetensors_header(path)    # {name: shape}
-    read_safetensors_metadata(path)  # the raw JSON header
+read_safetensors_header(path)    # {name: shape}
+read_safetensors_metadata(path)  # the raw JSON header
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def read_safetensors_metadata(path: str | Path) -> dict[str, Any]:
         (n,) = struct.unpack("<Q", raw)
         size = path.stat().st_size
         if n > min(_HEADER_LIMIT, size - 8):
-            raise ValueError(f"{path.name} has a header length of {n} bytes, larger than the file; not a safetensors file")
+            raise ValueError(
+                f"{path.name} has a header length of {n} bytes, larger than the file; not a safetensors file"
+            )
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -53,5 +55,3 @@ def read_safetensors_header(path: str | Path) -> dict[str, tuple[int, ...]]:
             raise ValueError(f"{path.name}: tensor {name!r} has no valid shape in the header")
         shapes[name] = tuple(shape)
     return shapes
-
-

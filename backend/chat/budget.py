@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Hashable, Sequence
+from typing import Any
 
 from .. import text as catalog
 from ..errors import ConfigError, PromptTooLong, SystemPromptTooLong
@@ -62,7 +63,8 @@ def token_budget(max_model_len: int, reply_reserve: int) -> int:
         raise ConfigError("budget.reply_reserve", reply_reserve, "a positive number of tokens")
     if max_model_len <= reply_reserve:
         raise ConfigError(
-            "budget.reply_reserve", reply_reserve,
+            "budget.reply_reserve",
+            reply_reserve,
             f"fewer tokens than max_model_len ({max_model_len}, from the server's /v1/models or "
             "[model].max_model_len) so the prompt has room; lower [budget].reply_reserve or raise --max-model-len",
         )
@@ -172,8 +174,8 @@ class _CostCache:
             self.old, self.new = self.new, {}
 
 
-_CACHES: "weakref.WeakKeyDictionary[Any, _CostCache]" = weakref.WeakKeyDictionary()
-_VERIFIED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_CACHES: weakref.WeakKeyDictionary[Any, _CostCache] = weakref.WeakKeyDictionary()
+_VERIFIED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _cache_for(counter: TokenCounter) -> _CostCache:
@@ -217,8 +219,9 @@ async def fit_history(
     items = [it for turn in turns for it in turn]
     # Segment sums are only proven for user/assistant messages ending with a user message (Qwen3's
     # template, e.g., renders an assistant message after the last user turn with a <think> block).
-    use_segments = (counter.additive and items[-1].role == "user"
-                    and all(it.role in ("user", "assistant") for it in items))
+    use_segments = (
+        counter.additive and items[-1].role == "user" and all(it.role in ("user", "assistant") for it in items)
+    )
     if use_segments:
         try:
             fit = await _fit_by_segments(system, turns, counter, budget)
@@ -229,8 +232,12 @@ async def fit_history(
         if full == fit[1]:
             _VERIFIED.add(counter)
         else:
-            logger.warning("segment total %d != full render %d (%s); fitting with full renders from now on",
-                           fit[1], full, counter.source)
+            logger.warning(
+                "segment total %d != full render %d (%s); fitting with full renders from now on",
+                fit[1],
+                full,
+                counter.source,
+            )
             try:
                 counter.additive = False
             except AttributeError:  # a read-only wrapper: it is checked again next time instead
@@ -244,14 +251,25 @@ async def fit_history(
     for turn in turns[:first_kept]:
         user = next((it for it in turn if it.role == "user"), turn[0])
         costs = [it.cost for it in turn]
-        dropped.append(DroppedTurn(
-            index=turn[0].index, indices=tuple(it.index for it in turn), preview=_preview(user.raw),
-            tokens=sum(c for c in costs if c is not None) if all(c is not None for c in costs) else None,
-        ))
+        dropped.append(
+            DroppedTurn(
+                index=turn[0].index,
+                indices=tuple(it.index for it in turn),
+                preview=_preview(user.raw),
+                tokens=sum(c for c in costs if c is not None) if all(c is not None for c in costs) else None,
+            )
+        )
     return FitResult(
-        messages=_window(system, turns, first_kept), prompt_tokens=total, budget=budget,
-        max_model_len=max_model_len, reply_reserve=reply_reserve, dropped=tuple(dropped), kept_turns=kept,
-        exact=counter.exact, source=counter.source, system_tokens=overhead,
+        messages=_window(system, turns, first_kept),
+        prompt_tokens=total,
+        budget=budget,
+        max_model_len=max_model_len,
+        reply_reserve=reply_reserve,
+        dropped=tuple(dropped),
+        kept_turns=kept,
+        exact=counter.exact,
+        source=counter.source,
+        system_tokens=overhead,
     )
 
 
@@ -294,8 +312,9 @@ def _too_long(tokens: int, other: int, budget: int) -> PromptTooLong | SystemPro
     return PromptTooLong(tokens=tokens, system=other, budget=budget, limit=max(0, budget - other))
 
 
-async def _fit_by_segments(system: str | None, turns: list[list[_Item]], counter: TokenCounter,
-                           budget: int) -> tuple[int, int, int]:
+async def _fit_by_segments(
+    system: str | None, turns: list[list[_Item]], counter: TokenCounter, budget: int
+) -> tuple[int, int, int]:
     """(turns kept, prompt tokens, overhead) from cached per-message costs, newest first."""
     cache = _cache_for(counter)
     specials = counter.specials
@@ -325,7 +344,7 @@ async def _fit_by_segments(system: str | None, turns: list[list[_Item]], counter
         if not batch:
             return
         costs = await counter.count_segments([{"role": it.role, "content": it.content} for it in batch])
-        for it, cost in zip(batch, costs):
+        for it, cost in zip(batch, costs, strict=False):
             it.cost = cost
             cache.put(it.key, cost)
         seen["chars"] += chars
@@ -353,16 +372,18 @@ async def _fit_by_segments(system: str | None, turns: list[list[_Item]], counter
     return kept, total, overhead
 
 
-async def _newest_too_long(turn: list[_Item], counter: TokenCounter, overhead: int, turn_cost: int,
-                           budget: int) -> PromptTooLong | SystemPromptTooLong:
+async def _newest_too_long(
+    turn: list[_Item], counter: TokenCounter, overhead: int, turn_cost: int, budget: int
+) -> PromptTooLong | SystemPromptTooLong:
     user = next(it for it in reversed(turn) if it.role == "user")
     wrapper = (await counter.count_segments([{"role": "user", "content": ""}]))[0]
     tokens = max(0, user.cost - wrapper)  # type: ignore[operator]
     return _too_long(tokens, overhead + turn_cost - tokens, budget)
 
 
-async def _fit_by_renders(system: str | None, turns: list[list[_Item]], counter: TokenCounter,
-                          budget: int) -> tuple[int, int, int]:
+async def _fit_by_renders(
+    system: str | None, turns: list[list[_Item]], counter: TokenCounter, budget: int
+) -> tuple[int, int, int]:
     """Fallback for templates that do not decompose: full renders, searched from an estimate."""
     specials = counter.specials
     for turn in turns:
@@ -454,15 +475,16 @@ async def trim_middle(text: str, max_tokens: int, counter: TokenCounter, *, mark
     raise ValueError(f"could not trim to {max_tokens} tokens")
 
 
-async def _fit_piece(text: str, target: int, per_token: float, size: Callable[[str], Awaitable[int]], *,
-                     from_start: bool) -> tuple[str, int]:
+async def _fit_piece(
+    text: str, target: int, per_token: float, size: Callable[[str], Awaitable[int]], *, from_start: bool
+) -> tuple[str, int]:
     """The longest head (or tail) of ``text`` with at most ``target`` tokens, found in a few counts."""
     if target <= 0:
         return "", 0
     best, best_n = "", 0
     n_chars = min(len(text), max(1, int(target * per_token)))
     for _ in range(8):
-        piece = text[:n_chars] if from_start else text[len(text) - n_chars:]
+        piece = text[:n_chars] if from_start else text[len(text) - n_chars :]
         n = await size(piece)
         if n <= target:
             if len(piece) > len(best):
@@ -481,7 +503,7 @@ async def _fit_piece(text: str, target: int, per_token: float, size: Callable[[s
     else:
         cut = best.find("\n", 0, window)
         if 0 <= cut < len(best) - 1:
-            best = best[cut + 1:]
+            best = best[cut + 1 :]
     if len(best) != unsnapped:
         best_n = await size(best)
     return best, best_n

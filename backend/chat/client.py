@@ -210,8 +210,6 @@ def _raw(data: Any) -> str:
     return text if len(text) <= RAW_LOG_LIMIT else text[:RAW_LOG_LIMIT] + f"… ({len(text)} chars)"
 
 
-
-
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -258,13 +256,13 @@ class ThinkSplitter:
                 if i >= 0:
                     if i:
                         out.append(ReasoningDelta(self._buf[:i]))
-                    self._buf = self._buf[i + len(self.CLOSE):]
+                    self._buf = self._buf[i + len(self.CLOSE) :]
                     self._inside, self._after_close = False, True
                     continue
                 keep = self._held(self._buf, self.CLOSE)
                 if len(self._buf) > keep:
                     out.append(ReasoningDelta(self._buf[: len(self._buf) - keep]))
-                self._buf = self._buf[len(self._buf) - keep:]
+                self._buf = self._buf[len(self._buf) - keep :]
                 break
             if self._after_close:
                 self._buf = self._buf.lstrip()
@@ -274,7 +272,7 @@ class ThinkSplitter:
             if not self._started:
                 stripped = self._buf.lstrip()
                 if stripped.startswith(self.OPEN):
-                    self._buf = stripped[len(self.OPEN):]
+                    self._buf = stripped[len(self.OPEN) :]
                     self._inside = self._after_open = True
                     continue
                 if self.OPEN.startswith(stripped):  # whitespace or "<thi": wait for more
@@ -314,8 +312,9 @@ class _Malformed(Exception):
     """The response is not the OpenAI chat API."""
 
 
-def map_error(exc: BaseException, *, url: str = "", model: str = "",
-              settings: ClientSettings | None = None) -> BackendError:
+def map_error(
+    exc: BaseException, *, url: str = "", model: str = "", settings: ClientSettings | None = None
+) -> BackendError:
     """Translate any exception from a chat request into one BackendError (most specific first).
 
     HTTP answers and transport failures go through ``engine_http`` (the one table for every
@@ -385,8 +384,9 @@ class _EngineAPI(AsyncOpenAI):
     def _should_retry(self, response: httpx2.Response) -> bool:
         return response.status_code in RETRY_STATUSES and super()._should_retry(response)
 
-    def _calculate_retry_timeout(self, remaining_retries: int, options: Any,
-                                 response_headers: httpx2.Headers | None = None) -> float:
+    def _calculate_retry_timeout(
+        self, remaining_retries: int, options: Any, response_headers: httpx2.Headers | None = None
+    ) -> float:
         delay = super()._calculate_retry_timeout(remaining_retries, options, response_headers)
         after = self._parse_retry_after_header(response_headers)
         if after is not None and math.isfinite(after) and 0 < after <= MAX_RETRY_AFTER_DELAY:
@@ -527,8 +527,14 @@ def _stream_chunk(st: _Request, data: Any) -> list[Event]:
         delta = {}
     content = delta.get("content")
     reasoning = _reasoning_of(delta)
-    if ("content" in delta and content is None and reasoning is None and finish is None
-            and not delta.get("role") and not delta.get("tool_calls")):
+    if (
+        "content" in delta
+        and content is None
+        and reasoning is None
+        and finish is None
+        and not delta.get("role")
+        and not delta.get("tool_calls")
+    ):
         a = st.anomaly("null_content", "delta.content is null", data)
         out += [a] if a else []
     out += st.content(reasoning, data, reasoning=True)
@@ -557,8 +563,7 @@ class ChatClient:
             retry_backoff=s.retry_backoff,
             # read=None: first-token / idle / total are enforced by our own deadlines below.
             # write: a body that stops going out (map_error: ConnectionLost, not IdleTimeout).
-            timeout=httpx2.Timeout(connect=s.connect_timeout, read=None, write=s.idle_timeout,
-                                   pool=s.connect_timeout),
+            timeout=httpx2.Timeout(connect=s.connect_timeout, read=None, write=s.idle_timeout, pool=s.connect_timeout),
         )
 
     async def aclose(self) -> None:
@@ -570,8 +575,14 @@ class ChatClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def _body(self, messages: list[dict[str, Any]], model: str, max_tokens: int | None,
-              sampling: dict[str, Any] | None, stream: bool) -> dict[str, Any]:
+    def _body(
+        self,
+        messages: list[dict[str, Any]],
+        model: str,
+        max_tokens: int | None,
+        sampling: dict[str, Any] | None,
+        stream: bool,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = dict(sampling or {})
         body.update(model=model, messages=sanitize_messages(messages), stream=stream)
         if stream:
@@ -594,9 +605,15 @@ class ChatClient:
         mapped = self._map(exc, model)
         return f"failed: {mapped.code} ({type(exc).__name__}: {short(exc)})", mapped
 
-    async def stream(self, messages: list[dict[str, Any]], model: str, *, max_tokens: int | None = None,
-                     sampling: dict[str, Any] | None = None, request_id: str | None = None
-                     ) -> AsyncIterator[Event]:
+    async def stream(
+        self,
+        messages: list[dict[str, Any]],
+        model: str,
+        *,
+        max_tokens: int | None = None,
+        sampling: dict[str, Any] | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[Event]:
         """Stream one answer as events; see the module docstring for the guarantees.
 
         Close it when you stop early (``contextlib.aclosing``); cancelling the consuming task
@@ -608,8 +625,9 @@ class ChatClient:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         total_at, first_at = t0 + s.total_timeout, t0 + s.first_token_timeout
-        logger.debug("[%s] POST %s/chat/completions model=%s messages=%d stream", st.rid, self.base_url,
-                     model, len(messages))
+        logger.debug(
+            "[%s] POST %s/chat/completions model=%s messages=%d stream", st.rid, self.base_url, model, len(messages)
+        )
 
         async def bounded(awaitable: Any) -> Any:
             """Await under the binding deadline; raise the matching RequestTimeout."""
@@ -631,9 +649,16 @@ class ChatClient:
         outcome = "failed"
         try:
             try:
-                sdk_stream = await bounded(self._api.post(
-                    "/chat/completions", body=body, cast_to=object, stream=True,
-                    stream_cls=openai.AsyncStream[object], options={"headers": {"X-Request-Id": st.rid}}))
+                sdk_stream = await bounded(
+                    self._api.post(
+                        "/chat/completions",
+                        body=body,
+                        cast_to=object,
+                        stream=True,
+                        stream_cls=openai.AsyncStream[object],
+                        options={"headers": {"X-Request-Id": st.rid}},
+                    )
+                )
                 logger.debug("[%s] stream open after %.3fs", st.rid, loop.time() - t0)
                 decoder = getattr(sdk_stream, "_decoder", None)
                 for _ in range(10**9):  # bounded by total_timeout in practice
@@ -670,12 +695,19 @@ class ChatClient:
             if sdk_stream is not None:
                 try:
                     await sdk_stream.close()  # the engine sees the connection close
-                except Exception as exc:  # closing must never mask the real outcome
+                except Exception as exc:  # noqa: BLE001 - closing must never mask the real outcome
                     logger.debug("[%s] closing the response failed: %r", st.rid, exc)
             self._log_end(st, outcome, loop.time() - t0)
 
-    async def complete(self, messages: list[dict[str, Any]], model: str, *, max_tokens: int | None = None,
-                       sampling: dict[str, Any] | None = None, request_id: str | None = None) -> Answer:
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        model: str,
+        *,
+        max_tokens: int | None = None,
+        sampling: dict[str, Any] | None = None,
+        request_id: str | None = None,
+    ) -> Answer:
         """One non-streamed answer, bounded by connect_timeout and total_timeout."""
         s = self.settings
         st = _Request(request_id or new_request_id(), model)
@@ -687,8 +719,11 @@ class ChatClient:
             try:
                 async with asyncio.timeout(s.total_timeout) as cm:
                     response = await self._api.post(
-                        "/chat/completions", body=body, cast_to=httpx2.Response,
-                        options={"headers": {"X-Request-Id": st.rid}})
+                        "/chat/completions",
+                        body=body,
+                        cast_to=httpx2.Response,
+                        options={"headers": {"X-Request-Id": st.rid}},
+                    )
                     raw = response.content
             except TimeoutError:
                 if cm.expired():
@@ -698,8 +733,10 @@ class ChatClient:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError:
                 text = raw.decode("utf-8", "replace")
-                notes.append(st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced")
-                             or Anomaly("invalid_utf8"))
+                notes.append(
+                    st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced")
+                    or Anomaly("invalid_utf8")
+                )
             logger.debug("[%s] body: %s", st.rid, _raw(text))
             data = json.loads(text)
             answer = self._answer(st, data, notes)
@@ -748,13 +785,25 @@ class ChatClient:
         return Answer(
             text="".join(e.text for e in events if isinstance(e, TextDelta)),
             reasoning="".join(e.text for e in events if isinstance(e, ReasoningDelta)),
-            finish_reason=finish, model=model, usage=usage,
+            finish_reason=finish,
+            model=model,
+            usage=usage,
             anomalies=tuple(notes) + tuple(e for e in events if isinstance(e, Anomaly)),
-            request_id=st.rid)
+            request_id=st.rid,
+        )
 
     def _log_end(self, st: _Request, outcome: str, seconds: float) -> None:
         first = f"{st.first_token_at - st.started:.2f}s" if st.first_token_at else "-"
-        logger.info("[%s] %s: model=%s finish=%s text=%d reasoning=%d chars, first token %s, %.2fs%s",
-                    st.rid, outcome, st.model, st.finish, st.text_chars, st.reasoning_chars, first, seconds,
-                    f", anomalies={sorted(st.kinds)}" if st.kinds else "")
+        logger.info(
+            "[%s] %s: model=%s finish=%s text=%d reasoning=%d chars, first token %s, %.2fs%s",
+            st.rid,
+            outcome,
+            st.model,
+            st.finish,
+            st.text_chars,
+            st.reasoning_chars,
+            first,
+            seconds,
+            f", anomalies={sorted(st.kinds)}" if st.kinds else "",
+        )
         _maybe_log_summary()

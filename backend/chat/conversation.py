@@ -8,8 +8,9 @@ marked, so what the user saw is what the history holds.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from .client import sanitize_text
 from .template import strip_reasoning
@@ -50,7 +51,7 @@ class Conversation:
         """Before a Retry: the last user turn is resent, the (partial) answer to it is replaced."""
         last = self.last_user()
         if last is not None:
-            del self.turns[self.turns.index(last) + 1:]
+            del self.turns[self.turns.index(last) + 1 :]
 
     def messages(self, system_prompt: str = "") -> list[dict[str, str]]:
         """OpenAI-format messages: system prompt (if any), then the turns; reasoning stripped.

@@ -21,8 +21,9 @@ import math
 import re
 import threading
 import unicodedata
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 from ..chatml import CHATML_SPECIALS, CHATML_TEMPLATE
 from ..engine_http import Limits, Route, auth_headers, status_error, transport_error
@@ -200,7 +201,7 @@ def _safe_chunks(text: str, size: int) -> list[str]:
             j = text.find("\n", j + 1)
         if j == -1 or j + 1 >= n:
             break
-        out.append(text[i: j + 1])
+        out.append(text[i : j + 1])
         i = j + 1
     out.append(text[i:])
     return out
@@ -221,8 +222,11 @@ class LocalCounter(_RenderingCounter):
             self.source = f"tokenizer and chat template of {folder}"
         else:
             self.source = f"tokenizer of {folder} with the built-in ChatML template (the folder has no chat_template)"
-            logger.warning("%s has no chat template; using the built-in ChatML fallback. "
-                           "Start vLLM with the same template (--chat-template) or it refuses chat requests.", folder)
+            logger.warning(
+                "%s has no chat template; using the built-in ChatML fallback. "
+                "Start vLLM with the same template (--chat-template) or it refuses chat requests.",
+                folder,
+            )
         added = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
         self.specials = tuple(dict.fromkeys([*added, *getattr(tokenizer, "all_special_tokens", [])]))
         self.chunking = self._chunking_is_exact()
@@ -245,7 +249,7 @@ class LocalCounter(_RenderingCounter):
         probe = sentinel(0)
         text = self.render([{"role": "system", "content": system}, {"role": "user", "content": probe}], False)
         pos = text.rfind(probe)
-        if pos < 0 or not text[:pos].endswith(fmt.opens["user"]) or text[pos + len(probe):] != fmt.closes["user"]:
+        if pos < 0 or not text[:pos].endswith(fmt.opens["user"]) or text[pos + len(probe) :] != fmt.closes["user"]:
             raise TemplateNotAdditive(f"system prompt is not rendered as a head in {self.folder}")
         return text[: pos - len(fmt.opens["user"])]
 
@@ -264,7 +268,7 @@ class LocalCounter(_RenderingCounter):
             owners.extend([i] * len(parts))
         encode = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
         out = [0] * len(texts)
-        for owner, enc in zip(owners, encode(pieces, add_special_tokens=False)):
+        for owner, enc in zip(owners, encode(pieces, add_special_tokens=False), strict=False):
             out[owner] += len(enc)
         return out
 
@@ -310,8 +314,9 @@ async def load_local_counter(folder: str | Path) -> LocalCounter:
         if fut is None or (fut.done() and fut.exception() is not None):
             fut = concurrent.futures.Future()
             _LOCAL[path] = fut
-            threading.Thread(target=_fill_future, args=(fut, _load_local, path), daemon=True,
-                             name=f"tokenizer-load-{path.name}").start()
+            threading.Thread(
+                target=_fill_future, args=(fut, _load_local, path), daemon=True, name=f"tokenizer-load-{path.name}"
+            ).start()
     return await asyncio.wrap_future(fut)
 
 
@@ -342,7 +347,7 @@ def _byte_decoder() -> dict[str, int]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    return {chr(c): b for b, c in zip(bs, cs, strict=False)}
 
 
 def qwen_tiktoken_encoding(folder: str | Path) -> Any:
@@ -368,8 +373,9 @@ def qwen_tiktoken_encoding(folder: str | Path) -> Any:
         found = re.search(r'"Regex":\s*("(?:[^"\\]|\\.)*")', json.dumps(data.get("pre_tokenizer") or {}))
         if found:
             pattern = json.loads(found.group(1))
-    return tiktoken.Encoding(name=f"offline-{folder.name}", pat_str=pattern, mergeable_ranks=ranks,
-                             special_tokens=specials)
+    return tiktoken.Encoding(
+        name=f"offline-{folder.name}", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
+    )
 
 
 class EstimateCounter(_RenderingCounter):
@@ -390,8 +396,11 @@ class EstimateCounter(_RenderingCounter):
         msgs = _plain(messages)
         system = msgs[0]["content"] if msgs and msgs[0]["role"] == "system" else None
         body = msgs[1:] if system is not None else msgs
-        return chatml_head(system) + "".join(CHATML_FORMAT.segment(m["role"], m["content"]) for m in body) + (
-            CHATML_FORMAT.generation if add_generation_prompt else "")
+        return (
+            chatml_head(system)
+            + "".join(CHATML_FORMAT.segment(m["role"], m["content"]) for m in body)
+            + (CHATML_FORMAT.generation if add_generation_prompt else "")
+        )
 
     def system_head(self, system: str | None) -> str:
         return chatml_head(system)
@@ -400,8 +409,11 @@ class EstimateCounter(_RenderingCounter):
         if not texts:
             return []
         norm = [t if t.isascii() else unicodedata.normalize("NFC", t) for t in texts]
-        encoded = self.encoding.encode_batch(norm, allowed_special="all") if len(norm) > 1 else [
-            self.encoding.encode(norm[0], allowed_special="all")]
+        encoded = (
+            self.encoding.encode_batch(norm, allowed_special="all")
+            if len(norm) > 1
+            else [self.encoding.encode(norm[0], allowed_special="all")]
+        )
         return [math.ceil(len(ids) * (1 + self.margin)) for ids in encoded]
 
 
@@ -444,9 +456,17 @@ class RemoteCounter:
 
     exact = True
 
-    def __init__(self, base_url: str, model: str, api_key: str = "", *, timeout: float | None = None,
-                 concurrency: int = 8, specials: Iterable[str] = REMOTE_SPECIALS,
-                 client: ClientSettings | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str = "",
+        *,
+        timeout: float | None = None,
+        concurrency: int = 8,
+        specials: Iterable[str] = REMOTE_SPECIALS,
+        client: ClientSettings | None = None,
+    ) -> None:
         root = base_url.rstrip("/")
         limits = client or ClientSettings()
         self.url = (root[:-3] if root.endswith("/v1") else root) + "/tokenize"
@@ -454,8 +474,12 @@ class RemoteCounter:
         self.api_key = api_key
         self.timeout = timeout if timeout is not None else limits.first_token_timeout
         self.connect_timeout = min(limits.connect_timeout, self.timeout)
-        self.limits = Limits(self.connect_timeout, self.timeout, "[client].first_token_timeout",
-                             "the model server's /tokenize (token counting)")
+        self.limits = Limits(
+            self.connect_timeout,
+            self.timeout,
+            "[client].first_token_timeout",
+            "the model server's /tokenize (token counting)",
+        )
         self.concurrency = concurrency
         self.specials = tuple(specials)
         self.source = f"vLLM {self.url} (model {model})"
@@ -470,11 +494,12 @@ class RemoteCounter:
     async def _post(self, session: Any, body: dict[str, Any]) -> int:
         """One /tokenize call; every aiohttp error, timeout and bad status becomes a BackendError subclass."""
         try:
-            async with session.post(self.url, json={"model": self.model, **body},
-                                    headers=auth_headers(self.api_key)) as resp:
+            async with session.post(
+                self.url, json={"model": self.model, **body}, headers=auth_headers(self.api_key)
+            ) as resp:
                 text = await resp.text(errors="replace")
                 status = resp.status
-        except Exception as exc:  # noqa: BLE001 - transport_error keeps what it cannot classify as EngineError
+        except Exception as exc:
             raise transport_error(exc, Route.TOKENIZE, url=self.url, limits=self.limits) from exc
         if status != 200:
             try:
@@ -499,14 +524,16 @@ class RemoteCounter:
     def _session(self) -> Any:
         import aiohttp
 
-        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout,
-                                                                   sock_connect=self.connect_timeout))
+        return aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.connect_timeout)
+        )
 
     async def _count_many(self, bodies: Sequence[dict[str, Any]]) -> list[int]:
         if not bodies:
             return []
         sem = asyncio.Semaphore(self.concurrency)
         async with self._session() as session:
+
             async def one(body: dict[str, Any]) -> int:
                 async with sem:
                     return await self._post(session, body)
@@ -534,11 +561,21 @@ class RemoteCounter:
         if self._ready:
             return
         a, b = self._A, self._B
-        probe = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "你好 😀"},
-                 {"role": "assistant", "content": "def f():\n    return 1"}, {"role": "user", "content": " end "}]
+        probe = [
+            {"role": "system", "content": "You are helpful."},
+            {"role": "user", "content": "你好 😀"},
+            {"role": "assistant", "content": "def f():\n    return 1"},
+            {"role": "user", "content": " end "},
+        ]
         counts = await self._count_many(
-            [self._chat([a, b], False), self._chat([a, b, b], False), self._chat(probe, True),
-             self._chat([probe[0], b], True)] + [self._chat([a, m, b], False) for m in probe[1:]])
+            [
+                self._chat([a, b], False),
+                self._chat([a, b, b], False),
+                self._chat(probe, True),
+                self._chat([probe[0], b], True),
+            ]
+            + [self._chat([a, m, b], False) for m in probe[1:]]
+        )
         ab, abb, full, head = counts[:4]
         self._base = {"ab": ab, "b": abb - ab}
         self._heads[probe[0]["content"]] = head - self._base["b"]
@@ -571,9 +608,15 @@ class RemoteCounter:
 # ---------------------------------------------------------------- choosing a counter
 
 
-async def open_counter(*, tokenizer_dir: str | Path | None = None, base_url: str = "", model: str = "",
-                       api_key: str = "", estimate_dir: str | Path | None = None,
-                       client: ClientSettings | None = None) -> TokenCounter:
+async def open_counter(
+    *,
+    tokenizer_dir: str | Path | None = None,
+    base_url: str = "",
+    model: str = "",
+    api_key: str = "",
+    estimate_dir: str | Path | None = None,
+    client: ClientSettings | None = None,
+) -> TokenCounter:
     """The best counter available: local tokenizer folder, else vLLM ``/tokenize``, else an estimate.
 
     Local mode passes the served model folder; external mode (``OPENAI_BASE_URL``) passes the
@@ -593,8 +636,9 @@ async def open_counter(*, tokenizer_dir: str | Path | None = None, base_url: str
             logger.info("token counter: %s (additive=%s)", remote.source, remote.additive)
             return remote
         except BackendError as exc:  # _post maps every transport error and timeout to one
-            logger.warning("cannot count with %s (%s: %s); falling back to an estimate", remote.url,
-                           type(exc).__name__, exc)
+            logger.warning(
+                "cannot count with %s (%s: %s); falling back to an estimate", remote.url, type(exc).__name__, exc
+            )
     counter = await load_estimate_counter(estimate_dir)
     logger.warning("token counter: %s — the context meter shows estimates", counter.source)
     return counter

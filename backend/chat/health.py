@@ -36,9 +36,10 @@ import inspect
 import json
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 
@@ -50,7 +51,7 @@ from ..text import both, pick_language, t
 logger = logging.getLogger(__name__)
 
 
-class EngineState(str, enum.Enum):
+class EngineState(enum.StrEnum):
     STARTING = "starting"
     READY = "ready"
     DEGRADED = "degraded"
@@ -132,12 +133,14 @@ def _parse_models(body: Any) -> tuple[ModelEntry, ...] | None:
         if not isinstance(item, dict) or not isinstance(item.get("id"), str):
             continue
         mml = item.get("max_model_len")
-        out.append(ModelEntry(
-            id=item["id"],
-            parent=item.get("parent") if isinstance(item.get("parent"), str) else None,
-            root=item.get("root") if isinstance(item.get("root"), str) else None,
-            max_model_len=mml if isinstance(mml, int) and not isinstance(mml, bool) else None,
-        ))
+        out.append(
+            ModelEntry(
+                id=item["id"],
+                parent=item.get("parent") if isinstance(item.get("parent"), str) else None,
+                root=item.get("root") if isinstance(item.get("root"), str) else None,
+                max_model_len=mml if isinstance(mml, int) and not isinstance(mml, bool) else None,
+            )
+        )
     return tuple(out)
 
 
@@ -261,7 +264,7 @@ class HealthPoller:
         limit = 2 * s.request_timeout + s.probe_timeout + 2.0
         try:
             return await asyncio.wait_for(asyncio.shield(fut), limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self.status
         finally:
             with contextlib.suppress(ValueError):
@@ -295,14 +298,14 @@ class HealthPoller:
                 try:
                     nxt = await asyncio.wait_for(sub.__anext__(), wait)
                     status = nxt
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     status = self.status
                 except StopAsyncIteration:
                     return self.status
         finally:
             await sub.aclose()
 
-    def subscribe(self) -> "Subscription":
+    def subscribe(self) -> Subscription:
         """An async iterator of statuses: the current one first, then each change. Ends at stop().
         Slow readers only miss intermediate statuses, never the latest."""
         q: asyncio.Queue[HealthStatus | None] = asyncio.Queue(maxsize=8)
@@ -333,7 +336,7 @@ class HealthPoller:
             interval = self.settings.poll_ready if answering else self.settings.poll_starting
             try:
                 await asyncio.wait_for(self._wake.wait(), interval)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._wake.clear()
 
@@ -357,7 +360,7 @@ class HealthPoller:
                 except ValueError:
                     body = raw.decode("utf-8", "replace")
                 return _Http(ok=True, status=resp.status, body=body, latency=time.monotonic() - started)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return _Http(error="timeout", latency=time.monotonic() - started)
         except aiohttp.ClientConnectorError:
             return _Http(error="refused", latency=time.monotonic() - started)
@@ -400,11 +403,19 @@ class HealthPoller:
         if not health.ok:
             how = "connection refused" if health.error == "refused" else health.error
             if self._ever_ready and health.error == "timeout":
-                self._set(EngineState.DEGRADED, *both("health.health_slow", seconds=s.request_timeout),
-                          sup=sup, models_ok=False)
+                self._set(
+                    EngineState.DEGRADED,
+                    *both("health.health_slow", seconds=s.request_timeout),
+                    sup=sup,
+                    models_ok=False,
+                )
             elif self._ever_ready:
-                self._set(EngineState.DOWN, *both("health.stopped_answering", how=how, url=self.root_url),
-                          sup=sup, models_ok=False)
+                self._set(
+                    EngineState.DOWN,
+                    *both("health.stopped_answering", how=how, url=self.root_url),
+                    sup=sup,
+                    models_ok=False,
+                )
             else:
                 self._starting_or_timed_out(*both("health.not_listening"), sup)
             return
@@ -427,7 +438,9 @@ class HealthPoller:
         base = next((m for m in models or () if m.parent is None), None)
         if base is None:
             if self._ever_ready:
-                detail = models_resp.error or (_error_detail(models_resp) if models_resp.status != 200 else "no base model listed")
+                detail = models_resp.error or (
+                    _error_detail(models_resp) if models_resp.status != 200 else "no base model listed"
+                )
                 self._set(EngineState.DEGRADED, *both("health.no_model_list", detail=detail), sup=sup, models_ok=False)
             else:
                 self._starting_or_timed_out(*both("health.waiting_models"), sup)
@@ -435,8 +448,12 @@ class HealthPoller:
         self._update_models(models or ())
 
         now = time.monotonic()
-        due = (self._force_probe or answered is None or self._last_probe_at is None
-               or now - self._last_probe_at >= s.probe_every)
+        due = (
+            self._force_probe
+            or answered is None
+            or self._last_probe_at is None
+            or now - self._last_probe_at >= s.probe_every
+        )
         if not due:
             assert answered is not None
             self._answered = answered
@@ -444,9 +461,16 @@ class HealthPoller:
             return
         self._force_probe = False
         probe = await self._request(
-            "POST", self.api_url + "/chat/completions", s.probe_timeout,
-            {"model": base.id, "messages": [{"role": "user", "content": "ping"}],
-             "max_tokens": 1, "temperature": 0, "stream": False},
+            "POST",
+            self.api_url + "/chat/completions",
+            s.probe_timeout,
+            {
+                "model": base.id,
+                "messages": [{"role": "user", "content": "ping"}],
+                "max_tokens": 1,
+                "temperature": 0,
+                "stream": False,
+            },
         )
         self._last_probe_at = time.monotonic()
         if probe.ok and probe.status == 200 and isinstance(probe.body, dict) and probe.body.get("choices"):
@@ -460,8 +484,12 @@ class HealthPoller:
         if probe.error == "timeout":
             en, zh = both("health.probe_timeout", seconds=s.probe_timeout)
         elif probe.error == "refused":
-            self._set(EngineState.DOWN if self._ever_ready else EngineState.STARTING,
-                      *both("health.probe_dropped"), sup=sup, models_ok=True)
+            self._set(
+                EngineState.DOWN if self._ever_ready else EngineState.STARTING,
+                *both("health.probe_dropped"),
+                sup=sup,
+                models_ok=True,
+            )
             return
         else:
             detail = probe.error or _error_detail(probe)
@@ -491,14 +519,24 @@ class HealthPoller:
         if models != old.models:
             base = next((m for m in models if m.parent is None), None)
             self._status = dataclasses.replace(
-                old, models=models, version=old.version + 1,
-                base_model=base.id if base else None, max_model_len=base.max_model_len if base else None,
+                old,
+                models=models,
+                version=old.version + 1,
+                base_model=base.id if base else None,
+                max_model_len=base.max_model_len if base else None,
             )
-            logger.info("engine models changed (version %d): %s", self._status.version,
-                        ", ".join(m.id for m in models))
+            logger.info("engine models changed (version %d): %s", self._status.version, ", ".join(m.id for m in models))
 
-    def _set(self, state: EngineState, en: str, zh: str, *, sup: EngineStatus | None, models_ok: bool,
-             latency: float | None = None) -> None:
+    def _set(
+        self,
+        state: EngineState,
+        en: str,
+        zh: str,
+        *,
+        sup: EngineStatus | None,
+        models_ok: bool,
+        latency: float | None = None,
+    ) -> None:
         old = self._status
         now = time.time()
         changed = state is not old.state or en != old.reason
@@ -567,7 +605,7 @@ class Subscription:
         self._closed = True
         self._poller._subscribers.discard(self._queue)
 
-    async def __aenter__(self) -> "Subscription":
+    async def __aenter__(self) -> Subscription:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

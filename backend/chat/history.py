@@ -18,8 +18,9 @@ import json
 import logging
 import os
 import sqlite3
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping
+from typing import Any
 
 from ..settings import Settings
 from .conversation import Conversation
@@ -34,24 +35,71 @@ COMMANDS = ("adapters", "unload")  # composer commands (app.py): talk to the app
 # of Step.to_dict / Message.to_dict / Element.to_dict / Feedback, and the SELECTs). All nullable but
 # the keys: a NOT NULL Chainlit does not always fill would make its INSERT fail, and it only logs that.
 SCHEMA: dict[str, list[tuple[str, str]]] = {
-    "users": [("id", "TEXT PRIMARY KEY"), ("identifier", "TEXT NOT NULL UNIQUE"), ("metadata", "TEXT"),
-              ("createdAt", "TEXT")],
-    "threads": [("id", "TEXT PRIMARY KEY"), ("createdAt", "TEXT"), ("name", "TEXT"),
-                ("userId", "TEXT REFERENCES users(id) ON DELETE CASCADE"), ("userIdentifier", "TEXT"),
-                ("tags", "TEXT"), ("metadata", "TEXT")],
-    "steps": [("id", "TEXT PRIMARY KEY"), ("name", "TEXT"), ("type", "TEXT"),
-              ("threadId", "TEXT REFERENCES threads(id) ON DELETE CASCADE"), ("parentId", "TEXT"),
-              ("streaming", "BOOLEAN"), ("waitForAnswer", "BOOLEAN"), ("isError", "BOOLEAN"), ("metadata", "TEXT"),
-              ("tags", "TEXT"), ("input", "TEXT"), ("output", "TEXT"), ("createdAt", "TEXT"), ("command", "TEXT"),
-              ("modes", "TEXT"), ("start", "TEXT"), ("end", "TEXT"), ("generation", "TEXT"), ("showInput", "TEXT"),
-              ("language", "TEXT"), ("indent", "INTEGER"), ("defaultOpen", "BOOLEAN"), ("autoCollapse", "BOOLEAN")],
-    "elements": [("id", "TEXT PRIMARY KEY"), ("threadId", "TEXT REFERENCES threads(id) ON DELETE CASCADE"),
-                 ("type", "TEXT"), ("url", "TEXT"), ("chainlitKey", "TEXT"), ("name", "TEXT"), ("display", "TEXT"),
-                 ("objectKey", "TEXT"), ("size", "TEXT"), ("page", "INTEGER"), ("language", "TEXT"),
-                 ("forId", "TEXT"), ("mime", "TEXT"), ("props", "TEXT"), ("autoPlay", "BOOLEAN"),
-                 ("playerConfig", "TEXT")],
-    "feedbacks": [("id", "TEXT PRIMARY KEY"), ("forId", "TEXT NOT NULL"), ("threadId", "TEXT"),
-                  ("value", "INTEGER NOT NULL"), ("comment", "TEXT")],
+    "users": [
+        ("id", "TEXT PRIMARY KEY"),
+        ("identifier", "TEXT NOT NULL UNIQUE"),
+        ("metadata", "TEXT"),
+        ("createdAt", "TEXT"),
+    ],
+    "threads": [
+        ("id", "TEXT PRIMARY KEY"),
+        ("createdAt", "TEXT"),
+        ("name", "TEXT"),
+        ("userId", "TEXT REFERENCES users(id) ON DELETE CASCADE"),
+        ("userIdentifier", "TEXT"),
+        ("tags", "TEXT"),
+        ("metadata", "TEXT"),
+    ],
+    "steps": [
+        ("id", "TEXT PRIMARY KEY"),
+        ("name", "TEXT"),
+        ("type", "TEXT"),
+        ("threadId", "TEXT REFERENCES threads(id) ON DELETE CASCADE"),
+        ("parentId", "TEXT"),
+        ("streaming", "BOOLEAN"),
+        ("waitForAnswer", "BOOLEAN"),
+        ("isError", "BOOLEAN"),
+        ("metadata", "TEXT"),
+        ("tags", "TEXT"),
+        ("input", "TEXT"),
+        ("output", "TEXT"),
+        ("createdAt", "TEXT"),
+        ("command", "TEXT"),
+        ("modes", "TEXT"),
+        ("start", "TEXT"),
+        ("end", "TEXT"),
+        ("generation", "TEXT"),
+        ("showInput", "TEXT"),
+        ("language", "TEXT"),
+        ("indent", "INTEGER"),
+        ("defaultOpen", "BOOLEAN"),
+        ("autoCollapse", "BOOLEAN"),
+    ],
+    "elements": [
+        ("id", "TEXT PRIMARY KEY"),
+        ("threadId", "TEXT REFERENCES threads(id) ON DELETE CASCADE"),
+        ("type", "TEXT"),
+        ("url", "TEXT"),
+        ("chainlitKey", "TEXT"),
+        ("name", "TEXT"),
+        ("display", "TEXT"),
+        ("objectKey", "TEXT"),
+        ("size", "TEXT"),
+        ("page", "INTEGER"),
+        ("language", "TEXT"),
+        ("forId", "TEXT"),
+        ("mime", "TEXT"),
+        ("props", "TEXT"),
+        ("autoPlay", "BOOLEAN"),
+        ("playerConfig", "TEXT"),
+    ],
+    "feedbacks": [
+        ("id", "TEXT PRIMARY KEY"),
+        ("forId", "TEXT NOT NULL"),
+        ("threadId", "TEXT"),
+        ("value", "INTEGER NOT NULL"),
+        ("comment", "TEXT"),
+    ],
 }
 
 
@@ -96,6 +144,7 @@ def ensure_schema(path: Path) -> None:
         db.execute('CREATE INDEX IF NOT EXISTS steps_thread ON steps ("threadId")')
         db.execute('CREATE INDEX IF NOT EXISTS threads_user ON threads ("userId")')
 
+
 def prepare(settings: Settings, env: MutableMapping[str, str] = os.environ) -> str | None:
     """At app start: with ``[ui].auth``, the tables and the login secret; returns the database URL.
 
@@ -109,6 +158,7 @@ def prepare(settings: Settings, env: MutableMapping[str, str] = os.environ) -> s
     env["CHAINLIT_AUTH_SECRET"] = auth_secret(path.parent, env)
     logger.info("history: login on for %r, chats kept in %s", settings.ui.username, path)
     return database_url(path)
+
 
 # ---------------------------------------------------------------- rebuilding a chat from its thread
 
@@ -154,8 +204,9 @@ def conversation_from_thread(thread: Mapping[str, Any]) -> Conversation:
             continue
         if conv.turns and conv.turns[-1].role == "assistant":
             conv.turns.pop()
-        conv.add_assistant(str(step["id"]), str(ours["raw"]), str(ours.get("model") or ""),
-                           interrupted=bool(ours.get("interrupted")))
+        conv.add_assistant(
+            str(step["id"]), str(ours["raw"]), str(ours.get("model") or ""), interrupted=bool(ours.get("interrupted"))
+        )
     return conv
 
 
@@ -182,5 +233,3 @@ def state_from_thread(thread: Mapping[str, Any], conv: Conversation | None = Non
     if isinstance(system_prompt, str):
         out["system_prompt"] = system_prompt
     return out
-
-

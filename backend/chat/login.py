@@ -1,5 +1,4 @@
-"""Password login for ``[ui].auth``: the login secret Chainlit signs its tokens with, and the password check.
-"""
+"""Password login for ``[ui].auth``: the login secret Chainlit signs its tokens with, and the password check."""
 
 from __future__ import annotations
 
@@ -7,14 +6,16 @@ import hmac
 import logging
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from ..settings import Settings
 
 logger = logging.getLogger(__name__)
 
 SECRET_FILE = "chainlit-auth-secret"
+
+
 def auth_secret(folder: Path, env: Mapping[str, str] = os.environ) -> str:
     """CHAINLIT_AUTH_SECRET, or one generated once and kept in ``folder`` so logins survive restarts."""
     if env.get("CHAINLIT_AUTH_SECRET"):
@@ -42,5 +43,3 @@ def check_password(settings: Settings, username: str, password: str) -> bool:
     user_ok = hmac.compare_digest(username.encode("utf-8", "surrogatepass"), ui.username.encode())
     pass_ok = hmac.compare_digest(password.encode("utf-8", "surrogatepass"), ui.password.encode())
     return user_ok and pass_ok
-
-

@@ -1,8 +1,8 @@
 """Remembered settings per signed-in user, or per browser (a cookie) when there is no login.
 
-    key = preference_key(user.identifier or None, cookie_header)
-    Preferences(path).get(key) / .set(key, state)
-    BrowserCookieMiddleware(asgi_app)    # the page sets the browser cookie the websocket then carries
+key = preference_key(user.identifier or None, cookie_header)
+Preferences(path).get(key) / .set(key, state)
+BrowserCookieMiddleware(asgi_app)    # the page sets the browser cookie the websocket then carries
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import json
 import logging
 import secrets
 import threading
+from collections.abc import Mapping
 from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,9 @@ class BrowserCookieMiddleware:
                 headers = list(message.get("headers") or [])
                 ctype = next((v for k, v in headers if k.lower() == b"content-type"), b"")
                 if ctype.startswith(b"text/html"):
-                    value = f"{BROWSER_COOKIE}={new_browser_id()}; Max-Age={self.max_age}; Path=/; HttpOnly; SameSite=Lax"
+                    value = (
+                        f"{BROWSER_COOKIE}={new_browser_id()}; Max-Age={self.max_age}; Path=/; HttpOnly; SameSite=Lax"
+                    )
                     message = {**message, "headers": headers + [(b"set-cookie", value.encode())]}
             await send(message)
 

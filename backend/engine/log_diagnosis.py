@@ -21,8 +21,9 @@ contains ``ATTEMPT_MARKER`` (write it at every launch) or, failing that, at vLLM
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 from ..text import both, pick_language, t
 
@@ -99,7 +100,7 @@ def _parse(log_text: str) -> list[_Line]:
         m = _LEVEL.match(rest) or _UVICORN.match(rest)
         if m:
             level = m.group(1)
-            rest = rest[m.end():]
+            rest = rest[m.end() :]
         out.append(_Line(raw[:_MAX_LINE], rest, level))
     return out
 
@@ -107,7 +108,7 @@ def _parse(log_text: str) -> list[_Line]:
 def _last_launch(lines: list[_Line]) -> list[_Line]:
     for i in range(len(lines) - 1, -1, -1):
         if ATTEMPT_MARKER in lines[i].raw:
-            return lines[i + 1:]
+            return lines[i + 1 :]
     for i in range(len(lines) - 1, -1, -1):
         if _LAUNCH.search(lines[i].msg):
             return lines[i:]
@@ -115,7 +116,7 @@ def _last_launch(lines: list[_Line]) -> list[_Line]:
 
 
 def _is_frame(line: _Line) -> bool:
-    return line.msg[:1].isspace() or line.msg.startswith(("File \"", "^"))
+    return line.msg[:1].isspace() or line.msg.startswith(('File "', "^"))
 
 
 def tail_relevant(log_text: str, n: int = 20) -> list[str]:
@@ -133,7 +134,9 @@ def tail_relevant(log_text: str, n: int = 20) -> list[str]:
             continuation = 0
         elif _EXC.match(msg) or _ARGPARSE.match(msg):
             keep, continuation = True, (0 if line.level else 4)
-        elif continuation and not line.level and not msg.lstrip().startswith(("File \"", "^", "For further information")):
+        elif (
+            continuation and not line.level and not msg.lstrip().startswith(('File "', "^", "For further information"))
+        ):
             keep, continuation = True, continuation - 1
             msg = msg.strip()
         elif line.level in ("ERROR", "CRITICAL") and not _is_frame(line):
@@ -174,8 +177,15 @@ class _Context:
 _LORA_MODULE = re.compile(r"LoRAModulePath\(name='([^']+)', path='([^']+)'")
 _LOADED = re.compile(r"Loaded new LoRA adapter: name '([^']+)'")
 _PORT_ARG = re.compile(r"'port': (\d+)")
-_CPU_MARKERS = ("[cpu.py:", "[cpu_worker.py:", "[cpu_model_runner.py:", "[ompmultiprocessing.py:", "CPU KV cache size",
-                "VLLM_CPU_KVCACHE_SPACE", "platform cpu")
+_CPU_MARKERS = (
+    "[cpu.py:",
+    "[cpu_worker.py:",
+    "[cpu_model_runner.py:",
+    "[ompmultiprocessing.py:",
+    "CPU KV cache size",
+    "VLLM_CPU_KVCACHE_SPACE",
+    "platform cpu",
+)
 
 
 def _context(lines: list[_Line]) -> _Context:
@@ -312,8 +322,14 @@ def _cuda_oom(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     return ("oom_gpu", *both("cause.gpu_out_of_memory", detail=detail), None)
 
 
-def _lora(key: str, *, name_group: int | None = None, path_group: int | None = None,
-          detail_group: int | None = None, advice: bool = True) -> _Builder:
+def _lora(
+    key: str,
+    *,
+    name_group: int | None = None,
+    path_group: int | None = None,
+    detail_group: int | None = None,
+    advice: bool = True,
+) -> _Builder:
     """``key``'s text has ``{who}`` (the adapter) and may use ``{path}``, ``{detail}`` and the groups ``{g1}``…"""
 
     def build(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
@@ -373,8 +389,10 @@ def _quirk(key: str) -> _Builder:
 
 # vLLM 0.32 logs this at WARNING when the EngineCore process vanishes (kill -9, the kernel's OOM killer);
 # the API server then answers /health with 503 for a few seconds and exits with status 0.
-_DIED = re.compile(r"(?:Engine core proc|Worker proc|Engine core process|MPClient: engine core) ?(\S*) (?:died|exited) unexpectedly"
-                   r"(?: \(exit code: (-?\d+)\))?")
+_DIED = re.compile(
+    r"(?:Engine core proc|Worker proc|Engine core process|MPClient: engine core) ?(\S*) (?:died|exited) unexpectedly"
+    r"(?: \(exit code: (-?\d+)\))?"
+)
 _WARNING_OK = {_DIED}  # the only rule whose evidence is logged at WARNING level
 
 
@@ -389,58 +407,92 @@ def _died(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
 # produce hub errors too).
 _RULES: list[tuple[re.Pattern[str], _Builder]] = [
     (re.compile(r"^[\w.\- ]+: error: unrecognized arguments: (.+)$"), _flag_unrecognized),
-    (re.compile(r"^[\w.\- ]+: error: argument ([-\w/]+)(?:/[-\w]+)*: invalid choice: (\S+) \(choose from (.+)\)$"), _flag_choice),
+    (
+        re.compile(r"^[\w.\- ]+: error: argument ([-\w/]+)(?:/[-\w]+)*: invalid choice: (\S+) \(choose from (.+)\)$"),
+        _flag_choice,
+    ),
     (re.compile(r"^[\w.\- ]+: error: (.+)$"), _flag_other),
-    (re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \(\w+=([\d.]+)"), _flag_max_len),
+    (
+        re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \(\w+=([\d.]+)"),
+        _flag_max_len,
+    ),
     (re.compile(r"invalid literal for int\(\) with base 10: '([^']*)'"), _kvspace_not_int),
     (re.compile(r"\[Errno 98\].*[Aa]ddress already in use"), _port),
-    (re.compile(r"Available memory on node \d+ \(([\d.]+)/([\d.]+) GiB\) on kv cache allocation is less than requested "
-                r"memory for kv \(([\d./]+) GiB\)"), _cpu_node_kv),
-    (re.compile(r"Available memory on node \d+ \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired CPU memory "
-                r"utilization \(([\d.]+), ([\d.]+) GiB\)"), _cpu_node_startup),
-    (re.compile(r"To serve at least one request with the models?'s max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, "
-                r"which is larger than the available KV cache memory \(([\d.]+) GiB\)"), _kv_too_small),
+    (
+        re.compile(
+            r"Available memory on node \d+ \(([\d.]+)/([\d.]+) GiB\) on kv cache allocation is less than requested "
+            r"memory for kv \(([\d./]+) GiB\)"
+        ),
+        _cpu_node_kv,
+    ),
+    (
+        re.compile(
+            r"Available memory on node \d+ \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired CPU memory "
+            r"utilization \(([\d.]+), ([\d.]+) GiB\)"
+        ),
+        _cpu_node_startup,
+    ),
+    (
+        re.compile(
+            r"To serve at least one request with the models?'s max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, "
+            r"which is larger than the available KV cache memory \(([\d.]+) GiB\)"
+        ),
+        _kv_too_small,
+    ),
     (re.compile(r"No available memory for the cache blocks"), _no_cache_blocks),
-    (re.compile(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)(?:: you tried to allocate (\d+) bytes)?"), _cpu_alloc),
+    (
+        re.compile(
+            r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)(?:: you tried to allocate (\d+) bytes)?"
+        ),
+        _cpu_alloc,
+    ),
     (re.compile(r"(?:CUDA|HIP) out of memory|CUDA error: out of memory|OutOfMemoryError"), _cuda_oom),
-    (re.compile(r"Loading lora (\S+) failed: No adapter found for (\S+)"),
-     _lora("cause.lora_not_found", name_group=1, path_group=2)),
-    (re.compile(r"LoRA rank (\d+) is greater than max_lora_rank (\d+)"),
-     _lora("cause.lora_rank_too_big", advice=False)),
-    (re.compile(r"While loading (\S+), expected target modules in (.+?) but received (\[.*?\])"),
-     _lora("cause.lora_unexpected_modules", path_group=1)),
-    (re.compile(r"(\S+) doesn't contain tensors"),
-     _lora("cause.lora_no_weights", path_group=1)),
-    (re.compile(r"Missing required configuration fields: (.+)$"),
-     _lora("cause.lora_config_incomplete")),
-    (re.compile(r"Adapter bias is not supported"),
-     _lora("cause.lora_bias")),
-    (re.compile(r"The embedding LoRA size\((\d+)\) must be consistent with the base model's vocabulary size\((\d+)\)"),
-     _lora("cause.lora_vocab_mismatch")),
+    (
+        re.compile(r"Loading lora (\S+) failed: No adapter found for (\S+)"),
+        _lora("cause.lora_not_found", name_group=1, path_group=2),
+    ),
+    (
+        re.compile(r"LoRA rank (\d+) is greater than max_lora_rank (\d+)"),
+        _lora("cause.lora_rank_too_big", advice=False),
+    ),
+    (
+        re.compile(r"While loading (\S+), expected target modules in (.+?) but received (\[.*?\])"),
+        _lora("cause.lora_unexpected_modules", path_group=1),
+    ),
+    (re.compile(r"(\S+) doesn't contain tensors"), _lora("cause.lora_no_weights", path_group=1)),
+    (re.compile(r"Missing required configuration fields: (.+)$"), _lora("cause.lora_config_incomplete")),
+    (re.compile(r"Adapter bias is not supported"), _lora("cause.lora_bias")),
+    (
+        re.compile(
+            r"The embedding LoRA size\((\d+)\) must be consistent with the base model's vocabulary size\((\d+)\)"
+        ),
+        _lora("cause.lora_vocab_mismatch"),
+    ),
     (re.compile(r"^((?:KeyError|IndexError): .*)$"), _lora_traceback),
-    (re.compile(r"Call to add_lora method failed: (.+)$"),
-     _lora("cause.lora_add_failed", detail_group=1)),
-    (re.compile(r"Invalid repository ID or local directory specified: '([^']+)'"),
-     _model_missing("cause.model_path_invalid")),
-    (re.compile(r"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '([^']+)'"),
-     _model_missing("cause.model_path_missing")),
-    (re.compile(r"(\S+) does not appear to have a file named (\S+?)\.? "),
-     _model_missing("cause.model_file_missing")),
-    (re.compile(r"(\S+) is not a local folder and is not a valid model identifier"),
-     _model_missing("cause.model_path_missing")),
-    (re.compile(r"Incorrect path_or_model_id: '([^']+)'"),
-     _model_missing("cause.model_path_missing")),
-    (re.compile(r"Cannot find any model weights with [`']([^`']+)[`']"),
-     _model_missing("cause.model_weights_missing")),
-    (re.compile(r"We couldn't connect to '(https?://[^']+)' to load the files"),
-     _model_missing("cause.model_hub_unreachable")),
+    (re.compile(r"Call to add_lora method failed: (.+)$"), _lora("cause.lora_add_failed", detail_group=1)),
+    (
+        re.compile(r"Invalid repository ID or local directory specified: '([^']+)'"),
+        _model_missing("cause.model_path_invalid"),
+    ),
+    (
+        re.compile(r"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '([^']+)'"),
+        _model_missing("cause.model_path_missing"),
+    ),
+    (re.compile(r"(\S+) does not appear to have a file named (\S+?)\.? "), _model_missing("cause.model_file_missing")),
+    (
+        re.compile(r"(\S+) is not a local folder and is not a valid model identifier"),
+        _model_missing("cause.model_path_missing"),
+    ),
+    (re.compile(r"Incorrect path_or_model_id: '([^']+)'"), _model_missing("cause.model_path_missing")),
+    (re.compile(r"Cannot find any model weights with [`']([^`']+)[`']"), _model_missing("cause.model_weights_missing")),
+    (
+        re.compile(r"We couldn't connect to '(https?://[^']+)' to load the files"),
+        _model_missing("cause.model_hub_unreachable"),
+    ),
     # vLLM-CPU quirks: not one of the causes above, but known, with a known fix.
-    (re.compile(r"Unsupported CPU attention configuration: head_dim=(\d+)"),
-     _quirk("cause.cpu_head_dim_unsupported")),
-    (re.compile(r"operator torchvision::nms does not exist"),
-     _quirk("cause.torchvision_cuda_build")),
-    (re.compile(r"PackageNotFoundError: No package metadata was found for vllm"),
-     _quirk("cause.vllm_command_broken")),
+    (re.compile(r"Unsupported CPU attention configuration: head_dim=(\d+)"), _quirk("cause.cpu_head_dim_unsupported")),
+    (re.compile(r"operator torchvision::nms does not exist"), _quirk("cause.torchvision_cuda_build")),
+    (re.compile(r"PackageNotFoundError: No package metadata was found for vllm"), _quirk("cause.vllm_command_broken")),
     (_DIED, _died),
 ]
 
@@ -453,7 +505,9 @@ def _generic(lines: list[_Line]) -> Cause | None:
     if roots:
         pick = roots[0]
     else:
-        errors = [line for line in lines if line.level in ("ERROR", "CRITICAL") and not _is_frame(line) and line.msg.strip()]
+        errors = [
+            line for line in lines if line.level in ("ERROR", "CRITICAL") and not _is_frame(line) and line.msg.strip()
+        ]
         if not errors:
             return None
         pick = errors[-1]

@@ -29,9 +29,10 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from ..adapters.doctor import Diagnosis, diagnose_adapter
 from ..adapters.safetensors import read_safetensors_header, read_safetensors_metadata
@@ -45,15 +46,36 @@ logger = logging.getLogger(__name__)
 #: (the doctor itself suggests this command for them). Every other error refuses the merge.
 MERGE_FIXES = frozenset({"rank_too_large", "bad_max_rank", "modules_to_save", "dora", "embedding_target"})
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8,
-                "F32": 4, "BF16": 2, "F16": 2, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+_DTYPE_BYTES = {
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float64": 8,
+    "F32": 4,
+    "BF16": 2,
+    "F16": 2,
+    "F64": 8,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".msgpack", ".h5")
 #: Tokenizer files are copied byte for byte: the merged folder tokenizes exactly like the base
 #: (an AutoTokenizer round trip would rewrite tokenizer_class and move the chat template out of
 #: tokenizer_config.json, which older readers ignore — DESIGN §4).
-_TOKENIZER_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                    "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
-                    "chat_template.jinja", "chat_template.json", "qwen.tiktoken")
+_TOKENIZER_NAMES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "qwen.tiktoken",
+)
 _LICENSE_PREFIXES = ("license", "notice")
 _CHILD_ENV = "QWENCHAT_MERGE_CHILD"  # set for the re-executed child: no second re-exec, no repeated notes
 _PROBE_LEN = 8
@@ -195,7 +217,8 @@ def check_free_space(out: Path, needed: int, free: int | None = None) -> int:
         raise MergeError(
             f"not enough free disk space for --out {out}: the merged model needs about {fmt_bytes(needed)} "
             f"({needed} bytes: base weights × 1.1 + tokenizer) but {where} has {fmt_bytes(free)} ({free} bytes) "
-            "free; free up space there or choose --out on another disk")
+            "free; free up space there or choose --out on another disk"
+        )
     return free
 
 
@@ -211,12 +234,21 @@ def _check_out(out: Path, base: Path, adapter: Path, force: bool) -> None:
         entries = [p.name for p in out.iterdir()]
         if entries and not force:
             shown = ", ".join(sorted(entries)[:5]) + (", …" if len(entries) > 5 else "")
-            raise MergeError(f"--out {out} already exists and is not empty ({shown}); choose a new folder, "
-                             "or pass --force to replace it")
+            raise MergeError(
+                f"--out {out} already exists and is not empty ({shown}); choose a new folder, "
+                "or pass --force to replace it"
+            )
 
 
-def preflight(base: str | Path, adapter: str | Path, out: str | Path, *, dtype: str = "auto",
-              force: bool = False, free: int | None = None) -> MergePlan:
+def preflight(
+    base: str | Path,
+    adapter: str | Path,
+    out: str | Path,
+    *,
+    dtype: str = "auto",
+    force: bool = False,
+    free: int | None = None,
+) -> MergePlan:
     """Every check that needs no torch, cheapest first; MergeError with the bad value and the fix."""
     base, adapter, out = Path(base), Path(adapter), Path(out)
     if dtype not in DTYPES:
@@ -224,13 +256,17 @@ def preflight(base: str | Path, adapter: str | Path, out: str | Path, *, dtype: 
     try:
         check_model_dir(base)
     except ModelPathError as exc:
-        raise MergeError(f"--base {exc.path} {exc.problem}; pass the folder of the base model the adapter was "
-                         "trained on (config.json + *.safetensors)") from None
+        raise MergeError(
+            f"--base {exc.path} {exc.problem}; pass the folder of the base model the adapter was "
+            "trained on (config.json + *.safetensors)"
+        ) from None
     diagnosis = diagnose_adapter(adapter, base, max_rank=512, name=adapter.name or str(adapter))
     blocking = [f for f in diagnosis.errors if f.code not in MERGE_FIXES]
     if blocking:
-        raise MergeError(f"--adapter {adapter}: the adapter doctor found errors that a merge cannot fix; fix the "
-                         f"adapter first:\n{diagnosis.format_text()}")
+        raise MergeError(
+            f"--adapter {adapter}: the adapter doctor found errors that a merge cannot fix; fix the "
+            f"adapter first:\n{diagnosis.format_text()}"
+        )
     _check_out(out, base, adapter, force)
     untie = _tied(base) and adapts_embeddings(adapter)
     needed = estimate_output_bytes(base, dtype, untie=untie)
@@ -282,15 +318,22 @@ def inspect_merged(folder: Path, base: Path | None = None) -> MergedReport:
                 dtypes.add(str(meta["dtype"]))
     lora = [k for k in keys if "lora_" in k]
     if lora:
-        raise MergeError(f"the merged weights still hold {len(lora)} LoRA tensors (e.g. {lora[0]!r}); "
-                         "merge_and_unload did not fold the adapter in")
+        raise MergeError(
+            f"the merged weights still hold {len(lora)} LoRA tensors (e.g. {lora[0]!r}); "
+            "merge_and_unload did not fold the adapter in"
+        )
     warnings: list[str] = []
     if base is not None:
         base_keys: dict[str, tuple[int, ...]] = {}
         for st in sorted(Path(base).glob("*.safetensors")):
             try:
-                base_keys.update({k: tuple(m.get("shape", ())) for k, m in read_safetensors_metadata(st).items()
-                                  if k != "__metadata__" and isinstance(m, dict)})
+                base_keys.update(
+                    {
+                        k: tuple(m.get("shape", ()))
+                        for k, m in read_safetensors_metadata(st).items()
+                        if k != "__metadata__" and isinstance(m, dict)
+                    }
+                )
             except (OSError, ValueError, struct.error):
                 continue
         tied = bool(config.get("tie_word_embeddings", False))
@@ -298,14 +341,22 @@ def inspect_merged(folder: Path, base: Path | None = None) -> MergedReport:
         reshaped = sorted(k for k in base_keys if k in keys and keys[k] != base_keys[k])
         extra = sorted(k for k in keys if base_keys and k not in base_keys)
         for names, noun, label in (
-                (missing, "base tensor", "missing from the merged weights"),
-                (reshaped, "tensor", "with a shape different from the base"),
-                (extra, "new tensor", "not in the base (expected when the adapter changes embed_tokens/lm_head)")):
+            (missing, "base tensor", "missing from the merged weights"),
+            (reshaped, "tensor", "with a shape different from the base"),
+            (extra, "new tensor", "not in the base (expected when the adapter changes embed_tokens/lm_head)"),
+        ):
             if names:
                 warnings.append(f"{len(names)} {noun}{'s' * (len(names) != 1)} {label}, e.g. {names[0]!r}")
     archs = tuple(a for a in config.get("architectures") or () if isinstance(a, str))
-    return MergedReport(folder, tuple(p.name for p in files), len(keys), sum(p.stat().st_size for p in files),
-                        tuple(sorted(dtypes)), archs, tuple(warnings))
+    return MergedReport(
+        folder,
+        tuple(p.name for p in files),
+        len(keys),
+        sum(p.stat().st_size for p in files),
+        tuple(sorted(dtypes)),
+        archs,
+        tuple(warnings),
+    )
 
 
 # ---------------------------------------------------------------- the merge (engine env: torch + peft)
@@ -331,13 +382,18 @@ def run_in_engine_env(argv: list[str]) -> int:
     engine = os.environ.get("QWENCHAT_ENGINE_PYTHON", "")
     command = " ".join(shlex.quote(a) for a in ["-m", "backend", "merge", *argv])
     if os.environ.get(_CHILD_ENV) or not engine or _same_python(engine, sys.executable):
-        print(f"[qwenchat] merging needs torch and peft, which {sys.executable} does not have; run it with the "
-              f"engine environment's python: {_engine_env_hint()} {command} (or set QWENCHAT_ENGINE_PYTHON to it)",
-              file=sys.stderr)
+        print(
+            f"[qwenchat] merging needs torch and peft, which {sys.executable} does not have; run it with the "
+            f"engine environment's python: {_engine_env_hint()} {command} (or set QWENCHAT_ENGINE_PYTHON to it)",
+            file=sys.stderr,
+        )
         return 1
     if not Path(engine).exists():
-        print(f"[qwenchat] QWENCHAT_ENGINE_PYTHON={engine} does not exist; point it at the engine environment's "
-              f"python (e.g. {_engine_env_hint()}) or run ./start.sh once to create it", file=sys.stderr)
+        print(
+            f"[qwenchat] QWENCHAT_ENGINE_PYTHON={engine} does not exist; point it at the engine environment's "
+            f"python (e.g. {_engine_env_hint()}) or run ./start.sh once to create it",
+            file=sys.stderr,
+        )
         return 1
     _say(f"torch/peft are not in this python; merging with the engine env ({engine})")
     root = str(Path(__file__).resolve().parents[2])
@@ -425,32 +481,50 @@ def run_merge(plan: MergePlan, progress: Callable[[str], None] = _say) -> Merged
         saved_diff = (got - expected).abs().max().item()
         scale = max(1.0, expected.abs().max().item())
         if saved_diff > 1e-4 * scale:
-            raise MergeError(f"the merged model reloaded from disk differs from the merged model in memory "
-                             f"(max |Δlogit| {saved_diff:.3g}); the saved weights are wrong — nothing was written")
+            raise MergeError(
+                f"the merged model reloaded from disk differs from the merged model in memory "
+                f"(max |Δlogit| {saved_diff:.3g}); the saved weights are wrong — nothing was written"
+            )
         agree = int((got.argmax(-1) == unmerged.argmax(-1)).sum().item())
         merge_diff = (got - unmerged).abs().max().item()
         exact = dtype_name == "float32"
-        progress(f"merged vs base+adapter on {_PROBE_LEN} probe tokens: top token agrees at {agree}/{_PROBE_LEN}, "
-                 f"max |Δlogit| {merge_diff:.3g}" + ("" if exact else f" ({dtype_name} rounding of merged weights)"))
+        progress(
+            f"merged vs base+adapter on {_PROBE_LEN} probe tokens: top token agrees at {agree}/{_PROBE_LEN}, "
+            f"max |Δlogit| {merge_diff:.3g}" + ("" if exact else f" ({dtype_name} rounding of merged weights)")
+        )
         # float32 merges reproduce base+adapter to rounding noise; 16-bit weights add ~2^-8 relative error each.
         tolerance = (1e-3 if exact else 5e-2) * max(1.0, unmerged.abs().max().item())
         if merge_diff > tolerance:
             raise MergeError(
                 f"the merged model does not reproduce base+adapter (max |Δlogit| {merge_diff:.3g} > "
                 f"{tolerance:.3g} on {_PROBE_LEN} probe tokens, top token agrees at {agree}/{_PROBE_LEN}); "
-                f"nothing was written to {plan.out}. " + ("Retry with --dtype float32." if not exact else
-                                   "PEFT cannot merge this adapter faithfully; serve it unmerged if vLLM can."))
+                f"nothing was written to {plan.out}. "
+                + (
+                    "Retry with --dtype float32."
+                    if not exact
+                    else "PEFT cannot merge this adapter faithfully; serve it unmerged if vLLM can."
+                )
+            )
         if agree < _PROBE_LEN:
-            progress(f"warning: the top token differs from base+adapter at {_PROBE_LEN - agree} of {_PROBE_LEN} probe "
-                     f"positions ({dtype_name} rounding); --dtype float32 merges without rounding")
+            progress(
+                f"warning: the top token differs from base+adapter at {_PROBE_LEN - agree} of {_PROBE_LEN} probe "
+                f"positions ({dtype_name} rounding); --dtype float32 merges without rounding"
+            )
         for w in report.warnings:
             progress(f"warning: {w}")
         _publish(tmp, plan.out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return MergedReport(plan.out, report.weight_files, report.tensors, report.size_bytes, report.dtypes,
-                        report.architectures, report.warnings)
+    return MergedReport(
+        plan.out,
+        report.weight_files,
+        report.tensors,
+        report.size_bytes,
+        report.dtypes,
+        report.architectures,
+        report.warnings,
+    )
 
 
 def serve_hint(out: Path) -> list[str]:
@@ -472,12 +546,17 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m backend merge",
         description="Merge a LoRA adapter into its base model (PEFT merge_and_unload) and save a model folder "
-                    "vLLM can serve without --enable-lora.")
+        "vLLM can serve without --enable-lora.",
+    )
     p.add_argument("--base", required=True, help="base model folder (config.json + *.safetensors)")
     p.add_argument("--adapter", required=True, help="PEFT LoRA adapter folder (adapter_config.json + weights)")
     p.add_argument("--out", required=True, help="folder to write the merged model to (must be new or empty)")
-    p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="dtype of the merged weights (default: auto = the base's own dtype)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="dtype of the merged weights (default: auto = the base's own dtype)",
+    )
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     return p
 
@@ -503,8 +582,10 @@ def merge_main(argv: list[str]) -> int:
         return 1
     if not child:
         _notes(plan.diagnosis)
-        _say(f"checks passed: adapter {plan.adapter.name!r} (rank {plan.diagnosis.rank}) fits base {plan.base}; "
-             f"about {fmt_bytes(plan.needed_bytes)} needed, {fmt_bytes(plan.free_bytes)} free")
+        _say(
+            f"checks passed: adapter {plan.adapter.name!r} (rank {plan.diagnosis.rank}) fits base {plan.base}; "
+            f"about {fmt_bytes(plan.needed_bytes)} needed, {fmt_bytes(plan.free_bytes)} free"
+        )
     if not have_torch():
         return run_in_engine_env(argv)
     try:
@@ -512,13 +593,18 @@ def merge_main(argv: list[str]) -> int:
     except QwenChatError as exc:
         print(f"[qwenchat] merge failed: {exc.user_text('en')}", file=sys.stderr)
         return 1
-    except Exception as exc:  # noqa: BLE001 - torch/peft/transformers errors: say what, keep it short
+    except Exception as exc:
         logger.debug("merge failed", exc_info=True)
-        print(f"[qwenchat] merge failed: {type(exc).__name__}: {exc}. Nothing was written to {plan.out}; check "
-              f"that --adapter {plan.adapter} was trained on --base {plan.base}", file=sys.stderr)
+        print(
+            f"[qwenchat] merge failed: {type(exc).__name__}: {exc}. Nothing was written to {plan.out}; check "
+            f"that --adapter {plan.adapter} was trained on --base {plan.base}",
+            file=sys.stderr,
+        )
         return 1
-    _say(f"merged model ready: {plan.out.resolve()} ({', '.join(report.architectures) or 'model'}, "
-         f"{report.tensors} tensors, {fmt_bytes(report.size_bytes)}, {'/'.join(report.dtypes)}; no lora_ keys)")
+    _say(
+        f"merged model ready: {plan.out.resolve()} ({', '.join(report.architectures) or 'model'}, "
+        f"{report.tensors} tensors, {fmt_bytes(report.size_bytes)}, {'/'.join(report.dtypes)}; no lora_ keys)"
+    )
     for line in serve_hint(plan.out):
         _say(line)
     return 0

@@ -56,14 +56,18 @@ def convert_gguf(final: Path, progress: Progress = print) -> Path:
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # The GGUF drops SmolLM2's Digits(individual_digits=True) pre-tokenizer (DESIGN §4):
     # without it numbers would tokenize differently from training.
-    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-    ])
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
     tok.model_max_length = SMOLLM2_MAX_LEN
     tok.save_pretrained(str(tmp))
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16,
+        str(gguf.parent),
+        gguf_file=gguf.name,
+        dtype=torch.bfloat16,
         quantization_config=GgufConfig(dequantize=True),
     )
     model.config.quantization_config = None
@@ -89,7 +93,11 @@ def _inline_chat_template(folder: Path) -> None:
     if jinja.exists():
         cfg["chat_template"] = jinja.read_text()
         jinja.unlink()
-    cfg["model_max_length"] = cfg.get("model_max_length") if isinstance(cfg.get("model_max_length"), int) and cfg["model_max_length"] < 10**7 else SMOLLM2_MAX_LEN
+    cfg["model_max_length"] = (
+        cfg.get("model_max_length")
+        if isinstance(cfg.get("model_max_length"), int) and cfg["model_max_length"] < 10**7
+        else SMOLLM2_MAX_LEN
+    )
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
 
 
@@ -113,10 +121,19 @@ def build_tiny_qwen3(final: Path, *, max_len: int = 32768, seed: int = 0, progre
         shutil.copy(f, tmp / f.name)
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     config = Qwen3Config(
-        vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=max_len,
-        tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), dtype="bfloat16",  # type: ignore[arg-type]
+        vocab_size=151936,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=max_len,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),  # type: ignore[arg-type]  # an int for one token
+        dtype="bfloat16",
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).to(torch.bfloat16)
@@ -125,10 +142,19 @@ def build_tiny_qwen3(final: Path, *, max_len: int = 32768, seed: int = 0, progre
     return publish(tmp, final)
 
 
-def build_random_lora(base: Path, final: Path, *, rank: int = 8, seed: int = 1,
-                      targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"), progress: Progress = print) -> Path:
+def build_random_lora(
+    base: Path,
+    final: Path,
+    *,
+    rank: int = 8,
+    seed: int = 1,
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    progress: Progress = print,
+) -> Path:
     """A LoRA with random non-zero weights: changes outputs, means nothing (tests)."""
-    base_id = json.loads((base / ".qwenchat-built.json").read_text()) if (base / ".qwenchat-built.json").exists() else {}
+    base_id = (
+        json.loads((base / ".qwenchat-built.json").read_text()) if (base / ".qwenchat-built.json").exists() else {}
+    )
     if is_built(final, kind="random-lora", rank=rank, seed=seed, base=base_id):
         return final
     import torch
@@ -139,8 +165,12 @@ def build_random_lora(base: Path, final: Path, *, rank: int = 8, seed: int = 1,
     tmp = atomic_build_dir(final)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),
-                                                  init_lora_weights=False, task_type="CAUSAL_LM"))
+    peft_model = get_peft_model(
+        model,
+        LoraConfig(
+            r=rank, lora_alpha=2 * rank, target_modules=list(targets), init_lora_weights=False, task_type="CAUSAL_LM"
+        ),
+    )
     peft_model.save_pretrained(str(tmp))
     _set_base_name(tmp, base.name)
     write_marker(tmp, kind="random-lora", rank=rank, seed=seed, base=base_id)
@@ -157,8 +187,9 @@ def _set_base_name(adapter: Path, base_name: str) -> None:
 DEMO_DATA = Path(__file__).resolve().parent.parent / "data" / "pirate.jsonl"
 
 
-def train_demo_adapter(base: Path, final: Path, *, rank: int = 8, steps: int = 60, seed: int = 0,
-                       progress: Progress = print) -> Path:
+def train_demo_adapter(
+    base: Path, final: Path, *, rank: int = 8, steps: int = 60, seed: int = 0, progress: Progress = print
+) -> Path:
     """Train the 'pirate' persona LoRA on CPU (about a minute): answers visibly change style."""
     if is_built(final):
         return final
@@ -172,14 +203,22 @@ def train_demo_adapter(base: Path, final: Path, *, rank: int = 8, steps: int = 6
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     tok = AutoTokenizer.from_pretrained(str(base))
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-                                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                                             task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=rank,
+            lora_alpha=2 * rank,
+            lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            task_type="CAUSAL_LM",
+        ),
+    )
     examples = [json.loads(line) for line in DEMO_DATA.read_text().splitlines() if line.strip()]
     batches = []
     for ex in examples:
-        prompt = tok.apply_chat_template([{"role": "user", "content": ex["q"]}], tokenize=False,
-                                         add_generation_prompt=True)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": ex["q"]}], tokenize=False, add_generation_prompt=True
+        )
         p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
         a_ids = tok(ex["a"] + "<|im_end|>", add_special_tokens=False)["input_ids"]
         ids = torch.tensor([p_ids + a_ids])
@@ -196,8 +235,9 @@ def train_demo_adapter(base: Path, final: Path, *, rank: int = 8, steps: int = 6
         opt.step()
         opt.zero_grad()
         if step % 10 == 0 or step == steps - 1:
-            progress(f"training demo adapter: step {step + 1}/{steps}, loss {loss.item():.3f}, "
-                     f"{time.monotonic() - t0:.0f} s")
+            progress(
+                f"training demo adapter: step {step + 1}/{steps}, loss {loss.item():.3f}, {time.monotonic() - t0:.0f} s"
+            )
     tmp = atomic_build_dir(final)
     model.save_pretrained(str(tmp))
     _set_base_name(tmp, base.name)

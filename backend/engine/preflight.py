@@ -1,14 +1,14 @@
-"""Checks before vLLM is launched: the model folder, free ports, memory for the KV cache.
-"""
+"""Checks before vLLM is launched: the model folder, free ports, memory for the KV cache."""
 
 from __future__ import annotations
 
 import json
 import logging
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ModelPathError, PortInUse
 from ..settings import Settings
@@ -25,9 +25,12 @@ def check_model_dir(path: Path) -> None:
     if not path.is_dir():
         raise ModelPathError(str(path), "is a file, not a model folder")
     if (path / "adapter_config.json").exists():
-        raise ModelPathError(str(path), "is an un-merged LoRA adapter, not a model; serve the base with "
-                             "[lora].modules, or merge it: python -m backend merge --base BASE --adapter "
-                             f"{path} --out DIR")
+        raise ModelPathError(
+            str(path),
+            "is an un-merged LoRA adapter, not a model; serve the base with "
+            "[lora].modules, or merge it: python -m backend merge --base BASE --adapter "
+            f"{path} --out DIR",
+        )
     if not (path / "config.json").exists():
         raise ModelPathError(str(path), "has no config.json (expected a Hugging Face model folder)")
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
@@ -67,27 +70,44 @@ class Advice:
     text: str
 
 
-def check_limits(settings: Settings, config: Mapping[str, Any], *, engine: str, available_bytes: int | None) -> list[Advice]:
+def check_limits(
+    settings: Settings, config: Mapping[str, Any], *, engine: str, available_bytes: int | None
+) -> list[Advice]:
     """max_model_len within the model's limit; a KV-cache estimate against what is available."""
     out: list[Advice] = []
     m = settings.model
-    limit = int(config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings") or 0)
+    limit = int(
+        config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings") or 0
+    )
     if limit and m.max_model_len > limit:
-        out.append(Advice("error", f"[model].max_model_len = {m.max_model_len} is above the model's limit "
-                                   f"max_position_embeddings = {limit}; lower [model].max_model_len to {limit} or less."))
+        out.append(
+            Advice(
+                "error",
+                f"[model].max_model_len = {m.max_model_len} is above the model's limit "
+                f"max_position_embeddings = {limit}; lower [model].max_model_len to {limit} or less.",
+            )
+        )
     per_token = kv_cache_bytes_per_token(config)
     if per_token:
         one_seq = per_token * m.max_model_len
         gib = 1024**3
-        out.append(Advice("info", f"KV cache: {per_token / 1024:.0f} KiB per token; one full "
-                                  f"{m.max_model_len}-token sequence needs {one_seq / gib:.1f} GiB; "
-                                  f"{settings.server.max_num_seqs} such sequences need {one_seq * settings.server.max_num_seqs / gib:.1f} GiB."))
+        out.append(
+            Advice(
+                "info",
+                f"KV cache: {per_token / 1024:.0f} KiB per token; one full "
+                f"{m.max_model_len}-token sequence needs {one_seq / gib:.1f} GiB; "
+                f"{settings.server.max_num_seqs} such sequences need {one_seq * settings.server.max_num_seqs / gib:.1f} GiB.",
+            )
+        )
         budget = settings.server.cpu_kvcache_gib * gib if engine == "cpu" else available_bytes
         if budget and one_seq > budget:
             setting = "[server].cpu_kvcache_gib" if engine == "cpu" else "GPU memory"
-            out.append(Advice("warning", f"one full-length sequence ({one_seq / gib:.1f} GiB of KV cache) does not fit "
-                                         f"in {setting} ({budget / gib:.1f} GiB): vLLM may refuse to start. Lower "
-                                         f"[model].max_model_len, or give the cache more memory."))
+            out.append(
+                Advice(
+                    "warning",
+                    f"one full-length sequence ({one_seq / gib:.1f} GiB of KV cache) does not fit "
+                    f"in {setting} ({budget / gib:.1f} GiB): vLLM may refuse to start. Lower "
+                    f"[model].max_model_len, or give the cache more memory.",
+                )
+            )
     return out
-
-

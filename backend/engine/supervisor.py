@@ -86,8 +86,16 @@ def start_process(cmd: Command, log_path: Path, cwd: Path = ROOT) -> subprocess.
         log.flush()
         env = {k: v for k, v in os.environ.items() if k not in cmd.unset}
         env.update(cmd.env)
-        return subprocess.Popen(list(cmd.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(cwd), env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        return subprocess.Popen(
+            list(cmd.argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=str(cwd),
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
 
 
 def _die_with_parent() -> None:
@@ -129,8 +137,17 @@ def _signal_name(num: int) -> str:
 class Supervisor:
     """Keeps one vLLM process alive; publishes its state to ``status_path``."""
 
-    def __init__(self, cmd: Command, *, log_path: Path, status_path: Path, health_url: str,
-                 attempts: int, window_s: float, startup_timeout: float) -> None:
+    def __init__(
+        self,
+        cmd: Command,
+        *,
+        log_path: Path,
+        status_path: Path,
+        health_url: str,
+        attempts: int,
+        window_s: float,
+        startup_timeout: float,
+    ) -> None:
         self.cmd = cmd
         self.log_path = log_path
         self.status_path = status_path
@@ -144,16 +161,38 @@ class Supervisor:
         self.failed: EngineStartFailed | None = None
         self._restarts: list[float] = []
         self._stopping = False
-        self._restarting: tuple[SupervisorState, str, str, str, int, str] = (SupervisorState.RESTARTING, "", "", "", 0, "")
+        self._restarting: tuple[SupervisorState, str, str, str, int, str] = (
+            SupervisorState.RESTARTING,
+            "",
+            "",
+            "",
+            0,
+            "",
+        )
 
-    def _status(self, state: SupervisorState, reason: str = "", reason_zh: str = "", cause: str = "",
-                attempt: int = 0, message: str = "") -> None:
+    def _status(
+        self,
+        state: SupervisorState,
+        reason: str = "",
+        reason_zh: str = "",
+        cause: str = "",
+        attempt: int = 0,
+        message: str = "",
+    ) -> None:
         # ``reason`` is the cause alone: the health poller adds "restarting — attempt 2 of 5" from
         # ``attempt``/``max_attempts``. ``message`` is the whole sentence, for people reading the file.
-        EngineStatus(state=state, pid=self.proc.pid if self.proc else None, attempt=attempt,
-                     max_attempts=self.attempts, reason=reason, reason_zh=reason_zh, cause=cause,
-                     message=message or reason, log_path=str(self.log_path), since=time.time(),
-                     ).write(self.status_path)
+        EngineStatus(
+            state=state,
+            pid=self.proc.pid if self.proc else None,
+            attempt=attempt,
+            max_attempts=self.attempts,
+            reason=reason,
+            reason_zh=reason_zh,
+            cause=cause,
+            message=message or reason,
+            log_path=str(self.log_path),
+            since=time.time(),
+        ).write(self.status_path)
 
     def _launch(self) -> subprocess.Popen[bytes]:
         self.proc = start_process(self.cmd, self.log_path)

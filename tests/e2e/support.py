@@ -18,8 +18,15 @@ from backend.engine import supervisor
 from backend.settings import ROOT
 
 ENGINE_KEY = "e2e-engine-key"  # a fixed key, so tests can also talk to the launched vLLM directly
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 
 @dataclass
@@ -42,15 +49,27 @@ def launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool = True
     from tests.conftest import free_port, need_env
 
     ui_port, engine_port = free_port(), free_port()
-    env = {**os.environ, "QWENCHAT_ENGINE_PYTHON": need_env("QWENCHAT_ENGINE_PYTHON"),
-           "QWENCHAT_SERVER_PORT": str(engine_port), "QWENCHAT_SERVER_UI_PORT": str(ui_port),
-           "QWENCHAT_SERVER_API_KEY": ENGINE_KEY,
-           "QWENCHAT_LOGGING_DIR": str(tmp / "logs"), "QWENCHAT_LORA_DIR": str(tmp / "adapters"),
-           "QWENCHAT_SERVER_CPU_KVCACHE_GIB": "1", **env_overrides}
+    env = {
+        **os.environ,
+        "QWENCHAT_ENGINE_PYTHON": need_env("QWENCHAT_ENGINE_PYTHON"),
+        "QWENCHAT_SERVER_PORT": str(engine_port),
+        "QWENCHAT_SERVER_UI_PORT": str(ui_port),
+        "QWENCHAT_SERVER_API_KEY": ENGINE_KEY,
+        "QWENCHAT_LOGGING_DIR": str(tmp / "logs"),
+        "QWENCHAT_LORA_DIR": str(tmp / "adapters"),
+        "QWENCHAT_SERVER_CPU_KVCACHE_GIB": "1",
+        **env_overrides,
+    }
     (tmp / "adapters").mkdir(exist_ok=True)
     output = tmp / "serve.out"
-    proc = subprocess.Popen([sys.executable, "-m", "backend", "serve"], cwd=str(ROOT), env=env,
-                            stdout=output.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend", "serve"],
+        cwd=str(ROOT),
+        env=env,
+        stdout=output.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     app = LiveApp(proc, f"http://127.0.0.1:{ui_port}", tmp / "logs", output, f"http://127.0.0.1:{engine_port}/v1")
     deadline = time.monotonic() + timeout
     marker = "engine ready" if wait_engine else "UI ready"
@@ -115,14 +134,16 @@ def send(page, text: str, timeout_ms: int = 180_000) -> str:
     page.keyboard.press("Enter")
     page.wait_for_function(
         """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content').length > n""",
-        arg=[before], timeout=timeout_ms)
+        arg=[before],
+        timeout=timeout_ms,
+    )
     page.wait_for_selector("#stop-button", state="detached", timeout=timeout_ms)
     return assistant_messages(page)[-1]
 
 
 def choose_model(page, label_prefix: str) -> None:
     page.click("#chat-settings-open-modal")
-    page.click('[role=dialog] button#model')
+    page.click("[role=dialog] button#model")
     page.locator("[role=option]", has_text=label_prefix).first.click()
     page.click("#confirm")
 
@@ -140,8 +161,13 @@ def fake_server(tmp: Path):
 
     port = free_port()
     out = tmp / "fake.out"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.openai_server", "--port", str(port)], cwd=str(ROOT),
-                            stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.openai_server", "--port", str(port)],
+        cwd=str(ROOT),
+        stdout=out.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     try:

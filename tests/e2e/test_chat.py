@@ -16,9 +16,14 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     # A small token budget (1,200 - 150 reply) so a few long messages push early turns out.
-    app = e2e.launch(tmp_path_factory.mktemp("e2e-chat"), {"QWENCHAT_MODEL_TEMPERATURE": "0",
-                                                            "QWENCHAT_BUDGET_MAX_MODEL_LEN": "1200",
-                                                            "QWENCHAT_BUDGET_REPLY_RESERVE": "150"})
+    app = e2e.launch(
+        tmp_path_factory.mktemp("e2e-chat"),
+        {
+            "QWENCHAT_MODEL_TEMPERATURE": "0",
+            "QWENCHAT_BUDGET_MAX_MODEL_LEN": "1200",
+            "QWENCHAT_BUDGET_REPLY_RESERVE": "150",
+        },
+    )
     yield app
     e2e.stop(app)
 
@@ -47,8 +52,8 @@ def test_switching_to_the_demo_adapter_mid_chat_changes_the_next_answer(page, li
     e2e.choose_model(page, "pirate")
     answer = e2e.send(page, QUESTION)
     # The earlier exchange is still there (Chainlit only scrolls it out of view).
-    assert page.locator('.step[data-step-type="user_message"]').all_inner_texts()[:len(users_before)] == users_before
-    assert e2e.assistant_messages(page)[:len(answers_before)] == answers_before
+    assert page.locator('.step[data-step-type="user_message"]').all_inner_texts()[: len(users_before)] == users_before
+    assert e2e.assistant_messages(page)[: len(answers_before)] == answers_before
     page.screenshot(path=str(live.log_dir / "chat.png"), full_page=True)
     assert "pirate ·" in answer
     assert "Arr" in answer  # the trained persona, not a random perturbation
@@ -62,8 +67,10 @@ def test_status_line_reports_ready_with_the_model_name(page, live):
     assert e2e.status(live)["adapters"] == ["pirate"]
 
 
-PARAGRAPH = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps, checking the lamp, "
-             "polishing the great lens and writing the weather into a worn leather book. ") * 10
+PARAGRAPH = (
+    "The lighthouse keeper climbed the spiral stairs every evening, counting the steps, checking the lamp, "
+    "polishing the great lens and writing the weather into a worn leather book. "
+) * 10
 
 
 def test_long_chat_leaves_early_turns_out_and_the_meter_says_so(page, live):
@@ -77,12 +84,20 @@ def test_long_chat_leaves_early_turns_out_and_the_meter_says_so(page, live):
     page.screenshot(path=str(live.log_dir / "meter.png"))
 
 
-@pytest.mark.parametrize("messages", [
-    [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
-     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Name two rivers."}],
-    [{"role": "user", "content": "翻译：我喜欢在海边散步 🌊🐚 and `print(1+2)`"}],
-], ids=["single", "multi-turn+system", "zh+emoji+code"])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "What is the capital of France?"}],
+        [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Name two rivers."},
+        ],
+        [{"role": "user", "content": "翻译：我喜欢在海边散步 🌊🐚 and `print(1+2)`"}],
+    ],
+    ids=["single", "multi-turn+system", "zh+emoji+code"],
+)
 def test_our_count_equals_vllms_prompt_tokens_for_the_default_model(live, messages):
     """The meter's number is exact for the embedded model too (its template adds a default system prompt)."""
     import asyncio

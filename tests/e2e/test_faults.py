@@ -30,10 +30,17 @@ def fake(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def live(fake, tmp_path_factory):
-    app = e2e.launch(tmp_path_factory.mktemp("e2e-faults"),
-                     {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test",
-                      "QWENCHAT_CLIENT_IDLE_TIMEOUT": str(IDLE_TIMEOUT), "QWENCHAT_UI_LANGUAGE": "en"},
-                     wait_engine=False, timeout=120)
+    app = e2e.launch(
+        tmp_path_factory.mktemp("e2e-faults"),
+        {
+            "OPENAI_BASE_URL": fake + "/v1",
+            "OPENAI_API_KEY": "test",
+            "QWENCHAT_CLIENT_IDLE_TIMEOUT": str(IDLE_TIMEOUT),
+            "QWENCHAT_UI_LANGUAGE": "en",
+        },
+        wait_engine=False,
+        timeout=120,
+    )
     deadline = time.monotonic() + 60
     while True:  # the status line's source: ready, and serving the fake server's model
         try:
@@ -44,8 +51,10 @@ def live(fake, tmp_path_factory):
             break
         if time.monotonic() > deadline:
             e2e.stop(app)
-            pytest.fail(f"the launched UI is not ready against OPENAI_BASE_URL={fake}/v1 (external mode) after "
-                        f"60 s; it reports {json.dumps(state)}\n{app.log('ui')[-3000:]}")
+            pytest.fail(
+                f"the launched UI is not ready against OPENAI_BASE_URL={fake}/v1 (external mode) after "
+                f"60 s; it reports {json.dumps(state)}\n{app.log('ui')[-3000:]}"
+            )
         time.sleep(0.5)
     yield app
     e2e.stop(app)
@@ -103,7 +112,9 @@ def test_a_dropped_connection_keeps_the_partial_says_the_connection_broke_and_re
     page.get_by_role("button", name="Retry").last.click()
     page.wait_for_function(
         """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content').length > n""",
-        arg=[before], timeout=60_000)
+        arg=[before],
+        timeout=60_000,
+    )
     page.wait_for_selector("#stop-button", state="detached", timeout=60_000)
     retried = e2e.assistant_messages(page)[before:]
     assert len(retried) == 1 and retried[0].startswith(FULL), retried

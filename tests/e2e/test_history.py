@@ -50,8 +50,12 @@ def status_of(app: e2e.LiveApp, login: bool) -> dict:
 
 def launch(fake: str, tmp, **env: str) -> e2e.LiveApp:
     login = env.get("QWENCHAT_UI_AUTH") == "true"
-    app = e2e.launch(tmp, {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en",
-                           **env}, wait_engine=False, timeout=120)
+    app = e2e.launch(
+        tmp,
+        {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en", **env},
+        wait_engine=False,
+        timeout=120,
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -62,8 +66,10 @@ def launch(fake: str, tmp, **env: str) -> e2e.LiveApp:
             return app
         if time.monotonic() > deadline:
             e2e.stop(app)
-            pytest.fail(f"the launched UI is not ready against {fake}/v1 after 60 s: {json.dumps(state)}\n"
-                        f"{app.log('ui')[-3000:]}")
+            pytest.fail(
+                f"the launched UI is not ready against {fake}/v1 after 60 s: {json.dumps(state)}\n"
+                f"{app.log('ui')[-3000:]}"
+            )
         time.sleep(0.5)
 
 
@@ -141,10 +147,11 @@ def test_with_login_the_status_line_is_not_readable_before_login_and_the_login_p
     pg = new_page(browser)
     pg.goto(live.url)
     pg.wait_for_selector("#email", timeout=60_000)
-    pg.wait_for_function("() => document.getElementById('qwenchat-status')?.dataset.state === 'hidden'",
-                         timeout=15_000)
-    badge = pg.evaluate("() => { const el = document.getElementById('qwenchat-status');"
-                        " return {hidden: el.hidden, visible: el.offsetParent !== null, text: el.textContent}; }")
+    pg.wait_for_function("() => document.getElementById('qwenchat-status')?.dataset.state === 'hidden'", timeout=15_000)
+    badge = pg.evaluate(
+        "() => { const el = document.getElementById('qwenchat-status');"
+        " return {hidden: el.hidden, visible: el.offsetParent !== null, text: el.textContent}; }"
+    )
     assert badge == {"hidden": True, "visible": False, "text": ""}, badge
     assert "undefined" not in pg.inner_text("body")
     pg.context.close()
@@ -179,7 +186,9 @@ def test_a_reloaded_chat_shows_its_messages_keeps_the_chosen_adapter_and_sends_t
     assert "Traceback" not in live.log("ui")
 
 
-def test_a_chat_reopened_from_the_history_sidebar_in_another_browser_has_its_messages_and_model(page, live, fake, browser):
+def test_a_chat_reopened_from_the_history_sidebar_in_another_browser_has_its_messages_and_model(
+    page, live, fake, browser
+):
     other = new_page(browser)  # another browser: no cookies, a fresh login
     log_in(other, live.url)
     e2e.wait_ready_ui(other, timeout_ms=60_000)
@@ -192,7 +201,10 @@ def test_a_chat_reopened_from_the_history_sidebar_in_another_browser_has_its_mes
     e2e.wait_ready_ui(other, timeout_ms=60_000)
     other.screenshot(path=str(live.log_dir / "reopened.png"))
     assert [m.strip() for m in user_messages(other)][:3] == [
-        "history one: capital?", "history two: and Spain?", "history three: after reload"]
+        "history one: capital?",
+        "history two: and Spain?",
+        "history three: after reload",
+    ]
     assert selected_model(other).startswith("fake-adapter")
     n = len(requests_seen(fake))
     answer = e2e.send(other, "history four: from the sidebar", timeout_ms=60_000)
@@ -205,10 +217,19 @@ def test_a_chat_reopened_from_the_history_sidebar_in_another_browser_has_its_mes
 def test_a_restart_keeps_the_login_and_the_history(live, fake, browser, tmp_path_factory, page):
     """The login secret is kept next to the database, so a restarted product accepts the same cookie."""
     e2e.stop(live)
-    again = e2e.launch(live.log_dir.parent, {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test",
-                                             "QWENCHAT_UI_LANGUAGE": "en", "QWENCHAT_UI_AUTH": "true",
-                                             "QWENCHAT_UI_USERNAME": USER, "QWENCHAT_UI_PASSWORD": PASSWORD},
-                       wait_engine=False, timeout=120)
+    again = e2e.launch(
+        live.log_dir.parent,
+        {
+            "OPENAI_BASE_URL": fake + "/v1",
+            "OPENAI_API_KEY": "test",
+            "QWENCHAT_UI_LANGUAGE": "en",
+            "QWENCHAT_UI_AUTH": "true",
+            "QWENCHAT_UI_USERNAME": USER,
+            "QWENCHAT_UI_PASSWORD": PASSWORD,
+        },
+        wait_engine=False,
+        timeout=120,
+    )
     try:
         page.goto(again.url)  # cookies are per host, not per port: the same login cookie is sent
         e2e.wait_ready_ui(page, timeout_ms=60_000)

@@ -28,9 +28,11 @@ BADGE = "#qwenchat-status"
 def live(tmp_path_factory):
     t0 = time.monotonic()
     # a long reply budget so the story is still streaming when the engine is killed
-    app = e2e.launch(tmp_path_factory.mktemp("e2e-recovery"),
-                     {"QWENCHAT_MODEL_TEMPERATURE": "0", "QWENCHAT_BUDGET_REPLY_RESERVE": "2048"},
-                     wait_engine=False)
+    app = e2e.launch(
+        tmp_path_factory.mktemp("e2e-recovery"),
+        {"QWENCHAT_MODEL_TEMPERATURE": "0", "QWENCHAT_BUDGET_REPLY_RESERVE": "2048"},
+        wait_engine=False,
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -79,14 +81,18 @@ def wait_badge(page, states: tuple[str, ...], timeout_s: float, text: str = "") 
     page.wait_for_function(
         """([sel, states, text]) => { const el = document.querySelector(sel);
              return el && states.includes(el.dataset.state) && el.textContent.includes(text); }""",
-        arg=[BADGE, list(states), text], timeout=timeout_s * 1000)
+        arg=[BADGE, list(states), text],
+        timeout=timeout_s * 1000,
+    )
     return badge(page)
 
 
 def test_ui_is_reachable_within_5_s_while_the_engine_is_still_loading(live):
-    print(f"\n[e2e] UI reachable {live.ui_reachable_s:.1f} s after `python -m backend serve` "
-          f"(engine state then: {live.engine_state_at_ui}); launcher says: "
-          f"{re.findall(r'UI ready after [0-9.]+ s', live.log())}")
+    print(
+        f"\n[e2e] UI reachable {live.ui_reachable_s:.1f} s after `python -m backend serve` "
+        f"(engine state then: {live.engine_state_at_ui}); launcher says: "
+        f"{re.findall(r'UI ready after [0-9.]+ s', live.log())}"
+    )
     assert live.engine_state_at_ui == "starting", "the engine was already up: this run shows nothing about start-up"
     assert live.ui_reachable_s <= UI_START_TARGET_S
 
@@ -104,7 +110,8 @@ def test_a_message_sent_while_the_model_loads_waits_with_a_live_step_and_is_answ
     assert badge(page)[0] == "starting", "the engine was up before the message could wait"
     page.wait_for_function(
         """() => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content').length > 0""",
-        timeout=300_000)
+        timeout=300_000,
+    )
     page.wait_for_selector("#stop-button", state="detached", timeout=180_000)
     waited = time.monotonic() - t_sent
     answer = e2e.assistant_messages(page)[-1]
@@ -125,7 +132,9 @@ def test_kill_9_mid_answer_keeps_the_partial_shows_the_reason_and_recovers_by_it
     page.wait_for_function(
         """([n]) => { const m = document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content');
                       return m.length > n && m[m.length - 1].innerText.length >= 60; }""",
-        arg=[before], timeout=180_000)
+        arg=[before],
+        timeout=180_000,
+    )
     assert page.locator("#stop-button").count() == 1, "the answer finished before the kill; ask for a longer one"
     partial = e2e.assistant_messages(page)[-1]
     victim = engine_status(live)
@@ -162,7 +171,9 @@ def test_kill_9_mid_answer_keeps_the_partial_shows_the_reason_and_recovers_by_it
     t_ready = time.monotonic()
     page.wait_for_function(
         """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content').length > n""",
-        arg=[n_before], timeout=120_000)
+        arg=[n_before],
+        timeout=120_000,
+    )
     page.wait_for_selector("#stop-button", state="detached", timeout=120_000)
     t_answer = time.monotonic()
     answer = e2e.assistant_messages(page)[-1]
@@ -170,11 +181,13 @@ def test_kill_9_mid_answer_keeps_the_partial_shows_the_reason_and_recovers_by_it
     after = engine_status(live)
     assert after["pid"] != victim["pid"] and after["state"] == "running", after
     live.engine_pgids.add(after["pid"])
-    print(f"\n[e2e] kill -9 of the engine mid-answer: badge shows the reason after {t_reason - t_kill:.1f} s, "
-          f"ready again after {t_ready - t_kill:.1f} s; the message sent meanwhile answered after {t_answer - t_kill:.1f} s")
+    print(
+        f"\n[e2e] kill -9 of the engine mid-answer: badge shows the reason after {t_reason - t_kill:.1f} s, "
+        f"ready again after {t_ready - t_kill:.1f} s; the message sent meanwhile answered after {t_answer - t_kill:.1f} s"
+    )
     assert "Paris" in answer
     assert group_members(victim["pid"]) == [], "the killed engine's children outlived the restart"
     # and the conversation is still there: the interrupted partial did not vanish with the engine
-    assert any(a.startswith(partial[:40]) and "⚠ answer interrupted" in a for a in e2e.assistant_messages(page)), \
+    assert any(a.startswith(partial[:40]) and "⚠ answer interrupted" in a for a in e2e.assistant_messages(page)), (
         e2e.assistant_messages(page)
-
+    )

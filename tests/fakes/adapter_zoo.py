@@ -11,9 +11,9 @@ No torch: the files are shaped exactly like what transformers' ``save_pretrained
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -37,9 +37,13 @@ class TinyShape:
         """HF weight shape [out_features, in_features] of every linear module."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         out_in = {
-            "q_proj": (q, self.hidden), "k_proj": (kv, self.hidden), "v_proj": (kv, self.hidden),
-            "o_proj": (self.hidden, q), "gate_proj": (self.intermediate, self.hidden),
-            "up_proj": (self.intermediate, self.hidden), "down_proj": (self.hidden, self.intermediate),
+            "q_proj": (q, self.hidden),
+            "k_proj": (kv, self.hidden),
+            "v_proj": (kv, self.hidden),
+            "o_proj": (self.hidden, q),
+            "gate_proj": (self.intermediate, self.hidden),
+            "up_proj": (self.intermediate, self.hidden),
+            "down_proj": (self.hidden, self.intermediate),
         }
         n = self.layers if layers is None else layers
         return {module_path(i, leaf): shape for i in range(n) for leaf, shape in out_in.items()}
@@ -68,9 +72,16 @@ def _zeros(shape: Iterable[int]) -> np.ndarray:
     return np.zeros(tuple(shape), dtype=np.float16)
 
 
-def make_base_model(folder: Path, *, arch: str = "LlamaForCausalLM", model_type: str = "llama",
-                    tie: bool = False, sharded: bool = False, shape: TinyShape = TINY,
-                    seed: int | None = None) -> Path:
+def make_base_model(
+    folder: Path,
+    *,
+    arch: str = "LlamaForCausalLM",
+    model_type: str = "llama",
+    tie: bool = False,
+    sharded: bool = False,
+    shape: TinyShape = TINY,
+    seed: int | None = None,
+) -> Path:
     """A Llama/Qwen2-shaped model folder: config.json + model.safetensors (or an index and two shards).
 
     Weights are zeros (the doctor reads only headers); ``seed`` gives small random weights instead, and
@@ -105,8 +116,10 @@ def make_base_model(folder: Path, *, arch: str = "LlamaForCausalLM", model_type:
         "torch_dtype": "float16",
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    tensors: dict[str, np.ndarray] = {"model.embed_tokens.weight": weight((shape.vocab, shape.hidden)),
-                                      "model.norm.weight": norm()}
+    tensors: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": weight((shape.vocab, shape.hidden)),
+        "model.norm.weight": norm(),
+    }
     if not tie:
         tensors["lm_head.weight"] = weight((shape.vocab, shape.hidden))
     for module, dims in shape.linear_shapes().items():
@@ -120,8 +133,10 @@ def make_base_model(folder: Path, *, arch: str = "LlamaForCausalLM", model_type:
         save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
         return folder
     names = sorted(tensors)
-    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    halves = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     weight_map = {}
     for shard, keys in halves.items():
         save_file({k: tensors[k] for k in keys}, str(folder / shard), metadata={"format": "pt"})
@@ -130,30 +145,62 @@ def make_base_model(folder: Path, *, arch: str = "LlamaForCausalLM", model_type:
     return folder
 
 
-def peft_config(r: int = 8, targets: Iterable[str] | str = ATTN, *, base_name: str | None = None,
-                **overrides: object) -> dict:
+def peft_config(
+    r: int = 8, targets: Iterable[str] | str = ATTN, *, base_name: str | None = None, **overrides: object
+) -> dict:
     """adapter_config.json as PEFT 0.21.2 writes it (same keys and defaults)."""
     config = {
-        "alora_invocation_tokens": None, "alpha_pattern": {}, "arrow_config": None,
-        "auto_mapping": None, "base_model_name_or_path": base_name, "bias": "none",
-        "corda_config": None, "ensure_weight_tying": False, "eva_config": None, "exclude_modules": None,
-        "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
-        "layer_replication": None, "layers_pattern": None, "layers_to_transform": None,
-        "loftq_config": {}, "lora_alpha": 2 * r, "lora_bias": False, "lora_dropout": 0.05,
-        "megatron_config": None, "megatron_core": "megatron.core", "modules_to_save": None,
-        "peft_type": "LORA", "peft_version": "0.21.2", "qalora_group_size": 16, "r": r,
-        "rank_pattern": {}, "revision": None,
+        "alora_invocation_tokens": None,
+        "alpha_pattern": {},
+        "arrow_config": None,
+        "auto_mapping": None,
+        "base_model_name_or_path": base_name,
+        "bias": "none",
+        "corda_config": None,
+        "ensure_weight_tying": False,
+        "eva_config": None,
+        "exclude_modules": None,
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "layer_replication": None,
+        "layers_pattern": None,
+        "layers_to_transform": None,
+        "loftq_config": {},
+        "lora_alpha": 2 * r,
+        "lora_bias": False,
+        "lora_dropout": 0.05,
+        "megatron_config": None,
+        "megatron_core": "megatron.core",
+        "modules_to_save": None,
+        "peft_type": "LORA",
+        "peft_version": "0.21.2",
+        "qalora_group_size": 16,
+        "r": r,
+        "rank_pattern": {},
+        "revision": None,
         "target_modules": targets if isinstance(targets, str) else list(targets),
-        "target_parameters": None, "task_type": "CAUSAL_LM", "trainable_token_indices": None,
-        "use_bdlora": None, "use_dora": False, "use_qalora": False, "use_rslora": False,
+        "target_parameters": None,
+        "task_type": "CAUSAL_LM",
+        "trainable_token_indices": None,
+        "use_bdlora": None,
+        "use_dora": False,
+        "use_qalora": False,
+        "use_rslora": False,
     }
     config.update(overrides)
     return config
 
 
-def lora_tensors(r: int = 8, targets: Iterable[str] = ATTN, layers: Iterable[int] | None = None,
-                 shapes: Mapping[str, tuple[int, int]] | None = None, *, shape: TinyShape = TINY,
-                 seed: int | None = None) -> dict[str, np.ndarray]:
+def lora_tensors(
+    r: int = 8,
+    targets: Iterable[str] = ATTN,
+    layers: Iterable[int] | None = None,
+    shapes: Mapping[str, tuple[int, int]] | None = None,
+    *,
+    shape: TinyShape = TINY,
+    seed: int | None = None,
+) -> dict[str, np.ndarray]:
     """PEFT's saved keys: base_model.model.<module>.lora_A.weight [r, in] and .lora_B.weight [out, r].
 
     lora_B is zero as PEFT initialises it (no effect) unless ``seed`` asks for random values.
@@ -168,16 +215,27 @@ def lora_tensors(r: int = 8, targets: Iterable[str] = ATTN, layers: Iterable[int
             out_f, in_f = shapes[module]
             out[f"{PREFIX}{module}.lora_A.weight"] = np.full((r, in_f), 0.01, dtype=np.float32)
             out[f"{PREFIX}{module}.lora_B.weight"] = (
-                np.zeros((out_f, r), np.float32) if rng is None
-                else (rng.standard_normal((out_f, r)) * 0.5).astype(np.float32))
+                np.zeros((out_f, r), np.float32)
+                if rng is None
+                else (rng.standard_normal((out_f, r)) * 0.5).astype(np.float32)
+            )
     return out
 
 
-def make_adapter(folder: Path, *, r: int = 8, targets: Iterable[str] = ATTN, config_targets: object = None,
-                 base_name: str | None = None, config: Mapping[str, object] | None = None,
-                 tensors: Mapping[str, np.ndarray] | None = None,
-                 edit: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-                 write_config: bool = True, shape: TinyShape = TINY, seed: int | None = None) -> Path:
+def make_adapter(
+    folder: Path,
+    *,
+    r: int = 8,
+    targets: Iterable[str] = ATTN,
+    config_targets: object = None,
+    base_name: str | None = None,
+    config: Mapping[str, object] | None = None,
+    tensors: Mapping[str, np.ndarray] | None = None,
+    edit: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+    write_config: bool = True,
+    shape: TinyShape = TINY,
+    seed: int | None = None,
+) -> Path:
     """A PEFT LoRA folder. ``targets``: modules given tensors; ``config_targets``: what the config lists."""
     folder.mkdir(parents=True, exist_ok=True)
     targets = tuple(targets)
@@ -215,13 +273,19 @@ def zoo_target_config_only(root: Path) -> Path:
 
 def zoo_target_with_tensors(root: Path) -> Path:
     """target_modules and tensors both name c_attn, a module the base lacks."""
+
     def add_c_attn(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for i in range(LAYERS):
             d[f"{PREFIX}model.layers.{i}.self_attn.c_attn.lora_A.weight"] = _zeros((8, HIDDEN))
             d[f"{PREFIX}model.layers.{i}.self_attn.c_attn.lora_B.weight"] = _zeros((3 * HIDDEN, 8))
         return d
-    return make_adapter(root / "target-with-tensors", targets=("q_proj", "v_proj"),
-                        config_targets=["q_proj", "v_proj", "c_attn"], edit=add_c_attn)
+
+    return make_adapter(
+        root / "target-with-tensors",
+        targets=("q_proj", "v_proj"),
+        config_targets=["q_proj", "v_proj", "c_attn"],
+        edit=add_c_attn,
+    )
 
 
 def zoo_tensor_missing_module(root: Path) -> Path:
@@ -236,13 +300,15 @@ def zoo_renamed_lora_a(root: Path) -> Path:
 
 def zoo_adapter_name_in_keys(root: Path) -> Path:
     """model.state_dict() saved by hand: keys keep PEFT's adapter name ('default')."""
-    return make_adapter(root / "named-keys", edit=lambda d: {k.replace(".weight", ".default.weight"): v
-                                                           for k, v in d.items()})
+    return make_adapter(
+        root / "named-keys", edit=lambda d: {k.replace(".weight", ".default.weight"): v for k, v in d.items()}
+    )
 
 
 def zoo_missing_lora_b(root: Path) -> Path:
-    return make_adapter(root / "missing-lora-b", edit=lambda d: {k: v for k, v in d.items()
-                                                                 if "v_proj.lora_B" not in k})
+    return make_adapter(
+        root / "missing-lora-b", edit=lambda d: {k: v for k, v in d.items() if "v_proj.lora_B" not in k}
+    )
 
 
 def zoo_wrong_shape(root: Path) -> Path:
@@ -258,6 +324,7 @@ def zoo_modules_to_save(root: Path) -> Path:
     def add_head(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         d[f"{PREFIX}lm_head.weight"] = _zeros((VOCAB, HIDDEN))
         return d
+
     return make_adapter(root / "modules-to-save", config={"modules_to_save": ["lm_head"]}, edit=add_head)
 
 
@@ -267,6 +334,7 @@ def zoo_dora(root: Path) -> Path:
             if k.endswith(".lora_B.weight"):
                 d[k.replace(".lora_B.weight", ".lora_magnitude_vector")] = _zeros(d[k].shape[:1])
         return d
+
     return make_adapter(root / "dora", config={"use_dora": True}, edit=add_magnitude)
 
 
@@ -280,7 +348,9 @@ def zoo_fused_qkv(root: Path) -> Path:
     tensors = {}
     for i in range(LAYERS):
         tensors[f"{PREFIX}model.layers.{i}.self_attn.qkv_proj.lora_A.weight"] = _zeros((8, HIDDEN))
-        tensors[f"{PREFIX}model.layers.{i}.self_attn.qkv_proj.lora_B.weight"] = _zeros((HIDDEN + 2 * KV_HEADS * HEAD_DIM, 8))
+        tensors[f"{PREFIX}model.layers.{i}.self_attn.qkv_proj.lora_B.weight"] = _zeros(
+            (HIDDEN + 2 * KV_HEADS * HEAD_DIM, 8)
+        )
     return make_adapter(root / "fused-qkv", config_targets=["qkv_proj"], tensors=tensors)
 
 

@@ -94,12 +94,16 @@ def overflow_body(param: str = "input_tokens", max_model_len: int = 8192, max_to
     """vLLM's exact 400 body for a prompt (or max_tokens) that does not fit max_model_len."""
     if param == "max_tokens":
         have = max_model_len - max_tokens + 100
-        msg = (f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
-               f"context length is {max_model_len} tokens and your request has {have} input tokens "
-               f"({max_tokens} > {max_model_len} - {have}).")
+        msg = (
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+            f"context length is {max_model_len} tokens and your request has {have} input tokens "
+            f"({max_tokens} > {max_model_len} - {have})."
+        )
     else:
-        msg = (f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-               f"{max_model_len + 808} input tokens. Please reduce the length of the input messages.")
+        msg = (
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{max_model_len + 808} input tokens. Please reduce the length of the input messages."
+        )
     return vllm_error(msg, "BadRequestError", 400, param)
 
 
@@ -108,9 +112,17 @@ def not_found_body(model: str) -> dict[str, Any]:
     return vllm_error(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
 
 
-_STATUS_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-                 422: "UnprocessableEntityError", 429: "RateLimitError", 500: "InternalServerError",
-                 502: "BadGatewayError", 503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
+_STATUS_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
+}
 
 
 @dataclass(frozen=True)
@@ -150,8 +162,10 @@ class Mode:
         for item in rest:
             key, sep, value = item.partition("=")
             if not sep or key not in types or key in ("spec", "fault"):
-                raise ValueError(f"mode {spec!r}: bad option {item!r}; use key=value with keys "
-                                 "tokens, rate, at, stall, fail, retry_after, param, status")
+                raise ValueError(
+                    f"mode {spec!r}: bad option {item!r}; use key=value with keys "
+                    "tokens, rate, at, stall, fail, retry_after, param, status"
+                )
             conv = {"int": int, "float": float, "int | None": int}.get(str(types[key]), str)
             kw[key] = conv(value)
         mode = cls(**kw)
@@ -189,8 +203,11 @@ class RequestRecord:
 
     def to_json(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("finished", "messages")}
-        d["message_chars"] = sum(len(m.get("content") or "") for m in self.messages
-                                 if isinstance(m, dict) and isinstance(m.get("content"), str))
+        d["message_chars"] = sum(
+            len(m.get("content") or "")
+            for m in self.messages
+            if isinstance(m, dict) and isinstance(m.get("content"), str)
+        )
         return d
 
 
@@ -205,8 +222,15 @@ class _Dropped(Exception):
 class FakeServer:
     """The server; an async context manager. ``base_url`` ends in /v1."""
 
-    def __init__(self, *, port: int = 0, model: str = "fake-qwen", adapter: str = "fake-adapter",
-                 max_model_len: int = 8192, default_mode: str = "normal") -> None:
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        model: str = "fake-qwen",
+        adapter: str = "fake-adapter",
+        max_model_len: int = 8192,
+        default_mode: str = "normal",
+    ) -> None:
         Mode.parse(default_mode)
         self.port = port
         self.model = model
@@ -287,13 +311,26 @@ class FakeServer:
         now = int(time.time())
 
         def card(mid: str, root: str, parent: str | None, max_len: int | None) -> dict[str, Any]:
-            return {"id": mid, "object": "model", "created": now, "owned_by": "vllm", "root": root,
-                    "parent": parent, "max_model_len": max_len, "permission": []}
+            return {
+                "id": mid,
+                "object": "model",
+                "created": now,
+                "owned_by": "vllm",
+                "root": root,
+                "parent": parent,
+                "max_model_len": max_len,
+                "permission": [],
+            }
 
-        return web.json_response({"object": "list", "data": [
-            card(self.model, f"/models/{self.model}", None, self.max_model_len),
-            card(self.adapter, f"/adapters/{self.adapter}", self.model, None),
-        ]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    card(self.model, f"/models/{self.model}", None, self.max_model_len),
+                    card(self.adapter, f"/adapters/{self.adapter}", self.model, None),
+                ],
+            }
+        )
 
     async def _requests(self, request: web.Request) -> web.Response:
         return web.json_response([r.to_json() for r in self.records])
@@ -339,10 +376,17 @@ class FakeServer:
         messages = body.get("messages") or []
         spec = self._pick_spec(model, messages)
         self._attempts[spec or model] = attempt = self._attempts.get(spec or model, 0) + 1
-        rec = RequestRecord(index=len(self.records), spec=spec or model, attempt=attempt, model=model,
-                            stream=bool(body.get("stream")), request_id=request.headers.get("X-Request-Id"),
-                            messages=messages if isinstance(messages, list) else [], body_bytes=len(raw),
-                            max_tokens=body.get("max_tokens"))
+        rec = RequestRecord(
+            index=len(self.records),
+            spec=spec or model,
+            attempt=attempt,
+            model=model,
+            stream=bool(body.get("stream")),
+            request_id=request.headers.get("X-Request-Id"),
+            messages=messages if isinstance(messages, list) else [],
+            body_bytes=len(raw),
+            max_tokens=body.get("max_tokens"),
+        )
         self.records.append(rec)
         try:
             if spec is None:
@@ -362,8 +406,9 @@ class FakeServer:
             rec.ended_at = time.monotonic()
             rec.finished.set()
 
-    def _json(self, rec: RequestRecord, body: Any, status: int = 200, headers: dict[str, str] | None = None
-              ) -> web.Response:
+    def _json(
+        self, rec: RequestRecord, body: Any, status: int = 200, headers: dict[str, str] | None = None
+    ) -> web.Response:
         rec.status = status
         rec.completed = True
         return web.json_response(body, status=status, headers=headers)
@@ -377,8 +422,9 @@ class FakeServer:
                 raise _Disconnected()
             await asyncio.sleep(POLL)
 
-    async def _answer(self, request: web.Request, rec: RequestRecord, mode: Mode, body: dict[str, Any]
-                      ) -> web.StreamResponse:
+    async def _answer(
+        self, request: web.Request, rec: RequestRecord, mode: Mode, body: dict[str, Any]
+    ) -> web.StreamResponse:
         fault = mode.fault
         model = rec.model
         if fault == "unknown-model-404":
@@ -405,8 +451,13 @@ class FakeServer:
         message: dict[str, Any] | None = {"role": "assistant", "content": text}
         choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         out: dict[str, Any] = {
-            "id": f"chatcmpl-{rec.index}", "object": "chat.completion", "created": int(time.time()),
-            "model": rec.model, "choices": [choice], "usage": self._usage(rec, n)}
+            "id": f"chatcmpl-{rec.index}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": rec.model,
+            "choices": [choice],
+            "usage": self._usage(rec, n),
+        }
         if fault in ("stall-first", "stall-mid"):
             await self._stall(request, mode.stall)
         elif fault == "drop-mid":
@@ -416,8 +467,16 @@ class FakeServer:
         elif fault == "error-mid":
             return self._json(rec, vllm_error("fake engine failure", "InternalServerError", mode.status, None))
         elif fault == "error-mid-flat":
-            return self._json(rec, {"object": "error", "message": "fake engine failure (flat)",
-                                    "type": "InternalServerError", "param": None, "code": mode.status})
+            return self._json(
+                rec,
+                {
+                    "object": "error",
+                    "message": "fake engine failure (flat)",
+                    "type": "InternalServerError",
+                    "param": None,
+                    "code": mode.status,
+                },
+            )
         elif fault == "non-json":
             rec.status, rec.completed = 200, True
             return web.Response(body=b"this is not json", content_type="application/json")
@@ -432,8 +491,10 @@ class FakeServer:
         elif fault == "no-finish":
             choice["finish_reason"] = None
         elif fault == "several-choices":
-            out["choices"] = [{"index": 1, "message": {"role": "assistant", "content": "OTHER"},
-                               "finish_reason": "stop"}, choice]
+            out["choices"] = [
+                {"index": 1, "message": {"role": "assistant", "content": "OTHER"}, "finish_reason": "stop"},
+                choice,
+            ]
         elif fault == "extra-fields":
             out["x_unknown"] = {"a": 1}
             choice["x_extra"] = [1, 2]
@@ -461,11 +522,13 @@ class FakeServer:
 
     # ------------------------------------------------------------ streaming
 
-    async def _stream(self, request: web.Request, rec: RequestRecord, mode: Mode, body: dict[str, Any]
-                      ) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, rec: RequestRecord, mode: Mode, body: dict[str, Any]
+    ) -> web.StreamResponse:
         fault = mode.fault
-        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
-                                                       "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await resp.prepare(request)
         created = int(time.time())
         n, finish = self._length(mode, rec)
@@ -490,8 +553,13 @@ class FakeServer:
             c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
             if delta is not None:
                 c["delta"] = delta
-            out: dict[str, Any] = {"id": f"chatcmpl-{rec.index}", "object": "chat.completion.chunk",
-                                   "created": created, "model": rec.model, "choices": [c]}
+            out: dict[str, Any] = {
+                "id": f"chatcmpl-{rec.index}",
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": rec.model,
+                "choices": [c],
+            }
             if fault == "several-choices":
                 out["choices"] = [{"index": 1, "delta": {"content": "X"}, "finish_reason": finish_reason}, c]
             elif fault == "extra-fields":
@@ -512,8 +580,15 @@ class FakeServer:
             await raw(b"data: [DONE]\n\n")
             return self._done(rec, resp)
         if fault == "empty-choices-first":
-            await send({"id": f"chatcmpl-{rec.index}", "object": "chat.completion.chunk", "created": created,
-                        "model": rec.model, "choices": []})
+            await send(
+                {
+                    "id": f"chatcmpl-{rec.index}",
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": rec.model,
+                    "choices": [],
+                }
+            )
         await send(chunk({"role": "assistant"} if fault == "role-only-first" else {"role": "assistant", "content": ""}))
         if fault == "stall-first":
             await self._stall(request, mode.stall)
@@ -545,13 +620,26 @@ class FakeServer:
                     raise _Dropped()
                 elif fault == "error-mid":
                     param = mode.param if mode.status == 400 else None
-                    await send(vllm_error("fake engine failure mid-stream", _STATUS_TYPES.get(mode.status, "APIError"),
-                                          mode.status, param))
+                    await send(
+                        vllm_error(
+                            "fake engine failure mid-stream",
+                            _STATUS_TYPES.get(mode.status, "APIError"),
+                            mode.status,
+                            param,
+                        )
+                    )
                     await raw(b"data: [DONE]\n\n")
                     return self._done(rec, resp)
                 elif fault == "error-mid-flat":
-                    await send({"object": "error", "message": "fake engine failure mid-stream (flat)",
-                                "type": "InternalServerError", "param": None, "code": mode.status})
+                    await send(
+                        {
+                            "object": "error",
+                            "message": "fake engine failure mid-stream (flat)",
+                            "type": "InternalServerError",
+                            "param": None,
+                            "code": mode.status,
+                        }
+                    )
                     await raw(b"data: [DONE]\n\n")
                     return self._done(rec, resp)
                 elif fault == "non-json":
@@ -569,8 +657,16 @@ class FakeServer:
         else:
             await send(chunk({"content": ""}, finish))
         if include_usage or fault == "usage-only-final":
-            await send({"id": f"chatcmpl-{rec.index}", "object": "chat.completion.chunk", "created": created,
-                        "model": rec.model, "choices": [], "usage": self._usage(rec, n)})
+            await send(
+                {
+                    "id": f"chatcmpl-{rec.index}",
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": rec.model,
+                    "choices": [],
+                    "usage": self._usage(rec, n),
+                }
+            )
         await raw(b"data: [DONE]\n\n")
         return self._done(rec, resp)
 
@@ -585,8 +681,10 @@ class FakeServer:
 async def _serve(port: int, mode: str, model: str, adapter: str, max_model_len: int) -> None:
     server = FakeServer(port=port, model=model, adapter=adapter, max_model_len=max_model_len, default_mode=mode)
     await server.start()
-    print(f"fake OpenAI server listening on {server.base_url} (model {model!r}, adapter {adapter!r}, mode {mode!r})",
-          flush=True)
+    print(
+        f"fake OpenAI server listening on {server.base_url} (model {model!r}, adapter {adapter!r}, mode {mode!r})",
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -26,8 +26,13 @@ def free_port() -> int:
 
 
 def base(model_id: str = "base-model", max_model_len: int = 8192) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "root": f"/models/{model_id}", "parent": None,
-            "max_model_len": max_model_len}
+    return {
+        "id": model_id,
+        "object": "model",
+        "root": f"/models/{model_id}",
+        "parent": None,
+        "max_model_len": max_model_len,
+    }
 
 
 def adapter(name: str, parent: str = "base-model") -> dict[str, Any]:
@@ -74,7 +79,7 @@ class FakeEngine:
         if runner is not None:
             await runner.cleanup()
 
-    async def __aenter__(self) -> "FakeEngine":
+    async def __aenter__(self) -> FakeEngine:
         await self.start()
         return self
 
@@ -104,16 +109,30 @@ class FakeEngine:
         if self.probe == "hang":
             try:
                 await asyncio.wait_for(self._release.wait(), self.hang_limit)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         elif self.probe == "slow":
             await asyncio.sleep(self.probe_delay)
         elif self.probe == "error":
             return web.json_response(
-                {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                           "type": "InternalServerError", "param": None, "code": 500}}, status=500)
-        return web.json_response({
-            "id": "chatcmpl-fake", "object": "chat.completion", "model": body.get("model"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "pong"}, "finish_reason": "length"}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
-        })
+                {
+                    "error": {
+                        "message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                        "type": "InternalServerError",
+                        "param": None,
+                        "code": 500,
+                    }
+                },
+                status=500,
+            )
+        return web.json_response(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "pong"}, "finish_reason": "length"}
+                ],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
+            }
+        )

@@ -46,9 +46,15 @@ QUESTION = [{"role": "user", "content": "Tell me a story about a lighthouse."}]
 
 def qwen_shape(base: Path) -> zoo.TinyShape:
     cfg = json.loads((base / "config.json").read_text())
-    return zoo.TinyShape(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"],
-                         heads=cfg["num_attention_heads"], kv_heads=cfg["num_key_value_heads"],
-                         head_dim=cfg["head_dim"], intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"])
+    return zoo.TinyShape(
+        hidden=cfg["hidden_size"],
+        layers=cfg["num_hidden_layers"],
+        heads=cfg["num_attention_heads"],
+        kv_heads=cfg["num_key_value_heads"],
+        head_dim=cfg["head_dim"],
+        intermediate=cfg["intermediate_size"],
+        vocab=cfg["vocab_size"],
+    )
 
 
 def random_a(seed: int):
@@ -56,8 +62,15 @@ def random_a(seed: int):
     rng = np.random.default_rng(seed + 1000)
 
     def edit(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: ((rng.standard_normal(v.shape) / np.sqrt(v.shape[1])).astype(np.float32)
-                    if k.endswith(".lora_A.weight") else v) for k, v in d.items()}
+        return {
+            k: (
+                (rng.standard_normal(v.shape) / np.sqrt(v.shape[1])).astype(np.float32)
+                if k.endswith(".lora_A.weight")
+                else v
+            )
+            for k, v in d.items()
+        }
+
     return edit
 
 
@@ -68,9 +81,13 @@ def good_adapter(folder: Path, shape: zoo.TinyShape, seed: int, r: int = RANK) -
 def wrong_shape_adapter(folder: Path, shape: zoo.TinyShape) -> Path:
     """k_proj's lora_B sized for q_proj's output (heads*head_dim) instead of the GQA k size."""
     q_out = shape.heads * shape.head_dim
-    return zoo.make_adapter(folder, shape=shape, seed=5, base_name=BASE,
-                            edit=lambda d: {k: (np.zeros((q_out, RANK), np.float32) if "k_proj.lora_B" in k else v)
-                                            for k, v in d.items()})
+    return zoo.make_adapter(
+        folder,
+        shape=shape,
+        seed=5,
+        base_name=BASE,
+        edit=lambda d: {k: (np.zeros((q_out, RANK), np.float32) if "k_proj.lora_B" in k else v) for k, v in d.items()},
+    )
 
 
 @dataclasses.dataclass
@@ -89,8 +106,10 @@ def layout(test_models, tmp_path_factory) -> Layout:
         pytest.fail(f"{base} is missing: run ./test.sh (it builds the test models)")
     shape = qwen_shape(base)
     root = tmp_path_factory.mktemp("adapters")
-    static = {"good": good_adapter(root / "static" / "good", shape, seed=1),
-              "too-big": good_adapter(root / "static" / "too-big", shape, seed=2, r=BIG_RANK)}
+    static = {
+        "good": good_adapter(root / "static" / "good", shape, seed=1),
+        "too-big": good_adapter(root / "static" / "too-big", shape, seed=2, r=BIG_RANK),
+    }
     lora_dir = root / "lora-dir"
     for name, seed in (("runtime-good", 3), ("service-good", 4), ("unload-me", 6)):
         good_adapter(lora_dir / name, shape, seed=seed)
@@ -170,8 +189,15 @@ async def test_runtime_load_from_the_folder_is_served_listed_and_changes_answers
     try:
         before = await poller.refresh()
         diagnosis = await runtime.load_adapter_from_folder(
-            engine.base_url, engine.api_key, layout.lora_dir, "runtime-good", layout.base, RANK,
-            loaded=[m.id for m in before.adapters], limit=engine.settings.lora.max_cpu_loras)
+            engine.base_url,
+            engine.api_key,
+            layout.lora_dir,
+            "runtime-good",
+            layout.base,
+            RANK,
+            loaded=[m.id for m in before.adapters],
+            limit=engine.settings.lora.max_cpu_loras,
+        )
         after = await poller.refresh()
     finally:
         await poller.stop()
@@ -193,20 +219,24 @@ async def test_runtime_load_from_the_folder_is_served_listed_and_changes_answers
 
 @pytest.mark.parametrize("how", ["dot-dot", "absolute", "symlink-out"])
 async def test_names_reaching_outside_the_folder_are_refused_before_vllm_is_asked(engine, layout, how):
-    name = {"dot-dot": f"../{layout.outside.parent.name}/{layout.outside.name}",  # a real adapter, one level up
-            "absolute": str(layout.outside),
-            "symlink-out": "escape"}[how]
+    name = {
+        "dot-dot": f"../{layout.outside.parent.name}/{layout.outside.name}",  # a real adapter, one level up
+        "absolute": str(layout.outside),
+        "symlink-out": "escape",
+    }[how]
     with pytest.raises(AdapterPathRefused) as info:
         await runtime.load_adapter_from_folder(Untouchable(), engine.api_key, layout.lora_dir, name, layout.base, RANK)
     assert str(layout.lora_dir) in info.value.user_text("en")
-    assert not any(m.get("root") and Path(m["root"]).resolve() == layout.outside.resolve()
-                   for m in served(engine).values())
+    assert not any(
+        m.get("root") and Path(m["root"]).resolve() == layout.outside.resolve() for m in served(engine).values()
+    )
 
 
 async def test_a_bad_adapter_in_the_folder_is_refused_by_the_doctor_with_its_diagnosis(engine, layout):
     with pytest.raises(AdapterRejected) as info:
-        await runtime.load_adapter_from_folder(Untouchable(), engine.api_key, layout.lora_dir, "wrong-shape",
-                                                layout.base, RANK)
+        await runtime.load_adapter_from_folder(
+            Untouchable(), engine.api_key, layout.lora_dir, "wrong-shape", layout.base, RANK
+        )
     text = info.value.user_text("en")
     kv_out = layout.shape.kv_heads * layout.shape.head_dim
     assert "k_proj" in text and f"expected [{kv_out}, {RANK}]" in text
@@ -214,8 +244,9 @@ async def test_a_bad_adapter_in_the_folder_is_refused_by_the_doctor_with_its_dia
 
 
 async def test_unload_removes_the_adapter_and_a_second_unload_is_model_not_found(engine, layout):
-    await runtime.load_adapter_from_folder(engine.base_url, engine.api_key, layout.lora_dir, "unload-me",
-                                            layout.base, RANK)
+    await runtime.load_adapter_from_folder(
+        engine.base_url, engine.api_key, layout.lora_dir, "unload-me", layout.base, RANK
+    )
     assert "unload-me" in served(engine)
     await runtime.unload_adapter(engine.base_url, engine.api_key, "unload-me")
     assert "unload-me" not in served(engine)

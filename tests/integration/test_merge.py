@@ -200,8 +200,20 @@ def test_failed_merge_leaves_nothing_behind(engine_python, tiny, tmp_path):
     st = adapter / "adapter_model.safetensors"
     st.write_bytes(st.read_bytes()[: st.stat().st_size // 2])
     out = tmp_path / "out" / "merged"
-    proc = run([engine_python, "-m", "backend", "merge", "--base", str(tiny.base), "--adapter", str(adapter),
-                "--out", str(out)])
+    proc = run(
+        [
+            engine_python,
+            "-m",
+            "backend",
+            "merge",
+            "--base",
+            str(tiny.base),
+            "--adapter",
+            str(adapter),
+            "--out",
+            str(out),
+        ]
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "merge failed" in proc.stderr and str(out) in proc.stderr
     assert not out.exists()

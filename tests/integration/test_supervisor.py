@@ -32,18 +32,28 @@ from tests.support.supervision import Running, group_members, launches, wait_gro
 
 def tiny_engine_command(test_models: Path, *extra: str):
     settings = tiny_settings(test_models, free_port())
-    settings = dataclasses.replace(settings, lora=LoraSettings(enable=False),  # fewer moving parts, faster start
-                                   server=dataclasses.replace(settings.server, extra_args=tuple(extra)))
-    cmd = command.build_engine_command(settings, engine="cpu", python=need_env("QWENCHAT_ENGINE_PYTHON"),
-                                      api_key="test-key", adapters={})
+    settings = dataclasses.replace(
+        settings,
+        lora=LoraSettings(enable=False),  # fewer moving parts, faster start
+        server=dataclasses.replace(settings.server, extra_args=tuple(extra)),
+    )
+    cmd = command.build_engine_command(
+        settings, engine="cpu", python=need_env("QWENCHAT_ENGINE_PYTHON"), api_key="test-key", adapters={}
+    )
     return settings, cmd
 
 
 def real_supervisor(test_models: Path, tmp: Path, *extra: str, attempts: int = 3):
     settings, cmd = tiny_engine_command(test_models, *extra)
-    sup = supervisor.Supervisor(cmd, log_path=tmp / "engine.log", status_path=tmp / "engine-status.json",
-                            health_url=settings.engine_base_url.removesuffix("/v1") + "/health",
-                            attempts=attempts, window_s=600, startup_timeout=300)
+    sup = supervisor.Supervisor(
+        cmd,
+        log_path=tmp / "engine.log",
+        status_path=tmp / "engine-status.json",
+        health_url=settings.engine_base_url.removesuffix("/v1") + "/health",
+        attempts=attempts,
+        window_s=600,
+        startup_timeout=300,
+    )
     return settings, sup
 
 
@@ -56,7 +66,7 @@ def models_answer(settings) -> list[str]:
 def engine_core_pid(log_path: Path) -> int:
     """vLLM prefixes EngineCore's log lines with its pid; read it from the newest launch."""
     text = supervisor.read_tail(log_path, 10_000_000)
-    text = text[text.rindex(ATTEMPT_MARKER):]
+    text = text[text.rindex(ATTEMPT_MARKER) :]
     pids = re.findall(r"\(EngineCore(?:_DP\d+)? pid=(\d+)\)", text)
     assert pids, f"no EngineCore pid in the engine log:\n{text[-3000:]}"
     return int(pids[-1])
@@ -118,8 +128,10 @@ def test_kill_9_of_the_api_server_is_reported_with_attempt_1_of_n_and_recovers_b
     assert "killed (SIGKILL)" in restarting["reason"], run.history()
     t_up, up = run.wait_for("running again", lambda s: s["state"] == "running" and s["pid"] != old, 300, after=t_kill)
     run.pgids.add(up["pid"])
-    print(f"\n[supervisor] kill -9 of the API server: restarting reported after {t_restarting - t_kill:.1f} s, "
-          f"running again after {t_up - t_kill:.1f} s")
+    print(
+        f"\n[supervisor] kill -9 of the API server: restarting reported after {t_restarting - t_kill:.1f} s, "
+        f"running again after {t_up - t_kill:.1f} s"
+    )
     assert models_answer(run.settings) == ["tiny-qwen3"]
     # what vLLM forked (EngineCore, workers) did not outlive its API server
     assert group_members(old) == [], f"orphans of the killed engine: {group_members(old)}"
@@ -136,11 +148,14 @@ def test_kill_9_of_the_engine_core_child_is_reported_and_recovers_by_itself(supe
     t_restarting, restarting = run.wait_for("restarting", lambda s: s["state"] == "restarting", 60, after=t_kill)
     assert restarting["attempt"] == 2 and "attempt 2 of 3" in restarting["message"], run.history()
     assert "died unexpectedly" in restarting["reason"] or "EngineCore" in restarting["reason"], run.history()
-    t_up, up = run.wait_for("running again", lambda s: s["state"] == "running" and s["pid"] != st["pid"], 300,
-                            after=t_kill)
+    t_up, up = run.wait_for(
+        "running again", lambda s: s["state"] == "running" and s["pid"] != st["pid"], 300, after=t_kill
+    )
     run.pgids.add(up["pid"])
-    print(f"\n[supervisor] kill -9 of EngineCore: restarting reported after {t_restarting - t_kill:.1f} s, "
-          f"running again after {t_up - t_kill:.1f} s")
+    print(
+        f"\n[supervisor] kill -9 of EngineCore: restarting reported after {t_restarting - t_kill:.1f} s, "
+        f"running again after {t_up - t_kill:.1f} s"
+    )
     assert models_answer(run.settings) == ["tiny-qwen3"]
     assert group_members(st["pid"]) == []
 

@@ -30,7 +30,7 @@ def group_members(pgid: int) -> list[int]:
             stat = Path("/proc", entry, "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
         state, pgrp = fields[0], int(fields[2])
         if pgrp == pgid and state not in ("Z", "X"):
             out.append(int(entry))
@@ -77,8 +77,10 @@ class Running:
         return [st["state"] for _, st in self.seen]
 
     def history(self) -> str:
-        return "\n".join(f"  {st['state']:<10} pid={st.get('pid')} attempt={st.get('attempt')} {st.get('message')}"
-                         for _, st in self.seen)
+        return "\n".join(
+            f"  {st['state']:<10} pid={st.get('pid')} attempt={st.get('attempt')} {st.get('message')}"
+            for _, st in self.seen
+        )
 
     def wait_for(self, what: str, pred, timeout: float, after: float = 0.0) -> tuple[float, dict]:
         """The first status recorded after ``after`` (monotonic) that satisfies ``pred``."""
@@ -91,8 +93,10 @@ class Running:
                 break
             time.sleep(0.1)
         tail = read_tail(self.sup.log_path, 5000)
-        pytest.fail(f"no status '{what}' within {timeout:.0f} s; statuses seen:\n{self.history()}\n"
-                    f"run() done: {self.future.done()}\nengine log tail:\n{tail}")
+        pytest.fail(
+            f"no status '{what}' within {timeout:.0f} s; statuses seen:\n{self.history()}\n"
+            f"run() done: {self.future.done()}\nengine log tail:\n{tail}"
+        )
 
     def current(self, state: str, timeout: float) -> dict:
         """Wait until the newest status is ``state``; return it."""

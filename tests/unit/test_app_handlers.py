@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -95,11 +95,17 @@ async def ui(fake, tmp_path_factory):
     """app.py imported with its settings from the environment, pointed at the fake server."""
     from backend.chat import health
 
-    env = {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "test",
-           "QWENCHAT_CLIENT_FIRST_TOKEN_TIMEOUT": str(FIRST_TOKEN_TIMEOUT),
-           "QWENCHAT_CLIENT_IDLE_TIMEOUT": str(IDLE_TIMEOUT), "QWENCHAT_CLIENT_MAX_RETRIES": "1",
-           "QWENCHAT_CLIENT_RETRY_BACKOFF": "0.05", "QWENCHAT_UI_LANGUAGE": "en",
-           "QWENCHAT_UI_WAIT_FOR_READY": "20", "QWENCHAT_LOGGING_DIR": str(tmp_path_factory.mktemp("logs"))}
+    env = {
+        "OPENAI_BASE_URL": fake.base_url,
+        "OPENAI_API_KEY": "test",
+        "QWENCHAT_CLIENT_FIRST_TOKEN_TIMEOUT": str(FIRST_TOKEN_TIMEOUT),
+        "QWENCHAT_CLIENT_IDLE_TIMEOUT": str(IDLE_TIMEOUT),
+        "QWENCHAT_CLIENT_MAX_RETRIES": "1",
+        "QWENCHAT_CLIENT_RETRY_BACKOFF": "0.05",
+        "QWENCHAT_UI_LANGUAGE": "en",
+        "QWENCHAT_UI_WAIT_FOR_READY": "20",
+        "QWENCHAT_LOGGING_DIR": str(tmp_path_factory.mktemp("logs")),
+    }
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():
             mp.setenv(key, value)
@@ -132,9 +138,15 @@ class Chat:
         async def emit_call(event: str, data: Any, timeout: Any) -> None:
             raise AssertionError(f"the app asked the browser a question ({event}); no test expects that")
 
-        self.session = WebsocketSession(id=str(uuid.uuid4()), socket_id=self.sid, emit=emit, emit_call=emit_call,
-                                        user_env={}, client_type="webapp",
-                                        environ={"HTTP_ACCEPT_LANGUAGE": "en-US"})
+        self.session = WebsocketSession(
+            id=str(uuid.uuid4()),
+            socket_id=self.sid,
+            emit=emit,
+            emit_call=emit_call,
+            user_env={},
+            client_type="webapp",
+            environ={"HTTP_ACCEPT_LANGUAGE": "en-US"},
+        )
 
     # -------------------------------------------------------- lifecycle
 
@@ -203,8 +215,14 @@ class Chat:
     # -------------------------------------------------------- what the test looks at
 
     def payload(self, text: str, message_id: str | None = None) -> dict[str, Any]:
-        return {"id": message_id or str(uuid.uuid4()), "threadId": self.session.thread_id, "type": "user_message",
-                "name": "User", "output": text, "createdAt": datetime.now(timezone.utc).isoformat()}
+        return {
+            "id": message_id or str(uuid.uuid4()),
+            "threadId": self.session.thread_id,
+            "type": "user_message",
+            "name": "User",
+            "output": text,
+            "createdAt": datetime.now(UTC).isoformat(),
+        }
 
     def screen(self, since: int = 0) -> Screen:
         return Screen(self.events[since:])
@@ -311,10 +329,16 @@ CASES: dict[str, tuple[str, str | None, bool]] = {
     "fault:think-inline": (FULL, None, False),
     "fault:reasoning-field": (FULL, None, False),
     "fault:invalid-utf8": ("ok 中 bad", None, False),
-    f"fault:stall-first:stall={STALL}": ("", f"did not start answering within {FIRST_TOKEN_TIMEOUT} s "
-                                             "([client].first_token_timeout)", True),
-    f"fault:slow-headers:stall={STALL}": ("", f"did not start answering within {FIRST_TOKEN_TIMEOUT} s "
-                                              "([client].first_token_timeout)", True),
+    f"fault:stall-first:stall={STALL}": (
+        "",
+        f"did not start answering within {FIRST_TOKEN_TIMEOUT} s ([client].first_token_timeout)",
+        True,
+    ),
+    f"fault:slow-headers:stall={STALL}": (
+        "",
+        f"did not start answering within {FIRST_TOKEN_TIMEOUT} s ([client].first_token_timeout)",
+        True,
+    ),
     f"fault:stall-mid:stall={STALL}": (PARTIAL, f"nothing arrived for {IDLE_TIMEOUT} s ([client].idle_timeout)", True),
     "fault:drop-mid": (PARTIAL, "the connection to the model server broke off", True),
     "fault:error-mid": (PARTIAL, "failed while answering: HTTP 500: fake engine failure mid-stream.", True),
@@ -322,8 +346,11 @@ CASES: dict[str, tuple[str, str | None, bool]] = {
     "fault:non-json": (PARTIAL, "sent a response that could not be read", True),
     "fault:http-500": ("", "failed while answering: HTTP 500", True),
     "fault:http-503": ("", "the model server is busy", True),
-    "fault:overflow-400": ("", "the conversation is too long for the model (This model's maximum context length "
-                               "is 8192 tokens", False),
+    "fault:overflow-400": (
+        "",
+        "the conversation is too long for the model (This model's maximum context length is 8192 tokens",
+        False,
+    ),
     "fault:unknown-model-404": ("", "the model server does not serve 'fake-qwen'", False),
     "fault:empty-choices": ("", "ended the answer without sending any text", True),
     "fault:empty-stream": ("", "ended the answer without sending any text", True),
@@ -649,7 +676,9 @@ async def test_a_failed_settings_update_does_not_end_the_model_watcher(chat, ui,
     assert not watcher.done()
 
 
-async def test_an_app_bug_while_answering_is_reported_as_the_apps_with_a_request_id_not_the_engines(chat, ui, monkeypatch):
+async def test_an_app_bug_while_answering_is_reported_as_the_apps_with_a_request_id_not_the_engines(
+    chat, ui, monkeypatch
+):
     async def broken_fit(messages):
         raise KeyError("boom")
 
@@ -680,8 +709,9 @@ async def test_retry_on_an_older_bubble_is_refused_and_does_not_resend_the_lates
     requests_before = len(fake.records)
 
     clicked = await chat.click(retry)
-    assert clicked.errors == ["This button belongs to an earlier message; only the latest message can be retried "
-                              "or trimmed."]
+    assert clicked.errors == [
+        "This button belongs to an earlier message; only the latest message can be retried or trimmed."
+    ]
     assert len(fake.records) == requests_before  # nothing was sent again
     assert [(t.role, t.content) for t in chat.conversation.turns] == turns_before
     assert [d["id"] for e, d in clicked.events if e == "remove_action"] == [retry["id"]]  # one press per button

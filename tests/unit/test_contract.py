@@ -18,14 +18,34 @@ from backend.engine.command import Command
 from backend.engine.supervisor import Supervisor
 from backend.settings import ROOT
 
-FULL = EngineStatus(state=SupervisorState.RESTARTING, pid=4242, attempt=2, max_attempts=5,
-                    reason="the engine ran out of memory", reason_zh="引擎内存不足", cause="oom_gpu",
-                    message="the engine ran out of memory; restarting — attempt 2 of 5",
-                    log_path="/logs/engine.log", since=1700000000.5, updated=1700000001.25)
+FULL = EngineStatus(
+    state=SupervisorState.RESTARTING,
+    pid=4242,
+    attempt=2,
+    max_attempts=5,
+    reason="the engine ran out of memory",
+    reason_zh="引擎内存不足",
+    cause="oom_gpu",
+    message="the engine ran out of memory; restarting — attempt 2 of 5",
+    log_path="/logs/engine.log",
+    since=1700000000.5,
+    updated=1700000001.25,
+)
 
 #: The file's keys, in the order the supervisor has always written them.
-KEYS = ["state", "pid", "attempt", "max_attempts", "reason", "reason_zh", "cause", "message", "log_path",
-        "since", "updated"]
+KEYS = [
+    "state",
+    "pid",
+    "attempt",
+    "max_attempts",
+    "reason",
+    "reason_zh",
+    "cause",
+    "message",
+    "log_path",
+    "since",
+    "updated",
+]
 
 
 def write_json(path: Path, data: object) -> Path:
@@ -48,9 +68,20 @@ def test_updated_is_the_time_of_writing_unless_given(tmp_path):
     assert status is not None and status.updated is not None and before <= status.updated <= time.time()
 
 
-@pytest.mark.parametrize("content", [
-    "", "{not json", "[]", '"running"', "{}", '{"state": 3}', '{"state": null}', b"\xff\xfe",
-], ids=["empty", "garbled", "a-list", "a-string", "no-state", "state-not-text", "state-null", "not-utf8"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "",
+        "{not json",
+        "[]",
+        '"running"',
+        "{}",
+        '{"state": 3}',
+        '{"state": null}',
+        b"\xff\xfe",
+    ],
+    ids=["empty", "garbled", "a-list", "a-string", "no-state", "state-not-text", "state-null", "not-utf8"],
+)
 def test_a_garbled_or_stateless_file_reads_as_none(tmp_path, content):
     path = tmp_path / contract.STATUS_FILE_NAME
     if isinstance(content, bytes):
@@ -65,23 +96,26 @@ def test_a_missing_file_or_a_folder_in_its_place_reads_as_none(tmp_path):
     assert EngineStatus.read(tmp_path) is None  # IsADirectoryError is an OSError
 
 
-@pytest.mark.parametrize(("key", "value", "expected"), [
-    ("pid", "4242", None),
-    ("pid", True, None),  # bool is an int in Python, not a pid
-    ("pid", 4242.0, 4242),
-    ("pid", float("nan"), None),  # json writes NaN; int(nan) would raise
-    ("attempt", float("inf"), None),
-    ("attempt", [2], None),
-    ("max_attempts", "5", None),
-    ("since", 1700000000, 1700000000.0),
-    ("since", "yesterday", None),
-    ("updated", {}, None),
-    ("reason", 5, ""),
-    ("reason_zh", None, ""),
-    ("cause", None, ""),
-    ("message", ["a"], ""),
-    ("log_path", 0, ""),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("pid", "4242", None),
+        ("pid", True, None),  # bool is an int in Python, not a pid
+        ("pid", 4242.0, 4242),
+        ("pid", float("nan"), None),  # json writes NaN; int(nan) would raise
+        ("attempt", float("inf"), None),
+        ("attempt", [2], None),
+        ("max_attempts", "5", None),
+        ("since", 1700000000, 1700000000.0),
+        ("since", "yesterday", None),
+        ("updated", {}, None),
+        ("reason", 5, ""),
+        ("reason_zh", None, ""),
+        ("cause", None, ""),
+        ("message", ["a"], ""),
+        ("log_path", 0, ""),
+    ],
+)
 def test_a_wrong_typed_field_reads_as_its_empty_value_and_the_rest_still_reads(tmp_path, key, value, expected):
     data = FULL.to_json() | {key: value}
     status = EngineStatus.read(write_json(tmp_path / contract.STATUS_FILE_NAME, data))
@@ -115,11 +149,24 @@ def test_writing_replaces_the_file_atomically_and_leaves_no_temp_file(tmp_path):
 
 def test_the_keys_the_supervisor_writes_are_exactly_the_ones_the_ui_reads(tmp_path):
     path = tmp_path / contract.STATUS_FILE_NAME
-    sup = Supervisor(Command(("true",)), log_path=tmp_path / "engine.log", status_path=path,
-                     health_url="http://127.0.0.1:9/health", attempts=5, window_s=60, startup_timeout=10)
+    sup = Supervisor(
+        Command(("true",)),
+        log_path=tmp_path / "engine.log",
+        status_path=path,
+        health_url="http://127.0.0.1:9/health",
+        attempts=5,
+        window_s=60,
+        startup_timeout=10,
+    )
     sup.proc = types.SimpleNamespace(pid=4242)  # type: ignore[assignment]
-    sup._status(SupervisorState.RESTARTING, "the engine ran out of memory", "引擎内存不足", "oom_gpu", 2,
-                "the engine ran out of memory; restarting — attempt 2 of 5")
+    sup._status(
+        SupervisorState.RESTARTING,
+        "the engine ran out of memory",
+        "引擎内存不足",
+        "oom_gpu",
+        2,
+        "the engine ran out of memory; restarting — attempt 2 of 5",
+    )
     written = json.loads(path.read_text(encoding="utf-8"))
     assert list(written) == KEYS
     assert [f.name for f in dataclasses.fields(EngineStatus)] == KEYS
@@ -138,8 +185,10 @@ def test_the_engine_python_variable_is_the_one_the_shell_scripts_export(script):
 
 
 def test_the_contract_imports_neither_side_nor_any_third_party_package():
-    code = ("import json, sys, backend.contract; "
-            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'__main__'}"
-            " | {m for m in sys.modules if m.startswith('backend.')})))")
+    code = (
+        "import json, sys, backend.contract; "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'__main__'}"
+        " | {m for m in sys.modules if m.startswith('backend.')})))"
+    )
     out = subprocess.run([sys.executable, "-S", "-E", "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == ["backend", "backend.contract"]

@@ -37,28 +37,31 @@ NOT_FOUND_ROUTE = {"detail": "Not Found"}  # FastAPI's own 404: the route does n
 UNKNOWN_MODEL = {"message": "The model `x` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}
 
 
-@pytest.mark.parametrize("status, body, route, expected", [
-    (400, {"message": "too long", "param": "input_tokens", "code": 400}, Route.CHAT, ContextOverflow),
-    (400, {"message": "too long", "param": "max_tokens", "code": 400}, Route.CHAT, ContextOverflow),
-    (400, {"message": "too long", "code": "context_length_exceeded"}, Route.CHAT, ContextOverflow),
-    (413, "Request Entity Too Large", Route.CHAT, ContextOverflow),
-    (400, {"message": "bad temperature", "param": "temperature"}, Route.CHAT, RequestRejected),
-    (404, UNKNOWN_MODEL, Route.CHAT, ModelNotFound),
-    (404, {"message": "The model `x` does not exist."}, Route.CHAT, ModelNotFound),  # older vLLM: no param
-    (404, NOT_FOUND_ROUTE, Route.CHAT, RequestRejected),  # a base URL without /v1
-    (404, NOT_FOUND_ROUTE, Route.TOKENIZE, RequestRejected),
-    (404, NOT_FOUND_ROUTE, Route.LOAD_ADAPTER, AdapterRuntimeDisabled),
-    (404, NOT_FOUND_ROUTE, Route.UNLOAD_ADAPTER, AdapterRuntimeDisabled),
-    (404, {"message": "no such path", "code": 404}, Route.LOAD_ADAPTER, AdapterRejected),
-    (404, {"message": "The lora adapter 'x' cannot be found.", "code": 404}, Route.UNLOAD_ADAPTER, ModelNotFound),
-    (400, {"message": "bad rank", "code": 400}, Route.LOAD_ADAPTER, AdapterRejected),
-    (500, {"message": "IndexError", "code": 500}, Route.LOAD_ADAPTER, AdapterRejected),
-    (500, {"message": "boom", "code": 500}, Route.CHAT, EngineError),
-    (500, {"message": "boom", "code": 500}, Route.UNLOAD_ADAPTER, EngineError),
-    (502, "<html>Bad Gateway</html>", Route.MODELS, EngineError),
-    (None, {"message": "error event", "code": 503}, Route.CHAT, Overloaded),
-    (None, {"message": "error event without status"}, Route.CHAT, EngineError),
-])
+@pytest.mark.parametrize(
+    "status, body, route, expected",
+    [
+        (400, {"message": "too long", "param": "input_tokens", "code": 400}, Route.CHAT, ContextOverflow),
+        (400, {"message": "too long", "param": "max_tokens", "code": 400}, Route.CHAT, ContextOverflow),
+        (400, {"message": "too long", "code": "context_length_exceeded"}, Route.CHAT, ContextOverflow),
+        (413, "Request Entity Too Large", Route.CHAT, ContextOverflow),
+        (400, {"message": "bad temperature", "param": "temperature"}, Route.CHAT, RequestRejected),
+        (404, UNKNOWN_MODEL, Route.CHAT, ModelNotFound),
+        (404, {"message": "The model `x` does not exist."}, Route.CHAT, ModelNotFound),  # older vLLM: no param
+        (404, NOT_FOUND_ROUTE, Route.CHAT, RequestRejected),  # a base URL without /v1
+        (404, NOT_FOUND_ROUTE, Route.TOKENIZE, RequestRejected),
+        (404, NOT_FOUND_ROUTE, Route.LOAD_ADAPTER, AdapterRuntimeDisabled),
+        (404, NOT_FOUND_ROUTE, Route.UNLOAD_ADAPTER, AdapterRuntimeDisabled),
+        (404, {"message": "no such path", "code": 404}, Route.LOAD_ADAPTER, AdapterRejected),
+        (404, {"message": "The lora adapter 'x' cannot be found.", "code": 404}, Route.UNLOAD_ADAPTER, ModelNotFound),
+        (400, {"message": "bad rank", "code": 400}, Route.LOAD_ADAPTER, AdapterRejected),
+        (500, {"message": "IndexError", "code": 500}, Route.LOAD_ADAPTER, AdapterRejected),
+        (500, {"message": "boom", "code": 500}, Route.CHAT, EngineError),
+        (500, {"message": "boom", "code": 500}, Route.UNLOAD_ADAPTER, EngineError),
+        (502, "<html>Bad Gateway</html>", Route.MODELS, EngineError),
+        (None, {"message": "error event", "code": 503}, Route.CHAT, Overloaded),
+        (None, {"message": "error event without status"}, Route.CHAT, EngineError),
+    ],
+)
 def test_status_error_follows_the_table(status, body, route, expected):
     assert type(status_error(status, body, route, url="http://h/v1", model="x", path="/a/x")) is expected
 
@@ -86,15 +89,18 @@ def test_every_status_on_every_route_maps_to_one_of_our_errors(route, status):
     assert err.user_text("en") and err.user_text("zh")
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"error": {"message": "nested", "code": 400}}, "nested"),
-    ({"object": "error", "message": "flat"}, "flat"),
-    ({"error": "Unauthorized"}, "Unauthorized"),
-    ({"detail": "Not Found"}, "Not Found"),
-    ("plain text", "plain text"),
-    (None, ""),
-    ([1, 2], ""),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"error": {"message": "nested", "code": 400}}, "nested"),
+        ({"object": "error", "message": "flat"}, "flat"),
+        ({"error": "Unauthorized"}, "Unauthorized"),
+        ({"detail": "Not Found"}, "Not Found"),
+        ("plain text", "plain text"),
+        (None, ""),
+        ([1, 2], ""),
+    ],
+)
 def test_error_message_reads_every_body_shape(body, message):
     assert error_message(body) == message
 
@@ -105,8 +111,12 @@ def test_auth_header_only_with_a_key():
 
 
 def test_transport_timeout_names_the_setting_and_what_was_waited_for():
-    err = transport_error(asyncio.TimeoutError(), Route.TOKENIZE, url="http://h/tokenize",
-                          limits=Limits(1, 7, "[client].first_token_timeout", "the model server's /tokenize"))
+    err = transport_error(
+        TimeoutError(),
+        Route.TOKENIZE,
+        url="http://h/tokenize",
+        limits=Limits(1, 7, "[client].first_token_timeout", "the model server's /tokenize"),
+    )
     assert type(err) is RequestTimeout and err.seconds == 7
     assert "/tokenize" in err.user_text("en") and "[client].first_token_timeout" in err.user_text("en")
 
@@ -208,6 +218,10 @@ async def test_nothing_listening_is_server_unreachable_for_adapter_load():
 def test_connect_timeout_keeps_its_own_class():
     import aiohttp
 
-    err = transport_error(aiohttp.ConnectionTimeoutError(), Route.HEALTH, url="u",
-                          limits=Limits(3, 9, "[health].request_timeout", "/health"))
+    err = transport_error(
+        aiohttp.ConnectionTimeoutError(),
+        Route.HEALTH,
+        url="u",
+        limits=Limits(3, 9, "[health].request_timeout", "/health"),
+    )
     assert type(err) is ConnectTimeout and err.seconds == 3

@@ -35,7 +35,9 @@ def _modules(folder: str) -> list[Path]:
 @pytest.mark.parametrize("path", _modules("chat"), ids=lambda p: p.name)
 def test_the_chat_side_never_imports_the_engine_side(path):
     engine = sorted(m for m in _imports(path) if m == "backend.engine" or m.startswith("backend.engine."))
-    assert not engine, f"{path.relative_to(BACKEND.parent)} imports {engine}: the Chainlit process must not need the launcher"
+    assert not engine, (
+        f"{path.relative_to(BACKEND.parent)} imports {engine}: the Chainlit process must not need the launcher"
+    )
 
 
 @pytest.mark.parametrize("path", _modules(""), ids=lambda p: str(p.relative_to(BACKEND)))
@@ -49,8 +51,9 @@ SHARED = ["settings.py", "errors.py", "text.py", "contract.py", "engine_http.py"
 
 @pytest.mark.parametrize("name", SHARED)
 def test_shared_modules_import_neither_side(name):
-    sides = sorted(m for m in _imports(BACKEND / name)
-                   if m.startswith(("backend.engine", "backend.chat", "backend.adapters")))
+    sides = sorted(
+        m for m in _imports(BACKEND / name) if m.startswith(("backend.engine", "backend.chat", "backend.adapters"))
+    )
     assert not sides, f"backend/{name} is shared by both sides but imports {sides}"
 
 

@@ -34,8 +34,15 @@ def test_gpu_profile_has_qwen_budget_and_model_card_sampling():
 
 def test_environment_overrides_config_and_converts_types(tmp_path):
     cfg = write(tmp_path, "[server]\nport = 9000\n")
-    s = load_settings(cfg, env={"QWENCHAT_SERVER_PORT": "9100", "QWENCHAT_CLIENT_MAX_RETRIES": "0",
-                                "QWENCHAT_LORA_ENABLE": "false", "QWENCHAT_LOGGING_LEVEL": "debug"})
+    s = load_settings(
+        cfg,
+        env={
+            "QWENCHAT_SERVER_PORT": "9100",
+            "QWENCHAT_CLIENT_MAX_RETRIES": "0",
+            "QWENCHAT_LORA_ENABLE": "false",
+            "QWENCHAT_LOGGING_LEVEL": "debug",
+        },
+    )
     assert s.server.port == 9100 and s.client.max_retries == 0 and s.lora.enable is False
     assert s.logging.level == "DEBUG"
 
@@ -50,20 +57,23 @@ def test_lora_modules_accept_vllm_style_name_equals_path(tmp_path):
     assert dict(s.lora.modules) == {"a": "/x/a", "b": "/x/b"}
 
 
-@pytest.mark.parametrize("text, key, fragment", [
-    ("[server]\nport = \"eighty\"\n", "server.port", "an integer"),
-    ("[server]\nport = 70000\n", "server.port", "TCP port"),
-    ("[model]\ntemperature = true\n", "model.temperature", "a number"),
-    ("[lora]\nmax_lora_rank = 24\n", "lora.max_lora_rank", "320"),
-    ("[client]\nidle_timeout = 0\n", "client.idle_timeout", "positive"),
-    ("[server]\nengine = \"tpu\"\n", "server.engine", "cpu"),
-    ("[server]\nrestart_window_min = 0\n", "server.restart_window_min", "positive"),
-    ("[server]\nstartup_timeout = -1\n", "server.startup_timeout", "positive"),
-    ("[client]\nretry_backoff = -0.5\n", "client.retry_backoff", "0 or more"),
-    ("[sever]\nport = 1\n", "sever", "[server]"),
-    ("[model]\npth = \"x\"\n", "model.pth", "path"),
-    ("[model\npath = 1\n", "config.toml", "valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, key, fragment",
+    [
+        ('[server]\nport = "eighty"\n', "server.port", "an integer"),
+        ("[server]\nport = 70000\n", "server.port", "TCP port"),
+        ("[model]\ntemperature = true\n", "model.temperature", "a number"),
+        ("[lora]\nmax_lora_rank = 24\n", "lora.max_lora_rank", "320"),
+        ("[client]\nidle_timeout = 0\n", "client.idle_timeout", "positive"),
+        ('[server]\nengine = "tpu"\n', "server.engine", "cpu"),
+        ("[server]\nrestart_window_min = 0\n", "server.restart_window_min", "positive"),
+        ("[server]\nstartup_timeout = -1\n", "server.startup_timeout", "positive"),
+        ("[client]\nretry_backoff = -0.5\n", "client.retry_backoff", "0 or more"),
+        ("[sever]\nport = 1\n", "sever", "[server]"),
+        ('[model]\npth = "x"\n', "model.pth", "path"),
+        ("[model\npath = 1\n", "config.toml", "valid TOML"),
+    ],
+)
 def test_bad_value_names_key_value_and_expectation(tmp_path, text, key, fragment):
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, text), env={})

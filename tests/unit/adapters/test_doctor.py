@@ -31,12 +31,17 @@ def test_all_linear_as_peft_saves_it_full_names_passes(tmp_path: Path, base: Pat
     assert diagnose_adapter(adapter, base).findings == ()
 
 
-@pytest.mark.parametrize("targets, ok", [
-    ("all-linear", True),
-    (r".*\.(q|k|v|o)_proj", True),
-    (r".*\.c_attn", False),
-])
-def test_target_modules_as_a_string_is_a_regex_or_all_linear(tmp_path: Path, base: Path, targets: str, ok: bool) -> None:
+@pytest.mark.parametrize(
+    "targets, ok",
+    [
+        ("all-linear", True),
+        (r".*\.(q|k|v|o)_proj", True),
+        (r".*\.c_attn", False),
+    ],
+)
+def test_target_modules_as_a_string_is_a_regex_or_all_linear(
+    tmp_path: Path, base: Path, targets: str, ok: bool
+) -> None:
     adapter = zoo.make_adapter(tmp_path / "s", config_targets=targets)
     d = diagnose_adapter(adapter, base)
     assert ("unknown_target_module" not in d.codes) is ok, d.format_text()
@@ -135,6 +140,7 @@ def test_rank_from_rank_pattern_counts_against_max_rank(tmp_path: Path, base: Pa
             elif "q_proj.lora_B" in k:
                 d[k] = np.zeros((zoo.HIDDEN, 32), np.float32)
         return d
+
     adapter = zoo.make_adapter(tmp_path / "rp", config={"rank_pattern": {"q_proj": 32}}, edit=bigger_q)
     d = diagnose_adapter(adapter, base, max_rank=16)
     assert d.codes == ("rank_too_large",) and "rank_pattern" in d.errors[0].message
@@ -173,13 +179,16 @@ def test_embedding_targets_depend_on_the_architecture(tmp_path: Path, arch: str,
     base = zoo.make_base_model(tmp_path / "b", arch=arch, model_type="qwen2" if "Qwen2" in arch else "llama")
     p = zoo.PREFIX
     tensors = zoo.lora_tensors(8, ("q_proj", "k_proj", "v_proj"))
-    tensors.update({
-        f"{p}model.embed_tokens.lora_embedding_A": np.zeros((8, zoo.VOCAB), np.float32),
-        f"{p}model.embed_tokens.lora_embedding_B": np.zeros((zoo.HIDDEN, 8), np.float32),
-        f"{p}model.embed_tokens.base_layer.weight": np.zeros((zoo.VOCAB, zoo.HIDDEN), np.float32),
-    })
-    adapter = zoo.make_adapter(tmp_path / "emb", config_targets=["q_proj", "k_proj", "v_proj", "embed_tokens"],
-                               tensors=tensors)
+    tensors.update(
+        {
+            f"{p}model.embed_tokens.lora_embedding_A": np.zeros((8, zoo.VOCAB), np.float32),
+            f"{p}model.embed_tokens.lora_embedding_B": np.zeros((zoo.HIDDEN, 8), np.float32),
+            f"{p}model.embed_tokens.base_layer.weight": np.zeros((zoo.VOCAB, zoo.HIDDEN), np.float32),
+        }
+    )
+    adapter = zoo.make_adapter(
+        tmp_path / "emb", config_targets=["q_proj", "k_proj", "v_proj", "embed_tokens"], tensors=tensors
+    )
     d = diagnose_adapter(adapter, base)
     found = [f for f in d.findings if f.code == "embedding_target"]
     assert [f.severity for f in found] == [severity], d.format_text()
@@ -193,12 +202,15 @@ def test_unsupported_peft_features_are_errors(tmp_path: Path, base: Path) -> Non
     assert "'pissa'" in d.errors[0].message and "'all'" in d.errors[0].message
 
 
-@pytest.mark.parametrize("content, code", [
-    ("{not json", "bad_config"),
-    ('{"peft_type": "LORA", "r": 8}', "bad_config"),
-    ('{"peft_type": "LORA", "r": -1, "lora_alpha": 8, "target_modules": ["q_proj"]}', "bad_config"),
-    ("[1, 2]", "bad_config"),
-])
+@pytest.mark.parametrize(
+    "content, code",
+    [
+        ("{not json", "bad_config"),
+        ('{"peft_type": "LORA", "r": 8}', "bad_config"),
+        ('{"peft_type": "LORA", "r": -1, "lora_alpha": 8, "target_modules": ["q_proj"]}', "bad_config"),
+        ("[1, 2]", "bad_config"),
+    ],
+)
 def test_invalid_adapter_config_is_reported_not_raised(tmp_path: Path, base: Path, content: str, code: str) -> None:
     adapter = zoo.make_adapter(tmp_path / "bad")
     (adapter / "adapter_config.json").write_text(content)
@@ -232,8 +244,6 @@ def test_unreadable_base_is_an_error(tmp_path: Path) -> None:
 def test_missing_adapter_folder(tmp_path: Path, base: Path) -> None:
     d = diagnose_adapter(tmp_path / "ghost", base)
     assert d.codes == ("missing_folder",)
-
-
 
 
 # ---------------------------------------------------------------- a PEFT folder given as the model

@@ -15,8 +15,24 @@ from tests.fakes import adapter_zoo as zoo
 # ---------------------------------------------------------------- the adapters folder (allow-list)
 
 
-@pytest.mark.parametrize("name", ["", ".", "..", "../pirate", "pirate/..", "a/b", "a\\b", "/etc", "/tmp",
-                                  "pi\x00rate", ".hidden", "C:evil", " pirate"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        ".",
+        "..",
+        "../pirate",
+        "pirate/..",
+        "a/b",
+        "a\\b",
+        "/etc",
+        "/tmp",
+        "pi\x00rate",
+        ".hidden",
+        "C:evil",
+        " pirate",
+    ],
+)
 def test_names_that_escape_the_folder_are_refused(folder: Path, name: str) -> None:
     with pytest.raises(AdapterPathRefused) as exc:
         resolve_adapter(folder, name)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -36,8 +36,9 @@ class FakeVLLM:
 
     @staticmethod
     def _error(status: int, message: str, err_type: str) -> web.Response:
-        return web.json_response({"error": {"message": message, "type": err_type, "param": None, "code": status}},
-                                 status=status)
+        return web.json_response(
+            {"error": {"message": message, "type": err_type, "param": None, "code": status}}, status=status
+        )
 
     async def handle(self, request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != f"Bearer {self.api_key}":
@@ -54,8 +55,12 @@ class FakeVLLM:
             return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
         path = body.get("lora_path")
         if name in self.loaded:
-            return self._error(400, f"The lora adapter '{name}' has already been loaded. If you want to load the "
-                               "adapter in place, set 'load_inplace' to True.", "InvalidUserInput")
+            return self._error(
+                400,
+                f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                "adapter in place, set 'load_inplace' to True.",
+                "InvalidUserInput",
+            )
         if not Path(path).is_dir():
             return self._error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
         if (Path(path) / "CRASH").exists():
@@ -79,7 +84,7 @@ async def serve(fake: FakeVLLM) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def run(coro):  # noqa: ANN001, ANN201
+def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 20))
 
 
@@ -93,6 +98,7 @@ def test_load_then_unload(folder: Path) -> None:
             assert fake.loaded == {"pirate": str(folder / "pirate")}
             assert await unload_adapter(url, "k", "pirate") == "Success: LoRA adapter 'pirate' removed successfully."
             assert fake.loaded == {}
+
     run(go())
 
 
@@ -104,6 +110,7 @@ def test_loading_the_same_name_twice_is_a_no_op(folder: Path) -> None:
             await load_adapter(url, "k", "pirate", folder / "pirate")
             text = await load_adapter(url, "k", "pirate", folder / "pirate")
             assert "already been loaded" in text and len(fake.calls) == 2
+
     run(go())
 
 
@@ -118,6 +125,7 @@ def test_an_openai_client_can_be_passed_instead_of_a_url(folder: Path) -> None:
             await load_adapter(client, None, "pirate", folder / "pirate")
             assert "pirate" in fake.loaded
             await client.close()
+
     run(go())
 
 
@@ -129,6 +137,7 @@ def test_runtime_loading_disabled_says_which_setting(folder: Path) -> None:
             assert "[lora].runtime_loading = true" in exc.value.user_text()
             with pytest.raises(AdapterRuntimeDisabled):
                 await unload_adapter(url, "k", "pirate")
+
     run(go())
 
 
@@ -140,6 +149,7 @@ def test_engine_refusal_is_adapter_rejected_with_its_message(folder: Path) -> No
             with pytest.raises(AdapterRejected) as exc:
                 await load_adapter(url, "k", "poet", folder / "poet")
             assert "max_lora_rank 16" in exc.value.user_text() and "500" in exc.value.user_text()
+
     run(go())
 
 
@@ -149,6 +159,7 @@ def test_engine_cannot_see_the_path(tmp_path: Path) -> None:
             with pytest.raises(AdapterRejected) as exc:
                 await load_adapter(url, "k", "ghost", tmp_path / "ghost")
             assert "cannot find" in exc.value.user_text() and "mounted" in exc.value.user_text()
+
     run(go())
 
 
@@ -158,6 +169,7 @@ def test_unload_unknown_is_model_not_found() -> None:
             with pytest.raises(ModelNotFound) as exc:
                 await unload_adapter(url, "k", "ghost")
             assert "'ghost'" in exc.value.user_text()
+
     run(go())
 
 
@@ -167,6 +179,7 @@ def test_wrong_api_key_names_the_setting(folder: Path) -> None:
             with pytest.raises(BackendError) as exc:
                 await load_adapter(url, "wrong", "pirate", folder / "pirate")
             assert "401" in exc.value.user_text() and "OPENAI_API_KEY" in exc.value.user_text()
+
     run(go())
 
 
@@ -176,6 +189,7 @@ def test_server_down_is_unreachable(folder: Path) -> None:
             pass  # closed again: nothing listens on that port now
         with pytest.raises(ServerUnreachable):
             await load_adapter(url, "k", "pirate", folder / "pirate", timeout=5)
+
     run(go())
 
 
@@ -190,6 +204,7 @@ def test_limit_is_enforced_before_calling_the_engine(folder: Path) -> None:
             assert fake.calls == []
             await load_adapter(url, "k", "pirate", folder / "pirate", loaded=["a"], limit=2)
             assert "pirate" in fake.loaded
+
     run(go())
 
 
@@ -205,4 +220,5 @@ def test_load_from_folder_refuses_escapes_and_broken_adapters_before_the_engine(
             assert fake.calls == []
             d = await load_adapter_from_folder(url, "k", folder, "pirate", base, 16)
             assert d.ok and fake.loaded == {"pirate": str((folder / "pirate").resolve())}
+
     run(go())

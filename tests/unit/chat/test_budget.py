@@ -94,9 +94,9 @@ async def test_oldest_whole_turns_are_dropped_first_and_the_window_is_maximal(co
     r = await fit(msgs, counter, whole // 2 + 100)
     k = r.kept_turns
     assert 1 < k < 31
-    assert r.messages == [SYSTEM, *msgs[len(msgs) - (2 * k - 1):]]  # system + the newest k turns, whole
+    assert r.messages == [SYSTEM, *msgs[len(msgs) - (2 * k - 1) :]]  # system + the newest k turns, whole
     assert r.prompt_tokens == await counter.count_messages(r.messages) <= r.budget
-    one_more = [SYSTEM, *msgs[len(msgs) - (2 * k + 1):]]
+    one_more = [SYSTEM, *msgs[len(msgs) - (2 * k + 1) :]]
     assert await counter.count_messages(one_more) > r.budget  # keeping one more turn would not fit
     assert [d.index for d in r.dropped] == list(range(1, 2 * (31 - k), 2))
     assert r.dropped[0].indices == (1, 2) and r.dropped[0].preview.startswith("question 0: 词0 word0")
@@ -139,9 +139,11 @@ async def test_no_user_message_is_a_value_error(counter):
 
 @pytest.mark.asyncio
 async def test_reasoning_is_not_sent_back(counter):
-    msgs = [{"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": "<think>\nsecret plan\n</think>\n\n4"},
-            {"role": "user", "content": "and 3+3?"}]
+    msgs = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nsecret plan\n</think>\n\n4"},
+        {"role": "user", "content": "and 3+3?"},
+    ]
     before = copy.deepcopy(msgs)
     r = await fit(msgs, counter, 1000)
     assert r.messages[1] == {"role": "assistant", "content": "4"}
@@ -151,9 +153,11 @@ async def test_reasoning_is_not_sent_back(counter):
 @pytest.mark.asyncio
 async def test_an_answer_that_mentions_think_tags_is_sent_back_whole(counter):
     answer = "Qwen closes reasoning with </think>, then answers; a literal <think> later is just text."
-    msgs = [{"role": "user", "content": "How does Qwen3 mark reasoning?"},
-            {"role": "assistant", "content": answer},
-            {"role": "user", "content": "thanks"}]
+    msgs = [
+        {"role": "user", "content": "How does Qwen3 mark reasoning?"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "thanks"},
+    ]
     r = await fit(msgs, counter, 1000)
     assert r.messages[1]["content"].replace(T.NEUTRALIZER, "") == answer  # every word kept, tags neutralised
 
@@ -289,7 +293,9 @@ async def test_ten_thousand_tiny_turns(fresh):
     assert 0 < small.left_out < 10_000
     assert small.prompt_tokens == await fresh.count_messages(small.messages) <= small.budget
     t = time.perf_counter()
-    await fit(msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}], fresh, 262_144, 1024)
+    await fit(
+        msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}], fresh, 262_144, 1024
+    )
     assert time.perf_counter() - t < 1.0
 
 
@@ -305,7 +311,8 @@ async def test_template_that_does_not_decompose_is_fitted_with_full_renders(qwen
     config = json.loads((qwen_dir / "tokenizer_config.json").read_text())
     config["chat_template"] = (
         "{%- for m in messages %}<|im_start|>{{ m.role }} #{{ loop.index }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     c = await C.load_local_counter(folder)
     assert not c.additive
@@ -313,7 +320,7 @@ async def test_template_that_does_not_decompose_is_fitted_with_full_renders(qwen
     r = await fit(msgs, c, 1500)
     k = r.kept_turns
     assert r.prompt_tokens == await c.count_messages(r.messages) <= r.budget
-    assert await c.count_messages([SYSTEM, *msgs[len(msgs) - (2 * k + 1):]]) > r.budget
+    assert await c.count_messages([SYSTEM, *msgs[len(msgs) - (2 * k + 1) :]]) > r.budget
 
 
 @pytest.mark.asyncio

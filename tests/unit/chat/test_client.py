@@ -67,8 +67,9 @@ AT = 3  # default index of a mid-stream fault
 SLACK = 0.25  # seconds a timeout may fire late on a busy CI box
 HI = [{"role": "user", "content": "hi"}]
 
-FAST = ClientSettings(connect_timeout=2.0, first_token_timeout=0.5, idle_timeout=0.3, total_timeout=5.0,
-                      max_retries=0, retry_backoff=0.01)
+FAST = ClientSettings(
+    connect_timeout=2.0, first_token_timeout=0.5, idle_timeout=0.3, total_timeout=5.0, max_retries=0, retry_backoff=0.01
+)
 
 
 @pytest_asyncio.fixture
@@ -89,8 +90,9 @@ def make_client(server: FakeServer, **kw: Any) -> ChatClient:
     return ChatClient(server.base_url, "test-key", ClientSettings(**values))
 
 
-async def collect(client: ChatClient, model: str, messages: list[dict[str, Any]] = HI, **kw: Any
-                  ) -> tuple[list[Any], BaseException | None]:
+async def collect(
+    client: ChatClient, model: str, messages: list[dict[str, Any]] = HI, **kw: Any
+) -> tuple[list[Any], BaseException | None]:
     """All events of one stream and the exception that ended it (None: it finished)."""
     events: list[Any] = []
     try:
@@ -186,8 +188,13 @@ NONSTREAM: dict[str, Any] = {
     "slow-headers": TotalTimeout,
 }
 
-PARTIAL = {"stall-mid": expected_text(AT), "drop-mid": expected_text(AT), "error-mid": expected_text(AT),
-           "error-mid-flat": expected_text(AT), "non-json": expected_text(AT)}
+PARTIAL = {
+    "stall-mid": expected_text(AT),
+    "drop-mid": expected_text(AT),
+    "error-mid": expected_text(AT),
+    "error-mid-flat": expected_text(AT),
+    "non-json": expected_text(AT),
+}
 
 
 def test_matrix_covers_every_fault_mode_of_the_fake_server():
@@ -232,7 +239,11 @@ async def test_complete_fault_ends_in_its_typed_outcome(server, fault):
         assert isinstance(result, Answer), f"{fault}: {result!r}"
         text, reasoning, kinds, finish = expected
         assert (result.text, result.reasoning, {a.kind for a in result.anomalies}, result.finish_reason) == (
-            text, reasoning, kinds, finish)
+            text,
+            reasoning,
+            kinds,
+            finish,
+        )
         assert result.model == spec and re.fullmatch(r"[0-9a-f]{8}", result.request_id)
 
 
@@ -241,8 +252,10 @@ async def test_normal_stream_yields_text_usage_and_finish_in_order(server, clien
     events, exc = await collect(client, "normal:tokens=20")
     assert exc is None
     assert text_of(events) == expected_text(20)
-    assert events[-2:] == [Usage(prompt_tokens=events[-2].prompt_tokens, completion_tokens=20),
-                           Finish("stop", "normal:tokens=20")]
+    assert events[-2:] == [
+        Usage(prompt_tokens=events[-2].prompt_tokens, completion_tokens=20),
+        Finish("stop", "normal:tokens=20"),
+    ]
     assert not kinds_of(events)
 
 
@@ -278,9 +291,17 @@ async def test_unknown_model_is_model_not_found_naming_the_model(server, client)
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("status,cls", [(401, AuthenticationFailed), (403, AuthenticationFailed),
-                                        (422, RequestRejected), (429, Overloaded), (502, EngineError),
-                                        (504, EngineError)])
+@pytest.mark.parametrize(
+    "status,cls",
+    [
+        (401, AuthenticationFailed),
+        (403, AuthenticationFailed),
+        (422, RequestRejected),
+        (429, Overloaded),
+        (502, EngineError),
+        (504, EngineError),
+    ],
+)
 async def test_other_http_statuses_map_to_their_class(server, client, status, cls):
     events, exc = await collect(client, f"fault:http-{status}")
     assert type(exc) is cls
@@ -349,8 +370,9 @@ async def test_connect_timeout_names_its_setting_when_the_server_never_accepts()
         with contextlib.suppress(BlockingIOError):
             f.connect(("127.0.0.1", port))
         fillers.append(f)
-    client = ChatClient(f"http://127.0.0.1:{port}/v1", "",
-                        ClientSettings(connect_timeout=0.3, first_token_timeout=2.0, max_retries=0))
+    client = ChatClient(
+        f"http://127.0.0.1:{port}/v1", "", ClientSettings(connect_timeout=0.3, first_token_timeout=2.0, max_retries=0)
+    )
     try:
         t0 = time.monotonic()
         events, exc = await collect(client, "m")
@@ -558,12 +580,15 @@ async def test_ten_megabytes_of_text_arrive_intact(server, client):
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("typed,sent", [
-    ("a\x00b", "a\x00b"),  # NUL goes through unchanged
-    ("x\ud800y", "x\ufffdy"),  # lone high surrogate
-    ("\udfffz", "\ufffdz"),  # lone low surrogate
-    ("\ud83d\ude00", "\U0001f600"),  # a pair split into two code points is joined
-])
+@pytest.mark.parametrize(
+    "typed,sent",
+    [
+        ("a\x00b", "a\x00b"),  # NUL goes through unchanged
+        ("x\ud800y", "x\ufffdy"),  # lone high surrogate
+        ("\udfffz", "\ufffdz"),  # lone low surrogate
+        ("\ud83d\ude00", "\U0001f600"),  # a pair split into two code points is joined
+    ],
+)
 async def test_nul_and_lone_surrogates_never_crash_the_request(server, client, typed, sent):
     messages = [{"role": "user", "content": typed}]
     events, exc = await collect(client, "normal", messages)
@@ -611,15 +636,18 @@ def test_think_tags_split_anywhere_across_chunks_still_separate_reasoning(pieces
     assert _run_splitter(pieces) == ("The answer.", "plan it\n")
 
 
-@pytest.mark.parametrize("pieces,expected", [
-    (["no tags here"], ("no tags here", "")),
-    (["a < b and <think> later"], ("a < b and <think> later", "")),  # only a leading tag opens reasoning
-    (["<thx>not a tag"], ("<thx>not a tag", "")),
-    (["<thi"], ("<thi", "")),  # a held prefix is released at the end
-    (["<think>never closed"], ("", "never closed")),
-    (["  ", "<think>", "r", "</think>", "", "t"], ("t", "r")),
-    (["<think></think>answer"], ("answer", "")),
-])
+@pytest.mark.parametrize(
+    "pieces,expected",
+    [
+        (["no tags here"], ("no tags here", "")),
+        (["a < b and <think> later"], ("a < b and <think> later", "")),  # only a leading tag opens reasoning
+        (["<thx>not a tag"], ("<thx>not a tag", "")),
+        (["<thi"], ("<thi", "")),  # a held prefix is released at the end
+        (["<think>never closed"], ("", "never closed")),
+        (["  ", "<think>", "r", "</think>", "", "t"], ("t", "r")),
+        (["<think></think>answer"], ("answer", "")),
+    ],
+)
 def test_think_splitter_edge_cases(pieces, expected):
     assert _run_splitter(pieces) == expected
 
@@ -642,16 +670,23 @@ def _caused(exc: Exception, cause: BaseException) -> Exception:
 MAPPING: list[tuple[str, Exception, type]] = [
     ("400 input_tokens", _status(openai.BadRequestError, 400, overflow_body("input_tokens")["error"]), ContextOverflow),
     ("400 max_tokens", _status(openai.BadRequestError, 400, overflow_body("max_tokens")["error"]), ContextOverflow),
-    ("400 wording alone is not overflow", _status(openai.BadRequestError, 400,
-                                                  {"message": "maximum context length exceeded", "param": None}),
-     RequestRejected),
-    ("400 openai code", _status(openai.BadRequestError, 400, {"message": "x", "code": "context_length_exceeded"}),
-     ContextOverflow),
+    (
+        "400 wording alone is not overflow",
+        _status(openai.BadRequestError, 400, {"message": "maximum context length exceeded", "param": None}),
+        RequestRejected,
+    ),
+    (
+        "400 openai code",
+        _status(openai.BadRequestError, 400, {"message": "x", "code": "context_length_exceeded"}),
+        ContextOverflow,
+    ),
     ("413 proxy limit", _status(openai.APIStatusError, 413, "Request Entity Too Large"), ContextOverflow),
     ("404", _status(openai.NotFoundError, 404, not_found_body("m")["error"]), ModelNotFound),
-    ("404 vLLM wording without param", _status(openai.NotFoundError, 404,
-                                                {"message": "The model `m` does not exist.", "code": 404}),
-     ModelNotFound),
+    (
+        "404 vLLM wording without param",
+        _status(openai.NotFoundError, 404, {"message": "The model `m` does not exist.", "code": 404}),
+        ModelNotFound,
+    ),
     ("404 route, not the model", _status(openai.NotFoundError, 404, {"detail": "Not Found"}), RequestRejected),
     ("404 plain text", _status(openai.NotFoundError, 404, "404: Not Found"), RequestRejected),
     ("401", _status(openai.AuthenticationError, 401, {"message": "bad key"}), AuthenticationFailed),
@@ -660,17 +695,26 @@ MAPPING: list[tuple[str, Exception, type]] = [
     ("503", _status(openai.InternalServerError, 503, {"message": "busy"}), Overloaded),
     ("500", _status(openai.InternalServerError, 500, {"message": "boom"}), EngineError),
     ("502 html", _status(openai.InternalServerError, 502, "<html>bad gateway</html>"), EngineError),
-    ("connect refused", _caused(openai.APIConnectionError(request=REQ),
-                                httpx2.ConnectError("[Errno 111] Connection refused")), ServerUnreachable),
+    (
+        "connect refused",
+        _caused(openai.APIConnectionError(request=REQ), httpx2.ConnectError("[Errno 111] Connection refused")),
+        ServerUnreachable,
+    ),
     ("connect timeout", _caused(openai.APITimeoutError(request=REQ), httpx2.ConnectTimeout("t")), ConnectTimeout),
     ("read timeout", _caused(openai.APITimeoutError(request=REQ), httpx2.ReadTimeout("t")), IdleTimeout),
     ("write timeout", _caused(openai.APITimeoutError(request=REQ), httpx2.WriteTimeout("t")), ConnectionLost),
-    ("dropped", _caused(openai.APIConnectionError(request=REQ),
-                        httpx2.RemoteProtocolError("peer closed connection")), ConnectionLost),
+    (
+        "dropped",
+        _caused(openai.APIConnectionError(request=REQ), httpx2.RemoteProtocolError("peer closed connection")),
+        ConnectionLost,
+    ),
     ("raw reset", ConnectionResetError(104, "Connection reset by peer"), ConnectionLost),
     ("nested error event", openai.APIError("boom", REQ, body={"message": "boom", "code": 500}), EngineError),
-    ("nested overflow event", openai.APIError("x", REQ, body={"message": "x", "param": "input_tokens", "code": 400}),
-     ContextOverflow),
+    (
+        "nested overflow event",
+        openai.APIError("x", REQ, body={"message": "x", "param": "input_tokens", "code": 400}),
+        ContextOverflow,
+    ),
     ("flat error event", ErrorEvent({"object": "error", "message": "m", "code": 503}), Overloaded),
     ("flat error without code", ErrorEvent({"object": "error", "message": "m"}), EngineError),
     ("error as a string", ErrorEvent({"error": "text only"}), EngineError),
@@ -722,8 +766,9 @@ async def test_a_request_body_that_stops_going_out_is_connection_lost_not_an_idl
 
     srv = await asyncio.start_server(never_read, "127.0.0.1", 0)
     port = srv.sockets[0].getsockname()[1]
-    settings = ClientSettings(connect_timeout=2.0, first_token_timeout=10.0, idle_timeout=0.3, total_timeout=10.0,
-                              max_retries=0)
+    settings = ClientSettings(
+        connect_timeout=2.0, first_token_timeout=10.0, idle_timeout=0.3, total_timeout=10.0, max_retries=0
+    )
     client = ChatClient(f"http://127.0.0.1:{port}/v1", "", settings)
     try:
         t0 = time.monotonic()
@@ -755,8 +800,10 @@ def _all_subclasses(cls: type) -> set[type]:
     return out
 
 
-RAISED_ELSEWHERE = {ServerStarting: "shown by the app when the model is still loading after [ui].wait_for_ready",
-                    errors.RequestTimeout: "abstract parent of the four timeouts"}
+RAISED_ELSEWHERE = {
+    ServerStarting: "shown by the app when the model is still loading after [ui].wait_for_ready",
+    errors.RequestTimeout: "abstract parent of the four timeouts",
+}
 
 
 def test_every_backend_error_subclass_is_reachable_from_the_client():
@@ -788,8 +835,9 @@ async def test_fake_server_serves_health_and_models_with_an_adapter(server):
         unknown = await http.post(f"{server.base_url}/chat/completions", json={"model": "x", "messages": []})
     assert [(m["id"], m["parent"]) for m in data] == [(server.model, None), (server.adapter, server.model)]
     assert data[0]["max_model_len"] == 8192
-    assert unknown.status_code == 404 and unknown.json() == {"error": {
-        "message": "The model `x` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}}
+    assert unknown.status_code == 404 and unknown.json() == {
+        "error": {"message": "The model `x` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}
+    }
 
 
 @pytest.mark.asyncio
@@ -799,8 +847,12 @@ async def test_fake_server_rejects_a_bad_mode_spec_with_the_list_of_faults(serve
 
 
 def test_fake_server_runs_standalone_and_reports_requests():
-    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.openai_server", "--port", "0", "--mode", "fault:no-finish"],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.openai_server", "--port", "0", "--mode", "fault:no-finish"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 20)
         assert ready, "the fake server printed nothing within 20 s"
@@ -808,8 +860,7 @@ def test_fake_server_runs_standalone_and_reports_requests():
         base = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line).group(1)
         with httpx2.Client() as http:
             assert http.get(base.removesuffix("/v1") + "/health").status_code == 200
-            body = http.post(f"{base}/chat/completions",
-                             json={"model": "fake-qwen", "messages": HI}).json()
+            body = http.post(f"{base}/chat/completions", json={"model": "fake-qwen", "messages": HI}).json()
             assert body["choices"][0]["finish_reason"] is None  # the default mode applied
             records = http.get(base.removesuffix("/v1") + "/fake/requests").json()
         assert records[0]["spec"] == "fault:no-finish" and records[0]["completed"]

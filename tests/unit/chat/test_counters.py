@@ -49,8 +49,14 @@ CONVERSATIONS = {
     ],
     "emoji": [{"role": "user", "content": "👩‍👩‍👧‍👦🏳️‍🌈 family + flag 🇨🇳🇫🇷 and skin tones 👍🏽👍🏿 😀😀😀"}],
     "code": [
-        {"role": "user", "content": "Fix this:\n```python\ndef f(x):\n\treturn [i*2 for i in range(x) if i%3==0]\n```\n"},
-        {"role": "assistant", "content": "```python\ndef f(x: int) -> list[int]:\n    return [i * 2 for i in range(0, x, 3)]\n```"},
+        {
+            "role": "user",
+            "content": "Fix this:\n```python\ndef f(x):\n\treturn [i*2 for i in range(x) if i%3==0]\n```\n",
+        },
+        {
+            "role": "assistant",
+            "content": "```python\ndef f(x: int) -> list[int]:\n    return [i * 2 for i in range(0, x, 3)]\n```",
+        },
         {"role": "user", "content": "  and in JS?  {\"a\": [1, 2, 3]} <div class='x'>&amp;</div>\r\n"},
     ],
     "very long": [
@@ -126,7 +132,7 @@ def test_long_text_counted_in_parallel_chunks_equals_one_encode(counter):
 
 
 def test_tokenizer_is_loaded_once_per_folder(qwen_dir, counter):
-    again = asyncio.run(C.load_local_counter(qwen_dir / "." ))
+    again = asyncio.run(C.load_local_counter(qwen_dir / "."))
     assert again is counter
 
 
@@ -278,8 +284,8 @@ _JSON_401 = b'{"error": {"message": "invalid api key", "type": "AuthenticationEr
 BROKEN_TOKENIZE = {  # mode: what the server sends back after reading the request (None: never answers)
     "hangs": None,
     "401": b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-           % (len(_JSON_401), _JSON_401),
-    "cut body": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"count\": ",
+    % (len(_JSON_401), _JSON_401),
+    "cut body": b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"count": ',
     "not json": b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n<html>hi</html>",
     "500": b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nboom",
 }
@@ -299,8 +305,14 @@ async def broken_tokenize(mode):
     async def handle(reader, writer):
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
             await reader.readexactly(length)
             reply = BROKEN_TOKENIZE[mode]
             if reply is None:

@@ -16,8 +16,15 @@ from backend.chat.health import EngineState, HealthPoller, HealthSettings, get_p
 from backend.errors import ConfigError
 from tests.fakes.vllm_server import FakeEngine, adapter
 
-FAST = HealthSettings(poll_starting=0.05, poll_ready=0.05, probe_every=0.1, probe_timeout=0.4, probe_slow=0.3,
-                      request_timeout=0.3, startup_limit=30.0)
+FAST = HealthSettings(
+    poll_starting=0.05,
+    poll_ready=0.05,
+    probe_every=0.1,
+    probe_timeout=0.4,
+    probe_slow=0.3,
+    request_timeout=0.3,
+    startup_limit=30.0,
+)
 KEY = "test-key"
 
 
@@ -60,8 +67,9 @@ async def test_starting_while_refused_then_ready_once_the_server_listens_on_the_
     assert poller.status.starting_elapsed >= 0.2
 
     progress: list[tuple[float, EngineState]] = []
-    waiter = asyncio.create_task(poller.wait_until_ready(5, on_progress=lambda e, s: progress.append((e, s.state)),
-                                                         progress_every=0.05))
+    waiter = asyncio.create_task(
+        poller.wait_until_ready(5, on_progress=lambda e, s: progress.append((e, s.state)), progress_every=0.05)
+    )
     await asyncio.sleep(0.3)
     await engine.start()  # same port, now listening
     final = await waiter
@@ -87,7 +95,9 @@ async def test_health_200_but_hung_generation_is_degraded_with_the_timeout_in_th
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("mode, words", [("slow", ["slowly", "0.3 s"]), ("error", ["failed", "HTTP 500", "EngineCore"])])
+@pytest.mark.parametrize(
+    "mode, words", [("slow", ["slowly", "0.3 s"]), ("error", ["failed", "HTTP 500", "EngineCore"])]
+)
 async def test_slow_or_failing_probe_is_degraded_and_says_why(engine, poller, mode, words):
     engine.probe, engine.probe_delay = mode, 0.35  # slower than probe_slow 0.3, faster than probe_timeout 0.4
     await engine.start()
@@ -144,8 +154,9 @@ async def test_down_after_ready_recovers_by_itself_and_keeps_the_model_list_stal
 
 @pytest.mark.asyncio
 async def test_version_increments_when_an_adapter_appears_or_disappears_and_subscribers_see_it(engine):
-    slow_polls = HealthSettings(poll_starting=0.05, poll_ready=30, probe_every=30, probe_timeout=0.4, probe_slow=0.3,
-                                request_timeout=0.3)
+    slow_polls = HealthSettings(
+        poll_starting=0.05, poll_ready=30, probe_every=30, probe_timeout=0.4, probe_slow=0.3, request_timeout=0.3
+    )
     poller = HealthPoller(engine.url, KEY, slow_polls)
     await engine.start()
     await poller.start()
@@ -169,8 +180,18 @@ async def test_version_increments_when_an_adapter_appears_or_disappears_and_subs
 
 
 def write_status(path: Path, **fields) -> None:
-    data = {"state": "running", "pid": 4242, "attempt": 1, "max_attempts": 5, "reason": "", "reason_zh": "",
-            "cause": None, "log_path": "/logs/engine.log", "since": time.time(), "updated": time.time()}
+    data = {
+        "state": "running",
+        "pid": 4242,
+        "attempt": 1,
+        "max_attempts": 5,
+        "reason": "",
+        "reason_zh": "",
+        "cause": None,
+        "log_path": "/logs/engine.log",
+        "since": time.time(),
+        "updated": time.time(),
+    }
     data.update(fields)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data), encoding="utf-8")
@@ -180,8 +201,15 @@ def write_status(path: Path, **fields) -> None:
 @pytest.mark.asyncio
 async def test_status_file_restarting_attempt_2_of_5_is_what_the_user_is_told(engine, tmp_path):
     status_file = tmp_path / "engine-status.json"
-    write_status(status_file, state="restarting", pid=4242, attempt=2, cause="oom_gpu",
-                 reason="the engine ran out of memory", reason_zh="引擎内存不足")
+    write_status(
+        status_file,
+        state="restarting",
+        pid=4242,
+        attempt=2,
+        cause="oom_gpu",
+        reason="the engine ran out of memory",
+        reason_zh="引擎内存不足",
+    )
     poller = HealthPoller(engine.url, KEY, FAST, status_file=status_file)
     await poller.start()
     try:
@@ -197,8 +225,15 @@ async def test_status_file_restarting_attempt_2_of_5_is_what_the_user_is_told(en
         await engine.start()
         assert (await waiter).state is EngineState.READY
 
-        write_status(status_file, state="down", pid=5151, attempt=5, cause="lora_load_failed",
-                     reason="adapter 'pirate' was not found", reason_zh="找不到适配器 'pirate'")
+        write_status(
+            status_file,
+            state="down",
+            pid=5151,
+            attempt=5,
+            cause="lora_load_failed",
+            reason="adapter 'pirate' was not found",
+            reason_zh="找不到适配器 'pirate'",
+        )
         down = await until(poller, lambda s: s.state is EngineState.DOWN, what="supervisor gave up")
         assert down.reason == "adapter 'pirate' was not found; it is down after 5 attempts"
         assert down.models_stale and down.cause == "lora_load_failed"
@@ -211,8 +246,7 @@ async def test_status_file_restarting_attempt_2_of_5_is_what_the_user_is_told(en
 
 @pytest.mark.asyncio
 async def test_never_up_within_the_startup_limit_is_down_and_waiting_gives_up_at_its_timeout(engine):
-    poller = HealthPoller(engine.url, KEY, HealthSettings(poll_starting=0.05, request_timeout=0.3,
-                                                          startup_limit=0.6))
+    poller = HealthPoller(engine.url, KEY, HealthSettings(poll_starting=0.05, request_timeout=0.3, startup_limit=0.6))
     await poller.start()
     try:
         st = await poller.wait_until_ready(0.25)
@@ -248,8 +282,13 @@ async def test_bearer_key_goes_on_every_request_and_a_wrong_key_is_down_with_the
 
 @pytest.mark.asyncio
 async def test_probe_runs_every_probe_every_seconds_not_every_poll(engine):
-    poller = HealthPoller(engine.url, KEY, HealthSettings(poll_starting=0.05, poll_ready=0.05, probe_every=30,
-                                                          probe_timeout=0.4, probe_slow=0.3, request_timeout=0.3))
+    poller = HealthPoller(
+        engine.url,
+        KEY,
+        HealthSettings(
+            poll_starting=0.05, poll_ready=0.05, probe_every=30, probe_timeout=0.4, probe_slow=0.3, request_timeout=0.3
+        ),
+    )
     await engine.start()
     await poller.start()
     try:
@@ -320,11 +359,14 @@ async def test_one_shared_poller_per_process():
     assert health._shared is None
 
 
-@pytest.mark.parametrize("kwargs, key", [
-    ({"poll_ready": 0}, "health.poll_ready"),
-    ({"probe_timeout": -1}, "health.probe_timeout"),
-    ({"probe_slow": 20, "probe_timeout": 10}, "health.probe_slow"),
-])
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"poll_ready": 0}, "health.poll_ready"),
+        ({"probe_timeout": -1}, "health.probe_timeout"),
+        ({"probe_slow": 20, "probe_timeout": 10}, "health.probe_slow"),
+    ],
+)
 def test_health_settings_refuse_bad_values_naming_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         HealthSettings(**kwargs)
@@ -355,8 +397,9 @@ async def test_refresh_without_start_polls_once(engine):
 @pytest.mark.asyncio
 async def test_a_slow_but_answering_engine_is_probed_every_probe_every_not_every_poll(engine):
     """A 4B model on CPU answers the probe slowly: degraded, but not probed on every 0.05 s poll."""
-    settings = HealthSettings(poll_starting=0.05, poll_ready=0.05, probe_every=30, probe_timeout=0.4,
-                              probe_slow=0.1, request_timeout=0.3)
+    settings = HealthSettings(
+        poll_starting=0.05, poll_ready=0.05, probe_every=30, probe_timeout=0.4, probe_slow=0.1, request_timeout=0.3
+    )
     engine.probe, engine.probe_delay = "slow", 0.15
     await engine.start()
     poller = HealthPoller(engine.url, KEY, settings)
@@ -387,8 +430,9 @@ async def test_an_engine_that_only_ever_answered_slowly_is_down_when_it_crashes_
 @pytest.mark.asyncio
 async def test_after_health_fails_a_ready_state_is_not_replayed_without_a_new_probe(engine):
     """Between probes the last answer is replayed, but not across an outage: the engine must answer again."""
-    settings = HealthSettings(poll_starting=0.05, poll_ready=0.05, probe_every=30, probe_timeout=0.4,
-                              probe_slow=0.3, request_timeout=0.3)
+    settings = HealthSettings(
+        poll_starting=0.05, poll_ready=0.05, probe_every=30, probe_timeout=0.4, probe_slow=0.3, request_timeout=0.3
+    )
     poller = HealthPoller(engine.url, KEY, settings)
     await engine.start()
     await poller.start()

@@ -102,12 +102,16 @@ async def test_chainlits_data_layer_stores_and_reads_back_a_thread_with_every_st
     from chainlit.types import Pagination, ThreadFilter
 
     shown = RAW + footer("pirate", None, None, 1.2, "en")
-    thread_id, user_id = await store_chat(layer, [("user", "capital of France?", None),
-                                                 ("assistant", shown, history.answer_metadata(RAW, "pirate"))])
+    thread_id, user_id = await store_chat(
+        layer, [("user", "capital of France?", None), ("assistant", shown, history.answer_metadata(RAW, "pirate"))]
+    )
     thread = await layer.get_thread(thread_id)
     assert thread is not None and thread["userIdentifier"] == "admin"
     assert [(s["type"], s["output"]) for s in thread["steps"]] == [
-        ("user_message", "capital of France?"), ("assistant_message", shown), ("tool", "loaded")]
+        ("user_message", "capital of France?"),
+        ("assistant_message", shown),
+        ("tool", "loaded"),
+    ]
     assert json.loads(thread["steps"][1]["metadata"]) == history.answer_metadata(RAW, "pirate")  # a string on SQLite
     listed = await layer.list_threads(Pagination(first=10), ThreadFilter(userId=user_id))
     assert [t["id"] for t in listed.data] == [thread_id]  # what the history sidebar shows
@@ -129,31 +133,49 @@ async def test_thread_metadata_written_by_the_app_merges_with_chainlits_own(laye
 async def test_a_resumed_thread_rebuilds_the_conversation_with_raw_text_and_the_model_that_answered(layer):
     shown1 = RAW + footer("pirate", None, None, 1.0, "en")
     shown2 = "w0 w1" + interrupted_marker("stopped", "smollm2")
-    thread_id, _ = await store_chat(layer, [
-        ("user", "capital of France?", None),
-        ("assistant", shown1, history.answer_metadata(RAW, "pirate")),
-        ("user", "and of Spain?", None),
-        ("assistant", "Task manually stopped.", None),  # Chainlit's own note: not a turn
-        ("assistant", shown2, history.answer_metadata("w0 w1", "smollm2", interrupted=True)),
-        ("user", "again?", None),
-    ])
+    thread_id, _ = await store_chat(
+        layer,
+        [
+            ("user", "capital of France?", None),
+            ("assistant", shown1, history.answer_metadata(RAW, "pirate")),
+            ("user", "and of Spain?", None),
+            ("assistant", "Task manually stopped.", None),  # Chainlit's own note: not a turn
+            ("assistant", shown2, history.answer_metadata("w0 w1", "smollm2", interrupted=True)),
+            ("user", "again?", None),
+        ],
+    )
     thread = await layer.get_thread(thread_id)
     conv = history.conversation_from_thread(thread)
     assert [(t.role, t.content, t.model, t.interrupted) for t in conv.turns] == [
-        ("user", "capital of France?", "", False), ("assistant", RAW, "pirate", False),
-        ("user", "and of Spain?", "", False), ("assistant", "w0 w1", "smollm2", True), ("user", "again?", "", False)]
+        ("user", "capital of France?", "", False),
+        ("assistant", RAW, "pirate", False),
+        ("user", "and of Spain?", "", False),
+        ("assistant", "w0 w1", "smollm2", True),
+        ("user", "again?", "", False),
+    ]
     assert "*" not in json.dumps(conv.messages())  # no footer reaches the model
     assert history.state_from_thread(thread, conv) == {"model": "smollm2"}  # nothing saved: the last answer's model
 
 
 def test_an_answer_retried_after_a_cut_keeps_only_the_retried_answer():
-    thread = {"steps": [
-        {"id": "u1", "type": "user_message", "output": "q"},
-        {"id": "a1", "type": "assistant_message", "output": "x", "metadata": history.answer_metadata("w0", "m", interrupted=True)},
-        {"id": "e1", "type": "assistant_message", "output": "error", "isError": True, "metadata": "{}"},
-        {"id": "a2", "type": "assistant_message", "output": "y",
-         "metadata": json.dumps(history.answer_metadata("full answer", "m"))},
-    ]}
+    thread = {
+        "steps": [
+            {"id": "u1", "type": "user_message", "output": "q"},
+            {
+                "id": "a1",
+                "type": "assistant_message",
+                "output": "x",
+                "metadata": history.answer_metadata("w0", "m", interrupted=True),
+            },
+            {"id": "e1", "type": "assistant_message", "output": "error", "isError": True, "metadata": "{}"},
+            {
+                "id": "a2",
+                "type": "assistant_message",
+                "output": "y",
+                "metadata": json.dumps(history.answer_metadata("full answer", "m")),
+            },
+        ]
+    }
     conv = history.conversation_from_thread(thread)
     assert [(t.id, t.content) for t in conv.turns] == [("u1", "q"), ("a2", "full answer")]
 
@@ -176,7 +198,10 @@ def test_prepare_creates_the_database_and_a_login_secret_that_survives_a_restart
     again: dict[str, str] = {}
     history.prepare(settings, again)
     assert again["CHAINLIT_AUTH_SECRET"] == secret  # sessions survive a restart
-    assert history.prepare(settings, {"CHAINLIT_AUTH_SECRET": "given"}) and auth_secret(path.parent, {"CHAINLIT_AUTH_SECRET": "given"}) == "given"
+    assert (
+        history.prepare(settings, {"CHAINLIT_AUTH_SECRET": "given"})
+        and auth_secret(path.parent, {"CHAINLIT_AUTH_SECRET": "given"}) == "given"
+    )
 
 
 def test_prepare_does_nothing_without_login(tmp_path):
@@ -189,12 +214,15 @@ def test_prepare_does_nothing_without_login(tmp_path):
 async def test_a_resumed_thread_leaves_out_composer_commands_marked_by_the_app(layer):
     import chainlit as cl
 
-    thread_id, _ = await store_chat(layer, [
-        ("user", "capital of France?", None),
-        ("assistant", RAW, history.answer_metadata(RAW, "pirate")),
-        ("user", "pirate", None),  # typed as "/unload pirate"
-        ("assistant", "Adapter pirate unloaded; answers now come from base.", None),
-    ])
+    thread_id, _ = await store_chat(
+        layer,
+        [
+            ("user", "capital of France?", None),
+            ("assistant", RAW, history.answer_metadata(RAW, "pirate")),
+            ("user", "pirate", None),  # typed as "/unload pirate"
+            ("assistant", "Adapter pirate unloaded; answers now come from base.", None),
+        ],
+    )
     thread = await layer.get_thread(thread_id)
     [command] = [s for s in thread["steps"] if s["output"] == "pirate"]
     msg = cl.Message(content="pirate", author="admin", type="user_message", id=command["id"])
@@ -206,10 +234,13 @@ async def test_a_resumed_thread_leaves_out_composer_commands_marked_by_the_app(l
     assert [(t.role, t.content) for t in conv.turns] == [("user", "capital of France?"), ("assistant", RAW)]
 
 
-@pytest.mark.parametrize("step", [
-    {"id": "c", "type": "user_message", "output": "pirate", "command": "unload"},  # a layer that keeps "command"
-    {"id": "c", "type": "user_message", "output": "", "metadata": json.dumps(history.command_metadata("adapters"))},
-])
+@pytest.mark.parametrize(
+    "step",
+    [
+        {"id": "c", "type": "user_message", "output": "pirate", "command": "unload"},  # a layer that keeps "command"
+        {"id": "c", "type": "user_message", "output": "", "metadata": json.dumps(history.command_metadata("adapters"))},
+    ],
+)
 def test_command_steps_are_not_chat_turns(step):
     thread = {"steps": [{"id": "u1", "type": "user_message", "output": "hi"}, step]}
     assert [t.content for t in history.conversation_from_thread(thread).turns] == ["hi"]

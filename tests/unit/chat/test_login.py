@@ -13,14 +13,17 @@ def auth_settings(tmp_path, **ui) -> Settings:
     return Settings(ui=UISettings(auth=True, **ui), logging=LoggingSettings(dir=str(tmp_path / "logs")))
 
 
-@pytest.mark.parametrize("username,password,ok", [
-    ("demo", "s3cret-pass", True),
-    ("demo", "s3cret-passX", False),
-    ("demo", "", False),
-    ("Demo", "s3cret-pass", False),
-    ("admin", "s3cret-pass", False),
-    ("demo", "s3cret-pass\udcff", False),  # a lone surrogate from a form must not raise
-])
+@pytest.mark.parametrize(
+    "username,password,ok",
+    [
+        ("demo", "s3cret-pass", True),
+        ("demo", "s3cret-passX", False),
+        ("demo", "", False),
+        ("Demo", "s3cret-pass", False),
+        ("admin", "s3cret-pass", False),
+        ("demo", "s3cret-pass\udcff", False),  # a lone surrogate from a form must not raise
+    ],
+)
 def test_the_password_check_accepts_only_the_configured_name_and_password(tmp_path, username, password, ok):
     settings = auth_settings(tmp_path, username="demo", password="s3cret-pass")
     assert login.check_password(settings, username, password) is ok

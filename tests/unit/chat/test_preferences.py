@@ -9,14 +9,17 @@ from backend.chat import preferences
 # ---------------------------------------------------------------- remembered settings
 
 
-@pytest.mark.parametrize("user,cookie,key", [
-    ("admin", "qwenchat_browser=abcdef0123456789", "user:admin"),
-    (None, "other=1; qwenchat_browser=abcdef0123456789", "browser:abcdef0123456789"),
-    (None, "qwenchat_browser=../../etc", None),
-    (None, "qwenchat_browser=", None),
-    (None, None, None),
-    (None, 'broken="', None),
-])
+@pytest.mark.parametrize(
+    "user,cookie,key",
+    [
+        ("admin", "qwenchat_browser=abcdef0123456789", "user:admin"),
+        (None, "other=1; qwenchat_browser=abcdef0123456789", "browser:abcdef0123456789"),
+        (None, "qwenchat_browser=../../etc", None),
+        (None, "qwenchat_browser=", None),
+        (None, None, None),
+        (None, 'broken="', None),
+    ],
+)
 def test_settings_are_remembered_per_user_when_signed_in_else_per_browser_cookie(user, cookie, key):
     assert preferences.preference_key(user, cookie) == key
 
@@ -37,11 +40,14 @@ def test_preferences_survive_a_new_instance_and_forget_the_oldest(tmp_path, monk
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("path_type,cookie,sets", [
-    ("text/html; charset=utf-8", None, True),
-    ("text/html; charset=utf-8", "qwenchat_browser=abcdef0123456789", False),  # kept: the same browser
-    ("application/javascript", None, False),  # assets load in parallel: they would race with new ids
-])
+@pytest.mark.parametrize(
+    "path_type,cookie,sets",
+    [
+        ("text/html; charset=utf-8", None, True),
+        ("text/html; charset=utf-8", "qwenchat_browser=abcdef0123456789", False),  # kept: the same browser
+        ("application/javascript", None, False),  # assets load in parallel: they would race with new ids
+    ],
+)
 async def test_the_page_sets_a_browser_cookie_only_when_missing(path_type, cookie, sets):
     async def page(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", path_type.encode())]})

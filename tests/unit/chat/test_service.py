@@ -26,14 +26,23 @@ def test_dropdown_labels_in_chinese():
 
 
 def test_sampling_from_settings_keeps_defaults_for_missing_values():
-    out = sampling_from({"temperature": 0.7, "top_k": 20.0}, {"temperature": 0.2, "top_p": 0.9, "top_k": -1, "min_p": 0.0})
+    out = sampling_from(
+        {"temperature": 0.7, "top_k": 20.0}, {"temperature": 0.2, "top_p": 0.9, "top_k": -1, "min_p": 0.0}
+    )
     assert out == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.0}
 
 
 def test_sampling_body_sends_vllm_extensions_only_when_active():
-    assert sampling_body({"temperature": 0.7, "top_p": 0.8, "top_k": -1, "min_p": 0.0}) == {"temperature": 0.7, "top_p": 0.8}
+    assert sampling_body({"temperature": 0.7, "top_p": 0.8, "top_k": -1, "min_p": 0.0}) == {
+        "temperature": 0.7,
+        "top_p": 0.8,
+    }
     assert sampling_body({"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.05}) == {
-        "temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.05}
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+        "min_p": 0.05,
+    }
 
 
 def test_footer_names_the_model_tokens_time_and_context_meter():
@@ -50,15 +59,18 @@ from backend.chat.service import close_fence, interrupted_marker  # noqa: E402
 from backend.chat.service import footer as footer_  # noqa: E402
 
 
-@pytest.mark.parametrize("text, closed", [
-    ("plain answer", "plain answer"),
-    ("```python\nprint(1)\n```\ndone", "```python\nprint(1)\n```\ndone"),
-    ("```python\nprint(1", "```python\nprint(1\n```"),
-    ("see:\n  ```\n  indented", "see:\n  ```\n  indented\n```"),
-    ("~~~\ncode", "~~~\ncode\n~~~"),
-    ("```\n~~~ inside\n", "```\n~~~ inside\n\n```"),
-    ("```\na\n```\n```js\nb", "```\na\n```\n```js\nb\n```"),
-])
+@pytest.mark.parametrize(
+    "text, closed",
+    [
+        ("plain answer", "plain answer"),
+        ("```python\nprint(1)\n```\ndone", "```python\nprint(1)\n```\ndone"),
+        ("```python\nprint(1", "```python\nprint(1\n```"),
+        ("see:\n  ```\n  indented", "see:\n  ```\n  indented\n```"),
+        ("~~~\ncode", "~~~\ncode\n~~~"),
+        ("```\n~~~ inside\n", "```\n~~~ inside\n\n```"),
+        ("```\na\n```\n```js\nb", "```\na\n```\n```js\nb\n```"),
+    ],
+)
 def test_an_answer_cut_inside_a_code_block_gets_the_block_closed(text, closed):
     assert close_fence(text) == closed
 
@@ -90,8 +102,10 @@ def test_two_sessions_loading_at_once_see_each_others_adapter_in_the_limit_check
     from backend.chat.service import Service
     from backend.settings import LoggingSettings, LoraSettings, Settings
 
-    settings = Settings(lora=LoraSettings(dir=str(tmp_path), max_loras=1, max_cpu_loras=1),
-                        logging=LoggingSettings(dir=str(tmp_path / "logs")))
+    settings = Settings(
+        lora=LoraSettings(dir=str(tmp_path), max_loras=1, max_cpu_loras=1),
+        logging=LoggingSettings(dir=str(tmp_path / "logs")),
+    )
     service = Service(settings)
     poller = service._poller = FakePoller()
     seen: list[tuple[str, list[str]]] = []
@@ -105,8 +119,9 @@ def test_two_sessions_loading_at_once_see_each_others_adapter_in_the_limit_check
 
     async def both():
         stale = poller.status  # read by both sessions before either load
-        return await asyncio.gather(service.ensure_loaded("a", stale), service.ensure_loaded("b", stale),
-                                    service.ensure_loaded("a", stale))
+        return await asyncio.gather(
+            service.ensure_loaded("a", stale), service.ensure_loaded("b", stale), service.ensure_loaded("a", stale)
+        )
 
     assert asyncio.run(both()) == [True, True, False]  # the second "a" found it served after the lock
     assert seen == [("a", []), ("b", ["a"])]  # "b" was checked against the limit with "a" counted

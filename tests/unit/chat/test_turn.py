@@ -130,13 +130,17 @@ async def fake():
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def service(fake, tmp_path_factory):
-    settings = Settings(base_url=fake.base_url, api_key="test",
-                        client=ClientSettings(first_token_timeout=2, idle_timeout=1, max_retries=0, retry_backoff=0.05),
-                        ui=UISettings(language="en", wait_for_ready=10),
-                        logging=LoggingSettings(dir=str(tmp_path_factory.mktemp("logs"))))
+    settings = Settings(
+        base_url=fake.base_url,
+        api_key="test",
+        client=ClientSettings(first_token_timeout=2, idle_timeout=1, max_retries=0, retry_backoff=0.05),
+        ui=UISettings(language="en", wait_for_ready=10),
+        logging=LoggingSettings(dir=str(tmp_path_factory.mktemp("logs"))),
+    )
     svc = Service(settings)
-    svc._poller = HealthPoller(fake.base_url, "test", HealthSettings(poll_starting=0.05, poll_ready=0.5,
-                                                                      probe_timeout=2, probe_slow=1))
+    svc._poller = HealthPoller(
+        fake.base_url, "test", HealthSettings(poll_starting=0.05, poll_ready=0.5, probe_timeout=2, probe_slow=1)
+    )
     await svc.poller.start()
     status = await svc.poller.wait_until_ready(10)
     assert status.ready, f"the fake server never became ready: {status}"
@@ -177,7 +181,8 @@ async def test_an_answer_streams_its_tokens_in_order_and_reports_who_answered_ho
     assert (reply.text, reply.model, reply.finish.reason) == (FULL, "fake-qwen", "stop")
     assert reply.usage.completion_tokens == 8 and reply.fitted.prompt_tokens > 0 and reply.seconds > 0
     assert [(t.id, t.role, t.content, t.interrupted) for t in session.conversation.turns[1:]] == [
-        ("answer-bubble", "assistant", FULL, False)]
+        ("answer-bubble", "assistant", FULL, False)
+    ]
     [rec] = received(fake, m)
     assert rec.model == "fake-qwen" and rec.max_tokens == service.reply_tokens()
 
@@ -245,8 +250,9 @@ class RestartingPoller:
 
 
 @pytest.mark.parametrize("drops, outcome", [(1, Outcome.ANSWERED), (2, Outcome.FAILED)])
-async def test_an_engine_gone_before_any_text_is_waited_for_and_asked_once_more(service, fake, monkeypatch,
-                                                                                  drops, outcome):
+async def test_an_engine_gone_before_any_text_is_waited_for_and_asked_once_more(
+    service, fake, monkeypatch, drops, outcome
+):
     poller = RestartingPoller(service.poller)
     monkeypatch.setattr(service, "_poller", poller)
     m = marker()
@@ -310,13 +316,17 @@ async def test_the_default_model_not_served_is_an_error_without_a_switch_or_retr
     assert "does not serve 'fake-qwen'" in text and not retry
 
 
-@pytest.mark.parametrize("spec, shown, error, retry", [
-    ("fault:http-500", "", "failed while answering: HTTP 500", True),
-    ("fault:error-mid", expected_text(3), "fake engine failure mid-stream", True),
-    ("fault:overflow-400", "", "too long for the model", False),
-])
+@pytest.mark.parametrize(
+    "spec, shown, error, retry",
+    [
+        ("fault:http-500", "", "failed while answering: HTTP 500", True),
+        ("fault:error-mid", expected_text(3), "fake engine failure mid-stream", True),
+        ("fault:overflow-400", "", "too long for the model", False),
+    ],
+)
 async def test_other_backend_errors_keep_what_was_shown_and_offer_retry_only_when_resending_may_help(
-        service, fake, spec, shown, error, retry):
+    service, fake, spec, shown, error, retry
+):
     session = chat(service, f"[[{spec}]] {marker()}")
     view = Recorder()
 
@@ -331,8 +341,9 @@ async def test_other_backend_errors_keep_what_was_shown_and_offer_retry_only_whe
         assert "drop_answer" in view.kinds() and len(session.conversation.turns) == 1
 
 
-async def test_a_bug_in_the_app_is_reported_as_the_apps_with_the_request_id_the_log_has(service, fake, monkeypatch,
-                                                                                        caplog):
+async def test_a_bug_in_the_app_is_reported_as_the_apps_with_the_request_id_the_log_has(
+    service, fake, monkeypatch, caplog
+):
     async def broken_fit(messages):
         raise KeyError("boom")
 

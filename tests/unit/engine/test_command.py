@@ -19,8 +19,9 @@ def argv_value(argv, flag):
 
 def test_cpu_command_uses_module_entry_point_kv_cache_space_and_lora_flags():
     s = Settings(server=ServerSettings(port=8123, cpu_kvcache_gib=2))
-    cmd = command.build_engine_command(s, engine="cpu", python="/env/bin/python", api_key="secret",
-                                      adapters={"pirate": Path("/a/pirate")})
+    cmd = command.build_engine_command(
+        s, engine="cpu", python="/env/bin/python", api_key="secret", adapters={"pirate": Path("/a/pirate")}
+    )
     argv = list(cmd.argv)
     assert argv[:3] == ["/env/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv_value(argv, "--port") == "8123" and argv_value(argv, "--host") == "127.0.0.1"
@@ -69,9 +70,15 @@ def test_ui_command_runs_chainlit_headless_on_the_ui_port():
     assert "--headless" in cmd.argv and argv_value(list(cmd.argv), "--port") == "8765"
 
 
-@pytest.mark.parametrize("requested, has_gpu, expected", [
-    ("auto", True, "gpu"), ("auto", False, "cpu"), ("cpu", True, "cpu"), ("gpu", True, "gpu"),
-])
+@pytest.mark.parametrize(
+    "requested, has_gpu, expected",
+    [
+        ("auto", True, "gpu"),
+        ("auto", False, "cpu"),
+        ("cpu", True, "cpu"),
+        ("gpu", True, "gpu"),
+    ],
+)
 def test_engine_resolution(requested, has_gpu, expected):
     assert command.resolve_engine(requested, has_gpu) == expected
 
@@ -86,8 +93,9 @@ def test_model_without_a_chat_template_is_served_with_the_chatml_fallback(tmp_pa
     assert command.needs_chat_template(tmp_path)
     template = command.fallback_chat_template(tmp_path)
     assert "<|im_start|>" in template.read_text()
-    argv = command.build_engine_command(Settings(), engine="cpu", python="p", api_key="k", adapters={},
-                                       chat_template=template).argv
+    argv = command.build_engine_command(
+        Settings(), engine="cpu", python="p", api_key="k", adapters={}, chat_template=template
+    ).argv
     assert argv_value(list(argv), "--chat-template") == str(template)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
     assert not command.needs_chat_template(tmp_path)

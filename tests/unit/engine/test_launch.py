@@ -18,12 +18,18 @@ from tests.conftest import free_port
 
 def run(args: list[str], tmp_path, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("QWENCHAT_", "OPENAI_"))}
-    base.update({"QWENCHAT_HOME": os.environ.get("QWENCHAT_HOME", str(tmp_path / "home")),
-                 "QWENCHAT_LOGGING_DIR": str(tmp_path / "logs"), "QWENCHAT_SERVER_PORT": str(free_port()),
-                 "QWENCHAT_SERVER_UI_PORT": str(free_port())})
+    base.update(
+        {
+            "QWENCHAT_HOME": os.environ.get("QWENCHAT_HOME", str(tmp_path / "home")),
+            "QWENCHAT_LOGGING_DIR": str(tmp_path / "logs"),
+            "QWENCHAT_SERVER_PORT": str(free_port()),
+            "QWENCHAT_SERVER_UI_PORT": str(free_port()),
+        }
+    )
     base.update(env)
-    return subprocess.run([sys.executable, "-m", "backend", *args], cwd=str(ROOT), env=base,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "backend", *args], cwd=str(ROOT), env=base, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_missing_model_path_is_named_before_launch(tmp_path):
@@ -77,8 +83,10 @@ def test_forcing_the_gpu_engine_without_a_gpu_is_refused(tmp_path):
     assert out.returncode == 2 and "no NVIDIA GPU" in out.stderr
 
 
-QWEN3_4B_CONFIG = ('{"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 36, "num_attention_heads": 32, '
-                   '"num_key_value_heads": 8, "head_dim": 128, "hidden_size": 2560, "max_position_embeddings": 262144}')
+QWEN3_4B_CONFIG = (
+    '{"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 36, "num_attention_heads": 32, '
+    '"num_key_value_heads": 8, "head_dim": 128, "hidden_size": 2560, "max_position_embeddings": 262144}'
+)
 
 
 def test_dry_run_prints_the_gpu_profile_command_on_a_cpu_machine(tmp_path):

@@ -18,33 +18,97 @@ def log(name: str) -> str:
 # (log file, kind, adapter, words the English reason must contain, words the evidence must contain)
 CASES = [
     ("cpu_unrecognized_flag", "unsupported_flag", None, ["--foo-bar", "[server].extra_args"], "unrecognized arguments"),
-    ("cpu_invalid_lora_rank_choice", "unsupported_flag", None, ["--max-lora-rank 12", "1, 8, 16", "[lora].max_lora_rank"],
-     "invalid choice"),
-    ("cpu_max_model_len_above_config", "unsupported_flag", None, ["99999", "4096", "[model].max_model_len"], "User-specified"),
-    ("cpu_kvcache_space_not_integer", "unsupported_flag", None, ["VLLM_CPU_KVCACHE_SPACE", "'1.5'", "cpu_kvcache_gib"],
-     "invalid literal"),
+    (
+        "cpu_invalid_lora_rank_choice",
+        "unsupported_flag",
+        None,
+        ["--max-lora-rank 12", "1, 8, 16", "[lora].max_lora_rank"],
+        "invalid choice",
+    ),
+    (
+        "cpu_max_model_len_above_config",
+        "unsupported_flag",
+        None,
+        ["99999", "4096", "[model].max_model_len"],
+        "User-specified",
+    ),
+    (
+        "cpu_kvcache_space_not_integer",
+        "unsupported_flag",
+        None,
+        ["VLLM_CPU_KVCACHE_SPACE", "'1.5'", "cpu_kvcache_gib"],
+        "invalid literal",
+    ),
     ("cpu_port_in_use", "port_in_use", None, ["port 18778", "[server].port"], "Address already in use"),
     ("reconstructed_uvicorn_port_in_use", "port_in_use", None, ["port 8000"], "address already in use"),
     ("cpu_model_path_missing", "model_missing", None, ["/nonexistent/model", "[model].path"], "Repo id must be"),
-    ("cpu_model_folder_without_config", "model_missing", None, ["/tmp/h5logs/emptymodel", "config.json"],
-     "Invalid repository ID"),
-    ("reconstructed_old_transformers_no_config", "model_missing", None, ["/srv/models/qwen-finetune", "config.json"],
-     "does not appear to have"),
-    ("reconstructed_hub_unreachable", "model_missing", None, ["https://huggingface.co", "[model].path"], "couldn't connect"),
+    (
+        "cpu_model_folder_without_config",
+        "model_missing",
+        None,
+        ["/tmp/h5logs/emptymodel", "config.json"],
+        "Invalid repository ID",
+    ),
+    (
+        "reconstructed_old_transformers_no_config",
+        "model_missing",
+        None,
+        ["/srv/models/qwen-finetune", "config.json"],
+        "does not appear to have",
+    ),
+    (
+        "reconstructed_hub_unreachable",
+        "model_missing",
+        None,
+        ["https://huggingface.co", "[model].path"],
+        "couldn't connect",
+    ),
     ("cpu_lora_path_missing", "lora_load_failed", "ghost", ["'ghost'", "/tmp/h5logs/nope"], "No adapter found"),
-    ("cpu_lora_rank_too_big", "lora_load_failed", "big", ["'big'", "rank 32", "--max-lora-rank 16", "r<=16"],
-     "greater than max_lora_rank"),
+    (
+        "cpu_lora_rank_too_big",
+        "lora_load_failed",
+        "big",
+        ["'big'", "rank 32", "--max-lora-rank 16", "r<=16"],
+        "greater than max_lora_rank",
+    ),
     ("cpu_lora_unexpected_modules", "lora_load_failed", "bk", ["'bk'", "foo_proj"], "expected target modules"),
     ("reconstructed_lora_keyerror_while_loading", "lora_load_failed", "legal", ["'legal'", "KeyError"], "KeyError"),
-    ("reconstructed_lora_indexerror_at_start", "lora_load_failed", "tiny-r4", ["'tiny-r4'", "IndexError"], "IndexError"),
-    ("cpu_kvcache_space_above_free_ram", "oom_cpu_kvcache", None, ["200.0 GiB", "7.85 of 11.09 GiB", "cpu_kvcache_gib"],
-     "Available memory on node 0"),
-    ("cpu_kvcache_too_small_for_max_len", "oom_cpu_kvcache", None, ["max_model_len 4096", "cpu_kvcache_gib"],
-     "To serve at least one request"),
-    ("reconstructed_gpu_kv_cache_too_small", "oom_gpu", None, ["262144", "36.00 GiB", "9.23 GiB", "67184",
-                                                               "gpu_memory_utilization"], "To serve at least one request"),
+    (
+        "reconstructed_lora_indexerror_at_start",
+        "lora_load_failed",
+        "tiny-r4",
+        ["'tiny-r4'", "IndexError"],
+        "IndexError",
+    ),
+    (
+        "cpu_kvcache_space_above_free_ram",
+        "oom_cpu_kvcache",
+        None,
+        ["200.0 GiB", "7.85 of 11.09 GiB", "cpu_kvcache_gib"],
+        "Available memory on node 0",
+    ),
+    (
+        "cpu_kvcache_too_small_for_max_len",
+        "oom_cpu_kvcache",
+        None,
+        ["max_model_len 4096", "cpu_kvcache_gib"],
+        "To serve at least one request",
+    ),
+    (
+        "reconstructed_gpu_kv_cache_too_small",
+        "oom_gpu",
+        None,
+        ["262144", "36.00 GiB", "9.23 GiB", "67184", "gpu_memory_utilization"],
+        "To serve at least one request",
+    ),
     ("reconstructed_gpu_no_cache_blocks", "oom_gpu", None, ["gpu_memory_utilization"], "No available memory"),
-    ("reconstructed_gpu_cuda_oom_at_load", "oom_gpu", None, ["350.00 MiB", "212.81 MiB of 23.68 GiB"], "CUDA out of memory"),
+    (
+        "reconstructed_gpu_cuda_oom_at_load",
+        "oom_gpu",
+        None,
+        ["350.00 MiB", "212.81 MiB of 23.68 GiB"],
+        "CUDA out of memory",
+    ),
     ("reconstructed_gpu_cuda_oom_while_serving", "oom_gpu", None, ["50.00 MiB", "max_num_seqs"], "CUDA out of memory"),
     ("cpu_head_dim_unsupported", "unknown", None, ["head_dim 16", "vLLM-CPU"], "Unsupported CPU attention"),
     ("cpu_engine_core_killed", "unknown", None, ["died unexpectedly", "memory"], "exited unexpectedly"),
@@ -84,15 +148,17 @@ def test_an_empty_log_has_no_cause():
 
 
 def test_an_unrecognised_error_is_unknown_with_the_root_exception_not_the_wrapper():
-    text = "\n".join([
-        "(APIServer pid=7) INFO 11-29 19:50:05 [api_utils.py:286] non-default args: {'model': '/m'}",
-        "(EngineCore pid=8) ERROR 11-29 19:50:31 [core.py:1512] EngineCore encountered a fatal error.",
-        "(EngineCore pid=8) ERROR 11-29 19:50:31 [core.py:1512] Traceback (most recent call last):",
-        '(EngineCore pid=8) ERROR 11-29 19:50:31 [core.py:1512]   File "/x/vllm/v1/worker/foo.py", line 3, in run',
-        "(EngineCore pid=8) ERROR 11-29 19:50:31 [core.py:1512] ZeroDivisionError: division by zero",
-        "(APIServer pid=7) ERROR 11-29 19:50:31 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
-        "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-    ])
+    text = "\n".join(
+        [
+            "(APIServer pid=7) INFO 11-29 19:50:05 [api_utils.py:286] non-default args: {'model': '/m'}",
+            "(EngineCore pid=8) ERROR 11-29 19:50:31 [core.py:1512] EngineCore encountered a fatal error.",
+            "(EngineCore pid=8) ERROR 11-29 19:50:31 [core.py:1512] Traceback (most recent call last):",
+            '(EngineCore pid=8) ERROR 11-29 19:50:31 [core.py:1512]   File "/x/vllm/v1/worker/foo.py", line 3, in run',
+            "(EngineCore pid=8) ERROR 11-29 19:50:31 [core.py:1512] ZeroDivisionError: division by zero",
+            "(APIServer pid=7) ERROR 11-29 19:50:31 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+            "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        ]
+    )
     cause = classify_failure(text)
     assert cause is not None and cause.kind == "unknown"
     assert "ZeroDivisionError: division by zero" in cause.reason
@@ -105,27 +171,41 @@ def test_only_the_last_launch_counts_when_logs_are_appended():
     assert classify_failure(f"{port}\n{ATTEMPT_MARKER} 2\n{oom}").kind == "oom_gpu"
     assert classify_failure(f"{oom}\n{ATTEMPT_MARKER} 2\n{port}").kind == "port_in_use"
     # without the marker, vLLM's own "non-default args" line starts a launch
-    assert classify_failure(f"{log('cpu_lora_rank_too_big')}\n{log('cpu_kvcache_space_above_free_ram')}").kind == "oom_cpu_kvcache"
+    assert (
+        classify_failure(f"{log('cpu_lora_rank_too_big')}\n{log('cpu_kvcache_space_above_free_ram')}").kind
+        == "oom_cpu_kvcache"
+    )
 
 
 def test_an_oom_while_loading_an_adapter_is_an_oom():
-    text = "\n".join([
-        "(APIServer pid=1) INFO 05-05 12:30:02 [utils.py:233] non-default args: {'lora_modules': "
-        "[LoRAModulePath(name='big', path='/a/big', base_model_name=None)], 'model': '/m'}",
-        "(EngineCore pid=2) ERROR 05-05 12:30:40 [core.py:845] Invocation of add_lora method failed",
-        "(EngineCore pid=2) ERROR 05-05 12:30:40 [core.py:845] torch.OutOfMemoryError: CUDA out of memory. "
-        "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.56 GiB of which 1.10 GiB is free.",
-        "ValueError: Call to add_lora method failed: CUDA out of memory. Tried to allocate 2.00 GiB.",
-    ])
+    text = "\n".join(
+        [
+            "(APIServer pid=1) INFO 05-05 12:30:02 [utils.py:233] non-default args: {'lora_modules': "
+            "[LoRAModulePath(name='big', path='/a/big', base_model_name=None)], 'model': '/m'}",
+            "(EngineCore pid=2) ERROR 05-05 12:30:40 [core.py:845] Invocation of add_lora method failed",
+            "(EngineCore pid=2) ERROR 05-05 12:30:40 [core.py:845] torch.OutOfMemoryError: CUDA out of memory. "
+            "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.56 GiB of which 1.10 GiB is free.",
+            "ValueError: Call to add_lora method failed: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        ]
+    )
     assert classify_failure(text).kind == "oom_gpu"
 
 
-@pytest.mark.parametrize("line, fragment", [
-    ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
-     "you tried to allocate 4294967296 bytes.", "4.00 GiB"),
-    ("RuntimeError: [enforce fail at alloc_cpu.cpp:75] . DefaultCPUAllocator: can't allocate memory: "
-     "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)", "1.00 GiB"),
-])
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        (
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
+            "you tried to allocate 4294967296 bytes.",
+            "4.00 GiB",
+        ),
+        (
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:75] . DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)",
+            "1.00 GiB",
+        ),
+    ],
+)
 def test_running_out_of_ram_on_cpu_names_the_size(line, fragment):
     cause = classify_failure(line)
     assert cause.kind == "oom_cpu_kvcache"
@@ -133,22 +213,26 @@ def test_running_out_of_ram_on_cpu_names_the_size(line, fragment):
 
 
 def test_vllm_cpu_startup_reservation_of_92_percent_is_explained():
-    line = ("(Worker pid=9) ERROR 11-29 19:49:54 [multiproc_executor.py:1063] ValueError: Available memory on node 0 "
-            "(7.85/11.09 GiB) on startup is less than desired CPU memory utilization (0.92, 10.2 GiB). On the CPU "
-            "backend, the `--gpu-memory-utilization` flag controls the fraction of CPU memory reserved")
+    line = (
+        "(Worker pid=9) ERROR 11-29 19:49:54 [multiproc_executor.py:1063] ValueError: Available memory on node 0 "
+        "(7.85/11.09 GiB) on startup is less than desired CPU memory utilization (0.92, 10.2 GiB). On the CPU "
+        "backend, the `--gpu-memory-utilization` flag controls the fraction of CPU memory reserved"
+    )
     cause = classify_failure(line)
     assert cause.kind == "oom_cpu_kvcache"
     assert "0.92" in cause.reason and "VLLM_CPU_KVCACHE_SPACE" in cause.reason
 
 
 def test_a_failed_adapter_is_named_from_its_path_among_several():
-    text = "\n".join([
-        "(APIServer pid=1) INFO 10-03 16:20:44 [utils.py:233] non-default args: {'lora_modules': ["
-        "LoRAModulePath(name='a', path='/ad/a', base_model_name=None), "
-        "LoRAModulePath(name='b', path='/ad/b', base_model_name=None)], 'model': '/m'}",
-        "(Worker pid=3) ERROR 10-03 16:21:31 [multiproc_executor.py:1063] ValueError: While loading /ad/b, expected "
-        "target modules in {'q_proj'} but received ['model.layers.0.mlp.zzz']. Please verify",
-    ])
+    text = "\n".join(
+        [
+            "(APIServer pid=1) INFO 10-03 16:20:44 [utils.py:233] non-default args: {'lora_modules': ["
+            "LoRAModulePath(name='a', path='/ad/a', base_model_name=None), "
+            "LoRAModulePath(name='b', path='/ad/b', base_model_name=None)], 'model': '/m'}",
+            "(Worker pid=3) ERROR 10-03 16:21:31 [multiproc_executor.py:1063] ValueError: While loading /ad/b, expected "
+            "target modules in {'q_proj'} but received ['model.layers.0.mlp.zzz']. Please verify",
+        ]
+    )
     cause = classify_failure(text)
     assert (cause.kind, cause.adapter) == ("lora_load_failed", "b")
 

@@ -15,8 +15,9 @@ from safetensors.numpy import save_file
 from backend.engine import merge
 
 
-@pytest.mark.parametrize("argv", [[], ["--base", "b", "--adapter", "a"], ["--base", "b", "--adapter", "a",
-                                                                          "--out", "o", "--dtype", "int8"]])
+@pytest.mark.parametrize(
+    "argv", [[], ["--base", "b", "--adapter", "a"], ["--base", "b", "--adapter", "a", "--out", "o", "--dtype", "int8"]]
+)
 def test_bad_arguments_exit_2(argv, capsys):
     assert merge.merge_main(argv) == 2
     assert "usage: python -m backend merge" in capsys.readouterr().err
@@ -36,12 +37,17 @@ def test_inspect_merged_refuses_leftover_lora_keys(tmp_path):
     folder = tmp_path / "half-merged"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
-    save_file({"model.layers.0.self_attn.q_proj.weight": np.zeros((4, 4), np.float32),
-               "model.layers.0.self_attn.q_proj.lora_A.weight": np.zeros((2, 4), np.float32)},
-              str(folder / "model.safetensors"))
+    save_file(
+        {
+            "model.layers.0.self_attn.q_proj.weight": np.zeros((4, 4), np.float32),
+            "model.layers.0.self_attn.q_proj.lora_A.weight": np.zeros((2, 4), np.float32),
+        },
+        str(folder / "model.safetensors"),
+    )
     with pytest.raises(merge.MergeError, match="still hold 1 LoRA tensors"):
         merge.inspect_merged(folder)
     os.remove(folder / "model.safetensors")
-    save_file({"model.layers.0.self_attn.q_proj.weight": np.zeros((4, 4), np.float32)},
-              str(folder / "model.safetensors"))
+    save_file(
+        {"model.layers.0.self_attn.q_proj.weight": np.zeros((4, 4), np.float32)}, str(folder / "model.safetensors")
+    )
     assert merge.inspect_merged(folder).tensors == 1

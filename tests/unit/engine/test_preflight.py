@@ -39,8 +39,14 @@ def test_port_in_use_names_port_and_setting():
     assert str(port) in str(info.value) and "[server].port" in str(info.value)
 
 
-QWEN3_4B_CONFIG = {"num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
-                   "head_dim": 128, "hidden_size": 2560, "max_position_embeddings": 262144}
+QWEN3_4B_CONFIG = {
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_size": 2560,
+    "max_position_embeddings": 262144,
+}
 
 
 def test_kv_cache_estimate_for_qwen3_4b_full_context_is_about_36_gib():

@@ -54,13 +54,26 @@ sys.exit(3)
 """
 
 
-def fake_supervisor(tmp_path: Path, mode: str, *, life: float = 1.5, attempts: int = 2, window_s: float = 60,
-                    startup_timeout: float = 30) -> supervisor.Supervisor:
+def fake_supervisor(
+    tmp_path: Path,
+    mode: str,
+    *,
+    life: float = 1.5,
+    attempts: int = 2,
+    window_s: float = 60,
+    startup_timeout: float = 30,
+) -> supervisor.Supervisor:
     port = free_port()
     cmd = Command((sys.executable, "-c", FAKE_ENGINE, str(port), mode, str(life)))
-    return supervisor.Supervisor(cmd, log_path=tmp_path / "engine.log", status_path=tmp_path / "engine-status.json",
-                             health_url=f"http://127.0.0.1:{port}/health", attempts=attempts, window_s=window_s,
-                             startup_timeout=startup_timeout)
+    return supervisor.Supervisor(
+        cmd,
+        log_path=tmp_path / "engine.log",
+        status_path=tmp_path / "engine-status.json",
+        health_url=f"http://127.0.0.1:{port}/health",
+        attempts=attempts,
+        window_s=window_s,
+        startup_timeout=startup_timeout,
+    )
 
 
 def test_restarts_are_bounded_n_in_the_window_then_down_with_the_reason(tmp_path):
@@ -102,8 +115,9 @@ def test_what_the_app_tells_the_user_from_the_status_file_names_the_cause_and_th
     poller = HealthPoller(f"http://127.0.0.1:{free_port()}/v1", "k", status_file=snapshot)
     st = asyncio.run(poller.refresh())
     assert st.state is EngineState.STARTING
-    assert st.reason == ("the engine stopped with an error: RuntimeError: the fake engine crashed; "
-                         "it is restarting — attempt 1 of 3")
+    assert st.reason == (
+        "the engine stopped with an error: RuntimeError: the fake engine crashed; it is restarting — attempt 1 of 3"
+    )
 
 
 def test_an_engine_killed_by_a_signal_is_reported_as_killed_naming_the_signal(tmp_path):
