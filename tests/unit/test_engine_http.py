@@ -10,27 +10,12 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from backend import errors as E
 from backend.adapters import runtime
 from backend.chat.client import map_error
 from backend.chat.counters import RemoteCounter
 from backend.chat.health import HealthPoller, HealthSettings
 from backend.engine_http import Limits, Route, auth_headers, error_message, status_error, transport_error
-from backend.errors import (
-    AdapterRejected,
-    AdapterRuntimeDisabled,
-    AuthenticationFailed,
-    BackendError,
-    ConnectTimeout,
-    ContextOverflow,
-    EngineError,
-    FirstTokenTimeout,
-    ModelNotFound,
-    Overloaded,
-    QwenChatError,
-    RequestRejected,
-    RequestTimeout,
-    ServerUnreachable,
-)
 from backend.settings import ClientSettings
 
 NOT_FOUND_ROUTE = {"detail": "Not Found"}  # FastAPI's own 404: the route does not exist
@@ -40,26 +25,26 @@ UNKNOWN_MODEL = {"message": "The model `x` does not exist.", "type": "NotFoundEr
 @pytest.mark.parametrize(
     "status, body, route, expected",
     [
-        (400, {"message": "too long", "param": "input_tokens", "code": 400}, Route.CHAT, ContextOverflow),
-        (400, {"message": "too long", "param": "max_tokens", "code": 400}, Route.CHAT, ContextOverflow),
-        (400, {"message": "too long", "code": "context_length_exceeded"}, Route.CHAT, ContextOverflow),
-        (413, "Request Entity Too Large", Route.CHAT, ContextOverflow),
-        (400, {"message": "bad temperature", "param": "temperature"}, Route.CHAT, RequestRejected),
-        (404, UNKNOWN_MODEL, Route.CHAT, ModelNotFound),
-        (404, {"message": "The model `x` does not exist."}, Route.CHAT, ModelNotFound),  # older vLLM: no param
-        (404, NOT_FOUND_ROUTE, Route.CHAT, RequestRejected),  # a base URL without /v1
-        (404, NOT_FOUND_ROUTE, Route.TOKENIZE, RequestRejected),
-        (404, NOT_FOUND_ROUTE, Route.LOAD_ADAPTER, AdapterRuntimeDisabled),
-        (404, NOT_FOUND_ROUTE, Route.UNLOAD_ADAPTER, AdapterRuntimeDisabled),
-        (404, {"message": "no such path", "code": 404}, Route.LOAD_ADAPTER, AdapterRejected),
-        (404, {"message": "The lora adapter 'x' cannot be found.", "code": 404}, Route.UNLOAD_ADAPTER, ModelNotFound),
-        (400, {"message": "bad rank", "code": 400}, Route.LOAD_ADAPTER, AdapterRejected),
-        (500, {"message": "IndexError", "code": 500}, Route.LOAD_ADAPTER, AdapterRejected),
-        (500, {"message": "boom", "code": 500}, Route.CHAT, EngineError),
-        (500, {"message": "boom", "code": 500}, Route.UNLOAD_ADAPTER, EngineError),
-        (502, "<html>Bad Gateway</html>", Route.MODELS, EngineError),
-        (None, {"message": "error event", "code": 503}, Route.CHAT, Overloaded),
-        (None, {"message": "error event without status"}, Route.CHAT, EngineError),
+        (400, {"message": "too long", "param": "input_tokens", "code": 400}, Route.CHAT, E.ContextOverflow),
+        (400, {"message": "too long", "param": "max_tokens", "code": 400}, Route.CHAT, E.ContextOverflow),
+        (400, {"message": "too long", "code": "context_length_exceeded"}, Route.CHAT, E.ContextOverflow),
+        (413, "Request Entity Too Large", Route.CHAT, E.ContextOverflow),
+        (400, {"message": "bad temperature", "param": "temperature"}, Route.CHAT, E.RequestRejected),
+        (404, UNKNOWN_MODEL, Route.CHAT, E.ModelNotFound),
+        (404, {"message": "The model `x` does not exist."}, Route.CHAT, E.ModelNotFound),  # older vLLM: no param
+        (404, NOT_FOUND_ROUTE, Route.CHAT, E.RequestRejected),  # a base URL without /v1
+        (404, NOT_FOUND_ROUTE, Route.TOKENIZE, E.RequestRejected),
+        (404, NOT_FOUND_ROUTE, Route.LOAD_ADAPTER, E.AdapterRuntimeDisabled),
+        (404, NOT_FOUND_ROUTE, Route.UNLOAD_ADAPTER, E.AdapterRuntimeDisabled),
+        (404, {"message": "no such path", "code": 404}, Route.LOAD_ADAPTER, E.AdapterRejected),
+        (404, {"message": "The lora adapter 'x' cannot be found.", "code": 404}, Route.UNLOAD_ADAPTER, E.ModelNotFound),
+        (400, {"message": "bad rank", "code": 400}, Route.LOAD_ADAPTER, E.AdapterRejected),
+        (500, {"message": "IndexError", "code": 500}, Route.LOAD_ADAPTER, E.AdapterRejected),
+        (500, {"message": "boom", "code": 500}, Route.CHAT, E.EngineError),
+        (500, {"message": "boom", "code": 500}, Route.UNLOAD_ADAPTER, E.EngineError),
+        (502, "<html>Bad Gateway</html>", Route.MODELS, E.EngineError),
+        (None, {"message": "error event", "code": 503}, Route.CHAT, E.Overloaded),
+        (None, {"message": "error event without status"}, Route.CHAT, E.EngineError),
     ],
 )
 def test_status_error_follows_the_table(status, body, route, expected):
@@ -70,14 +55,14 @@ def test_status_error_follows_the_table(status, body, route, expected):
 @pytest.mark.parametrize("status", [401, 403])
 def test_a_refused_key_is_authentication_failed_on_every_route(route, status):
     err = status_error(status, {"error": "Unauthorized"}, route, model="pirate")
-    assert isinstance(err, AuthenticationFailed) and err.status == status
+    assert isinstance(err, E.AuthenticationFailed) and err.status == status
     assert "API" in err.user_text("en") and "API" in err.user_text("zh")
 
 
 @pytest.mark.parametrize("route", list(Route))
 @pytest.mark.parametrize("status", [429, 503])
 def test_busy_is_overloaded_on_every_route(route, status):
-    assert isinstance(status_error(status, {"message": "busy"}, route), Overloaded)
+    assert isinstance(status_error(status, {"message": "busy"}, route), E.Overloaded)
 
 
 @pytest.mark.parametrize("route", list(Route))
@@ -85,7 +70,7 @@ def test_busy_is_overloaded_on_every_route(route, status):
 def test_every_status_on_every_route_maps_to_one_of_our_errors(route, status):
     """The table is complete: no answer falls through to a raw exception or a base-class error."""
     err = status_error(status, {"message": "m"}, route, model="x")
-    assert isinstance(err, QwenChatError) and type(err) not in (QwenChatError, BackendError)
+    assert isinstance(err, E.QwenChatError) and type(err) not in (E.QwenChatError, E.BackendError)
     assert err.user_text("en") and err.user_text("zh")
 
 
@@ -117,7 +102,7 @@ def test_transport_timeout_names_the_setting_and_what_was_waited_for():
         url="http://h/tokenize",
         limits=Limits(1, 7, "[client].first_token_timeout", "the model server's /tokenize"),
     )
-    assert type(err) is RequestTimeout and err.seconds == 7
+    assert type(err) is E.RequestTimeout and err.seconds == 7
     assert "/tokenize" in err.user_text("en") and "[client].first_token_timeout" in err.user_text("en")
 
 
@@ -128,7 +113,7 @@ def test_chat_mapping_goes_through_the_table():
     request = httpx2.Request("POST", "http://h/v1/chat/completions")
     response = httpx2.Response(401, request=request, json={"error": "Unauthorized"})
     exc = openai.AuthenticationError("Error code: 401", response=response, body="Unauthorized")
-    assert isinstance(map_error(exc, url="http://h/v1", model="m"), AuthenticationFailed)
+    assert isinstance(map_error(exc, url="http://h/v1", model="m"), E.AuthenticationFailed)
 
 
 # ---------------------------------------------------------------- the same table, through the real callers
@@ -162,20 +147,20 @@ async def engine():
 
 
 @pytest.mark.asyncio
-async def test_a_refused_key_on_adapter_load_says_so_not_a_generic_backend_error(engine):
+@pytest.mark.parametrize(
+    "answer, expected, words",
+    [
+        ((401, {"error": "Unauthorized"}, 0.0), E.AuthenticationFailed, "API key"),  # was a plain E.BackendError
+        ((404, NOT_FOUND_ROUTE, 0.0), E.AdapterRuntimeDisabled, "runtime_loading"),
+    ],
+    ids=["refused key", "runtime loading off"],
+)
+async def test_adapter_load_failures_say_what_went_wrong_and_the_fix(engine, answer, expected, words):
     url, answers = engine
-    answers["/v1/load_lora_adapter"] = (401, {"error": "Unauthorized"}, 0.0)
-    with pytest.raises(AuthenticationFailed) as info:
-        await runtime.load_adapter(url + "/v1", "wrong-key", "pirate", "/adapters/pirate")
-    assert "API key" in info.value.user_text("en")
-
-
-@pytest.mark.asyncio
-async def test_adapter_load_404_without_runtime_loading_says_how_to_turn_it_on(engine):
-    url, _ = engine
-    with pytest.raises(AdapterRuntimeDisabled) as info:
-        await runtime.load_adapter(url + "/v1", "", "pirate", "/adapters/pirate")
-    assert "runtime_loading" in info.value.user_text("en")
+    answers["/v1/load_lora_adapter"] = answer
+    with pytest.raises(expected) as info:
+        await runtime.load_adapter(url + "/v1", "some-key", "pirate", "/adapters/pirate")
+    assert words in info.value.user_text("en")
 
 
 @pytest.mark.asyncio
@@ -183,9 +168,9 @@ async def test_a_tokenize_timeout_names_tokenize_and_its_limit_not_the_first_tok
     url, answers = engine
     answers["/tokenize"] = (200, {"count": 1}, 5.0)
     counter = RemoteCounter(url + "/v1", "m", client=ClientSettings(connect_timeout=1, first_token_timeout=0.3))
-    with pytest.raises(RequestTimeout) as info:
+    with pytest.raises(E.RequestTimeout) as info:
         await counter.count_text("hello")
-    assert not isinstance(info.value, FirstTokenTimeout)
+    assert not isinstance(info.value, E.FirstTokenTimeout)
     text = info.value.user_text("en")
     assert "/tokenize" in text and "0.3 s" in text and "[client].first_token_timeout" in text
 
@@ -194,7 +179,7 @@ async def test_a_tokenize_timeout_names_tokenize_and_its_limit_not_the_first_tok
 async def test_a_refused_key_on_tokenize_is_authentication_failed(engine):
     url, answers = engine
     answers["/tokenize"] = (401, {"error": "Unauthorized"}, 0.0)
-    with pytest.raises(AuthenticationFailed):
+    with pytest.raises(E.AuthenticationFailed):
         await RemoteCounter(url + "/v1", "m", "bad").count_text("hello")
 
 
@@ -205,13 +190,13 @@ async def test_health_shows_the_tables_text_for_a_refused_key(engine):
     poller = HealthPoller(url + "/v1", "bad", HealthSettings(request_timeout=2))
     status = await poller.refresh()
     assert status.state.value == "down"
-    assert status.reason == AuthenticationFailed(401, "Unauthorized").user_text("en")
-    assert status.reason_zh == AuthenticationFailed(401, "Unauthorized").user_text("zh")
+    assert status.reason == E.AuthenticationFailed(401, "Unauthorized").user_text("en")
+    assert status.reason_zh == E.AuthenticationFailed(401, "Unauthorized").user_text("zh")
 
 
 @pytest.mark.asyncio
 async def test_nothing_listening_is_server_unreachable_for_adapter_load():
-    with pytest.raises(ServerUnreachable):
+    with pytest.raises(E.ServerUnreachable):
         await runtime.load_adapter(f"http://127.0.0.1:{_free_port()}/v1", "", "pirate", "/a/pirate", timeout=2)
 
 
@@ -224,4 +209,4 @@ def test_connect_timeout_keeps_its_own_class():
         url="u",
         limits=Limits(3, 9, "[health].request_timeout", "/health"),
     )
-    assert type(err) is ConnectTimeout and err.seconds == 3
+    assert type(err) is E.ConnectTimeout and err.seconds == 3
