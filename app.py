@@ -14,10 +14,11 @@ from chainlit.input_widget import Select, Slider, TextInput
 from chainlit.server import app as http_app
 from fastapi import Depends
 
-from backend.chat import history, login, preferences, turn
+from backend.chat import history, preferences, turn
 from backend.chat import service as ui
 from backend.chat.budget import FitResult
 from backend.chat.client import new_request_id
+from backend.chat.login import check_password
 from backend.chat.session import ChatSession
 from backend.chat.turn import Outcome, Reply
 from backend.errors import QwenChatError
@@ -38,7 +39,7 @@ if DB_URL:  # [ui].auth: login, and history through Chainlit's own data layer
 
     @cl.password_auth_callback
     async def login(username: str, password: str) -> cl.User | None:
-        if login.check_password(app.settings, username, password):
+        if check_password(app.settings, username, password):
             return cl.User(identifier=username, metadata={"provider": "credentials"})
         logger.warning("login refused for %r", username)
         return None
