@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import contract
 from .errors import QwenChatError
 from .settings import DEMO_ADAPTER_DIR, Settings, home_dir, load_settings
 
@@ -44,7 +45,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if packages.is_built(target):
         _progress(f"embedded model ready: {target}")
         return 0
-    engine_py = os.environ.get("QWENCHAT_ENGINE_PYTHON") or sys.executable
+    engine_py = os.environ.get(contract.ENV_ENGINE_PYTHON) or sys.executable
     _progress(f"building the embedded default model (SmolLM2-135M-Instruct) into {target} ...")
     return subprocess.call([engine_py, "-m", "backend", "build-default"], cwd=str(Path(__file__).parent.parent))
 

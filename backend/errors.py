@@ -47,9 +47,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .text import pick_language, t
-
-__all__ = ["pick_language"]  # re-exported: callers that only need the language rule
+from .text import t
 
 
 class QwenChatError(Exception):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from . import contract
 from .errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -499,7 +500,7 @@ def load_settings(
     if base_url:
         api_key = env.get("OPENAI_API_KEY", "")
     else:
-        api_key = env.get("QWENCHAT_ENGINE_API_KEY", "") or env.get("OPENAI_API_KEY", "")
+        api_key = env.get(contract.ENV_ENGINE_API_KEY, "") or env.get("OPENAI_API_KEY", "")
     return Settings(**sections, base_url=base_url, api_key=api_key)
 
 

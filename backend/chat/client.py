@@ -43,7 +43,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -613,7 +613,7 @@ class ChatClient:
         max_tokens: int | None = None,
         sampling: dict[str, Any] | None = None,
         request_id: str | None = None,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         """Stream one answer as events; see the module docstring for the guarantees.
 
         Close it when you stop early (``contextlib.aclosing``); cancelling the consuming task

@@ -158,9 +158,8 @@ class _Turn:
                 model = self.session.model or service.default_model(service.poller.status)
                 await view.new_answer(model)  # nothing shown yet: the bubble is by the model that answers
             fitted = await service.fit(conv.messages(self.session.system_prompt))
-            # client.stream is an async generator (it has aclose) but is annotated AsyncIterator.
             async with contextlib.aclosing(
-                service.client.stream(  # type: ignore[type-var]
+                service.client.stream(
                     fitted.messages,
                     model,
                     max_tokens=service.reply_tokens(),

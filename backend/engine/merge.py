@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from .. import contract
 from ..adapters.doctor import Diagnosis, diagnose_adapter
 from ..adapters.safetensors import read_safetensors_header, read_safetensors_metadata
 from ..errors import ModelPathError, QwenChatError
@@ -379,7 +380,7 @@ def _same_python(a: str, b: str) -> bool:
 
 def run_in_engine_env(argv: list[str]) -> int:
     """Re-run this command with $QWENCHAT_ENGINE_PYTHON (set by start.sh / test.sh); 1 when there is none."""
-    engine = os.environ.get("QWENCHAT_ENGINE_PYTHON", "")
+    engine = os.environ.get(contract.ENV_ENGINE_PYTHON, "")
     command = " ".join(shlex.quote(a) for a in ["-m", "backend", "merge", *argv])
     if os.environ.get(_CHILD_ENV) or not engine or _same_python(engine, sys.executable):
         print(
@@ -530,7 +531,7 @@ def run_merge(plan: MergePlan, progress: Callable[[str], None] = _say) -> Merged
 def serve_hint(out: Path) -> list[str]:
     """How to serve the merged folder: with this app, and with vLLM directly."""
     path = shlex.quote(str(out.resolve()))
-    engine = os.environ.get("QWENCHAT_ENGINE_PYTHON") or sys.executable
+    engine = os.environ.get(contract.ENV_ENGINE_PYTHON) or sys.executable
     return [
         f"serve it with this app:  QWENCHAT_MODEL_PATH={path} ./start.sh",
         f"or with vLLM directly:   VLLM_CPU_KVCACHE_SPACE=1 {shlex.quote(engine)} "

@@ -17,7 +17,6 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from ..contract import EngineStatus, SupervisorState
 from ..errors import EngineStartFailed
@@ -29,11 +28,6 @@ from .command import Command
 logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- supervision
-
-
-def write_status(path: Path, **status: Any) -> None:
-    """Atomically replace the status file the app's health poller reads (fields of EngineStatus)."""
-    EngineStatus(**status).write(path)
 
 
 def group_alive(pgid: int) -> bool:

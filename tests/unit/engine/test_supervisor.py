@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from backend.chat.health import EngineState, HealthPoller
+from backend.contract import EngineStatus
 from backend.engine import supervisor
 from backend.engine.command import Command
 from backend.errors import EngineStartFailed
@@ -198,7 +199,7 @@ def test_stop_terminates_the_whole_group_and_says_stopped(tmp_path):
 
 def test_status_file_is_replaced_atomically(tmp_path):
     path = tmp_path / "engine-status.json"
-    supervisor.write_status(path, state="starting", attempt=0)
-    supervisor.write_status(path, state="running", attempt=0)
+    EngineStatus(state="starting", attempt=0).write(path)
+    EngineStatus(state="running", attempt=0).write(path)
     assert json.loads(path.read_text())["state"] == "running"
     assert not list(tmp_path.glob("*.tmp"))
