@@ -229,7 +229,7 @@ async def fit_history(
             use_segments = False
     if use_segments and (verify or (verify is None and counter not in _VERIFIED and fit[1] <= _CHECK_MAX_TOKENS)):
         full = await counter.count_messages(_window(system, turns, len(turns) - fit[0]))
-        if full == fit[1]:
+        if _sums_agree(fit[1], full, counter, pieces=1 + sum(len(turn) for turn in turns[len(turns) - fit[0] :])):
             _VERIFIED.add(counter)
         else:
             logger.warning(
@@ -271,6 +271,18 @@ async def fit_history(
         source=counter.source,
         system_tokens=overhead,
     )
+
+
+def _sums_agree(segments: int, full: int, counter: TokenCounter, *, pieces: int) -> bool:
+    """Whether a segment total proves the counter additive, against one full render of the same prompt.
+
+    An exact counter must agree to the token. An estimate rounds each piece up (its margin is a
+    ceiling per piece), so its sum may exceed the full render by up to one token per piece, never
+    fall below it: an under-count is the only error that could overflow the context.
+    """
+    if counter.exact:
+        return segments == full
+    return full <= segments <= full + pieces
 
 
 def _split_turns(messages: Sequence[Message], specials: Sequence[str]) -> tuple[str | None, list[list[_Item]]]:

@@ -332,6 +332,34 @@ async def test_first_fit_check_catches_a_wrong_decomposition(fresh, caplog):
     assert r.prompt_tokens == await fresh.count_messages(r.messages)
 
 
+@pytest.mark.asyncio
+async def test_an_estimate_keeps_segment_sums_despite_its_own_rounding(qwen_dir, caplog):
+    """External mode (no /tokenize): each piece's margin rounds up, so the sum may exceed one full render
+    by a few tokens. That is not a broken template: segments stay on (1M-token histories cost ms, not s)."""
+    est = C.EstimateCounter(C.qwen_tiktoken_encoding(qwen_dir), margin=0.10)
+    msgs = [SYSTEM, *history(6), {"role": "user", "content": "And the next question?"}]
+    r = await B.fit_history(msgs, est, max_model_len=100_000, reply_reserve=1024, verify=True)
+    full = await est.count_messages(r.messages)
+    assert r.prompt_tokens > full, "this history must exercise the rounding (else the test proves nothing)"
+    assert est.additive and "full render" not in caplog.text
+    assert r.prompt_tokens - full <= len(r.messages) + 1  # at most one token per rounded piece
+
+
+@pytest.mark.asyncio
+async def test_an_estimate_that_under_counts_is_caught(qwen_dir, caplog, monkeypatch):
+    est = C.EstimateCounter(C.qwen_tiktoken_encoding(qwen_dir), margin=0.10)
+    real = est.count_segments
+
+    async def short(messages):  # one token too few per message: could overflow the context
+        return [n - 1 for n in await real(messages)]
+
+    monkeypatch.setattr(est, "count_segments", short)
+    msgs = [SYSTEM, *history(3), {"role": "user", "content": "q"}]
+    r = await B.fit_history(msgs, est, max_model_len=100_000, reply_reserve=1024, verify=True)
+    assert not est.additive and "full render" in caplog.text
+    assert r.prompt_tokens == await est.count_messages(r.messages)
+
+
 # ---------------------------------------------------------------- the meter
 
 
