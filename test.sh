@@ -7,9 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")"
 # Tests choose their servers and settings themselves: nothing from the caller's environment
 # (OPENAI_BASE_URL, QWENCHAT_MODEL_PATH, a profile, ...) may leak into them; a local edit of
-# config.toml must not either.
+# config.toml must not either. Kept: where the environments live and how to build them (QWENCHAT_HOME and
+# the bootstrap's own variables, which the README tells users to set).
 for var in $(env | sed -n 's/^\(OPENAI_[A-Z_]*\|QWENCHAT_[A-Z_]*\)=.*/\1/p'); do
-  [ "$var" = QWENCHAT_HOME ] || unset "$var"
+  case "$var" in
+    QWENCHAT_HOME | QWENCHAT_TORCH_INDEX | QWENCHAT_BOOTSTRAP_PYTHON) ;;
+    *) unset "$var" ;;
+  esac
 done
 export QWENCHAT_CONFIG="$PWD/tests/config.toml"
 source scripts/env.sh

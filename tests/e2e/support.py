@@ -58,6 +58,7 @@ def launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool = True
         "QWENCHAT_LOGGING_DIR": str(tmp / "logs"),
         "QWENCHAT_LORA_DIR": str(tmp / "adapters"),
         "QWENCHAT_SERVER_CPU_KVCACHE_GIB": "1",
+        "QWENCHAT_SERVER_ENGINE": "cpu",  # the engine test.sh installs, also on a machine with a GPU
         **env_overrides,
     }
     (tmp / "adapters").mkdir(exist_ok=True)

@@ -23,6 +23,7 @@ import pytest
 import pytest_asyncio
 
 from backend.chat.conversation import Conversation
+from backend.settings import ROOT
 from tests.fakes.openai_server import FAULTS, FakeServer, expected_text
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -109,7 +110,8 @@ async def ui(fake, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():
             mp.setenv(key, value)
-        for key in ("QWENCHAT_STATUS_FILE", "QWENCHAT_LOG_DIR", "QWENCHAT_PROFILE", "QWENCHAT_CONFIG"):
+        mp.setenv("QWENCHAT_CONFIG", str(ROOT / "tests" / "config.toml"))  # never the shipped config.toml
+        for key in ("QWENCHAT_STATUS_FILE", "QWENCHAT_LOG_DIR", "QWENCHAT_PROFILE"):
             mp.delenv(key, raising=False)
         await health.reset_shared()
         sys.modules.pop("app", None)

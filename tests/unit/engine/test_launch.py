@@ -9,11 +9,23 @@ import os
 import socket
 import subprocess
 import sys
-
-import pytest
+import tomllib
 
 from backend.settings import ROOT
 from tests.conftest import free_port
+
+TEST_CONFIG = ROOT / "tests" / "config.toml"
+
+
+def fake_nvidia_smi(tmp_path, *, gpu: bool = False) -> str:
+    """PATH with a fake `nvidia-smi` in front: GPU detection gives the same answer on any machine."""
+    bin_dir = tmp_path / ("gpu-bin" if gpu else "no-gpu-bin")
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "nvidia-smi"
+    answer = "echo 'GPU 0: NVIDIA L4 (UUID: GPU-0)'" if gpu else "echo 'No devices were found' >&2; exit 6"
+    fake.write_text(f"#!/bin/sh\n{answer}\n")
+    fake.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def run(args: list[str], tmp_path, **env: str) -> subprocess.CompletedProcess:
@@ -21,6 +33,8 @@ def run(args: list[str], tmp_path, **env: str) -> subprocess.CompletedProcess:
     base.update(
         {
             "QWENCHAT_HOME": os.environ.get("QWENCHAT_HOME", str(tmp_path / "home")),
+            "QWENCHAT_CONFIG": str(TEST_CONFIG),  # never the shipped config.toml (a local edit would leak in)
+            "PATH": fake_nvidia_smi(tmp_path),  # the same answers on a machine with an NVIDIA GPU
             "QWENCHAT_LOGGING_DIR": str(tmp_path / "logs"),
             "QWENCHAT_SERVER_PORT": str(free_port()),
             "QWENCHAT_SERVER_UI_PORT": str(free_port()),
@@ -77,8 +91,6 @@ def test_malformed_config_names_the_file_and_the_problem(tmp_path):
 
 
 def test_forcing_the_gpu_engine_without_a_gpu_is_refused(tmp_path):
-    if subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:
-        pytest.fail("this test expects a machine without an NVIDIA GPU (CI's kind)")
     out = run(["engine-kind"], tmp_path, QWENCHAT_SERVER_ENGINE="gpu")
     assert out.returncode == 2 and "no NVIDIA GPU" in out.stderr
 
@@ -99,8 +111,14 @@ def test_dry_run_prints_the_gpu_profile_command_on_a_cpu_machine(tmp_path):
     assert "temperature=0.7 top_p=0.8 top_k=20 min_p=0" in out.stdout
     assert "36.0 GiB" in out.stdout  # the KV-cache estimate for one full-length sequence
     assert "VLLM_API_KEY='***'" in out.stdout  # the key is never printed
+    assert "no GPU on this machine" in out.stdout  # the fake nvidia-smi: the same on a GPU machine
 
 
-def test_external_mode_dry_run_launches_no_engine(tmp_path):
-    out = run(["serve", "--dry-run"], tmp_path, OPENAI_BASE_URL="http://gpu-box:8000/v1")
-    assert out.returncode == 0 and "external mode" in out.stdout and "vllm.entrypoints" not in out.stdout
+def test_launch_tests_see_the_test_config_not_the_shipped_one(tmp_path):
+    """On a GPU machine the shipped config ("auto") picks the GPU engine; the tests' config keeps the CPU one."""
+    assert tomllib.loads((ROOT / "config.toml").read_text())["server"]["engine"] == "auto"
+    with_gpu = fake_nvidia_smi(tmp_path, gpu=True)
+    shipped = run(["engine-kind"], tmp_path, QWENCHAT_CONFIG=str(ROOT / "config.toml"), PATH=with_gpu)
+    assert shipped.returncode == 0 and shipped.stdout.strip() == "gpu", shipped.stdout + shipped.stderr
+    tests = run(["engine-kind"], tmp_path, PATH=with_gpu)
+    assert tests.returncode == 0 and tests.stdout.strip() == "cpu", tests.stdout + tests.stderr
