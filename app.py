@@ -18,6 +18,7 @@ from backend.chat import history, loopstats, preferences, turn
 from backend.chat import service as ui
 from backend.chat.budget import FitResult
 from backend.chat.client import new_request_id
+from backend.chat.coalesce import Coalescer
 from backend.chat.login import check_password
 from backend.chat.session import ChatSession
 from backend.chat.turn import Outcome, Reply
@@ -418,27 +419,47 @@ class ChatView:
         self.lang = lang
         self.msg: cl.Message | None = None  # the answer bubble, from new_answer on
         self.reasoning: cl.Step | None = None
+        # Tokens reach the browser in batches (one socket message and re-render each): [ui].stream_flush_ms.
+        self.out = Coalescer(self._emit, app.settings.ui.stream_flush_ms / 1000)
 
     def step(self, title: str) -> cl.Step:
         return cl.Step(name=title, type="tool")
 
     async def new_answer(self, model: str) -> None:
+        await self.flushed()
         self.msg, self.reasoning = cl.Message(content="", author=model), None
+        self.out = Coalescer(self._emit, app.settings.ui.stream_flush_ms / 1000)  # its first token at once
 
     async def stream_token(self, token: str) -> None:
-        await self.msg.stream_token(token)
+        await self.out.add("answer", token)
 
     async def stream_reasoning(self, token: str) -> None:
+        await self.out.add("reasoning", token)
+
+    async def _emit(self, kind: str, text: str) -> None:
+        """The coalescer's sink: one batch of answer or reasoning text to the browser."""
+        if kind == "answer":
+            await self.msg.stream_token(text)
+            return
         if self.reasoning is None:
             self.reasoning = cl.Step(name=t("reasoning", self.lang), type="llm", default_open=False)
             await self.reasoning.send()
-        await self.reasoning.stream_token(token)
+        await self.reasoning.stream_token(text)
+
+    async def flushed(self) -> None:
+        """Send what the coalescer holds: before the answer is finalised, cut, removed or an error shown."""
+        try:
+            await self.out.aclose()
+        except Exception:  # the bubble may be gone (websocket); the final send sets the whole text anyway
+            logger.debug("could not flush the streamed text", exc_info=True)
 
     async def reasoning_done(self) -> None:
+        await self.flushed()
         if self.reasoning is not None:
             await self.reasoning.update()
 
     async def show_answer(self, reply: Reply) -> str:
+        await self.flushed()
         self.msg.author = reply.model
         self.msg.content = ui.close_fence(reply.text) + ui.footer(
             reply.model, reply.usage, reply.fitted, reply.seconds, self.lang, reply.finish
@@ -448,15 +469,18 @@ class ChatView:
         return self.msg.id
 
     async def keep_partial(self, text: str, model: str, why: str) -> str:
+        await self.flushed()
         self.msg.content = ui.close_fence(text) + ui.interrupted_marker(why, model)
         self.msg.metadata = history.answer_metadata(text, model, interrupted=True)
         await self.msg.send()
         return self.msg.id
 
     async def drop_answer(self) -> None:
+        await self.flushed()
         await self.msg.remove()
 
     async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
+        await self.flushed()
         actions = []
         if retry:
             actions.append(

@@ -142,6 +142,7 @@ class UISettings:
     username: str = "admin"
     password: str = ""  # or QWENCHAT_UI_PASSWORD (the usual environment override)
     history_db: str = ""  # empty: history.sqlite3 in [logging].dir
+    stream_flush_ms: float = 40.0  # answer text reaches the browser at most this often (ms); 0 = every token
 
     def __post_init__(self) -> None:
         if self.auth and not self.password:
@@ -331,6 +332,12 @@ def _validate(s: Settings) -> None:
     )
     need(s.ui.language in ("auto", "en", "zh"), "ui.language", s.ui.language, 'one of "auto", "en", "zh"')
     need(s.ui.wait_for_ready >= 0, "ui.wait_for_ready", s.ui.wait_for_ready, "0 or more seconds")
+    need(
+        0 <= s.ui.stream_flush_ms <= 1000,
+        "ui.stream_flush_ms",
+        s.ui.stream_flush_ms,
+        "0 (send every token at once) to 1000 milliseconds",
+    )
 
 
 # ---------------------------------------------------------------- loading
