@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 app = ui.Service.from_environment()
 # Sets CHAINLIT_AUTH_SECRET: Chainlit checks it only after importing this file.
 DB_URL = history.prepare(app.settings)
-prefs = preferences.Preferences(app.settings.logging.resolved_dir / preferences.PREFS_FILE)
+prefs = preferences.open_preferences(app.settings)  # SQLite; an old ui-preferences.json is imported once
 
 if DB_URL:  # [ui].auth: login, and history through Chainlit's own data layer
     from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
@@ -180,10 +180,18 @@ async def watch_models() -> None:
                     logger.exception("could not re-send the model list")
 
 
-def ensure_watcher() -> None:
+def ensure_watcher(*, from_browser: bool = False) -> None:
     """Start the model-list watcher, or restart it: Chainlit runs on_chat_end on every disconnect,
-    but not on_chat_start when the same session reconnects."""
+    but not on_chat_start when the same session reconnects.
+
+    Not after on_chat_end until the browser acts again (``from_browser``): a browser that left while
+    on_chat_start was still running would otherwise leave a watcher no on_chat_end will ever cancel.
+    """
     state = chat_session()
+    if from_browser:
+        state.connected = True
+    if not state.connected:
+        return
     if state.watcher is None or state.watcher.done():
         state.watcher = asyncio.create_task(watch_models())
 
@@ -253,6 +261,7 @@ async def on_chat_resume(thread: dict) -> None:
 
 @cl.on_chat_end
 async def on_chat_end() -> None:
+    chat_session().connected = False  # a chat start still running must not start the watcher now
     watcher = chat_session().watcher
     if watcher is not None:
         watcher.cancel()  # a reconnect restarts it (ensure_watcher)
@@ -267,10 +276,15 @@ async def on_chat_end() -> None:
 async def on_settings_update(values: dict) -> None:
     # Chainlit runs this in its socket handler: make it the task Stop cancels (an adapter load can take a while).
     cl.context.session.current_task = asyncio.current_task()
-    ensure_watcher()
+    ensure_watcher(from_browser=True)
     chat = chat_session()
     chat.sampling = ui.sampling_from(values, app.default_sampling())
-    chat.system_prompt = values.get("system_prompt") or ""
+    try:
+        preferences.check_system_prompt(values.get("system_prompt") or "")
+        chat.system_prompt = values.get("system_prompt") or ""
+    except preferences.SystemPromptRefused as exc:  # the previous prompt stays; the panel shows it again
+        await show_error(exc.user_text(lang()))
+        await send_settings()
     model = values.get("model")
     if model and model != chat.model:
         await choose_model(model)
@@ -320,7 +334,7 @@ async def run_command(command: str, text: str) -> None:
 async def on_message(message: cl.Message) -> None:
     # Chainlit runs an edited message inline in its socket handler, not as the task Stop cancels.
     cl.context.session.current_task = asyncio.current_task()
-    ensure_watcher()
+    ensure_watcher(from_browser=True)
     if app.poller.status.version != chat_session().models_version:  # missed while disconnected
         await send_settings()
     text = message.content or ""

@@ -23,7 +23,7 @@ The status file is one JSON object (``EngineStatus``), replaced atomically on ev
     max_attempts  [server].restart_attempts
     reason        the cause alone, English ("" when none); the UI adds "attempt 2 of 5"
     reason_zh     the same in Chinese
-    cause         log_diagnosis kind ("oom_gpu", "unknown" …; "" when none)
+    cause         log_diagnosis kind ("oom_gpu", "unknown" …), "hung" (the supervisor's probe), "" when none
     message       the whole sentence, for people reading the file (the UI does not show it)
     log_path      the engine log
     since         epoch: this state began
@@ -74,7 +74,7 @@ class SupervisorState(enum.StrEnum):
 
     STARTING = "starting"  # first launch, not healthy yet
     RUNNING = "running"  # /health answered 200
-    RESTARTING = "restarting"  # it crashed; relaunched (reason, attempt say why and which)
+    RESTARTING = "restarting"  # it crashed or hung; relaunched (reason, attempt say why and which)
     DOWN = "down"  # the first start failed, or too many restarts: given up
     STOPPED = "stopped"  # the launcher stopped it (Ctrl-C, SIGTERM)
 

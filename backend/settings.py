@@ -210,6 +210,11 @@ class Settings:
     lora: LoraSettings = field(default_factory=LoraSettings)
     client: ClientSettings = field(default_factory=ClientSettings)
     budget: BudgetSettings = field(default_factory=BudgetSettings)
+
+    ``restart_after_failed_probes`` (3, a count) is the supervisor's: it probes the engine it launched
+    every ``probe_every`` s (again every ``probe_timeout`` s after a failure) and restarts it after that
+    many probes in a row got no reply within ``probe_timeout``, i.e. at most
+    ``probe_every + restart_after_failed_probes × probe_timeout`` seconds after it hung.
     ui: UISettings = field(default_factory=UISettings)
     health: HealthSettings = field(default_factory=HealthSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
@@ -219,9 +224,17 @@ class Settings:
     def __post_init__(self) -> None:
         _validate(self)
 
+    restart_after_failed_probes: int = 3
     @property
     def external(self) -> bool:
+        n = self.restart_after_failed_probes
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(
+                "health.restart_after_failed_probes", n, "a whole number of probes, 1 or more (3: the default)"
+            )
         return bool(self.base_url)
+            if f.name == "restart_after_failed_probes":
+                continue
 
     @property
     def engine_base_url(self) -> str:

@@ -40,6 +40,7 @@ CATALOG: dict[str, tuple[str, str]] = {
     "empty_message": ("Your message is empty; nothing was sent.", "消息为空，未发送。"),
     "loading": ("The model is loading… {elapsed:.0f} s", "模型加载中… {elapsed:.0f} 秒"),
     "loading_done": ("The model is ready (waited {elapsed:.0f} s).", "模型已就绪（等待了 {elapsed:.0f} 秒）。"),
+    "loading_gave_up": ("Stopped waiting for the model after {elapsed:.0f} s.", "等待模型 {elapsed:.0f} 秒后停止等待。"),
     "engine_down": (
         "The engine is not answering: {reason}. Your message is kept — press Retry when it is back.",
         "引擎无响应：{reason}。您的消息已保留，恢复后请点“重试”。",
@@ -115,6 +116,10 @@ CATALOG: dict[str, tuple[str, str]] = {
     "error.prompt_too_long": (
         "your message is {tokens} tokens; with the system prompt ({system} tokens) and the reply reserve it must fit in {budget}. Nothing was sent. Shorten it, or send a trimmed version (start and end kept).",
         "您的消息有 {tokens} 个词元；加上系统提示（{system} 个词元）和回复预留，必须在 {budget} 以内。消息未发送。请缩短，或发送保留开头和结尾的精简版本。",
+    ),
+    "error.system_prompt_refused": (
+        "the system prompt is {size:,} bytes; the limit is {limit:,} bytes. It was not applied: the previous system prompt is kept. Shorten it and confirm the settings again.",
+        "系统提示有 {size:,} 字节，上限为 {limit:,} 字节。未生效：保留之前的系统提示。请缩短后再次确认设置。",
     ),
     "error.system_prompt_too_long": (
         "the system prompt and the chat template take {system} of the {budget} prompt tokens, leaving no room for your message. Nothing was sent. Shorten the system prompt (settings panel or [model].system_prompt), or lower [budget].reply_reserve.",
@@ -408,3 +413,8 @@ def t(key: str, lang: str | None = "en", **params: Any) -> str:
 def both(key: str, **params: Any) -> tuple[str, str]:
     """(English, Chinese) of ``key``: for places that keep both and let the reader's language decide later."""
     return t(key, "en", **params), t(key, "zh", **params)
+    # the supervisor's hang watchdog (engine/supervisor.py), not the log: the process lives but does not generate
+    "cause.engine_hung": (
+        "the engine stopped answering (no reply to a one-token probe for {seconds:.0f} s)",
+        "引擎停止响应（单个词元的探测请求 {seconds:.0f} 秒无回复）",
+    ),

@@ -46,6 +46,7 @@ import aiohttp
 from ..contract import EngineStatus, SupervisorState
 from ..engine_http import Route, auth_headers, error_message, status_error
 from ..settings import HealthSettings  # re-exported: the [health] section
+from ..probe import probe_body
 from ..text import both, pick_language, t
 
 logger = logging.getLogger(__name__)
@@ -464,13 +465,7 @@ class HealthPoller:
             "POST",
             self.api_url + "/chat/completions",
             s.probe_timeout,
-            {
-                "model": base.id,
-                "messages": [{"role": "user", "content": "ping"}],
-                "max_tokens": 1,
-                "temperature": 0,
-                "stream": False,
-            },
+            probe_body(base.id),  # the same request as the supervisor's hang watchdog
         )
         self._last_probe_at = time.monotonic()
         if probe.ok and probe.status == 200 and isinstance(probe.body, dict) and probe.body.get("choices"):

@@ -28,3 +28,6 @@ class ChatSession:
     # (the watcher, a choice) would otherwise show the other model as the picker's default.
     settings_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     watcher: asyncio.Task[None] | None = None  # re-sends the panel when the engine's model list changes
+    # False from Chainlit's on_chat_end (the browser went away) until the browser acts again (a message, a
+    # settings change): no watcher starts meanwhile, even from a chat start that was still running.
+    connected: bool = True

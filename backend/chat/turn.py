@@ -255,7 +255,8 @@ class _Turn:
                 await step.update()
 
             status = await poller.wait_until_ready(self.service.settings.ui.wait_for_ready, on_progress=progress)
-            step.name = t("loading_done", lang, elapsed=time.monotonic() - t0)
+            # Never "ready" on a wait that ran out or ended with the engine down.
+            step.name = t("loading_done" if status.answering else "loading_gave_up", lang, elapsed=time.monotonic() - t0)
         if status.answering:
             return True
         if status.state is EngineState.DOWN:

@@ -26,6 +26,7 @@ from . import command
 from .preflight import check_limits, check_model_dir, check_port_free, model_config
 from .supervisor import Supervisor, read_tail, start_process, stop_process_group
 
+from ..probe import OneTokenProbe
 logger = logging.getLogger(__name__)
 
 
@@ -258,3 +259,10 @@ def run_serve(settings: Settings) -> int:
     except QwenChatError as exc:
         say(exc.user_text("en"))
         return 2
+            # the hang watchdog: its own one-token probe (the UI's poller only reports, it cannot restart)
+            probe=OneTokenProbe(
+                settings.engine_base_url, api_key, settings.model.name, timeout=settings.health.probe_timeout
+            ),
+            probe_every=settings.health.probe_every,
+            probe_timeout=settings.health.probe_timeout,
+            restart_after_failed_probes=settings.health.restart_after_failed_probes,

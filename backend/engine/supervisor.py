@@ -4,7 +4,15 @@ The supervisor launches vLLM in its own process group, appends its output to
 ``logs/engine.log``, restarts it with backoff after a crash (bounded: ``restart_attempts`` in
 ``restart_window_min`` minutes), and publishes its state in the status file (see
 ``backend.contract``) which the app's health poller reads. Stopping is
-terminate → grace → kill of the whole group: no orphans.
+terminate → continue → grace → kill of the whole group: no orphans, even of a frozen (SIGSTOPped) group.
+
+A hung engine does not exit, so the supervisor also probes it: once it is healthy, a one-token
+generation (``backend.probe``) every ``probe_every`` seconds; after ``restart_after_failed_probes``
+probes in a row got no reply within ``probe_timeout`` while the process is alive, it is restarted
+like a crashed one (same restart budget), with the cause "the engine stopped answering". A probe that
+fails is repeated every ``probe_timeout`` seconds, so a hang is acted on within
+``probe_every + restart_after_failed_probes × probe_timeout`` seconds (+ 0.5 s of polling). Nothing is
+probed while the engine starts (that is ``startup_timeout``'s job).
 """
 
 from __future__ import annotations
@@ -16,10 +24,12 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..contract import EngineStatus, SupervisorState
 from ..errors import EngineStartFailed
+from ..probe import ProbeResult
 from ..settings import ROOT
 from ..text import both
 from . import log_diagnosis
@@ -42,19 +52,22 @@ def group_alive(pgid: int) -> bool:
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """terminate → grace → kill, for the whole process group (vLLM forks engine workers).
+    """terminate → continue → grace → kill, for the whole process group (vLLM forks engine workers).
 
     The group is cleaned up even when its leader is already gone: after a ``kill -9`` of vLLM's
-    API server its EngineCore and worker children live on in the group, holding GiBs of RAM.
+    API server its EngineCore and worker children live on in the group, holding GiBs of RAM. A
+    stopped (SIGSTOP, frozen) process keeps SIGTERM pending until it is continued: SIGCONT after
+    SIGTERM lets it act on it; what still lives after the grace gets SIGKILL (which needs no SIGCONT).
     """
     pgid = proc.pid  # start_new_session: the leader's pid is the group id
     leader_alive = proc.poll() is None
     if not leader_alive and not group_alive(pgid):
         return
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
     deadline = time.monotonic() + grace
     if leader_alive:
         try:
@@ -128,8 +141,51 @@ def _signal_name(num: int) -> str:
         return f"signal {num}"
 
 
+class HangWatchdog:
+    """Counts probes in a row that got no reply; says when the engine counts as hung. No I/O, no clock.
+
+    Armed when the engine became healthy, disarmed while it (re)starts: a probe result that arrives
+    while disarmed (start-up) is ignored. One probe that answers resets the count.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"restart_after_failed_probes must be 1 or more, not {limit}")
+        self.limit = limit
+        self.armed = False
+        self.failures = 0
+        self.silent_since: float | None = None  # start of the first probe of the current failing run
+
+    def arm(self) -> None:
+        self.armed, self.failures, self.silent_since = True, 0, None
+
+    def disarm(self) -> None:
+        self.armed, self.failures, self.silent_since = False, 0, None
+
+    def record(self, answered: bool, started: float, now: float) -> float | None:
+        """One probe's outcome (it began at ``started``); the seconds without a reply once that makes
+        ``limit`` failures in a row (time to restart), else None."""
+        if not self.armed:
+            return None
+        if answered:
+            self.failures, self.silent_since = 0, None
+            return None
+        if self.silent_since is None:
+            self.silent_since = started
+        self.failures += 1
+        return now - self.silent_since if self.failures >= self.limit else None
+
+
+#: The supervisor's probe: one generation, bounded in time (``backend.probe.OneTokenProbe``).
+Probe = Callable[[], Awaitable[ProbeResult]]
+
+
 class Supervisor:
-    """Keeps one vLLM process alive; publishes its state to ``status_path``."""
+    """Keeps one vLLM process alive; publishes its state to ``status_path``.
+
+    With a ``probe`` it also restarts an engine that stopped answering (see the module docstring);
+    ``clock``/``sleep`` are there for tests with a fake clock.
+    """
 
     def __init__(
         self,
@@ -141,6 +197,12 @@ class Supervisor:
         attempts: int,
         window_s: float,
         startup_timeout: float,
+        probe: Probe | None = None,
+        probe_every: float = 30.0,
+        probe_timeout: float = 10.0,
+        restart_after_failed_probes: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.cmd = cmd
         self.log_path = log_path
@@ -149,6 +211,12 @@ class Supervisor:
         self.attempts = attempts
         self.window_s = window_s
         self.startup_timeout = startup_timeout
+        self.probe = probe
+        self.probe_every = probe_every
+        self.probe_timeout = probe_timeout
+        self.watchdog = HangWatchdog(restart_after_failed_probes)
+        self._clock = clock
+        self._sleep = sleep
         self.proc: subprocess.Popen[bytes] | None = None
         self.ever_ready = False
         self.ready_event = asyncio.Event()
@@ -225,8 +293,55 @@ class Supervisor:
             return (*both("supervisor.exited", rc=rc), "unknown", tail)
         return cause.reason, cause.reason_zh, cause.kind, tail
 
+    async def _watch(self, proc: subprocess.Popen[bytes]) -> float | None:
+        """While ``proc`` runs and nobody stops us: probe it (when there is a probe). Returns None when
+        the process exited or stop() was called, or the seconds without a reply once it counts as hung."""
+        probe, wd = self.probe, self.watchdog
+        if probe is None:
+            while proc.poll() is None and not self._stopping:
+                await self._sleep(0.5)
+            return None
+        wd.arm()
+        try:
+            next_probe = self._clock() + self.probe_every
+            while proc.poll() is None and not self._stopping:
+                now = self._clock()
+                if now < next_probe:
+                    await self._sleep(min(0.5, next_probe - now))
+                    continue
+                started = now
+                result = await probe()
+                if proc.poll() is not None or self._stopping:
+                    return None  # it exited meanwhile: the exit status tells more than the probe
+                was_failing = wd.failures
+                silent = wd.record(result.answered, started, self._clock())
+                if not result.answered:
+                    logger.warning(
+                        "engine probe: no reply (%s after %.1f s) — %d of %d in a row",
+                        result.error,
+                        result.latency,
+                        wd.failures,
+                        wd.limit,
+                    )
+                elif was_failing:
+                    logger.info("engine probe: answered again after %d without a reply", was_failing)
+                if silent is not None:
+                    return silent
+                next_probe = started + (self.probe_every if result.answered else self.probe_timeout)
+            return None
+        finally:
+            wd.disarm()
+
     async def run(self) -> None:
         """Start, then keep alive until stop(); sets ``failed`` if the first start fails."""
+        try:
+            await self._run()
+        finally:
+            aclose = getattr(self.probe, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _run(self) -> None:
         attempt = 0
         while not self._stopping:
             proc = self._launch()
@@ -239,21 +354,25 @@ class Supervisor:
             healthy = await self._wait_healthy()
             if self.stopping():
                 return
+            hung: float | None = None
             if healthy:
                 self.ever_ready = True
                 self.ready_event.set()
                 logger.info("engine ready after %.1f s", time.monotonic() - t0)
                 self._status(SupervisorState.RUNNING, attempt=attempt)
-                while proc.poll() is None and not self._stopping:
-                    await asyncio.sleep(0.5)
+                hung = await self._watch(proc)
                 if self.stopping():
                     return
-            rc = proc.poll()  # None: alive but never healthy (start-up limit)
-            reason_en, reason_zh, kind, tail = self._diagnose(rc)
+            rc = proc.poll()  # None: alive but never healthy (start-up limit), or hung
+            if hung is not None and rc is None:
+                reason_en, reason_zh = both("cause.engine_hung", seconds=hung)
+                kind, tail = "hung", ""
+            else:
+                reason_en, reason_zh, kind, tail = self._diagnose(rc)
             if not healthy and rc is None:
                 reason_en, reason_zh = both("supervisor.startup_timeout", seconds=self.startup_timeout)
                 kind = "startup_timeout"
-            logger.error("engine stopped (rc=%s): %s", rc, reason_en)
+            logger.error("engine %s: %s", "hung" if kind == "hung" else f"stopped (rc={rc})", reason_en)
             if not self.ever_ready:
                 # A first start that fails is a configuration problem: report and give up.
                 await asyncio.to_thread(stop_process_group, proc, 5)

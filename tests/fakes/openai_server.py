@@ -15,7 +15,9 @@ where a mid-stream fault fires; default 3), ``stall`` (seconds, default 30; ever
 ends early when the client disconnects), ``fail`` (only the first N attempts of this
 spec misbehave, later ones are normal — for retry tests), ``retry_after`` (503/429
 ``Retry-After`` value, default ``1``), ``param`` (``input_tokens``|``max_tokens`` for
-``overflow-400``). Faults are listed in ``FAULTS``; ``http-<status>`` works for any status.
+``overflow-400``), ``finish`` (the finish reason the answer ends with, e.g. ``content_filter``,
+``tool_calls`` or one nobody knows; default ``stop``, or ``length`` at ``max_tokens``). Faults are
+listed in ``FAULTS``; ``http-<status>`` works for any status.
 
 Every request is recorded (``RequestRecord``): attempt number per spec, stream flag,
 ``X-Request-Id`` header, the parsed messages, chunks sent, and whether the client
@@ -70,7 +72,27 @@ FAULTS: dict[str, str] = {
     "think-inline": "`<think>…</think>` inline in content, tags split across chunks",
     "reasoning-field": "`delta.reasoning_content` chunks before the content",
     "slow-headers": "silence for `stall` s before the response headers",
+    "json-body": "a streaming request answered with one whole JSON `chat.completion` body (stream: true ignored)",
+    "json-error-200": "HTTP 200 whose whole body is vLLM's JSON error object (both)",
+    "html-200": "HTTP 200 with an HTML login page, as a proxy's sign-in would answer (both)",
+    "html-502": "HTTP 502 with a proxy's HTML error page (both)",
+    "text-200": "HTTP 200 with a plain-text body (both)",
+    "sse-wrong-type": "a normal event stream sent as `Content-Type: text/plain` (non-stream: JSON sent as text/plain)",
+    "eof-no-finish": "`at` tokens, then the body ends cleanly: no finish_reason, no [DONE] (non-stream: JSON cut short)",
+    "finish-no-done": "a normal answer with its finish_reason, then the body ends without [DONE] (non-stream: normal)",
+    "tool-calls": "the model calls a tool `get_weather` (no text), finish_reason `tool_calls`",
 }
+
+LOGIN_PAGE = (
+    "<!DOCTYPE html>\n<html><head><title>Sign in - Corporate Proxy</title></head>"
+    '<body><form action="/login"><input name="user"><input type="password" name="pw"></form></body></html>'
+)
+BAD_GATEWAY_PAGE = (
+    "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>"
+    "\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+)
+PLAIN_TEXT = "upstream connect error or disconnect/reset before headers"
+TOOL_CALL = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
 
 MODE_RE = re.compile(r"\[\[((?:fault|normal)(?::[\w.=\-]+)*)\]\]")
 
@@ -139,6 +161,7 @@ class Mode:
     retry_after: str = "1"
     param: str = "input_tokens"
     status: int = 500
+    finish: str = ""
 
     @classmethod
     def parse(cls, spec: str) -> Mode:
@@ -164,7 +187,7 @@ class Mode:
             if not sep or key not in types or key in ("spec", "fault"):
                 raise ValueError(
                     f"mode {spec!r}: bad option {item!r}; use key=value with keys "
-                    "tokens, rate, at, stall, fail, retry_after, param, status"
+                    "tokens, rate, at, stall, fail, retry_after, param, status, finish"
                 )
             conv = {"int": int, "float": float, "int | None": int}.get(str(types[key]), str)
             kw[key] = conv(value)
@@ -420,7 +443,7 @@ class FakeServer:
             transport = request.transport
             if transport is None or transport.is_closing():
                 raise _Disconnected()
-            await asyncio.sleep(POLL)
+            await asyncio.sleep(min(POLL, deadline - time.monotonic()))
 
     async def _answer(
         self, request: web.Request, rec: RequestRecord, mode: Mode, body: dict[str, Any]
@@ -438,6 +461,18 @@ class FakeServer:
             return self._json(rec, vllm_error(msg, _STATUS_TYPES.get(status, "APIError"), status), status, headers)
         if fault == "slow-headers":
             await self._stall(request, mode.stall)
+        if fault in ("html-200", "html-502"):
+            status = 200 if fault == "html-200" else 502
+            rec.status, rec.completed = status, True
+            page = LOGIN_PAGE if status == 200 else BAD_GATEWAY_PAGE
+            return web.Response(status=status, text=page, content_type="text/html")
+        if fault == "text-200":
+            rec.status, rec.completed = 200, True
+            return web.Response(text=PLAIN_TEXT, content_type="text/plain")
+        if fault == "json-error-200":
+            return self._json(rec, vllm_error("fake engine failure in a 200 body", "InternalServerError", 500))
+        if fault == "json-body":
+            return await self._complete(request, rec, mode)
         if rec.stream:
             return await self._stream(request, rec, mode, body)
         return await self._complete(request, rec, mode)
@@ -503,6 +538,17 @@ class FakeServer:
             choice["message"]["content"] = "<think>\nreasoning\n</think>\n\n" + text
         elif fault == "reasoning-field":
             choice["message"]["reasoning_content"] = "reasoning"
+        elif fault == "sse-wrong-type":
+            rec.status, rec.completed = 200, True
+            return web.Response(text=json.dumps(out), content_type="text/plain")
+        elif fault == "eof-no-finish":
+            rec.status, rec.completed = 200, True
+            cut = json.dumps(out).encode()
+            return web.Response(body=cut[: len(cut) // 2], content_type="application/json")
+        elif fault == "tool-calls":
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": [{**TOOL_CALL}]}
+            choice["message"]["tool_calls"][0]["function"] = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+            choice["finish_reason"] = "tool_calls"
         elif fault == "invalid-utf8":
             raw = json.dumps(out, ensure_ascii=False).encode()
             raw = raw.replace(text.encode(), b"ok \xe4\xb8\xad bad\xff\xfe end", 1)
@@ -513,8 +559,8 @@ class FakeServer:
     def _length(self, mode: Mode, rec: RequestRecord) -> tuple[int, str]:
         n = mode.tokens
         if isinstance(rec.max_tokens, int) and 0 <= rec.max_tokens < n:
-            return rec.max_tokens, "length"
-        return n, "stop"
+            return rec.max_tokens, mode.finish or "length"
+        return n, mode.finish or "stop"
 
     def _usage(self, rec: RequestRecord, completion: int) -> dict[str, int]:
         prompt = sum(len(json.dumps(m, ensure_ascii=False)) for m in rec.messages) // 4 + 1
@@ -526,9 +572,8 @@ class FakeServer:
         self, request: web.Request, rec: RequestRecord, mode: Mode, body: dict[str, Any]
     ) -> web.StreamResponse:
         fault = mode.fault
-        resp = web.StreamResponse(
-            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
+        ctype = "text/plain; charset=utf-8" if fault == "sse-wrong-type" else "text/event-stream"
+        resp = web.StreamResponse(status=200, headers={"Content-Type": ctype, "Cache-Control": "no-cache"})
         await resp.prepare(request)
         created = int(time.time())
         n, finish = self._length(mode, rec)
@@ -572,9 +617,13 @@ class FakeServer:
             out.update(top)
             return out
 
-        async def pause() -> None:
+        next_at = time.monotonic()
+
+        async def pause() -> None:  # token i is due at start + i/rate: sleep overheads do not add up
+            nonlocal next_at
             if mode.rate > 0:
-                await self._stall(request, 1.0 / mode.rate)
+                next_at += 1.0 / mode.rate
+                await self._stall(request, next_at - time.monotonic())
 
         if fault == "empty-stream":
             await raw(b"data: [DONE]\n\n")
@@ -592,6 +641,12 @@ class FakeServer:
         await send(chunk({"role": "assistant"} if fault == "role-only-first" else {"role": "assistant", "content": ""}))
         if fault == "stall-first":
             await self._stall(request, mode.stall)
+        if fault == "tool-calls":
+            await send(chunk({"tool_calls": [TOOL_CALL]}))
+            await send(chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]}))
+            await send(chunk({}, "tool_calls"))
+            await raw(b"data: [DONE]\n\n")
+            return self._done(rec, resp)
         if fault == "reasoning-field":
             for piece in ("rea", "son", "ing"):
                 await send(chunk({"reasoning_content": piece}))
@@ -644,6 +699,9 @@ class FakeServer:
                     return self._done(rec, resp)
                 elif fault == "non-json":
                     await raw(b"data: {this is not json\n\n")
+                elif fault == "eof-no-finish":
+                    await resp.write_eof()  # a clean end of the body: no finish_reason, no [DONE]
+                    return self._done(rec, resp)
                 elif fault == "no-delta":
                     await send(chunk(None))
             if fault == "null-content":
@@ -667,6 +725,9 @@ class FakeServer:
                     "usage": self._usage(rec, n),
                 }
             )
+        if fault == "finish-no-done":
+            await resp.write_eof()
+            return self._done(rec, resp)
         await raw(b"data: [DONE]\n\n")
         return self._done(rec, resp)
 

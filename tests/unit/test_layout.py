@@ -46,7 +46,16 @@ def test_backend_never_imports_chainlit(path):
     assert not chainlit, f"{path.relative_to(BACKEND.parent)} imports {chainlit}: app.py is the only Chainlit code"
 
 
-SHARED = ["settings.py", "errors.py", "text.py", "contract.py", "engine_http.py", "chatml.py", "packages.py"]
+SHARED = [
+    "settings.py",
+    "errors.py",
+    "text.py",
+    "contract.py",
+    "engine_http.py",
+    "probe.py",
+    "chatml.py",
+    "packages.py",
+]
 
 
 @pytest.mark.parametrize("name", SHARED)
