@@ -171,6 +171,11 @@ class HealthSettings:
     request_timeout     3.0      limit for GET /health and GET /v1/models
     startup_limit       600.0    never ready within this → down (counts from start / the supervisor's "since")
     ==================  =======  ==========================================================
+
+    ``restart_after_failed_probes`` (3, a count) is the supervisor's: it probes the engine it launched
+    every ``probe_every`` s (again every ``probe_timeout`` s after a failure) and restarts it after that
+    many probes in a row got no reply within ``probe_timeout``, i.e. at most
+    ``probe_every + restart_after_failed_probes × probe_timeout`` seconds after it hung.
     """
 
     poll_starting: float = 1.0
@@ -180,9 +185,17 @@ class HealthSettings:
     probe_slow: float = 5.0
     request_timeout: float = 3.0
     startup_limit: float = 600.0
+    restart_after_failed_probes: int = 3
 
     def __post_init__(self) -> None:
+        n = self.restart_after_failed_probes
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(
+                "health.restart_after_failed_probes", n, "a whole number of probes, 1 or more (3: the default)"
+            )
         for f in dataclasses.fields(self):
+            if f.name == "restart_after_failed_probes":
+                continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"health.{f.name}", value, "a positive number of seconds")
@@ -210,11 +223,6 @@ class Settings:
     lora: LoraSettings = field(default_factory=LoraSettings)
     client: ClientSettings = field(default_factory=ClientSettings)
     budget: BudgetSettings = field(default_factory=BudgetSettings)
-
-    ``restart_after_failed_probes`` (3, a count) is the supervisor's: it probes the engine it launched
-    every ``probe_every`` s (again every ``probe_timeout`` s after a failure) and restarts it after that
-    many probes in a row got no reply within ``probe_timeout``, i.e. at most
-    ``probe_every + restart_after_failed_probes × probe_timeout`` seconds after it hung.
     ui: UISettings = field(default_factory=UISettings)
     health: HealthSettings = field(default_factory=HealthSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
@@ -224,17 +232,9 @@ class Settings:
     def __post_init__(self) -> None:
         _validate(self)
 
-    restart_after_failed_probes: int = 3
     @property
     def external(self) -> bool:
-        n = self.restart_after_failed_probes
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(
-                "health.restart_after_failed_probes", n, "a whole number of probes, 1 or more (3: the default)"
-            )
         return bool(self.base_url)
-            if f.name == "restart_after_failed_probes":
-                continue
 
     @property
     def engine_base_url(self) -> str:

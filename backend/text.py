@@ -337,6 +337,11 @@ CATALOG: dict[str, tuple[str, str]] = {
         "引擎进程意外退出{how}；如果不是人为终止，可能是系统内存不足",
     ),
     "cause.unknown": ("the engine stopped with an error: {detail}", "引擎因错误停止：{detail}"),
+    # the supervisor's hang watchdog (engine/supervisor.py), not the log: the process lives but does not generate
+    "cause.engine_hung": (
+        "the engine stopped answering (no reply to a one-token probe for {seconds:.0f} s)",
+        "引擎停止响应（单个词元的探测请求 {seconds:.0f} 秒无回复）",
+    ),
     # ------------------------------------------------------------ meter.*: the context meter (chat/budget.py FitResult.meter_text)
     # {approx}: "≈" when the count is an estimate, else ""; .left_out.* follow the context after " · "
     "meter.context": ("context: {approx}{used:,} / {budget:,} tokens", "上下文：{approx}{used:,} / {budget:,} 词元"),
@@ -413,8 +418,3 @@ def t(key: str, lang: str | None = "en", **params: Any) -> str:
 def both(key: str, **params: Any) -> tuple[str, str]:
     """(English, Chinese) of ``key``: for places that keep both and let the reader's language decide later."""
     return t(key, "en", **params), t(key, "zh", **params)
-    # the supervisor's hang watchdog (engine/supervisor.py), not the log: the process lives but does not generate
-    "cause.engine_hung": (
-        "the engine stopped answering (no reply to a one-token probe for {seconds:.0f} s)",
-        "引擎停止响应（单个词元的探测请求 {seconds:.0f} 秒无回复）",
-    ),

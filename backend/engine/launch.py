@@ -21,12 +21,12 @@ from pathlib import Path
 
 from .. import contract
 from ..errors import QwenChatError
+from ..probe import OneTokenProbe
 from ..settings import Settings
 from . import command
 from .preflight import check_limits, check_model_dir, check_port_free, model_config
 from .supervisor import Supervisor, read_tail, start_process, stop_process_group
 
-from ..probe import OneTokenProbe
 logger = logging.getLogger(__name__)
 
 
@@ -188,6 +188,13 @@ async def serve(settings: Settings) -> int:
             attempts=settings.server.restart_attempts,
             window_s=settings.server.restart_window_min * 60,
             startup_timeout=settings.server.startup_timeout,
+            # the hang watchdog: its own one-token probe (the UI's poller only reports, it cannot restart)
+            probe=OneTokenProbe(
+                settings.engine_base_url, api_key, settings.model.name, timeout=settings.health.probe_timeout
+            ),
+            probe_every=settings.health.probe_every,
+            probe_timeout=settings.health.probe_timeout,
+            restart_after_failed_probes=settings.health.restart_after_failed_probes,
         )
         ui_env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
         say(f"engine ({engine}) starting: {settings.model.name} from {settings.model.resolved_path}")
@@ -259,10 +266,3 @@ def run_serve(settings: Settings) -> int:
     except QwenChatError as exc:
         say(exc.user_text("en"))
         return 2
-            # the hang watchdog: its own one-token probe (the UI's poller only reports, it cannot restart)
-            probe=OneTokenProbe(
-                settings.engine_base_url, api_key, settings.model.name, timeout=settings.health.probe_timeout
-            ),
-            probe_every=settings.health.probe_every,
-            probe_timeout=settings.health.probe_timeout,
-            restart_after_failed_probes=settings.health.restart_after_failed_probes,
