@@ -14,7 +14,7 @@ from chainlit.input_widget import Select, Slider, TextInput
 from chainlit.server import app as http_app
 from fastapi import Depends
 
-from backend.chat import history, loopstats, preferences, turn
+from backend.chat import history, loopstats, preferences, security, turn
 from backend.chat import service as ui
 from backend.chat.budget import FitResult
 from backend.chat.client import new_request_id
@@ -42,7 +42,7 @@ if DB_URL:  # [ui].auth: login, and history through Chainlit's own data layer
     async def login(username: str, password: str) -> cl.User | None:
         if check_password(app.settings, username, password):
             return cl.User(identifier=username, metadata={"provider": "credentials"})
-        logger.warning("login refused for %r", username)
+        logger.warning("login refused: %s", security.login_refused_note(app.settings, username))
         return None
 
 
@@ -71,6 +71,8 @@ http_app.router.routes.insert(0, http_app.router.routes.pop())
 # Without login, the page sets a browser cookie that the websocket carries: settings survive a reload.
 if not any(m.cls is preferences.BrowserCookieMiddleware for m in http_app.user_middleware):
     http_app.add_middleware(preferences.BrowserCookieMiddleware)
+# Outermost: origin check (HTTP and the socket.io websocket/polling), security headers, login throttle.
+security.install(http_app, app.settings)
 
 
 def lang() -> str:

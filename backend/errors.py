@@ -13,6 +13,7 @@ lives outside this module, next to the only code that raises it (marked below).
     ├── PreflightError             found before vLLM is launched
     │   ├── ModelPathError         model folder missing or without config.json
     │   ├── PortInUse              a port we must bind is taken
+    │   ├── ExposureRefused        the UI would be reachable from other machines without login
     │   ├── EngineUnavailable      the requested engine cannot run here (e.g. GPU forced, no GPU)
     │   └── EngineStartFailed      vLLM exited or never became healthy
     ├── AdapterError               a LoRA adapter cannot be used
@@ -114,6 +115,17 @@ class PortInUse(PreflightError):
 
     def __init__(self, host: str, port: int, setting: str) -> None:
         self.host, self.port, self.setting = host, port, setting
+        super().__init__()
+
+
+class ExposureRefused(PreflightError):
+    """``[server] ui_host`` is not loopback while login is off and ``[ui] public`` is not set."""
+
+    code = "exposure"
+    text_key = "error.exposure"
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
         super().__init__()
 
 

@@ -38,6 +38,41 @@ EMBEDDED_ADAPTER_NAME = "pirate"
 DEMO_ADAPTER_DIR = ROOT / "backend" / "data" / "pirate"
 
 
+def canonical_origin(value: str) -> str | None:
+    """``scheme://host:port`` (lower case, default port made explicit) of a browser origin, or None.
+
+    Only http/https with a host and nothing after it (no path, query, user or fragment) is an origin:
+    "localhost:8080" (no scheme) or "http://x/app" are not.
+    """
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname
+    if parts.scheme not in ("http", "https") or not host or parts.username is not None or parts.password is not None:
+        return None
+    if parts.path not in ("", "/") or parts.query or parts.fragment or value.strip().endswith("?"):
+        return None
+    port = port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or "localhost"; an empty host, 0.0.0.0, :: or any other name is not."""
+    import ipaddress
+
+    host = host.strip().strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def home_dir() -> Path:
     """Cache folder for environments, models and adapters (outside git)."""
     return Path(os.environ.get("QWENCHAT_HOME") or Path.home() / ".cache" / "qwenchat")
@@ -142,6 +177,10 @@ class UISettings:
     username: str = "admin"
     password: str = ""  # or QWENCHAT_UI_PASSWORD (the usual environment override)
     history_db: str = ""  # empty: history.sqlite3 in [logging].dir
+    # Browser origins allowed to use the UI (HTTP and websocket); empty: only the page's own origin
+    # (scheme://host:port of the request's Host header). Set: exactly these, e.g. "https://chat.example.com".
+    allowed_origins: tuple[str, ...] = ()
+    public: bool = False  # true: allow a non-loopback ui_host without login (anyone reaching the port chats)
     stream_flush_ms: float = 40.0  # answer text reaches the browser at most this often (ms); 0 = every token
 
     def __post_init__(self) -> None:
@@ -345,6 +384,14 @@ def _validate(s: Settings) -> None:
     )
     need(s.ui.language in ("auto", "en", "zh"), "ui.language", s.ui.language, 'one of "auto", "en", "zh"')
     need(s.ui.wait_for_ready >= 0, "ui.wait_for_ready", s.ui.wait_for_ready, "0 or more seconds")
+    for origin in s.ui.allowed_origins:
+        need(
+            canonical_origin(origin) is not None,
+            "ui.allowed_origins",
+            origin,
+            'origins like "http://localhost:8080" or "https://chat.example.com": scheme, host and optional port, '
+            "no path",
+        )
     need(
         0 <= s.ui.stream_flush_ms <= 1000,
         "ui.stream_flush_ms",

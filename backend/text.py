@@ -69,6 +69,27 @@ CATALOG: dict[str, tuple[str, str]] = {
         "This button belongs to an earlier message; only the latest message can be retried or trimmed.",
         "此按钮属于较早的消息；只能重试或精简最新的消息。",
     ),
+    "security.origin_refused": (
+        "Refused: requests from {origin} may not use this chat (only its own page may; an administrator can "
+        "add origins in [ui] allowed_origins).",
+        "已拒绝：来自 {origin} 的请求不能使用此聊天（只允许其自身页面；管理员可在 [ui] allowed_origins 中添加来源）。",
+    ),
+    "security.login_throttled": (
+        "Too many failed sign-ins from your address. Wait {seconds} s and try again; the wait grows with each failure.",
+        "您的地址登录失败次数过多。请等待 {seconds} 秒后重试；每次失败后等待时间都会增加。",
+    ),
+    "security.engine_exposed": (
+        "WARNING: [server] host = {host!r} exposes the vLLM engine on port {port} to other machines. The API "
+        "key protects /v1, but /tokenize and /metrics answer without it. Keep it on 127.0.0.1 unless a "
+        "firewall limits who can reach it.",
+        "警告：[server] host = {host!r} 使 vLLM 引擎的端口 {port} 对其他机器开放。API 密钥保护 /v1，"
+        "但 /tokenize 和 /metrics 无需密钥即可访问。除非有防火墙限制访问，否则请保持为 127.0.0.1。",
+    ),
+    "security.ui_public": (
+        "WARNING: [ui] public = true and login is off: anyone who can reach {host}:{port} can chat with the "
+        "engine and load or unload adapters.",
+        "警告：[ui] public = true 且未开启登录：任何能访问 {host}:{port} 的人都可以与引擎聊天并加载或卸载适配器。",
+    ),
     "app_error": (
         "Something went wrong in the chat app (request {rid}); it is logged. Your message is kept.",
         "聊天应用内部出错（请求 {rid}），已记录日志。您的消息已保留。",
@@ -87,6 +108,14 @@ CATALOG: dict[str, tuple[str, str]] = {
     "error.model_path": (
         "model path {path}: {problem}. Set [model].path (or QWENCHAT_MODEL_PATH) to a folder with config.json and weights; leave it empty for the embedded default.",
         "模型路径 {path}：{problem}。请把 [model].path（或 QWENCHAT_MODEL_PATH）设为包含 config.json 和权重的文件夹；留空则使用内置默认模型。",
+    ),
+    "error.exposure": (
+        "[server] ui_host = {host!r} lets other machines reach the chat on port {port} while login is off "
+        "([ui] auth = false): anyone who can reach this port could use the engine. Turn on [ui] auth with a "
+        'password, set [server] ui_host = "127.0.0.1", or set [ui] public = true if that is what you want.',
+        "[server] ui_host = {host!r} 使其他机器可以通过端口 {port} 访问聊天界面，而登录未开启"
+        "（[ui] auth = false）：任何能访问此端口的人都能使用引擎。请开启 [ui] auth 并设置密码，"
+        '或设置 [server] ui_host = "127.0.0.1"；如确实需要公开，请设置 [ui] public = true。',
     ),
     "error.port_in_use": (
         "port {port} on {host} is already in use; change {setting} (or stop the program using it).",

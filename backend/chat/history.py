@@ -24,7 +24,7 @@ from typing import Any
 
 from ..settings import Settings
 from .conversation import Conversation
-from .login import auth_secret
+from .login import auth_secret, session_secret
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +145,16 @@ def ensure_schema(path: Path) -> None:
         db.execute('CREATE INDEX IF NOT EXISTS threads_user ON threads ("userId")')
 
 
+def private_files(path: Path, *, own_folder: bool) -> None:
+    """The history holds every chat: the database (and SQLite's journal files) owner-only (0600); its folder
+    too (0700) when it is ours (the log folder), not one the user chose for it."""
+    if own_folder:
+        os.chmod(path.parent, 0o700)
+    for p in (path, *(path.with_name(path.name + s) for s in ("-journal", "-wal", "-shm"))):
+        if p.is_file():
+            os.chmod(p, 0o600)
+
+
 def prepare(settings: Settings, env: MutableMapping[str, str] = os.environ) -> str | None:
     """At app start: with ``[ui].auth``, the tables and the login secret; returns the database URL.
 
@@ -155,7 +165,11 @@ def prepare(settings: Settings, env: MutableMapping[str, str] = os.environ) -> s
         return None
     path = db_path(settings)
     ensure_schema(path)
-    env["CHAINLIT_AUTH_SECRET"] = auth_secret(path.parent, env)
+    private_files(path, own_folder=path.parent == settings.logging.resolved_dir)
+    # Bound to the password: changing it signs everyone out (old tokens no longer verify).
+    env["CHAINLIT_AUTH_SECRET"] = session_secret(
+        auth_secret(path.parent, env), settings.ui.username, settings.ui.password
+    )
     logger.info("history: login on for %r, chats kept in %s", settings.ui.username, path)
     return database_url(path)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
@@ -16,14 +17,19 @@ logger = logging.getLogger(__name__)
 SECRET_FILE = "chainlit-auth-secret"
 
 
+#: Session secrets this process derived (session_secret) and put in CHAINLIT_AUTH_SECRET: never a base.
+_DERIVED: set[str] = set()
+
+
 def auth_secret(folder: Path, env: Mapping[str, str] = os.environ) -> str:
     """CHAINLIT_AUTH_SECRET, or one generated once and kept in ``folder`` so logins survive restarts."""
-    if env.get("CHAINLIT_AUTH_SECRET"):
+    if env.get("CHAINLIT_AUTH_SECRET") and env["CHAINLIT_AUTH_SECRET"] not in _DERIVED:
         return env["CHAINLIT_AUTH_SECRET"]
     path = folder / SECRET_FILE
     try:
         secret = path.read_text().strip()
         if secret:
+            os.chmod(path, 0o600)
             return secret
     except FileNotFoundError:
         pass
@@ -33,6 +39,19 @@ def auth_secret(folder: Path, env: Mapping[str, str] = os.environ) -> str:
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
     return secret
+
+
+def session_secret(base: str, username: str, password: str) -> str:
+    """What Chainlit signs its login tokens with: the stored secret bound to the user name and password.
+
+    Changing the password (or the name) changes it, so every token issued before stops verifying: the
+    sessions signed in with the old password are over. Only a hash of the password goes in.
+    """
+    pw_hash = hashlib.sha256(password.encode("utf-8", "surrogatepass")).digest()
+    message = b"qwenchat-session\0" + username.encode("utf-8", "surrogatepass") + b"\0" + pw_hash
+    derived = hmac.new(base.encode(), message, hashlib.sha256).hexdigest()
+    _DERIVED.add(derived)
+    return derived
 
 
 def check_password(settings: Settings, username: str, password: str) -> bool:

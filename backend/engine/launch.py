@@ -24,7 +24,7 @@ from ..errors import QwenChatError
 from ..probe import OneTokenProbe
 from ..settings import Settings
 from . import command
-from .preflight import check_limits, check_model_dir, check_port_free, model_config
+from .preflight import check_exposure, check_limits, check_model_dir, check_port_free, model_config
 from .supervisor import Supervisor, read_tail, start_process, stop_process_group
 
 logger = logging.getLogger(__name__)
@@ -76,8 +76,25 @@ def chat_template_for(settings: Settings, log_dir: Path) -> Path | None:
     return None
 
 
+def private_log_dir(log_dir: Path) -> None:
+    """The log folder holds prompts at DEBUG, the history, the login secret: owner only (0700, files 0600).
+
+    ``serve`` also sets umask 077, so files created later (by us, Chainlit or vLLM) are owner-only too.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(log_dir, 0o700)
+    for path in log_dir.iterdir():
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, 0o600)
+
+
 def dry_run(settings: Settings) -> int:
     """Print what a real start would run: the doctor's choice of adapters, the fallbacks, the advice."""
+    try:
+        for warning in check_exposure(settings):
+            print(f"# {warning}")
+    except QwenChatError as exc:
+        print(f"# a real start would stop here: {exc.user_text('en')}")
     has_gpu = command.gpu_available()
     engine = settings.server.engine if settings.server.engine != "auto" else ("gpu" if has_gpu else "cpu")
     if settings.external:
@@ -118,6 +135,8 @@ def dry_run(settings: Settings) -> int:
 
 def preflight(settings: Settings, engine: str) -> None:
     """Everything checkable before vLLM is launched; raises a PreflightError."""
+    for warning in check_exposure(settings):  # first: refuses a UI open to others without login
+        say(warning)
     if not settings.external:
         check_model_dir(settings.model.resolved_path)
         check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
@@ -151,7 +170,8 @@ async def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], timeou
 async def serve(settings: Settings) -> int:
     t0 = time.monotonic()
     log_dir = settings.logging.resolved_dir
-    log_dir.mkdir(parents=True, exist_ok=True)
+    os.umask(0o077)  # logs, status files, history, secrets: readable by their owner only
+    private_log_dir(log_dir)
     engine = (
         "external" if settings.external else command.resolve_engine(settings.server.engine, command.gpu_available())
     )

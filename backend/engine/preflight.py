@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelPathError, PortInUse
-from ..settings import Settings
+from ..errors import ExposureRefused, ModelPathError, PortInUse
+from ..settings import Settings, is_loopback
+from ..text import t
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,20 @@ def check_port_free(host: str, port: int, setting: str) -> None:
             sock.bind((host if host not in ("", "0.0.0.0") else "0.0.0.0", port))
         except OSError:
             raise PortInUse(host, port, setting) from None
+
+
+def check_exposure(settings: Settings) -> list[str]:
+    """Who can reach what: refuses a UI open to other machines without login (unless ``[ui] public``);
+    returns the loud warnings to print (an engine port open to other machines, a public UI)."""
+    server, ui = settings.server, settings.ui
+    warnings: list[str] = []
+    if not is_loopback(server.ui_host) and not ui.auth:
+        if not ui.public:
+            raise ExposureRefused(server.ui_host, server.ui_port)
+        warnings.append(t("security.ui_public", "en", host=server.ui_host, port=server.ui_port))
+    if not settings.external and not is_loopback(server.host):
+        warnings.append(t("security.engine_exposed", "en", host=server.host, port=server.port))
+    return warnings
 
 
 def model_config(path: Path) -> dict[str, Any]:

@@ -19,6 +19,9 @@ spec misbehave, later ones are normal — for retry tests), ``retry_after`` (503
 ``tool_calls`` or one nobody knows; default ``stop``, or ``length`` at ``max_tokens``). Faults are
 listed in ``FAULTS``; ``http-<status>`` works for any status.
 
+``image=PORT`` (any mode) starts the answer with a markdown image pointing at a local listener,
+``![x](http://127.0.0.1:PORT/leak.png?c=N)`` (N: the request's index): does the browser fetch it?
+
 Every request is recorded (``RequestRecord``): attempt number per spec, stream flag,
 ``X-Request-Id`` header, the parsed messages, chunks sent, and whether the client
 closed the connection before the server finished (``disconnected`` — what the Stop
@@ -97,6 +100,11 @@ TOOL_CALL = {"index": 0, "id": "call_0", "type": "function", "function": {"name"
 MODE_RE = re.compile(r"\[\[((?:fault|normal)(?::[\w.=\-]+)*)\]\]")
 
 
+def image_markdown(port: int, index: int) -> str:
+    """What ``image=PORT`` puts before the answer: a remote image a browser must not load."""
+    return f"![x](http://{HOST}:{port}/leak.png?c={index}) "
+
+
 def token_text(i: int) -> str:
     """The i-th token a normal answer streams."""
     return f"w{i} "
@@ -160,6 +168,7 @@ class Mode:
     fail: int | None = None
     retry_after: str = "1"
     param: str = "input_tokens"
+    image: int = 0  # a port: the answer starts with a markdown image from http://127.0.0.1:<port>
     status: int = 500
     finish: str = ""
 
@@ -639,6 +648,8 @@ class FakeServer:
                 }
             )
         await send(chunk({"role": "assistant"} if fault == "role-only-first" else {"role": "assistant", "content": ""}))
+        if mode.image:
+            await send(chunk({"content": image_markdown(mode.image, rec.index)}))
         if fault == "stall-first":
             await self._stall(request, mode.stall)
         if fault == "tool-calls":

@@ -1,0 +1,299 @@
+"""Web security of the chat UI: the origin check, security headers and the login throttle.
+
+    install(http_app, settings)         # app.py: one ASGI middleware in front of HTTP and the websocket
+    WebSecurityMiddleware(asgi_app, allowed_origins=(), throttle=LoginThrottle())
+    login_refused_note(settings, name)  # what the log says about a refused login (never the typed name)
+
+- **Origin.** A browser names the page that made a request in ``Origin`` (every websocket upgrade, every
+  socket.io polling request, every fetch that is not a plain GET). A request whose ``Origin`` is not the
+  UI's own (``scheme://Host``, compared as scheme + host + port) is refused (403; a websocket is closed
+  before it is accepted), or, when ``[ui] allowed_origins`` is set, one not in that list. Chainlit's
+  socket server has no origin check of its own, so this middleware wraps the socket.io mount too.
+  Requests without ``Origin`` (scripts, curl) pass on to the normal login rules. ``X-Forwarded-*``
+  headers are not trusted: behind a TLS proxy, list the public origin in ``allowed_origins``.
+  Each refused origin is logged once (with the origin).
+- **Headers.** Every HTTP answer gets a Content-Security-Policy (images only from the app itself or
+  ``data:``: a model answer with ``![x](http://elsewhere/?secret)`` cannot make the browser call out),
+  ``frame-ancestors 'none'`` (+ ``X-Frame-Options``), ``X-Content-Type-Options: nosniff`` and a
+  same-origin referrer policy.
+- **Login throttle.** ``POST /login`` is counted per client address: after ``free`` failures each further
+  attempt must wait, the wait doubling (``base_delay`` … ``max_delay``); an attempt that comes too early is
+  refused at once with 429, ``Retry-After`` and a clear message (no sleeping: nothing is held open, the
+  event loop and open chats are not slowed). A successful login clears the address.
+
+A plain ASGI class like ``preferences.BrowserCookieMiddleware`` (Starlette's BaseHTTPMiddleware does not
+see websockets). No Chainlit import: ``install`` only touches the Starlette app's middleware list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..settings import Settings, canonical_origin
+from ..text import pick_language, t
+
+logger = logging.getLogger(__name__)
+
+LOGIN_PATH = "/login"
+MAX_LOGGED_ORIGINS = 1000  # refused origins remembered for "logged once"; then logging stops growing
+
+#: What Chainlit 2.12's single-page app needs, and no more. Its index.html inlines two small scripts and
+#: links Google Fonts and KaTeX's stylesheet (jsdelivr); the socket.io client connects to the page's own
+#: origin ('self' covers ws:/wss: to it in current browsers). Images: the app's own (avatars, logo,
+#: elements) and data:/blob: URLs, nothing remote.
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self' 'unsafe-inline'",
+        "style-src 'self' 'unsafe-inline' https://fonts.googleapis.com https://cdn.jsdelivr.net",
+        "font-src 'self' data: https://fonts.gstatic.com https://cdn.jsdelivr.net",
+        "img-src 'self' data: blob:",
+        "media-src 'self' data: blob:",
+        "connect-src 'self'",
+        "worker-src 'self' blob:",
+        "frame-src 'self'",
+        "object-src 'none'",
+        "base-uri 'self'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+)
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers") or []:
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def own_origin(scope: dict[str, Any]) -> str | None:
+    """The origin the request was sent to: its scheme and its Host header (X-Forwarded-* is not trusted)."""
+    host = _header(scope, b"host")
+    if not host:
+        return None
+    scheme = {"ws": "http", "wss": "https"}.get(scope.get("scheme") or "http", scope.get("scheme") or "http")
+    return canonical_origin(f"{scheme}://{host}")
+
+
+# ---------------------------------------------------------------- login throttle
+
+
+@dataclass
+class _Attempts:
+    failures: int = 0
+    locked_until: float = 0.0
+    last: float = 0.0
+
+
+class LoginThrottle:
+    """Failed logins per client address; a growing wait after ``free`` failures.
+
+    Every attempt is counted as a failure when it starts (so a burst of parallel attempts cannot slip
+    past the count while the first are still being checked); a successful login clears the address.
+    """
+
+    def __init__(
+        self,
+        *,
+        free: int = 5,
+        base_delay: float = 1.0,
+        max_delay: float = 300.0,
+        forget_after: float = 3600.0,
+        max_clients: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.free, self.base_delay, self.max_delay = free, base_delay, max_delay
+        self.forget_after, self.max_clients, self.clock = forget_after, max_clients, clock
+        self._clients: OrderedDict[str, _Attempts] = OrderedDict()
+
+    def delay_after(self, failures: int) -> float:
+        """The wait imposed after ``failures`` failed attempts: 0 up to ``free``, then doubling."""
+        if failures < self.free:
+            return 0.0
+        return float(min(self.max_delay, self.base_delay * 2 ** min(failures - self.free, 30)))
+
+    def begin(self, client: str) -> float:
+        """An attempt starts: 0 = go ahead (counted as failed until ``succeeded``), else seconds to wait."""
+        now = self.clock()
+        entry = self._clients.get(client)
+        if entry is not None and now - entry.last > self.forget_after and now >= entry.locked_until:
+            entry = None
+        if entry is None:
+            entry = _Attempts()
+        self._clients[client] = entry
+        self._clients.move_to_end(client)
+        while len(self._clients) > self.max_clients:
+            self._clients.popitem(last=False)
+        if now < entry.locked_until:
+            return entry.locked_until - now
+        entry.failures += 1
+        entry.last = now
+        wait = self.delay_after(entry.failures)
+        if wait:
+            entry.locked_until = now + wait
+            logger.warning(
+                "login: %d failed attempts from %s; the next one is allowed in %.0f s", entry.failures, client, wait
+            )
+        return 0.0
+
+    def succeeded(self, client: str) -> None:
+        self._clients.pop(client, None)
+
+    def failures(self, client: str) -> int:
+        entry = self._clients.get(client)
+        return entry.failures if entry else 0
+
+
+def login_refused_note(settings: Settings, username: str) -> str:
+    """How a refused login is logged: whether the name was the configured one, and a short fingerprint
+    of what was typed (people type their password into the name field), never the name itself."""
+    digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    which = "the configured user name" if username == settings.ui.username else "an unknown user name"
+    return f"{which} ({len(username)} characters, fingerprint {digest})"
+
+
+# ---------------------------------------------------------------- the middleware
+
+
+class WebSecurityMiddleware:
+    """ASGI: origin check (HTTP and websocket), security headers, login throttle. See the module doc."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        allowed_origins: Iterable[str] = (),
+        throttle: LoginThrottle | None = None,
+        language: str = "auto",
+        login_path: str = LOGIN_PATH,
+    ) -> None:
+        self.app = app
+        allowed = [canonical_origin(o) for o in allowed_origins]
+        self.allowed: frozenset[str] | None = frozenset(o for o in allowed if o) or None
+        self.throttle = throttle
+        self.language = language
+        self.login_path = login_path
+        self._logged: set[str] = set()
+
+    def origin_allowed(self, origin: str, scope: dict[str, Any]) -> bool:
+        canonical = canonical_origin(origin)  # "null" (sandboxed frames, file:) is never allowed
+        if canonical is None:
+            return False
+        if self.allowed is not None:
+            return canonical in self.allowed
+        return canonical == own_origin(scope)
+
+    def _lang(self, scope: dict[str, Any]) -> str:
+        if self.language != "auto":
+            return self.language
+        return pick_language(_header(scope, b"accept-language"))
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        kind = scope.get("type")
+        if kind not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        origin = _header(scope, b"origin")
+        if origin is not None and not self.origin_allowed(origin, scope):
+            self._log_refused(origin, scope)
+            await self._refuse(scope, receive, send, origin)
+            return
+        if kind == "websocket":
+            await self.app(scope, receive, send)
+            return
+        send = self._with_headers(send)
+        if self.throttle is not None and scope.get("method") == "POST" and scope.get("path") == self.login_path:
+            await self._login(scope, receive, send, self.throttle)
+            return
+        await self.app(scope, receive, send)
+
+    def _log_refused(self, origin: str, scope: dict[str, Any]) -> None:
+        if origin in self._logged or len(self._logged) >= MAX_LOGGED_ORIGINS:
+            return
+        self._logged.add(origin)
+        expected = ", ".join(sorted(self.allowed)) if self.allowed else f"the UI's own origin {own_origin(scope)}"
+        logger.warning(
+            "refused a %s request from origin %r (%s %s): only %s may use the UI; set [ui] allowed_origins to add one",
+            scope.get("type"),
+            origin,
+            scope.get("method", "GET"),
+            scope.get("path"),
+            expected,
+        )
+
+    async def _refuse(self, scope: dict[str, Any], receive: Any, send: Any, origin: str) -> None:
+        if scope.get("type") == "websocket":
+            message = await receive()  # websocket.connect; closing before accepting answers HTTP 403
+            if message.get("type") == "websocket.connect":
+                await send({"type": "websocket.close", "code": 1008})
+            return
+        body = t("security.origin_refused", self._lang(scope), origin=origin[:200]).encode()
+        await _plain(send, 403, body, [(b"content-type", b"text/plain; charset=utf-8")])
+
+    def _with_headers(self, send: Any) -> Any:
+        async def send_with_headers(message: dict[str, Any]) -> None:
+            if message.get("type") == "http.response.start":
+                headers = list(message.get("headers") or [])
+                have = {k.lower() for k, _ in headers}
+                headers += [(k, v) for k, v in SECURITY_HEADERS if k not in have]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        return send_with_headers
+
+    async def _login(self, scope: dict[str, Any], receive: Any, send: Any, throttle: LoginThrottle) -> None:
+        client = (scope.get("client") or ("unknown", 0))[0]
+        wait = throttle.begin(client)
+        if wait > 0:
+            seconds = max(1, int(wait + 0.999))
+            detail = t("security.login_throttled", self._lang(scope), seconds=seconds)
+            # Chainlit's login page shows {"detail"} of a failed POST /login in a toast.
+            body = json.dumps({"detail": detail}, ensure_ascii=False).encode()
+            headers = [(b"content-type", b"application/json"), (b"retry-after", str(seconds).encode())]
+            await _plain(send, 429, body, headers)
+            return
+
+        async def watch(message: dict[str, Any]) -> None:
+            if message.get("type") == "http.response.start" and 200 <= int(message.get("status", 0)) < 300:
+                throttle.succeeded(client)
+            await send(message)
+
+        await self.app(scope, receive, watch)
+
+
+async def _plain(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    headers = [*headers, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def install(http_app: Any, settings: Settings, *, throttle: LoginThrottle | None = None) -> None:
+    """Put the middleware in front of everything (Chainlit's routes and its socket.io mount); make
+    Chainlit's CORS answer only the allowed origins (its config.toml says "*"). Idempotent."""
+    origins = [o for o in (canonical_origin(x) for x in settings.ui.allowed_origins) if o]
+    cors_origins = [o.removesuffix(":443") if o.startswith("https:") else o.removesuffix(":80") for o in origins]
+    for middleware in http_app.user_middleware:
+        if getattr(middleware.cls, "__name__", "") == "CORSMiddleware":
+            middleware.kwargs["allow_origins"] = cors_origins
+    if any(m.cls is WebSecurityMiddleware for m in http_app.user_middleware):
+        return
+    http_app.add_middleware(
+        WebSecurityMiddleware,
+        allowed_origins=origins,
+        throttle=throttle or (LoginThrottle() if settings.ui.auth else None),
+        language=settings.ui.language,
+    )
