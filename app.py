@@ -19,6 +19,7 @@ from backend.chat import service as ui
 from backend.chat.budget import FitResult
 from backend.chat.client import new_request_id
 from backend.chat.coalesce import Coalescer
+from backend.chat.datalayer import GuardedDataLayer
 from backend.chat.login import check_password
 from backend.chat.session import ChatSession
 from backend.chat.turn import Outcome, Reply
@@ -35,8 +36,9 @@ if DB_URL:  # [ui].auth: login, and history through Chainlit's own data layer
     from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
 
     @cl.data_layer
-    def data_layer() -> SQLAlchemyDataLayer:
-        return SQLAlchemyDataLayer(DB_URL)
+    def data_layer() -> GuardedDataLayer:
+        # Thread ids checked (UUIDs only), stored text sanitised, SQLite in WAL, no prompt text in SQL errors.
+        return GuardedDataLayer(SQLAlchemyDataLayer(DB_URL))
 
     @cl.password_auth_callback
     async def login(username: str, password: str) -> cl.User | None:
