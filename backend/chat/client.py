@@ -569,6 +569,12 @@ class ChatClient:
     async def aclose(self) -> None:
         await self._api.close()
 
+    async def warm_up(self) -> None:
+        """Pay the SDK's first-request costs (lazy imports of the chat resources, the connection) before
+        the first message: ``GET /v1/models`` through the same client. Raises what the SDK raises."""
+        _ = self._api.chat.completions
+        await self._api.models.list()
+
     async def __aenter__(self) -> ChatClient:
         return self
 

@@ -49,6 +49,7 @@ class Service:
         self._counter: counters.TokenCounter | None = None
         self._counter_lock = asyncio.Lock()
         self._load_lock = asyncio.Lock()
+        self._warm: asyncio.Task[None] | None = None
 
     @classmethod
     def from_environment(cls) -> Service:
@@ -66,6 +67,25 @@ class Service:
 
     async def start(self) -> None:
         await self.poller.start()
+        if self._warm is None:  # once per process, in the background: see warm_up
+            self._warm = asyncio.create_task(self.warm_up(), name="qwenchat-warm-up")
+
+    async def warm_up(self) -> None:
+        """Load what the first message would otherwise wait for, before anyone sends it: the token
+        counter (tokenizer files, or the server's /tokenize and the estimate's Qwen vocabulary: 1.5-2 s),
+        the chat template, and the SDK client's first request (its lazy imports and the connection).
+        A failure is logged; the first message then loads what it needs itself, as before."""
+        try:
+            if not self.settings.external:  # a local tokenizer needs no server: load it while vLLM loads
+                await self.counter()
+            status = await self.poller.wait_until_ready(self.health_settings.startup_limit)
+            if not status.answering:
+                return
+            await self.fit([{"role": "user", "content": "warm-up"}])
+            await self.client.warm_up()
+            logger.info("warm-up done: token counter, chat template and client are ready for the first message")
+        except Exception:  # an optimisation; never worth a failure
+            logger.warning("warm-up failed; the first message loads what it needs", exc_info=True)
 
     def status_json(self) -> dict[str, Any]:
         """For the always-visible status line (public/status.js polls it)."""
