@@ -95,7 +95,7 @@ class LoopStats:
         self.profile: cProfile.Profile | None = None
         self.task: asyncio.Task[None] | None = None
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, hist: Mapping[int, int] | None = None) -> dict[str, Any]:
         rss, hwm = _rss_kb()
         return {
             "pid": os.getpid(),
@@ -106,11 +106,11 @@ class LoopStats:
             "rss_kb": rss,
             "peak_rss_kb": hwm,
             "profiling": self.profile is not None,
-            "hist": {str(b): c for b, c in sorted(self.hist.items())},
+            "hist": {str(b): c for b, c in sorted((self.hist if hist is None else hist).items())},
         }
 
-    def write(self) -> dict[str, Any]:
-        snap = self.snapshot()
+    def write(self, hist: Mapping[int, int] | None = None) -> dict[str, Any]:
+        snap = self.snapshot(hist)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(snap))
         os.replace(tmp, self.path)
@@ -127,8 +127,8 @@ class LoopStats:
             self.hist[b] = self.hist.get(b, 0) + 1
             if now >= next_write:
                 next_write = now + WRITE_EVERY
-                try:
-                    self.write()
+                try:  # off the loop: a file write can block for milliseconds on a busy disk
+                    await asyncio.to_thread(self.write, dict(self.hist))
                 except OSError:
                     logger.exception("loop stats: could not write %s", self.path)
                     return

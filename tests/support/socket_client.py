@@ -104,8 +104,12 @@ class Turn:
 class Session:
     """One browser tab's chat session, over one socket; ``async with Session(url) as s: await s.send("hi")``."""
 
-    def __init__(self, url: str, *, language: str = "en-US", origin: str | None = None) -> None:
+    def __init__(
+        self, url: str, *, language: str = "en-US", origin: str | None = None, chat_start: bool = True
+    ) -> None:
+        """``chat_start=False`` for an app without ``on_chat_start`` (open once connected)."""
         self.url = url.rstrip("/")
+        self.chat_start = chat_start
         self.language = language
         self.origin = origin
         self.session_id = str(uuid.uuid4())
@@ -151,7 +155,8 @@ class Session:
             wait_timeout=timeout,
         )
         await self.sio.emit("connection_successful")
-        await asyncio.wait_for(self.opened.wait(), timeout)
+        if self.chat_start:
+            await asyncio.wait_for(self.opened.wait(), timeout)
         return self
 
     async def close(self) -> None:

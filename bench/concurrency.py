@@ -1,0 +1,279 @@
+"""P4 concurrency: N chat sessions streaming at once through Chainlit's real socket protocol (no browser).
+
+    python -m bench.concurrency [--sessions 200] [--turns 2] [--tokens 64] [--rate 50] [--profile] [--no-plain]
+
+The product runs as start.sh runs it (`python -m backend serve`, external mode) against the fault-injecting
+fake OpenAI server in this process (loopback only); every session (tests/support/socket_client.py) connects,
+waits for its chat to open, then all send their messages at the same moment and stream the answers
+(``--tokens`` tokens at ``--rate`` tokens/s each). Inside the app process backend/chat/loopstats.py samples
+the event-loop lag (QWENCHAT_LOOPSTATS); the window of the load is diffed from its snapshots. Printed: a table
+(errors, lag p50/p99/max, first token and total time p50/p99, RSS before/after/peak) and a one-line summary.
+The plain Chainlit streaming example (bench/plain_chainlit_app.py, with the same sampler) runs the same load
+for comparison when it exists. ``--profile``: one more round with cProfile on the app's event loop (SIGUSR1),
+its top entries printed. Bounded: every wait has a timeout; the whole run stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import os
+import pstats
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backend.chat import loopstats
+from backend.settings import ROOT
+from tests.e2e import support as e2e
+from tests.fakes.openai_server import FakeServer, expected_text
+from tests.support import live_app
+from tests.support.socket_client import Session, Turn, percentile
+
+TARGET_P99_MS = 20.0
+
+
+@dataclass
+class Round:
+    app: str
+    sessions: int
+    turns: list[Turn]
+    connect_errors: int
+    expected: str
+    lag: dict[str, float]
+    rss_before_kb: int
+    rss_after_kb: int
+    peak_kb: int
+    seconds: float
+    uptime: str
+
+    @property
+    def errors(self) -> int:
+        bad = sum(1 for t in self.turns if not (t.answered and self.expected in t.answers[0]))
+        return bad + self.connect_errors
+
+    def row(self) -> str:
+        first = [t.first_token_s * 1000 for t in self.turns if t.first_token_s is not None]
+        total = [t.total_s for t in self.turns if t.total_s is not None]
+        events = sum(t.token_events for t in self.turns)
+        return (
+            f"| {self.app} | {self.sessions} | {len(self.turns)} | {self.errors} | {self.lag['p50']:.1f} | "
+            f"{self.lag['p99']:.1f} | {self.lag['max']:.0f} | {percentile(first, 50):.0f} | "
+            f"{percentile(first, 99):.0f} | {percentile(total, 50):.2f} | {percentile(total, 99):.2f} | "
+            f"{events} | {self.rss_before_kb / 1024:.0f} | {self.rss_after_kb / 1024:.0f} | "
+            f"{self.peak_kb / 1024:.0f} | {self.uptime} |"
+        )
+
+
+HEADER = (
+    "| app | sessions | answers | errors | lag p50 ms | lag p99 ms | lag max ms | first token p50 ms | "
+    "first token p99 ms | total p50 s | total p99 s | token events | RSS before MiB | RSS after MiB | "
+    "peak MiB | load avg |\n|" + "---|" * 16
+)
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+async def connect_all(url: str, n: int, chat_start: bool) -> tuple[list[Session], int]:
+    gate = asyncio.Semaphore(20)
+
+    async def one() -> Session | None:
+        async with gate:
+            s = Session(url, chat_start=chat_start)
+            try:
+                return await s.connect(timeout=120)
+            except (TimeoutError, OSError, Exception):  # noqa: BLE001 - a refused session is counted, not fatal
+                with contextlib.suppress(Exception):
+                    await s.close()
+                return None
+
+    made = await asyncio.gather(*(one() for _ in range(n)))
+    ok = [s for s in made if s is not None]
+    return ok, n - len(ok)
+
+
+async def run_round(
+    name: str, url: str, stats: Path, args: argparse.Namespace, *, chat_start: bool, profile: bool = False
+) -> Round:
+    sessions, refused = await connect_all(url, args.sessions, chat_start)
+    spec = f"normal:tokens={args.tokens}:rate={args.rate}"
+    try:
+        await asyncio.sleep(1.0)  # let the chat starts settle; lag is measured for the load only
+        before = loopstats.read(stats)
+        pid = int(before["pid"])
+        if profile:
+            os.kill(pid, signal.SIGUSR1)
+        t0 = time.monotonic()
+        turns: list[Turn] = []
+        for k in range(args.turns):
+            started = await asyncio.gather(*(s.start(f"bench turn {k} [[{spec}]]") for s in sessions))
+            await asyncio.gather(*(s.wait(args.timeout) for s in sessions))
+            turns.extend(started)
+        seconds = time.monotonic() - t0
+        after = loopstats.read(stats)
+        if profile:
+            os.kill(pid, signal.SIGUSR1)
+        uptime = load_average()
+    finally:
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+    return Round(
+        app=name + (" (cProfile on)" if profile else ""),
+        sessions=args.sessions,
+        turns=turns,
+        connect_errors=refused,
+        expected=expected_text(args.tokens).strip(),
+        lag=loopstats.percentiles(loopstats.window(before, after)),
+        rss_before_kb=int(before["rss_kb"]),
+        rss_after_kb=int(after["rss_kb"]),
+        peak_kb=int(after["peak_rss_kb"]),
+        seconds=seconds,
+        uptime=uptime,
+    )
+
+
+def top_of_profile(path: Path, n: int = 15) -> str:
+    out = io.StringIO()
+    stats = pstats.Stats(str(path), stream=out)
+    stats.sort_stats("tottime").print_stats(n)
+    return out.getvalue()
+
+
+def launch_plain(tmp: Path, base_url: str) -> tuple[subprocess.Popen[bytes], str]:
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_API_KEY": "test",
+        "CHAINLIT_APP_ROOT": str(ROOT),
+        "PYTHONPATH": str(ROOT),
+        loopstats.ENV: str(tmp / "loop.json"),
+    }
+    env.pop("CI", None)
+    out = tmp / "plain.out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainlit", "run", str(ROOT / "bench" / "plain_with_loopstats.py"), "--headless"]
+        + ["--host", "127.0.0.1", "--port", str(port)],
+        cwd=str(ROOT),
+        env=env,
+        stdout=out.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"the plain Chainlit app did not start:\n{out.read_text()[-3000:]}") from None
+            time.sleep(0.3)
+
+
+async def warm_up(url: str, chat_start: bool) -> None:
+    """First-use costs (tokenizer, imports) are not part of the measured load."""
+    async with Session(url, chat_start=chat_start) as s:
+        turn = await s.send("warm-up [[normal:tokens=4]]", 60)
+        if not turn.answered:
+            raise RuntimeError(f"warm-up failed: {turn.summary()}")
+
+
+async def main(args: argparse.Namespace) -> int:
+    rounds: list[Round] = []
+    profile_text = ""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-concurrency-"))
+    async with FakeServer() as srv:
+        (tmp / "qwenchat").mkdir()
+        app = await asyncio.to_thread(live_app.launch_external, tmp / "qwenchat", srv.base_url, {})
+        try:
+            await warm_up(app.url, True)
+            stats = live_app.loop_file(app)
+            rounds.append(await run_round("qwenchat", app.url, stats, args, chat_start=True))
+            if args.profile:
+                rounds.append(await run_round("qwenchat", app.url, stats, args, chat_start=True, profile=True))
+                prof = stats.with_name(stats.name + ".prof")
+                for _ in range(50):
+                    if prof.exists():
+                        break
+                    await asyncio.sleep(0.1)
+                profile_text = top_of_profile(prof)
+            problems = live_app.problems(app)
+        finally:
+            await asyncio.to_thread(e2e.stop, app)
+        plain = ROOT / "bench" / "plain_chainlit_app.py"
+        if args.plain and plain.exists():
+            (tmp / "plain").mkdir()
+            proc, url = await asyncio.to_thread(launch_plain, tmp / "plain", srv.base_url)
+            try:
+                await warm_up(url, False)
+                rounds.append(
+                    await run_round("plain Chainlit example", url, tmp / "plain" / "loop.json", args, chat_start=False)
+                )
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        elif args.plain:
+            print("(no bench/plain_chainlit_app.py: the comparison with plain Chainlit is skipped)")
+    print(
+        f"\n{args.sessions} sessions x {args.turns} turns, {args.tokens} tokens at {args.rate} tok/s each, "
+        f"fake OpenAI server (loopback), {os.cpu_count()} CPUs; event-loop lag sampled every "
+        f"{loopstats.INTERVAL * 1000:.0f} ms inside the app\n"
+    )
+    print(HEADER)
+    for r in rounds:
+        print(r.row())
+    if profile_text:
+        print("\ncProfile of the app's event loop under the same load (top by own time):\n" + profile_text)
+    if problems:
+        print(f"\n{len(problems)} tracebacks / unexpected failures in the app log, e.g.:\n{problems[0]}")
+    main_round = rounds[0]
+    verdict = "PASS" if main_round.errors == 0 and main_round.lag["p99"] <= TARGET_P99_MS else "FAIL"
+    plain_round = next((r for r in rounds if r.app.startswith("plain")), None)
+    vs = f"; plain Chainlit p99 {plain_round.lag['p99']:.1f} ms" if plain_round else ""
+    print(
+        f"\nsummary: {verdict}: {args.sessions} concurrent streaming sessions, {main_round.errors} errors, "
+        f"event-loop lag p50 {main_round.lag['p50']:.1f} ms p99 {main_round.lag['p99']:.1f} ms "
+        f"(target <= {TARGET_P99_MS:.0f}){vs}; RSS {main_round.rss_before_kb / 1024:.0f} -> "
+        f"{main_round.rss_after_kb / 1024:.0f} MiB; load avg {main_round.uptime}"
+    )
+    return 0 if verdict == "PASS" else 1
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.concurrency", description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", type=int, default=200)
+    p.add_argument("--turns", type=int, default=2, help="messages per session (all sessions send at once)")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per answer")
+    p.add_argument("--rate", type=float, default=50, help="tokens/s per answer (the fake server's pace)")
+    p.add_argument("--timeout", type=float, default=180, help="seconds a turn may take before it counts as lost")
+    p.add_argument("--profile", action="store_true", help="one more round with cProfile on the app's event loop")
+    p.add_argument("--no-plain", dest="plain", action="store_false", help="skip the plain Chainlit comparison")
+    args = p.parse_args(argv)
+    if not 1 <= args.sessions <= 1000 or not 1 <= args.turns <= 50:
+        p.error("--sessions must be 1..1000 and --turns 1..50 (a bounded load)")
+    return args
+
+
+def run(argv: list[str] | None = None) -> Any:
+    return asyncio.run(main(parse(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(run())
