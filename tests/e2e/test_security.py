@@ -1,0 +1,280 @@
+"""End to end: the UI's web security in real Chromium, against the real app (`python -m backend serve`) in
+external mode on the fake OpenAI server.
+
+- a page from another local origin (a second port) cannot open the chat socket (socket.io polling or a
+  websocket) nor read /qwenchat/status; the app's own page still chats;
+- a model answer with a remote markdown image makes the browser request nothing (the CSP's img-src);
+- 2,000 failed logins from a script are throttled while a chat already open keeps streaming, and the
+  typed user names never reach the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import http.server
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e import support as e2e
+from tests.fakes.openai_server import expected_text
+
+pytestmark = pytest.mark.e2e
+
+USER, PASSWORD = "demo", "correct horse battery"
+
+
+class Listener:
+    """A tiny local HTTP server on its own port: the foreign page's origin, and the image sink."""
+
+    def __init__(self, page_html: str = "<!doctype html><title>elsewhere</title><p>another site</p>") -> None:
+        from tests.conftest import free_port
+
+        self.hits: list[str] = []
+        hits, html = self.hits, page_html.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                hits.append(self.path)
+                self.send_response(200)
+                if self.path.startswith("/leak.png"):
+                    self.send_header("Content-Type", "image/png")
+                    body = b"\x89PNG\r\n\x1a\n"
+                else:
+                    self.send_header("Content-Type", "text/html")
+                    body = html
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Listener:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    with e2e.fake_server(tmp_path_factory.mktemp("fakeserver")) as url:
+        yield url
+
+
+def login_cookies(url: str) -> str:
+    form = urllib.parse.urlencode({"username": USER, "password": PASSWORD}).encode()
+    with urllib.request.urlopen(urllib.request.Request(url + "/login", data=form), timeout=5) as resp:
+        return "; ".join(c.split(";")[0] for c in resp.headers.get_all("set-cookie") or [])
+
+
+def launch(fake: str, tmp, **env: str) -> e2e.LiveApp:
+    auth = env.get("QWENCHAT_UI_AUTH") == "true"
+    app = e2e.launch(
+        tmp,
+        {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en", **env},
+        wait_engine=False,
+        timeout=120,
+    )
+    deadline = time.monotonic() + 60
+    state: dict = {}
+    while time.monotonic() < deadline:
+        try:
+            headers = {"Cookie": login_cookies(app.url)} if auth else {}
+            req = urllib.request.Request(app.url + "/qwenchat/status", headers=headers)
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                state = json.loads(resp.read())
+            if state.get("state") == "ready":
+                return app
+        except OSError as exc:
+            state = {"unavailable": str(exc)}
+        time.sleep(0.5)
+    e2e.stop(app)
+    pytest.fail(f"the UI is not ready against {fake}/v1: {state}\n{app.log('ui')[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=e2e.chromium_path(), args=e2e.CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@contextlib.contextmanager
+def new_page(browser, url: str) -> Iterator:
+    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    try:
+        page.goto(url)
+        yield page
+    finally:
+        context.close()
+
+
+# ---------------------------------------------------------------- login off: origin, CSP
+
+
+@pytest.fixture(scope="module")
+def open_app(fake, tmp_path_factory):
+    app = launch(fake, tmp_path_factory.mktemp("e2e-security"))
+    yield app
+    e2e.stop(app)
+
+
+PROBE_JS = """async ([app]) => {
+    const out = {};
+    // 1. the socket.io handshake over polling, as the Chainlit client starts it
+    try {
+        const r = await fetch(app + "/ws/socket.io/?EIO=4&transport=polling", {credentials: "include"});
+        out.polling = "status " + r.status + ": " + (await r.text()).slice(0, 80);
+    } catch (e) { out.polling = "refused: " + e; }
+    // 2. a websocket straight away
+    out.websocket = await new Promise((resolve) => {
+        const ws = new WebSocket(app.replace("http", "ws") + "/ws/socket.io/?EIO=4&transport=websocket");
+        ws.onopen = () => { resolve("opened"); ws.close(); };
+        ws.onerror = () => resolve("error");
+        ws.onclose = (ev) => resolve("closed " + ev.code);
+        setTimeout(() => resolve("timeout"), 10000);
+    });
+    // 3. the status (models, adapters, failure reasons)
+    try {
+        const r = await fetch(app + "/qwenchat/status", {credentials: "include"});
+        out.status = "status " + r.status + ": " + (await r.text()).slice(0, 80);
+    } catch (e) { out.status = "refused: " + e; }
+    // 4. a no-cors request still reaches the server but is refused there (seen in the log)
+    try { await fetch(app + "/qwenchat/status", {mode: "no-cors"}); } catch (e) {}
+    return out;
+}"""
+
+
+def test_a_page_from_another_origin_cannot_use_the_socket_or_read_the_status(open_app, browser):
+    with Listener() as elsewhere, new_page(browser, elsewhere.url + "/") as page:
+        result = page.evaluate(PROBE_JS, [open_app.url])
+        assert result["websocket"] != "opened", result
+        assert result["polling"].startswith("refused"), result
+        assert result["status"].startswith("refused"), result
+        log = open_app.log("ui")
+        assert f"refused a http request from origin '{elsewhere.url}' (GET /ws/socket.io/)" in log, log[-3000:]
+        assert log.count(f"origin '{elsewhere.url}'") == 1  # logged once per origin, whatever was tried
+        assert result["websocket"] in ("error", "closed 1006"), result  # the upgrade was answered 403
+    # the same requests from a script (no Origin) are answered: no login is on
+    assert e2e.status(open_app)["state"] == "ready"
+    with urllib.request.urlopen(open_app.url + "/ws/socket.io/?EIO=4&transport=polling", timeout=5) as resp:
+        assert resp.status == 200 and b"sid" in resp.read()
+
+
+def test_the_apps_own_page_chats_and_loads_no_remote_image_from_an_answer(open_app, browser):
+    with Listener() as sink, new_page(browser, open_app.url) as page:
+        violations: list[str] = []
+        page.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
+        e2e.wait_ready_ui(page, timeout_ms=60_000)
+        answer = e2e.send(page, f"[[normal:image={sink.port}]] show me a picture")
+        assert expected_text(8).strip() in answer  # the page works: the answer streamed in
+        img = page.locator(f'.step[data-step-type="assistant_message"] img[src*="127.0.0.1:{sink.port}/leak.png"]')
+        assert img.count() >= 1  # the markdown became an <img>: only the CSP stands between it and the request
+        page.wait_for_timeout(2000)
+        assert sink.hits == [], sink.hits
+        assert any("img-src" in v for v in violations), violations
+        # Chainlit's own scripts, styles and socket are not blocked: only the image was
+        assert all("img-src" in v or "fonts.g" in v or "jsdelivr" in v for v in violations), violations
+        headers = page.request.get(open_app.url + "/").headers
+        assert "img-src 'self' data: blob:" in headers["content-security-policy"]
+        assert (
+            headers["x-content-type-options"] == "nosniff"
+            and "frame-ancestors 'none'" in (headers["content-security-policy"])
+        )
+
+
+# ---------------------------------------------------------------- login on: the throttle
+
+
+@pytest.fixture(scope="module")
+def auth_app(fake, tmp_path_factory):
+    app = launch(
+        fake,
+        tmp_path_factory.mktemp("e2e-security-auth"),
+        QWENCHAT_UI_AUTH="true",
+        QWENCHAT_UI_USERNAME=USER,
+        QWENCHAT_UI_PASSWORD=PASSWORD,
+    )
+    yield app
+    e2e.stop(app)
+
+
+async def flood_logins(url: str, attempts: int, concurrency: int = 20) -> list[tuple[int, str | None]]:
+    import httpx
+
+    results: list[tuple[int, str | None]] = []
+    queue = iter(range(attempts))
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        for i in queue:
+            r = await client.post("/login", data={"username": f"guess-user-{i}", "password": f"guess-{i}"})
+            results.append((r.status_code, r.headers.get("retry-after")))
+
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
+        await asyncio.wait_for(asyncio.gather(*(worker(client) for _ in range(concurrency))), 240)
+    return results
+
+
+def test_two_thousand_failed_logins_are_throttled_while_an_open_chat_keeps_streaming(auth_app, browser):
+    with new_page(browser, auth_app.url) as page:
+        page.wait_for_selector("#email", timeout=60_000)
+        page.fill("#email", USER)
+        page.fill("#password", PASSWORD)
+        page.click("button[type=submit]")
+        e2e.wait_ready_ui(page, timeout_ms=60_000)
+        tokens = 400
+        page.fill("#chat-input", f"[[normal:tokens={tokens}:rate=20]] a long answer please")
+        page.keyboard.press("Enter")
+        page.wait_for_function(
+            """() => { const m = document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content');
+                       return m.length && m[m.length - 1].innerText.includes("w3 "); }""",
+            timeout=60_000,
+        )
+        before = len(e2e.assistant_messages(page)[-1])
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # sync Playwright owns this thread's loop
+            results = pool.submit(asyncio.run, flood_logins(auth_app.url, 2000)).result()
+        during = len(e2e.assistant_messages(page)[-1])
+        # the address is throttled now: even the right password waits, with a clear message
+        form = urllib.parse.urlencode({"username": USER, "password": PASSWORD}).encode()
+        try:
+            urllib.request.urlopen(urllib.request.Request(auth_app.url + "/login", data=form), timeout=5)
+            pytest.fail("a login right after the flood was not throttled")
+        except urllib.error.HTTPError as err:
+            assert err.code == 429 and int(err.headers["Retry-After"]) >= 1
+            assert "Too many failed sign-ins" in json.loads(err.read())["detail"]
+        statuses = [s for s, _ in results]
+        assert len(statuses) == 2000
+        assert set(statuses) <= {401, 429}, set(statuses)
+        checked = statuses.count(401)
+        assert 5 <= checked <= 30, checked  # the password was checked a handful of times, not 2,000
+        assert all(r and int(r) >= 1 for s, r in results if s == 429)  # each refusal says how long to wait
+        # the chat opened before the flood kept streaming during it, and finished whole
+        assert during > before, (before, during)
+        page.wait_for_selector("#stop-button", state="detached", timeout=120_000)
+        assert expected_text(tokens).strip() in e2e.assistant_messages(page)[-1]
+    log = auth_app.log("ui")
+    assert "login refused: an unknown user name" in log
+    assert "guess-user-" not in log and "guess-" not in log  # what was typed is never logged
