@@ -11,6 +11,7 @@ table, most specific first (``route`` only refines the 404 and the catch-alls, w
 status means different things on different routes):
 
     status / body                                   error
+    any status with an HTML body (a web page)       WebPageResponse (a proxy or login page, not the API)
     400 with param input_tokens|max_tokens|input_text,
         code context_length_exceeded, or 413        ContextOverflow
     401, 403                                        AuthenticationFailed
@@ -54,6 +55,7 @@ from .errors import (
     RequestRejected,
     RequestTimeout,
     ServerUnreachable,
+    WebPageResponse,
 )
 
 #: vLLM's ``param`` on a 400 that means "the prompt or the reply does not fit the context"
@@ -118,6 +120,44 @@ def error_message(body: Any, fallback: str = "") -> str:
     return fallback
 
 
+_HTML_START = re.compile(rb"\s*(?:<!--.*?-->\s*)*<(?:!doctype\s+html|html|head|body|title|meta|!--)", re.I | re.S)
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title\s*>", re.I | re.S)
+TITLE_LIMIT = 120  # characters of a web page's <title> quoted in an error
+
+
+def looks_like_html(body: Any, content_type: str = "") -> bool:
+    """A web page rather than an API answer: ``text/html``, or a body that starts like HTML."""
+    if "html" in content_type.lower():
+        return True
+    raw = body.encode("utf-8", "replace") if isinstance(body, str) else body
+    return isinstance(raw, bytes) and bool(_HTML_START.match(raw[:4096].lstrip(b"\xef\xbb\xbf")))
+
+
+def page_title(body: Any) -> str:
+    """The <title> of a web page, whitespace collapsed and tags dropped ("" when there is none)."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
+    found = _TITLE.search(text[:65536])
+    if not found:
+        return ""
+    title = " ".join(re.sub(r"<[^>]*>", "", found.group(1)).split())
+    return short(title, TITLE_LIMIT)
+
+
+def public_url(url: str) -> str:
+    """``url`` as it may be shown: without a user:password part or a query string."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    netloc = host + (f":{parts.port}" if parts.port else "") if parts.username or parts.password else parts.netloc
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def _route_missing(body: Any) -> bool:
     """FastAPI's own 404 (``{"detail": "Not Found"}``): the route does not exist, no model was looked up."""
     return isinstance(body, dict) and "detail" in body and "error" not in body and "message" not in body
@@ -131,6 +171,9 @@ def status_error(
     ``model`` is the model or adapter asked for; ``path`` the adapter folder (load only);
     ``message`` the caller's fallback text when the body has none (e.g. the SDK's own message).
     """
+    if looks_like_html(body):  # vLLM never answers with a page: something else is in the way
+        where = f"{public_url(url)}/chat/completions" if url and route is Route.CHAT else public_url(url) or route.value
+        return WebPageResponse(where, status or 200, page_title(body))
     fields = error_fields(body)
     param, code = fields.get("param"), fields.get("code")
     status = status if status is not None else status_of(code)

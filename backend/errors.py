@@ -27,7 +27,8 @@ lives outside this module, next to the only code that raises it (marked below).
     └── BackendError               talking to the engine failed
         ├── ServerUnreachable      connection refused / DNS: no connection could be made
         ├── ConnectionLost         the connection broke after it was made (reset, dropped mid-answer,
-        │                          or the request body stopped going out)
+        │   │                      or the request body stopped going out)
+        │   └── StreamCut          the answer's stream ended with neither a finish reason nor [DONE]
         ├── ServerStarting         the engine is still loading the model (raised by the health layer)
         ├── RequestTimeout         a time limit was hit (names the setting; e.g. /tokenize, adapter load)
         │   ├── ConnectTimeout
@@ -41,7 +42,8 @@ lives outside this module, next to the only code that raises it (marked below).
         ├── Overloaded             429 / 503
         ├── EngineError            other 5xx, or an error event inside a stream
         ├── EmptyAnswer            stream ended with no text and no finish reason
-        └── MalformedResponse      the server sent something that is not the API
+        ├── MalformedResponse      the server sent something that is not the API
+        └── WebPageResponse        the server answered with a web page (HTML): a proxy or a login page
 """
 
 from __future__ import annotations
@@ -261,6 +263,17 @@ class ConnectionLost(BackendError):
     text_key = "error.connection_lost"
 
 
+class StreamCut(ConnectionLost):
+    """The answer's stream ended cleanly but early: no finish reason and no ``data: [DONE]``.
+
+    What arrived may be only part of the answer (a proxy or the engine closed the response), so it
+    is kept marked as interrupted, never shown as complete.
+    """
+
+    code = "stream_cut"
+    text_key = "error.stream_cut"
+
+
 class ServerStarting(BackendError):
     """The engine is up but still loading the model."""
 
@@ -388,3 +401,19 @@ class MalformedResponse(BackendError):
 
     code = "malformed"
     text_key = "error.malformed"
+
+
+class WebPageResponse(BackendError):
+    """The server answered with a web page (HTML, any status): a proxy, a login page, a wrong URL.
+
+    ``url`` is where the request went (without any user:password), ``status`` the HTTP status,
+    ``title`` the page's <title> ("" when it has none); ``page`` is the title as the text shows it.
+    """
+
+    code = "web_page"
+    text_key = "error.web_page"
+
+    def __init__(self, url: str, status: int, title: str = "") -> None:
+        self.url, self.status, self.title = url, status, title
+        self.page = f' "{title}"' if title else ""
+        super().__init__()

@@ -58,6 +58,26 @@ CATALOG: dict[str, tuple[str, str]] = {
     "stopped": ("stopped", "已停止"),
     "tokens": ("{n} tokens", "{n} 个词元"),
     "reply_limit": ("cut at the reply limit ([budget].reply_reserve)", "达到回复长度上限（[budget].reply_reserve）"),
+    # ending.*: one line for every way an answer ends other than a plain "stop" (chat/service.py ending_note)
+    "ending.content_filter": ("stopped by the server's content filter", "被服务器的内容过滤器截断"),
+    # {tools}: " (get_weather, search)" or "" (built by the code)
+    "ending.tool_calls": (
+        "the model asked to call a tool{tools}; this chat does not run tools",
+        "模型请求调用工具{tools}；本聊天不执行工具",
+    ),
+    "ending.unknown": (
+        "ended for a reason this chat does not know ({reason}); it may be incomplete",
+        "因本聊天不认识的原因结束（{reason}），可能不完整",
+    ),
+    "ending.none": (
+        "the server did not say why the answer ended (no finish reason)",
+        "服务器没有说明回答结束的原因（无 finish reason）",
+    ),
+    "ending.stop": ("the model ended it at once (finish reason stop)", "模型立即结束了回答（finish reason 为 stop）"),
+    "no_text": (
+        "The model's answer carried no text: {why}. Press Retry, or rephrase your message.",
+        "模型的回答没有任何文字：{why}。请点“重试”，或换个说法。",
+    ),
     "context": ("context {used} / {budget}", "上下文 {used} / {budget}"),
     "left_out": ("{n} earlier turns left out", "省略了 {n} 轮较早的对话"),
     "left_out_title": ("Left out of the model's context", "未放入模型上下文的内容"),
@@ -218,6 +238,14 @@ CATALOG: dict[str, tuple[str, str]] = {
     "error.malformed": (
         "the model server sent a response that could not be read ({detail}); press Retry.",
         "无法解析模型服务器的响应（{detail}）；请点“重试”。",
+    ),
+    "error.stream_cut": (
+        "the model server ended the answer before it finished (neither a finish reason nor [DONE] arrived): what arrived may be incomplete, so it is kept and marked. Press Retry for a full answer.",
+        "模型服务器在回答完成前结束了响应（既没有 finish reason 也没有 [DONE]）：已收到的内容可能不完整，已保留并标记。点“重试”获取完整回答。",
+    ),
+    "error.web_page": (
+        "{url} answered with a web page{page} (HTTP {status}), not the OpenAI API: is a proxy or a login page in the way? Check OPENAI_BASE_URL (or [server] host and port) and the proxy settings (HTTP_PROXY, NO_PROXY), then press Retry.",
+        "{url} 返回了一个网页{page}（HTTP {status}），而不是 OpenAI API：是否有代理或登录页挡在中间？请检查 OPENAI_BASE_URL（或 [server] 的 host 和 port）以及代理设置（HTTP_PROXY、NO_PROXY），然后点“重试”。",
     ),
     "error.merge": ("{detail}", "合并失败：{detail}"),
     # ------------------------------------------------------------ cause.*: why the engine stopped (engine/log_diagnosis.py)

@@ -16,6 +16,14 @@ Guarantees:
 - A stream yields at most one ``Usage`` and ends with exactly one ``Finish`` (always last),
   or raises exactly one ``BackendError`` subclass. Nothing else escapes (``CancelledError``
   propagates as it should). All lower-layer errors go through ``map_error``.
+- The body is read for what it is, whatever its content type says: an event stream (a wrong
+  content type is an anomaly), one whole JSON ``chat.completion`` (a server that ignored
+  ``stream: true``: its answer is delivered, anomaly ``json_body``), a JSON error object
+  (its error), a web page (``WebPageResponse``, naming the URL) or plain text (``MalformedResponse``).
+- A possibly truncated answer is never reported as finished: a stream that ends with neither
+  a ``finish_reason`` nor ``data: [DONE]`` raises ``StreamCut`` (after delivering what arrived).
+  ``[DONE]`` without a finish reason ends with ``Finish(None)``; a finish reason without
+  ``[DONE]`` is complete (anomaly ``no_done``).
 - Timeouts (``ClientSettings``): connect (httpx), first token (request start until the first
   text or reasoning), idle (gap between two chunks once text flows), total. Each error names
   the setting and its value. The upstream response is closed on timeout, error, ``aclose()``
@@ -39,11 +47,12 @@ import asyncio
 import json
 import logging
 import math
+import re
 import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +62,16 @@ from openai import AsyncOpenAI
 from openai._constants import INITIAL_RETRY_DELAY, MAX_RETRY_AFTER_DELAY
 from openai._streaming import ServerSentEvent, SSEDecoder
 
-from ..engine_http import Limits, Route, short, status_error, transport_error
+from ..engine_http import (
+    Limits,
+    Route,
+    looks_like_html,
+    page_title,
+    public_url,
+    short,
+    status_error,
+    transport_error,
+)
 from ..errors import (
     BackendError,
     EmptyAnswer,
@@ -62,7 +80,9 @@ from ..errors import (
     IdleTimeout,
     MalformedResponse,
     RequestTimeout,
+    StreamCut,
     TotalTimeout,
+    WebPageResponse,
 )
 from ..settings import ClientSettings
 
@@ -71,6 +91,17 @@ logger = logging.getLogger(__name__)
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 SUMMARY_INTERVAL = 300.0  # seconds between INFO summaries of the anomaly counters
 RAW_LOG_LIMIT = 2000  # characters of a raw chunk in a debug line
+SNIFF_LIMIT = 64 * 1024  # bytes read to tell an event stream from a JSON body, a web page or plain text
+BODY_LIMIT = 16 * 1024 * 1024  # the largest whole (non-stream) JSON body read where a stream was asked for
+_BLANK = b"\xef\xbb\xbf \t\r\n"  # a BOM and whitespace before the first real byte
+_SSE_LINE = re.compile(rb"(?:data|event|id|retry)?:")  # how an event stream's first line starts
+#: Anomaly kinds worth a WARNING the first time they happen in the process (they say what the backend is doing).
+WARN_ONCE = {
+    "json_body": "the model server answered a streaming request with one JSON body (it ignores stream: true); "
+    "answers are shown, but only once complete",
+    "sse_content_type": "the model server sends its event stream with a wrong content type",
+    "no_done": "the model server ends its streams without data: [DONE]",
+}
 
 
 # ---------------------------------------------------------------- events
@@ -108,10 +139,12 @@ class Anomaly:
 
 @dataclass(frozen=True)
 class Finish:
-    """The stream ended; ``reason`` is the engine's finish_reason (None: it never sent one)."""
+    """The answer ended; ``reason`` is the engine's finish_reason (None: it never sent one, but the end was
+    clean: ``[DONE]`` or a whole body); ``tools`` the names of the tool calls the model asked for, if any."""
 
     reason: str | None
     model: str
+    tools: tuple[str, ...] = ()
 
 
 Event = TextDelta | ReasoningDelta | Usage | Anomaly | Finish
@@ -147,6 +180,7 @@ def reset_anomaly_counts() -> None:
     """Forget the counters (tests)."""
     with _counts_lock:
         _counts.clear()
+        _warned.clear()
         _last_summary["total"] = 0
 
 
@@ -158,9 +192,16 @@ def log_anomaly_summary() -> None:
     _last_summary["total"] = sum(counts.values())
 
 
+_warned: set[str] = set()
+
+
 def _count_anomaly(kind: str) -> None:
     with _counts_lock:
         _counts[kind] += 1
+        first = kind in WARN_ONCE and kind not in _warned
+        _warned.add(kind)
+    if first:
+        logger.warning("%s (anomaly %r, counted in anomaly_counts())", WARN_ONCE[kind], kind)
 
 
 def _maybe_log_summary() -> None:
@@ -410,6 +451,8 @@ class _Request:
     reasoning_chars: int = 0
     first_token_at: float | None = None
     finish: str | None = None
+    done: bool = False  # the end was marked: data: [DONE], or a whole JSON body was read
+    tools: list[str] = field(default_factory=list)
     usage: Usage | None = None
     kinds: set[str] = field(default_factory=set)
     utf8_seen: int = 0
@@ -439,6 +482,16 @@ class _Request:
         text = sanitize_text(text)
         pieces = [ReasoningDelta(text)] if reasoning else self.splitter.feed(text)
         return self.count(pieces)
+
+    def tool_calls(self, calls: Any) -> None:
+        """Remember the names of the tools the model asked for (a stream sends each name once)."""
+        if not isinstance(calls, list):
+            return
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if isinstance(name, str) and name and name not in self.tools:
+                self.tools.append(name)
 
     def count(self, pieces: list[Any]) -> list[Event]:
         for p in pieces:
@@ -537,6 +590,7 @@ def _stream_chunk(st: _Request, data: Any) -> list[Event]:
     ):
         a = st.anomaly("null_content", "delta.content is null", data)
         out += [a] if a else []
+    st.tool_calls(delta.get("tool_calls"))
     out += st.content(reasoning, data, reasoning=True)
     out += st.content(content, data)
     if isinstance(finish, str) and finish:
@@ -545,6 +599,142 @@ def _stream_chunk(st: _Request, data: Any) -> list[Event]:
         a = st.anomaly("bad_finish_reason", f"finish_reason is {finish!r}", data)
         out += [a] if a else []
     return out
+
+
+def _body_events(st: _Request, data: Any) -> list[Event]:
+    """Events for one whole ``chat.completion`` body (sets ``st.finish``, ``st.usage``, ``st.model``);
+    raises ErrorEvent for an error object, _Malformed for anything that is not an object."""
+    if not isinstance(data, dict):
+        raise _Malformed(f"the body is {type(data).__name__}, not an object")
+    if data.get("object") == "error" or data.get("error"):
+        raise ErrorEvent(data)
+    if isinstance(data.get("model"), str) and data["model"]:
+        st.model = data["model"]
+    st.usage = _usage_of(data)
+    choice, picked = _pick_choice(st, data.get("choices"), data, has_usage=False)
+    events: list[Any] = list(picked)
+    st.finish = None
+    if choice is not None:
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            a = st.anomaly("missing_message", "choice without message", data)
+            events += [a] if a else []
+            message = {}
+        content = message.get("content")
+        st.tool_calls(message.get("tool_calls"))
+        if content is None and "content" in message and not message.get("tool_calls"):
+            a = st.anomaly("null_content", "message.content is null", data)
+            events += [a] if a else []
+        events += st.content(_reasoning_of(message), data, reasoning=True)
+        events += st.content(content, data)
+        events += st.count(st.splitter.flush())
+        fr = choice.get("finish_reason")
+        st.finish = fr if isinstance(fr, str) and fr else None
+    return events
+
+
+@dataclass(frozen=True)
+class _WholeBody:
+    """A whole JSON body where an event stream was asked for (the server ignored ``stream: true``)."""
+
+    data: Any
+
+
+def _decode(raw: bytes) -> tuple[str, bool]:
+    """Text of ``raw`` and whether invalid UTF-8 had to be replaced."""
+    try:
+        return raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "replace"), True
+
+
+async def _read_up_to(chunks: AsyncIterator[bytes], limit: int) -> tuple[bytes, bool]:
+    """The rest of a body, at most ``limit`` bytes; True when there was more."""
+    out = b""
+    async for chunk in chunks:
+        out += chunk
+        if len(out) > limit:
+            return out[:limit], True
+    return out, False
+
+
+async def _body_data(
+    st: _Request, response: httpx2.Response, decoder: _TolerantSSEDecoder, where: str
+) -> AsyncGenerator[Any, None]:
+    """What a response to a streaming request holds, as it arrives, whatever its content type says.
+
+    Yields the JSON value of each event-stream ``data:`` event, ``Anomaly`` events, or one ``_WholeBody``.
+    Sets ``st.done`` at ``data: [DONE]`` or after a whole JSON body. Raises ``WebPageResponse`` for a web
+    page, ``_Malformed`` for plain text or a body too large, ``ErrorEvent`` for an ``event: error``.
+    """
+    ctype = response.headers.get("content-type", "")
+    chunks = response.aiter_bytes().__aiter__()
+    head, eof = b"", False
+    while True:  # read until the first real byte (and, for a stream, its first line) tells what this is
+        start = head.lstrip(_BLANK)
+        if start[:1] in (b"{", b"[", b"<") or b"\n" in start or len(head) >= SNIFF_LIMIT:
+            break
+        try:
+            head += await chunks.__anext__()
+        except StopAsyncIteration:
+            eof = True
+            break
+    start = head.lstrip(_BLANK)
+    if not start and eof:
+        return  # an empty body: not done, so the caller says the answer was cut
+    if looks_like_html(start, ctype):
+        more, _ = (b"", False) if eof else await _read_up_to(chunks, SNIFF_LIMIT)
+        raise WebPageResponse(public_url(where), response.status_code, page_title(start + more))
+    if start[:1] in (b"{", b"["):
+        more, too_big = (b"", False) if eof else await _read_up_to(chunks, BODY_LIMIT)
+        if too_big:
+            raise _Malformed(f"{public_url(where)} answered with a JSON body over {BODY_LIMIT // 2**20} MiB")
+        text, replaced = _decode(start + more)
+        if replaced:
+            a = st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced")
+            if a:
+                yield a
+        logger.debug("[%s] whole body (%s): %s", st.rid, ctype or "no content type", _raw(text))
+        data = json.loads(text)
+        st.done = True
+        yield _WholeBody(data)
+        return
+    if not _SSE_LINE.match(start):
+        text, _ = _decode(start[:400])
+        raise _Malformed(
+            f"{public_url(where)} answered with plain text ({ctype or 'no content type'}), "
+            f"not an event stream: {short(text.strip(), 200)!r}"
+        )
+    if "text/event-stream" not in ctype.lower():
+        a = st.anomaly("sse_content_type", f"an event stream sent as {ctype or 'no content type'!r}")
+        if a:
+            yield a
+
+    async def replay() -> AsyncGenerator[bytes, None]:
+        tail = head[-2:]
+        yield head
+        async for chunk in chunks:
+            tail = (tail + chunk)[-2:]
+            yield chunk
+        if tail.endswith(b"\n") and not tail.endswith(b"\n\n"):
+            yield b"\n"  # the last event's closing blank line is missing: end it (a cut mid-line is not ended)
+
+    async for sse in decoder.aiter_bytes(replay()):
+        if sse.data.startswith("[DONE]"):
+            st.done = True
+            return
+        if sse.event == "error":
+            try:
+                body = json.loads(sse.data)
+            except ValueError:
+                body = sse.data
+            raise ErrorEvent(body if isinstance(body, dict) else {"message": str(body)})
+        if not sse.data.strip():
+            a = st.anomaly("empty_event", "an event with no data")
+            if a:
+                yield a
+            continue
+        yield json.loads(sse.data)
 
 
 # ---------------------------------------------------------------- the client
@@ -636,71 +826,101 @@ class ChatClient:
         )
 
         async def bounded(awaitable: Any) -> Any:
-            """Await under the binding deadline; raise the matching RequestTimeout."""
-            limits: list[tuple[float, RequestTimeout]] = [(total_at, TotalTimeout(s.total_timeout))]
-            if st.shown:
-                limits.append((loop.time() + s.idle_timeout, IdleTimeout(s.idle_timeout)))
-            else:
-                limits.append((first_at, FirstTokenTimeout(s.first_token_timeout)))
-            when, err = min(limits, key=lambda x: x[0])
+            """Await under the binding deadline; raise the matching RequestTimeout.
+
+            Called for every chunk: the error is built only when a deadline passed (building one
+            formats its message, which cost more than the rest of a chunk's handling)."""
+            idle = st.shown
+            when = min(total_at, loop.time() + s.idle_timeout if idle else first_at)
             try:
                 async with asyncio.timeout_at(when) as cm:
                     return await awaitable
             except TimeoutError:
                 if cm.expired():
+                    err: RequestTimeout
+                    if when == total_at:
+                        err = TotalTimeout(s.total_timeout)
+                    elif idle:
+                        err = IdleTimeout(s.idle_timeout)
+                    else:
+                        err = FirstTokenTimeout(s.first_token_timeout)
                     raise err from None
                 raise
 
-        sdk_stream: Any = None
+        response: httpx2.Response | None = None
         outcome = "failed"
         try:
             try:
-                sdk_stream = await bounded(
+                # The raw response (the SDK still does the request, its retries and status errors): its
+                # body is read below for what it is, not taken to be an event stream.
+                response = await bounded(
                     self._api.post(
                         "/chat/completions",
                         body=body,
-                        cast_to=object,
+                        cast_to=httpx2.Response,
                         stream=True,
                         stream_cls=openai.AsyncStream[object],
                         options={"headers": {"X-Request-Id": st.rid}},
                     )
                 )
-                logger.debug("[%s] stream open after %.3fs", st.rid, loop.time() - t0)
-                decoder = getattr(sdk_stream, "_decoder", None)
-                for _ in range(10**9):  # bounded by total_timeout in practice
-                    try:
-                        data = await bounded(sdk_stream.__anext__())
-                    except StopAsyncIteration:
-                        break
-                    events = _stream_chunk(st, data)
-                    bad = getattr(decoder, "replaced_lines", 0)
-                    if bad > st.utf8_seen:
-                        st.utf8_seen = bad
-                        a = st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced", data)
-                        events += [a] if a else []
-                    for ev in events:
-                        yield ev
+                logger.debug(
+                    "[%s] response %s (%s) after %.3fs",
+                    st.rid,
+                    response.status_code,
+                    response.headers.get("content-type", "no content type"),
+                    loop.time() - t0,
+                )
+                decoder = _TolerantSSEDecoder()
+                source = _body_data(st, response, decoder, f"{self.base_url}/chat/completions")
+                try:
+                    for _ in range(10**9):  # bounded by total_timeout in practice
+                        try:
+                            data = await bounded(source.__anext__())
+                        except StopAsyncIteration:
+                            break
+                        if isinstance(data, Anomaly):
+                            events: list[Event] = [data]
+                        elif isinstance(data, _WholeBody):
+                            a = st.anomaly("json_body", "a whole chat.completion body, not an event stream")
+                            events = ([a] if a else []) + _body_events(st, data.data)
+                        else:
+                            events = _stream_chunk(st, data)
+                        if decoder.replaced_lines > st.utf8_seen:
+                            st.utf8_seen = decoder.replaced_lines
+                            a = st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced", data)
+                            events += [a] if a else []
+                        for ev in events:
+                            yield ev
+                finally:
+                    await source.aclose()
                 for ev in st.count(st.splitter.flush()):
                     yield ev
+                if st.finish is None and not st.done:
+                    # Neither a finish reason nor [DONE]: the response ended early (a proxy, a crash).
+                    raise StreamCut(f"after {st.chunks} chunks, {st.text_chars} characters")
                 if not st.shown and st.finish is None:
                     raise EmptyAnswer()
                 if st.finish is None:
                     a = st.anomaly("no_finish_reason", "stream ended without finish_reason")
                     if a:
                         yield a
+                elif not st.done:
+                    a = st.anomaly("no_done", "stream ended after its finish_reason without data: [DONE]")
+                    if a:
+                        yield a
                 if st.usage is not None:
                     yield st.usage
                 outcome = "done"
-                yield Finish(st.finish, st.model)
+                yield Finish(st.finish, st.model, tuple(st.tools))
             except BaseException as exc:
                 outcome, err = self._outcome(exc, model)
                 if err is exc:
                     raise
                 raise err from exc
         finally:
-            if sdk_stream is not None:
+            if response is not None:
                 try:
-                    await sdk_stream.close()  # the engine sees the connection close
+                    await response.aclose()  # the engine sees the connection close
                 except Exception as exc:  # noqa: BLE001 - closing must never mask the real outcome
                     logger.debug("[%s] closing the response failed: %r", st.rid, exc)
             self._log_end(st, outcome, loop.time() - t0)
@@ -744,6 +964,11 @@ class ChatClient:
                     or Anomaly("invalid_utf8")
                 )
             logger.debug("[%s] body: %s", st.rid, _raw(text))
+            where = f"{self.base_url}/chat/completions"
+            if looks_like_html(raw, response.headers.get("content-type", "")):
+                raise WebPageResponse(public_url(where), response.status_code, page_title(raw))
+            if text.lstrip("\ufeff \t\r\n")[:1] not in ("{", "["):
+                raise _Malformed(f"{public_url(where)} answered with something that is not JSON: {short(text, 200)!r}")
             data = json.loads(text)
             answer = self._answer(st, data, notes)
             outcome = "done"
@@ -757,30 +982,8 @@ class ChatClient:
             self._log_end(st, outcome, time.monotonic() - t0)
 
     def _answer(self, st: _Request, data: Any, notes: list[Anomaly]) -> Answer:
-        if not isinstance(data, dict):
-            raise _Malformed(f"the body is {type(data).__name__}, not an object")
-        if data.get("object") == "error" or data.get("error"):
-            raise ErrorEvent(data)
-        usage = _usage_of(data)
-        choice, picked = _pick_choice(st, data.get("choices"), data, has_usage=False)
-        events: list[Any] = list(picked)
-        finish: str | None = None
-        if choice is not None:
-            message = choice.get("message")
-            if not isinstance(message, dict):
-                a = st.anomaly("missing_message", "choice without message", data)
-                events += [a] if a else []
-                message = {}
-            content = message.get("content")
-            if content is None and "content" in message:
-                a = st.anomaly("null_content", "message.content is null", data)
-                events += [a] if a else []
-            events += st.content(_reasoning_of(message), data, reasoning=True)
-            events += st.content(content, data)
-            events += st.count(st.splitter.flush())
-            fr = choice.get("finish_reason")
-            finish = fr if isinstance(fr, str) and fr else None
-        st.finish = finish
+        events = _body_events(st, data)
+        usage, finish = st.usage, st.finish
         if not st.shown and finish is None:
             raise EmptyAnswer()
         if finish is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract
+from ..engine_http import short
 from ..errors import BackendError, PromptTooLong
 from ..settings import HealthSettings, Settings, load_settings
 from ..text import t
@@ -320,6 +321,32 @@ def interrupted_marker(why: str, model: str) -> str:
     return f"\n\n*⚠ {why} · `{model}`*"
 
 
+#: finish reasons that need no word under the answer
+PLAIN_ENDINGS = frozenset({"stop", "eos", "end_turn", "stop_sequence"})
+
+
+def ending_note(finish: Finish, lang: str) -> str | None:
+    """One line for every way an answer ends other than a plain stop (None for a plain stop)."""
+    reason = finish.reason
+    if reason in PLAIN_ENDINGS:
+        return None
+    if reason is None:
+        return t("ending.none", lang)
+    if reason == "length":
+        return t("reply_limit", lang)
+    if reason == "content_filter":
+        return t("ending.content_filter", lang)
+    if reason in ("tool_calls", "function_call") or finish.tools:
+        return t("ending.tool_calls", lang, tools=f" ({', '.join(finish.tools)})" if finish.tools else "")
+    return t("ending.unknown", lang, reason=short(reason, 60))
+
+
+def no_text_message(finish: Finish | None, lang: str) -> str:
+    """What to show instead of an answer that carried no text (never a footer standing alone)."""
+    why = (ending_note(finish, lang) if finish else None) or t("ending.stop", lang)
+    return t("no_text", lang, why=why)
+
+
 def footer(
     model: str,
     usage: Usage | None,
@@ -333,8 +360,9 @@ def footer(
     if usage and usage.completion_tokens is not None:
         parts.append(t("tokens", lang, n=usage.completion_tokens))
     parts.append(f"{seconds:.1f} s")
-    if finish and finish.reason == "length":
-        parts.append(t("reply_limit", lang))
+    note = ending_note(finish, lang) if finish else None
+    if note:
+        parts.append(note)
     if fitted is not None:
         parts.append(fitted.meter_text(lang))
     return "\n\n*" + " · ".join(parts) + "*"

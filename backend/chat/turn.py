@@ -11,7 +11,10 @@ The policy, in order:
 - An adapter chosen from [lora].dir but not served (chosen before a restart, restored on reload)
   is loaded first; if that fails the chat goes back to the default model.
 - The history is fitted into the token budget; the earlier turns left out are listed afterwards.
-- The answer streams; the footer says who answered, how much, how long, and the context meter.
+- The answer streams; the footer says who answered, how much, how long, and the context meter, and
+  in one line how it ended unless it was a plain stop (reply limit, content filter, a tool call, an
+  unknown or missing finish reason). An answer with no text is never shown as a bare footer: it is
+  an error bubble saying why, with Retry. A stream cut short (``StreamCut``) is an interrupted answer.
 - Failures: a message too long for the model offers a trimmed version; Stop keeps what was shown,
   marked, and lets ``CancelledError`` through; an engine that vanished before any text is waited
   for and asked once more; an adapter the engine no longer serves switches the chat back to the
@@ -39,7 +42,7 @@ from ..text import t
 from .budget import FitResult
 from .client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
 from .health import EngineState, HealthStatus
-from .service import Service, sampling_body
+from .service import Service, no_text_message, sampling_body
 from .session import ChatSession
 
 logger = logging.getLogger(__name__)
@@ -177,6 +180,13 @@ class _Turn:
                         usage = ev
                     elif isinstance(ev, Finish):
                         finish = ev
+            if not text.strip():
+                # No answer text (a tool call, a content filter, reasoning only): say why; a footer never stands alone.
+                logger.info("[%s] the answer carried no text (finish %s)", rid, finish.reason if finish else None)
+                with contextlib.suppress(Exception):
+                    await view.drop_answer()
+                await view.show_error(no_text_message(finish, lang), retry=True)
+                return Outcome.FAILED
             served = finish.model if finish and finish.model else model
             turn_id = await view.show_answer(Reply(text, served, usage, finish, fitted, time.monotonic() - t0))
             conv.add_assistant(turn_id, text, served)

@@ -356,6 +356,20 @@ CASES: dict[str, tuple[str, str | None, bool]] = {
     "fault:unknown-model-404": ("", "the model server does not serve 'fake-qwen'", False),
     "fault:empty-choices": ("", "ended the answer without sending any text", True),
     "fault:empty-stream": ("", "ended the answer without sending any text", True),
+    # Odd backend answers, by kind (issue #10): the answer a server did send is shown, a cut one is marked.
+    "fault:json-body": (FULL, None, False),
+    "fault:sse-wrong-type": (FULL, None, False),
+    "fault:finish-no-done": (FULL, None, False),
+    "fault:eof-no-finish": (PARTIAL, "ended the answer before it finished (neither a finish reason nor [DONE]", True),
+    "fault:html-200": (
+        "",
+        '/v1/chat/completions answered with a web page "Sign in - Corporate Proxy" (HTTP 200), not the OpenAI API',
+        True,
+    ),
+    "fault:html-502": ("", '/v1/chat/completions answered with a web page "502 Bad Gateway" (HTTP 502)', True),
+    "fault:text-200": ("", "answered with plain text (text/plain; charset=utf-8), not an event stream", True),
+    "fault:json-error-200": ("", "failed while answering: HTTP 500: fake engine failure in a 200 body.", True),
+    "fault:tool-calls": ("", "the model asked to call a tool (get_weather); this chat does not run tools", True),
 }
 
 
@@ -399,6 +413,60 @@ async def test_each_fault_shows_text_or_a_clear_error_keeps_history_and_the_next
     after = await chat.send(f"next {m}")
     assert after.errors == [] and len(after.answers) == 1 and after.answers[0].startswith(FULL)
     assert chat.conversation.turns[-1].content == FULL and not chat.conversation.turns[-1].interrupted
+
+
+# mode spec -> the one line the footer adds to a complete answer that did not end with a plain stop
+ENDINGS = {
+    "normal:finish=content_filter": "stopped by the server's content filter",
+    "normal:finish=abort_by_policy": "ended for a reason this chat does not know (abort_by_policy); it may be incomplete",
+    "normal:tokens=20:finish=length": "cut at the reply limit ([budget].reply_reserve)",
+    "fault:no-finish": "the server did not say why the answer ended (no finish reason)",  # [DONE], no reason
+}
+
+
+@pytest.mark.parametrize("spec", list(ENDINGS))
+async def test_every_ending_other_than_a_plain_stop_is_explained_in_one_line_under_the_answer(chat, spec):
+    screen = await chat.send(f"[[{spec}]] {marker()}")
+    assert screen.errors == [] and len(screen.answers) == 1, screen
+    answer = screen.answers[0]
+    body, footer_line = answer.rsplit("\n\n", 1)
+    assert body.startswith("w0 w1") and "interrupted" not in answer
+    assert footer_line.startswith("*`fake-qwen` ·") and ENDINGS[spec] in footer_line, footer_line
+
+
+async def test_a_plain_stop_adds_no_ending_line(chat):
+    answer = (await chat.send(f"plain {marker()}")).answers[0]
+    assert not any(note in answer for note in ("did not say", "content filter", "does not know", "reply limit", "tool"))
+
+
+@pytest.mark.parametrize(
+    "spec, why",
+    [
+        ("normal:tokens=0", "the model ended it at once (finish reason stop)"),
+        ("normal:tokens=0:finish=content_filter", "stopped by the server's content filter"),
+        ("fault:tool-calls", "the model asked to call a tool (get_weather); this chat does not run tools"),
+    ],
+)
+async def test_an_answer_with_no_text_says_why_with_retry_and_no_footer_stands_alone(chat, spec, why):
+    screen = await chat.send(f"[[{spec}]] {marker()}")
+    assert screen.answers == [], screen.answers  # no bubble holding only "*`fake-qwen` · 0.1 s · context …*"
+    assert screen.errors == [f"The model's answer carried no text: {why}. Press Retry, or rephrase your message."]
+    assert screen.error_actions() == ["retry"]
+    assert [t.role for t in chat.conversation.turns] == ["user"]  # nothing recorded as an answer
+
+
+async def test_a_web_page_names_the_exact_url_the_chat_asked(chat, fake):
+    screen = await chat.send(f"[[fault:html-200]] {marker()}")
+    assert screen.errors[0].startswith(f"{fake.base_url}/chat/completions answered with a web page")
+    assert "a proxy or a login page in the way?" in screen.errors[0]
+
+
+async def test_a_json_body_to_a_streaming_request_is_shown_whole_and_counted(chat, ui):
+    before = ui.app.status_json()["anomalies"].get("json_body", 0)
+    screen = await chat.send(f"[[fault:json-body]] {marker()}")
+    assert screen.errors == [] and screen.answers[0].startswith(FULL + "\n\n*`fake-qwen` ·")
+    assert "without sending any text" not in screen.answers[0]
+    assert ui.app.status_json()["anomalies"]["json_body"] == before + 1
 
 
 async def test_reasoning_is_shown_in_its_own_step_not_in_the_answer(chat):

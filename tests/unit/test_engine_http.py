@@ -42,13 +42,30 @@ UNKNOWN_MODEL = {"message": "The model `x` does not exist.", "type": "NotFoundEr
         (500, {"message": "IndexError", "code": 500}, Route.LOAD_ADAPTER, E.AdapterRejected),
         (500, {"message": "boom", "code": 500}, Route.CHAT, E.EngineError),
         (500, {"message": "boom", "code": 500}, Route.UNLOAD_ADAPTER, E.EngineError),
-        (502, "<html>Bad Gateway</html>", Route.MODELS, E.EngineError),
+        (502, "<html>Bad Gateway</html>", Route.MODELS, E.WebPageResponse),  # a proxy's page, not vLLM's
+        (200, "<!DOCTYPE html><title>Sign in</title>", Route.CHAT, E.WebPageResponse),
+        (401, "\n  <!-- sso -->\n<HTML><body>login</body></HTML>", Route.CHAT, E.WebPageResponse),
+        (403, "<html>Forbidden</html>", Route.LOAD_ADAPTER, E.WebPageResponse),
+        (500, "x < y in <html>", Route.CHAT, E.EngineError),  # text that merely mentions a tag is no page
         (None, {"message": "error event", "code": 503}, Route.CHAT, E.Overloaded),
         (None, {"message": "error event without status"}, Route.CHAT, E.EngineError),
     ],
 )
 def test_status_error_follows_the_table(status, body, route, expected):
     assert type(status_error(status, body, route, url="http://h/v1", model="x", path="/a/x")) is expected
+
+
+def test_a_web_page_names_the_url_without_credentials_the_status_and_the_page_title():
+    page = "<!doctype html>\n<html><head><title>\n  Corp <b>SSO</b> \u00b7 Sign in\n</title></head><body>form</body></html>"
+    err = status_error(200, page, Route.CHAT, url="http://user:secret@proxy.corp:3128/v1?k=1")
+    assert isinstance(err, E.WebPageResponse) and (err.status, err.title) == (200, "Corp SSO \u00b7 Sign in")
+    en, zh = err.user_text("en"), err.user_text("zh")
+    assert en.startswith('http://proxy.corp:3128/v1/chat/completions answered with a web page "Corp SSO')
+    assert "not the OpenAI API" in en and "proxy" in en and "login page" in en and "HTTP 200" in en
+    assert "secret" not in en + zh and "user" not in en + zh and "k=1" not in en
+    assert "http://proxy.corp:3128/v1/chat/completions" in zh and "网页" in zh
+    untitled = status_error(502, "<html><body>Bad Gateway</body></html>", Route.MODELS, url="http://h:1/v1/models")
+    assert untitled.user_text("en").startswith("http://h:1/v1/models answered with a web page (HTTP 502)")
 
 
 @pytest.mark.parametrize("route", list(Route))

@@ -159,6 +159,15 @@ STREAM: dict[str, Any] = {
     "think-inline": (TEXT, "reasoning", set(), "stop"),
     "reasoning-field": (TEXT, "reasoning", set(), "stop"),
     "slow-headers": FirstTokenTimeout,
+    "json-body": (TEXT, "", {"json_body"}, "stop"),  # stream: true ignored: the whole answer, delivered
+    "json-error-200": EngineError,
+    "html-200": errors.WebPageResponse,
+    "html-502": errors.WebPageResponse,
+    "text-200": MalformedResponse,
+    "sse-wrong-type": (TEXT, "", {"sse_content_type"}, "stop"),
+    "eof-no-finish": errors.StreamCut,  # never shown as complete
+    "finish-no-done": (TEXT, "", {"no_done"}, "stop"),
+    "tool-calls": ("", "", set(), "tool_calls"),
 }
 
 NONSTREAM: dict[str, Any] = {
@@ -186,6 +195,15 @@ NONSTREAM: dict[str, Any] = {
     "think-inline": (TEXT, "reasoning\n", set(), "stop"),  # "<think>\nreasoning\n</think>"
     "reasoning-field": (TEXT, "reasoning", set(), "stop"),
     "slow-headers": TotalTimeout,
+    "json-body": OK,
+    "json-error-200": EngineError,
+    "html-200": errors.WebPageResponse,
+    "html-502": errors.WebPageResponse,
+    "text-200": MalformedResponse,
+    "sse-wrong-type": OK,
+    "eof-no-finish": MalformedResponse,
+    "finish-no-done": OK,
+    "tool-calls": ("", "", set(), "tool_calls"),
 }
 
 PARTIAL = {
@@ -194,6 +212,7 @@ PARTIAL = {
     "error-mid": expected_text(AT),
     "error-mid-flat": expected_text(AT),
     "non-json": expected_text(AT),
+    "eof-no-finish": expected_text(AT),
 }
 
 
@@ -217,7 +236,7 @@ async def test_stream_fault_ends_in_its_typed_outcome(server, client, fault):
         assert text_of(events) == text
         assert reasoning_of(events) == reasoning
         assert kinds_of(events) == kinds
-        assert events[-1] == Finish(finish, spec)
+        assert (events[-1].reason, events[-1].model) == (finish, spec)
     assert server.attempts(spec) == 1  # max_retries=0: the first failure as it is
 
 
@@ -694,7 +713,7 @@ MAPPING: list[tuple[str, Exception, type]] = [
     ("429", _status(openai.RateLimitError, 429, {"message": "slow down"}), Overloaded),
     ("503", _status(openai.InternalServerError, 503, {"message": "busy"}), Overloaded),
     ("500", _status(openai.InternalServerError, 500, {"message": "boom"}), EngineError),
-    ("502 html", _status(openai.InternalServerError, 502, "<html>bad gateway</html>"), EngineError),
+    ("502 html", _status(openai.InternalServerError, 502, "<html>bad gateway</html>"), errors.WebPageResponse),
     (
         "connect refused",
         _caused(openai.APIConnectionError(request=REQ), httpx2.ConnectError("[Errno 111] Connection refused")),
