@@ -121,6 +121,41 @@ def test_a_dropped_connection_keeps_the_partial_says_the_connection_broke_and_re
     assert_chat_keeps_working(page)
 
 
+# Odd backend answers, by kind (issue #10): fault -> (what stays shown as the answer, the error's words or None)
+ODD_ANSWERS = {
+    "json-body": (FULL, None),  # stream: true ignored: the whole answer the server sent, not "empty"
+    "eof-no-finish": (PARTIAL, "the model server ended the answer before it finished"),
+    "html-200": ("", 'answered with a web page "Sign in - Corporate Proxy" (HTTP 200), not the OpenAI API'),
+    "html-502": ("", 'answered with a web page "502 Bad Gateway" (HTTP 502), not the OpenAI API'),
+    "tool-calls": ("", "carried no text: the model asked to call a tool (get_weather); this chat does not run tools"),
+}
+
+
+@pytest.mark.parametrize("kind", list(ODD_ANSWERS))
+def test_an_odd_backend_answer_is_shown_for_what_it_is(page, fake, live, kind):
+    answer, error = ODD_ANSWERS[kind]
+    retry = page.get_by_role("button", name="Retry")
+    retries_before = retry.count()
+    shown = send(page, f"[[fault:{kind}]] an odd answer")
+    page.screenshot(path=str(live.log_dir / f"odd-{kind}.png"))
+    if error is None:
+        assert len(shown) == 1, shown
+        assert shown[0].startswith(FULL) and "fake-qwen ·" in shown[0]
+        assert "without sending any text" not in shown[0] and "interrupted" not in shown[0]
+        assert retry.count() == retries_before
+    else:
+        assert len(shown) == (2 if answer else 1), shown
+        if answer:  # kept, marked as cut, nothing invented after the cut
+            assert shown[0].startswith(answer) and "⚠ answer interrupted · fake-qwen" in shown[0], shown[0]
+            assert expected_text(4).strip() not in shown[0] and "fake-qwen ·" not in shown[0]
+        assert error in shown[-1], shown[-1]
+        if kind.startswith("html"):
+            assert f"{fake}/v1/chat/completions answered with a web page" in shown[-1]
+            assert "a proxy or a login page in the way?" in shown[-1]
+        assert retry.count() == retries_before + 1 and retry.last.is_visible()
+    assert_chat_keeps_working(page)
+
+
 def test_a_context_overflow_400_says_the_conversation_is_too_long(page):
     shown = send(page, "[[fault:overflow-400]] a very long question")
     assert len(shown) == 1, shown
