@@ -248,6 +248,14 @@ class HealthSettings:
 class LoggingSettings:
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     dir: str = "logs"
+    max_bytes: int = 20 * 1024 * 1024  # engine.log and ui.log rotate past this size …
+    backups: int = 3  # … keeping this many older files (engine.log.1 …)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes < 65536:
+            raise ConfigError("logging.max_bytes", self.max_bytes, "a size in bytes of at least 65536 (64 KiB)")
+        if isinstance(self.backups, bool) or not isinstance(self.backups, int) or not 1 <= self.backups <= 99:
+            raise ConfigError("logging.backups", self.backups, "a number of older log files from 1 to 99")
 
     @property
     def resolved_dir(self) -> Path:

@@ -25,7 +25,7 @@ from ..probe import OneTokenProbe
 from ..settings import Settings
 from . import command
 from .preflight import check_exposure, check_limits, check_model_dir, check_port_free, model_config
-from .supervisor import Supervisor, read_tail, start_process, stop_process_group
+from .supervisor import Supervisor, configure_logs, read_tail, start_process, stop_process_group
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +171,7 @@ async def serve(settings: Settings) -> int:
     t0 = time.monotonic()
     log_dir = settings.logging.resolved_dir
     os.umask(0o077)  # logs, status files, history, secrets: readable by their owner only
+    configure_logs(settings.logging.max_bytes, settings.logging.backups)  # engine.log and ui.log rotate
     private_log_dir(log_dir)
     engine = (
         "external" if settings.external else command.resolve_engine(settings.server.engine, command.gpu_available())

@@ -32,7 +32,7 @@ from ..errors import EngineStartFailed
 from ..probe import ProbeResult
 from ..settings import ROOT
 from ..text import both
-from . import log_diagnosis
+from . import log_diagnosis, logfile
 from .command import Command
 
 logger = logging.getLogger(__name__)
@@ -85,17 +85,36 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> No
         proc.wait(timeout=5)
 
 
-def start_process(cmd: Command, log_path: Path, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        # The marker lets engine_log classify only the newest launch in an appended log.
-        log.write(f"\n{log_diagnosis.ATTEMPT_MARKER} {time.strftime('%Y-%m-%d %H:%M:%S')}: {cmd.render()}\n".encode())
-        log.flush()
-        env = {k: v for k, v in os.environ.items() if k not in cmd.unset}
-        env.update(cmd.env)
-        return subprocess.Popen(
+#: The log pump of each process start_process started (its output pipe into the size-capped log).
+_PUMPS: dict[int, logfile.LogPump] = {}
+#: [logging] max_bytes, backups for the logs start_process writes (the launcher sets them: configure_logs).
+_LOG_LIMITS = [logfile.DEFAULT_MAX_BYTES, logfile.DEFAULT_BACKUPS]
+
+
+def configure_logs(max_bytes: int, backups: int) -> None:
+    """The size limit and the number of older files for every log start_process writes from now on."""
+    _LOG_LIMITS[:] = [max_bytes, backups]
+
+
+def start_process(
+    cmd: Command,
+    log_path: Path,
+    cwd: Path = ROOT,
+    *,
+    max_bytes: int | None = None,
+    backups: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` in its own session; its output goes through a pipe into ``log_path``, rotated at
+    ``max_bytes`` with ``backups`` older files (default: what ``configure_logs`` set, from [logging])."""
+    log = logfile.RotatingLog(log_path, max_bytes or _LOG_LIMITS[0], backups or _LOG_LIMITS[1])
+    # The marker lets engine_log classify only the newest launch in an appended log.
+    log.write(f"\n{log_diagnosis.ATTEMPT_MARKER} {time.strftime('%Y-%m-%d %H:%M:%S')}: {cmd.render()}\n".encode())
+    env = {k: v for k, v in os.environ.items() if k not in cmd.unset}
+    env.update(cmd.env)
+    try:
+        proc = subprocess.Popen(
             list(cmd.argv),
-            stdout=log,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=str(cwd),
@@ -103,6 +122,23 @@ def start_process(cmd: Command, log_path: Path, cwd: Path = ROOT) -> subprocess.
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
+    except BaseException:
+        log.close()
+        raise
+    assert proc.stdout is not None  # stdout=PIPE
+    for pid in [pid for pid, pump in _PUMPS.items() if not pump.thread.is_alive()]:
+        del _PUMPS[pid]  # finished with their process
+    _PUMPS[proc.pid] = logfile.LogPump(proc.stdout, log)
+    return proc
+
+
+def settle_log(proc: subprocess.Popen[bytes], timeout: float = 3.0) -> None:
+    """Wait until what ``proc`` wrote is in its log file (the pump lags the pipe by a moment)."""
+    pump = _PUMPS.get(proc.pid)
+    if pump is not None:
+        pump.settle(timeout)
+        if not pump.thread.is_alive():
+            _PUMPS.pop(proc.pid, None)
 
 
 def _die_with_parent() -> None:
@@ -124,14 +160,8 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def read_tail(path: Path, max_bytes: int = 200_000) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+    """The last ``max_bytes`` of a log, also across a rotation (``engine.log.1``)."""
+    return logfile.read_tail(path, max_bytes)
 
 
 def _signal_name(num: int) -> str:
@@ -278,6 +308,8 @@ class Supervisor:
 
     def _new_log(self) -> str:
         """The end of the engine log; engine_log classifies only what follows the newest launch marker."""
+        if self.proc is not None and self.proc.poll() is not None:
+            settle_log(self.proc)  # its last lines (the cause) may still be in the pipe
         return read_tail(self.log_path)
 
     def _diagnose(self, rc: int | None) -> tuple[str, str, str, str]:
