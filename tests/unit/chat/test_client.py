@@ -843,6 +843,165 @@ def test_the_error_tree_in_the_errors_docstring_names_every_class():
     assert "merge.MergeError (see backend/engine/merge.py)" in " ".join(errors.__doc__.split())
 
 
+# ---------------------------------------------------------------- any malformed body: the principle
+
+
+def _chunk(content: str | None = None, finish: str | None = None) -> bytes:
+    delta = {} if content is None else {"content": content}
+    body = {
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _whole(content: str, finish: str | None) -> bytes:
+    message = {"role": "assistant", "content": content}
+    body = {
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+    return json.dumps(body).encode()
+
+
+SSE = "text/event-stream"
+DONE = b"data: [DONE]\n\n"
+HELLO = _chunk("", None) + _chunk("Hel") + _chunk("lo")
+# name -> (content type, body, expected): an error class, or (text, finish reason, anomaly kinds)
+RAW: dict[str, tuple[str, bytes, Any]] = {
+    "no finish, no [DONE]": (SSE, HELLO, errors.StreamCut),
+    "cut mid-line": (SSE, HELLO + b'data: {"choices": [{"delta": {"con', errors.StreamCut),
+    "cut mid-event, no blank line": (SSE, HELLO + _chunk("!").rstrip(b"\n"), errors.StreamCut),
+    "empty 200 body": (SSE, b"", errors.StreamCut),
+    "finish, no [DONE]": (SSE, HELLO + _chunk("", "stop"), ("Hello", "stop", {"no_done"})),
+    "[DONE] without its blank line": (SSE, HELLO + b"data: [DONE]\n", ("Hello", None, {"no_finish_reason"})),
+    "CRLF lines": (SSE, (HELLO + _chunk("", "stop") + DONE).replace(b"\n", b"\r\n"), ("Hello", "stop", set())),
+    "keep-alive comments only": (SSE, b": ping\n\n: ping\n\n" + DONE, EmptyAnswer),
+    "an empty data event": (SSE, b"data:\n\n" + HELLO + _chunk("", "stop") + DONE, ("Hello", "stop", {"empty_event"})),
+    "event: error": (SSE, HELLO + b'event: error\ndata: {"message": "boom", "code": 500}\n\n', EngineError),
+    "JSON error object in the stream": (SSE, HELLO + b'data: {"error": {"message": "x", "code": 503}}\n\n', Overloaded),
+    "stream sent as application/json": (
+        "application/json",
+        HELLO + _chunk("", "stop") + DONE,
+        ("Hello", "stop", {"sse_content_type"}),
+    ),
+    "stream with no content type": ("", HELLO + _chunk("", "stop") + DONE, ("Hello", "stop", {"sse_content_type"})),
+    "whole JSON after a BOM": (
+        "application/json",
+        b"\xef\xbb\xbf \n" + _whole("Hi", "stop"),
+        ("Hi", "stop", {"json_body"}),
+    ),
+    "whole JSON as text/event-stream": (SSE, _whole("Hi", "length"), ("Hi", "length", {"json_body"})),
+    "whole JSON, no finish reason": (
+        "application/json",
+        _whole("Hi", None),
+        ("Hi", None, {"json_body", "no_finish_reason"}),
+    ),
+    "whole JSON cut short": ("application/json", _whole("Hi", "stop")[:30], MalformedResponse),
+    "whole JSON error object": ("application/json", b'{"object": "error", "message": "m", "code": 500}', EngineError),
+    "a JSON list": ("application/json", b"[1, 2]", MalformedResponse),
+    "plain text": ("text/plain", b"Bad Gateway", MalformedResponse),
+    "JSON null": ("application/json", b"null", MalformedResponse),
+    "text/html without tags": ("text/html; charset=utf-8", b"Service unavailable", errors.WebPageResponse),
+    "HTML sent as an event stream": (
+        SSE,
+        b"\n<!-- proxy -->\n<html><title>Login</title></html>",
+        errors.WebPageResponse,
+    ),
+    "unknown finish reason": (SSE, HELLO + _chunk("", "abort") + DONE, ("Hello", "abort", set())),
+}
+
+
+@pytest_asyncio.fixture
+async def raw_server():
+    """Answers each chat request with RAW[model], written a few bytes at a time."""
+    from aiohttp import web
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        ctype, body, _ = RAW[(await request.json())["model"]]
+        resp = web.StreamResponse(headers={"Content-Type": ctype} if ctype else {})
+        if not ctype:
+            resp.headers.popall("Content-Type", None)
+        await resp.prepare(request)
+        for i in range(0, len(body), 7):  # sniffing and events must work across any split
+            await resp.write(body[i : i + 7])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    client = ChatClient(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", "k", FAST)
+    yield client
+    await client.aclose()
+    await runner.cleanup()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("name", list(RAW))
+async def test_any_malformed_body_ends_in_one_outcome_and_never_passes_a_cut_answer_as_complete(raw_server, name):
+    _, body, expected = RAW[name]
+    events, exc = await collect(raw_server, name)
+    assert_well_formed(events, exc)
+    if isinstance(expected, type):
+        assert type(exc) is expected, f"{name}: {exc!r}"
+        if isinstance(exc, EmptyAnswer):
+            assert text_of(events) == ""  # a non-empty answer is never called empty
+    else:
+        assert exc is None, f"{name}: {exc!r}"
+        text, finish, kinds = expected
+        assert (text_of(events), events[-1].reason, kinds_of(events)) == (text, finish, kinds)
+    # The principle: a Finish without a reason only when the end was marked ([DONE] or a whole body).
+    if exc is None and events[-1].reason is None:
+        assert b"[DONE]" in body or body.lstrip(b"\xef\xbb\xbf \n").startswith(b"{")
+
+
+@pytest.mark.asyncio
+async def test_a_json_body_is_counted_per_request_and_warned_once_per_process(server, client, caplog):
+    reset_anomaly_counts()
+    with caplog.at_level(logging.WARNING, logger="backend.chat.client"):
+        for _ in range(2):
+            events, exc = await collect(client, "fault:json-body")
+            assert exc is None and text_of(events) == TEXT
+    assert anomaly_counts()["json_body"] == 2
+    warnings = [r.getMessage() for r in caplog.records if "json_body" in r.getMessage()]
+    assert len(warnings) == 1 and "ignores stream: true" in warnings[0]
+
+
+@pytest.mark.asyncio
+async def test_a_stream_cut_is_a_connection_lost_that_delivers_what_arrived_first(server, client):
+    events, exc = await collect(client, "fault:eof-no-finish:at=5")
+    assert isinstance(exc, errors.StreamCut) and isinstance(exc, ConnectionLost)
+    assert text_of(events) == expected_text(5) and not [e for e in events if isinstance(e, Finish)]
+    assert "neither a finish reason nor [DONE]" in exc.user_text("en") and "[DONE]" in exc.user_text("zh")
+
+
+@pytest.mark.asyncio
+async def test_a_web_page_names_the_chat_url_after_the_retries_of_a_502(server):
+    client = make_client(server, max_retries=1)
+    try:
+        events, exc = await collect(client, "fault:html-502")
+    finally:
+        await client.aclose()
+    assert isinstance(exc, errors.WebPageResponse) and (exc.status, exc.title) == (502, "502 Bad Gateway")
+    assert exc.user_text("en").startswith(f'{server.base_url}/chat/completions answered with a web page "502 Bad')
+    assert server.attempts("fault:html-502") == 2  # a 502 is retried like any other; then the page is named
+
+
+@pytest.mark.asyncio
+async def test_a_tool_call_is_reported_with_the_tool_names_stream_and_not(server, client):
+    events, exc = await collect(client, "fault:tool-calls")
+    assert exc is None and events[-1] == Finish("tool_calls", "fault:tool-calls", ("get_weather",))
+    assert text_of(events) == "" and not kinds_of(events)
+    answer = await client.complete(HI, "fault:tool-calls")
+    assert (answer.text, answer.finish_reason, answer.anomalies) == ("", "tool_calls", ())
+
+
 # ---------------------------------------------------------------- the fake server itself
 
 
