@@ -170,7 +170,8 @@ def test_a_reloaded_chat_shows_its_messages_keeps_the_chosen_adapter_and_sends_t
 
     page.reload()
     e2e.wait_ready_ui(page, timeout_ms=60_000)
-    page.wait_for_function("document.querySelectorAll('.step[data-step-type=\"user_message\"]').length >= 2")
+    # a function, not an expression: Playwright evals a bare expression in the page, which the CSP forbids
+    page.wait_for_function("() => document.querySelectorAll('.step[data-step-type=\"user_message\"]').length >= 2")
     page.screenshot(path=str(live.log_dir / "after-reload.png"))
     assert [m.strip() for m in user_messages(page)] == [first, second]
     shown = e2e.assistant_messages(page)
@@ -197,7 +198,7 @@ def test_a_chat_reopened_from_the_history_sidebar_in_another_browser_has_its_mes
     thread.wait_for(timeout=30_000)
     assert "history one" in thread.inner_text()
     thread.click()
-    other.wait_for_function("document.querySelectorAll('.step[data-step-type=\"user_message\"]').length >= 3")
+    other.wait_for_function("() => document.querySelectorAll('.step[data-step-type=\"user_message\"]').length >= 3")
     e2e.wait_ready_ui(other, timeout_ms=60_000)
     other.screenshot(path=str(live.log_dir / "reopened.png"))
     assert [m.strip() for m in user_messages(other)][:3] == [
