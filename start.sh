@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the product: environments, the embedded model, vLLM + Chainlit. Idempotent.
+# Run the product: the app environment, then the UI at once; the engine environment, the embedded model and vLLM
+# in the background (the status line shows their progress). Idempotent.
 #   ./start.sh                      embedded SmolLM2-135M-Instruct + demo adapter on this machine
 #   ./start.sh --profile NAME       profiles/NAME.toml on top of config.toml
 #   ./start.sh --engine cpu|gpu     override the engine detection ([server].engine)
@@ -18,7 +19,7 @@ while [ $# -gt 0 ]; do
     --profile) need_value "$@"; export QWENCHAT_PROFILE="$2"; shift 2 ;;
     --profile=*) export QWENCHAT_PROFILE="${1#*=}"; shift ;;
     --dry-run) args+=(--dry-run); shift ;;
-    -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) qc_say "unknown option: $1 (see ./start.sh --help)"; exit 2 ;;
   esac
 done
@@ -29,13 +30,10 @@ APP="$(qc_app_env)"
 ENGINE_KIND="$("$APP/bin/python" -m backend engine-kind ${args[@]+"${args[@]}"})" || exit 2
 
 if [ "$ENGINE_KIND" != external ]; then
-  if [ "${args[*]-}" = "--dry-run" ]; then
-    QWENCHAT_ENGINE_PYTHON="$(qc_engine_dir "$ENGINE_KIND")/bin/python"
-    export QWENCHAT_ENGINE_PYTHON
-  else
-    ENGINE="$(qc_engine_env "$ENGINE_KIND")"
-    export QWENCHAT_ENGINE_PYTHON="$ENGINE/bin/python"
-    "$APP/bin/python" -m backend prepare
-  fi
+  # The engine environment and the embedded model are built by the launcher in the background (serve --prepare),
+  # after the UI is up; the status line shows their progress. A dry run builds nothing.
+  QWENCHAT_ENGINE_PYTHON="$(qc_engine_dir "$ENGINE_KIND")/bin/python"
+  export QWENCHAT_ENGINE_PYTHON
+  [ "${args[*]-}" = "--dry-run" ] || args+=(--prepare)
 fi
 exec "$APP/bin/python" -m backend serve ${args[@]+"${args[@]}"}

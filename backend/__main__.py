@@ -1,7 +1,9 @@
 """`python -m backend <command>`.
 
 prepare             build the embedded default model if needed (runs its builder in the engine env)
-serve [--dry-run]   preflight, launch vLLM + Chainlit, supervise; --dry-run prints the commands
+serve [--dry-run] [--prepare]
+                    preflight, launch vLLM + Chainlit, supervise; --dry-run prints the commands; --prepare
+                    starts the UI first and builds the engine environment and the model in the background
 doctor ADAPTER      check a LoRA adapter against the base model (--base, --max-rank, --json)
 merge               merge an adapter into its base (PEFT merge_and_unload)
 build-default       (engine env) convert SmolLM2-135M-Instruct from its PyPI package
@@ -110,8 +112,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     logging.basicConfig(level=settings.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.dry_run:
-        return launch.dry_run(settings)
-    return launch.run_serve(settings)
+        return launch.dry_run(settings)  # builds nothing, even with --prepare
+    return launch.run_serve(settings, prepare=args.prepare)
 
 
 def cmd_doctor(args: argparse.Namespace, rest: list[str]) -> int:
@@ -137,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("serve")
     p.add_argument("--profile")
     p.add_argument("--dry-run", action="store_true")
+    # start.sh: build the engine environment and the embedded model in the background, after the UI is up
+    p.add_argument("--prepare", action="store_true")
     p = sub.add_parser("engine-kind")
     p.add_argument("--profile")
     p.add_argument("--dry-run", action="store_true")

@@ -17,7 +17,7 @@ settings.
 
 The status file is one JSON object (``EngineStatus``), replaced atomically on every change:
 
-    state         SupervisorState value: starting → running → restarting → … → down | stopped
+    state         SupervisorState value: [preparing →] starting → running → restarting → … → down | stopped
     pid           the engine process (leader of its process group), or null when none was launched
     attempt       restarts within the window (0 for the first start)
     max_attempts  [server].restart_attempts
@@ -28,6 +28,12 @@ The status file is one JSON object (``EngineStatus``), replaced atomically on ev
     log_path      the engine log
     since         epoch: this state began
     updated       epoch: the file was written
+    phase         while preparing: "install_engine" or "convert_model" (PHASE_*); "" otherwise
+    progress      while preparing: percent done of that phase (0–100), or null when unknown
+
+``preparing`` (the launcher builds the engine environment and the model while the UI is already up) and the
+two last keys came later: an older UI ignores the keys and reads the state as unknown text (it then decides
+from HTTP alone: "starting"); a newer UI reads an older file's missing keys as "" and null.
 
 This module is shared by both sides: it imports nothing from backend.engine or backend.chat.
 """
@@ -66,12 +72,19 @@ ENV_ENGINE = "QWENCHAT_ENGINE"
 ENV_ENGINE_PYTHON = "QWENCHAT_ENGINE_PYTHON"
 
 
+#: EngineStatus.phase while PREPARING: the engine environment is being installed (progress: percent).
+PHASE_INSTALL_ENGINE = "install_engine"
+#: EngineStatus.phase while PREPARING: the embedded model is being converted (no progress).
+PHASE_CONVERT_MODEL = "convert_model"
+
+
 # ---------------------------------------------------------------- the status file
 
 
 class SupervisorState(enum.StrEnum):
     """What the supervisor is doing; not the UI's EngineState, which the poller derives from it and HTTP."""
 
+    PREPARING = "preparing"  # the launcher builds what the engine needs (phase, progress); no engine process yet
     STARTING = "starting"  # first launch, not healthy yet
     RUNNING = "running"  # /health answered 200
     RESTARTING = "restarting"  # it crashed or hung; relaunched (reason, attempt say why and which)
@@ -95,6 +108,8 @@ class EngineStatus:
     log_path: str = ""
     since: float | None = None
     updated: float | None = None
+    phase: str = ""
+    progress: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.state, SupervisorState):
@@ -156,4 +171,6 @@ class EngineStatus:
             log_path=text("log_path"),
             since=num("since", float),
             updated=num("updated", float),
+            phase=text("phase"),
+            progress=num("progress", int),
         )

@@ -450,6 +450,20 @@ CATALOG: dict[str, tuple[str, str]] = {
     ),
     "health.restarting": ("{reason}; it is restarting", "{reason}；正在重启"),
     "health.starting": ("the model server is starting (loading the model)", "模型服务器正在启动（加载模型）"),
+    # the launcher prepares before the engine can start (contract SupervisorState.PREPARING, engine/prepare_bg.py)
+    "health.installing_pct": ("installing the engine {percent} %", "正在安装引擎 {percent}%"),
+    "health.installing": ("installing the engine", "正在安装引擎"),
+    "health.converting": ("converting the model", "正在转换模型"),
+    "health.preparing": ("preparing the engine", "正在准备引擎"),
+    # {detail}: the last lines of the step's output (no absolute paths); {log}: the log's file name in [logging] dir
+    "prepare.install_failed": (
+        "installing the engine failed: {detail}; the full log is {log} in the log folder ([logging] dir)",
+        "安装引擎失败：{detail}；完整日志见日志文件夹（[logging] dir）中的 {log}",
+    ),
+    "prepare.convert_failed": (
+        "converting the model failed: {detail}; the full log is {log} in the log folder ([logging] dir)",
+        "转换模型失败：{detail}；完整日志见日志文件夹（[logging] dir）中的 {log}",
+    ),
     "health.stopped": ("the engine was stopped", "引擎已停止运行"),
     "health.down_after": ("{reason}; it is down after {attempt} attempts", "{reason}；尝试 {attempt} 次后已停止"),
     "health.down": ("{reason}; it is down", "{reason}；引擎已停止"),

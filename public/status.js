@@ -2,8 +2,8 @@
 (function () {
   const browserZh = (navigator.language || "").toLowerCase().startsWith("zh");
   const LABELS = {
-    en: { starting: "model loading", ready: "ready", degraded: "degraded", down: "engine down", offline: "UI offline" },
-    zh: { starting: "模型加载中", ready: "就绪", degraded: "响应缓慢", down: "引擎不可用", offline: "界面未连接" },
+    en: { preparing: "preparing", starting: "model loading", ready: "ready", degraded: "degraded", down: "engine down", offline: "UI offline" },
+    zh: { preparing: "准备中", starting: "模型加载中", ready: "就绪", degraded: "响应缓慢", down: "引擎不可用", offline: "界面未连接" },
   };
   let zh = browserZh; // until the server says which language [ui].language forces
   function badge() {
@@ -37,7 +37,8 @@
     }
     zh = s.lang === "zh" || ((!s.lang || s.lang === "auto") && browserZh);
     const labels = LABELS[zh ? "zh" : "en"];
-    let text = `● ${s.model} — ${labels[s.state] || s.state}`;
+    // s.phase: the launcher is still installing the engine or converting the model (the reason says which)
+    let text = `● ${s.model} — ${labels[s.phase ? "preparing" : s.state] || s.state}`;
     if (s.state === "starting" && s.elapsed) text += zh ? ` ${s.elapsed} 秒` : ` ${s.elapsed} s`;
     const reason = zh ? s.reason_zh || s.reason : s.reason;
     if (reason && s.state !== "ready") text += ` · ${reason}`;

@@ -48,8 +48,9 @@ qc_env() {
   done
   local t0=$SECONDS log="$dir.pip.log"
   "$dir/bin/pip" install --disable-pip-version-check --progress-bar off "${args[@]}" ${QC_PIP_EXTRA[@]+"${QC_PIP_EXTRA[@]}"} 2>&1 \
-    | grep -v "is ignored: it is neither a file nor a directory" | tee "$log" \
-    | awk '/^Collecting/ { n++; if (n % 25 == 0) { printf "  ... %d packages resolved\n", n; fflush() } }
+    | grep --line-buffered -v "is ignored: it is neither a file nor a directory" | tee "$log" \
+    | awk -v all="${QC_PIP_LINES:-0}" 'all == 1 { print; fflush(); next }  # QC_PIP_LINES=1: every line (the launcher parses them)
+           /^Collecting/ { n++; if (n % 25 == 0) { printf "  ... %d packages resolved\n", n; fflush() } }
            /^Successfully installed/ { printf "  installed %d packages\n", NF - 2; fflush() }' >&2
   if [ "${PIPESTATUS[0]}" -ne 0 ]; then
     tail -n 25 "$log" | sed 's/^/  /' >&2

@@ -16,7 +16,8 @@ poll while probes fail or right after /health or /v1/models failed.
 
 States (``EngineState``):
 
-    STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting
+    STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting;
+              or the launcher still preparing (installing the engine, converting the model: ``phase``, no HTTP)
     READY     health 200 (or no /health route), models listed, probe answered within probe_slow
     DEGRADED  after health 200 and models: probe timed out, failed or was slow; or /health or /v1/models stopped answering
     DOWN      refused (or unhealthy) after having been ready (any probe that answered, even slowly, counts as
@@ -43,7 +44,7 @@ from typing import Any
 
 import aiohttp
 
-from ..contract import EngineStatus, SupervisorState
+from ..contract import PHASE_CONVERT_MODEL, PHASE_INSTALL_ENGINE, EngineStatus, SupervisorState
 from ..engine_http import Route, auth_headers, error_message, status_error
 from ..settings import HealthSettings  # re-exported: the [health] section
 from ..probe import probe_body
@@ -95,6 +96,7 @@ class HealthStatus:
     attempt: int | None = None
     max_attempts: int | None = None
     log_path: str | None = None
+    phase: str | None = None  # the launcher's preparation step while STARTING (contract.PHASE_*), else None
 
     @property
     def ready(self) -> bool:
@@ -390,6 +392,10 @@ class HealthPoller:
         if sup is not None and sup.state in _SUP_DOWN:
             self._set(EngineState.DOWN, *_supervisor_down_text(sup), sup=sup, models_ok=False)
             return
+        if sup is not None and sup.state is SupervisorState.PREPARING:
+            # no engine process yet: nothing to ask over HTTP, and no start-up limit while the launcher prepares
+            self._set(EngineState.STARTING, *_supervisor_starting_text(sup), sup=sup, models_ok=False)
+            return
 
         health = await self._get(self.root_url + "/health", s.request_timeout)
         health_ok = health.ok and (health.status == 200 or health.status == 404)
@@ -548,6 +554,7 @@ class HealthPoller:
             attempt=sup.attempt if sup else None,
             max_attempts=sup.max_attempts if sup else None,
             log_path=(sup.log_path or None) if sup else None,
+            phase=(sup.phase or None) if sup and sup.state is SupervisorState.PREPARING else None,
         )
         self._status = new
         key = (state, en, new.version, new.models_stale, new.attempt)
@@ -609,11 +616,19 @@ class Subscription:
 
 # ---------------------------------------------------------------- texts from the supervisor's file
 
-_SUP_STARTING = (SupervisorState.STARTING, SupervisorState.RESTARTING)
+_SUP_STARTING = (SupervisorState.PREPARING, SupervisorState.STARTING, SupervisorState.RESTARTING)
 _SUP_DOWN = (SupervisorState.DOWN, SupervisorState.STOPPED)
 
 
 def _supervisor_starting_text(sup: EngineStatus) -> tuple[str, str]:
+    if sup.state is SupervisorState.PREPARING:
+        if sup.phase == PHASE_INSTALL_ENGINE and sup.progress is not None:
+            return both("health.installing_pct", percent=max(0, min(100, sup.progress)))
+        if sup.phase == PHASE_INSTALL_ENGINE:
+            return both("health.installing")
+        if sup.phase == PHASE_CONVERT_MODEL:
+            return both("health.converting")
+        return both("health.preparing")
     if sup.state is SupervisorState.RESTARTING:
         reasons = _reasons(sup)
         if sup.attempt and sup.max_attempts:

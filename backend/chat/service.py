@@ -101,6 +101,8 @@ class Service:
             "model": st.base_model or self.settings.model.name,
             "adapters": [m.id for m in st.adapters],
             "stale": st.models_stale,
+            # While the launcher prepares (contract.PHASE_*: "install_engine", "convert_model"), else null.
+            "phase": st.phase,
             # Off-spec chunks tolerated since start, by kind (e.g. {"empty_choices": 3}): whose backend misbehaves.
             "anomalies": anomaly_counts(),
             # [ui].language: "en"/"zh" force the badge's language too; "auto" lets the browser decide.

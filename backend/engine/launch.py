@@ -1,5 +1,9 @@
 """`python -m backend serve`: preflight, then vLLM (supervised) and Chainlit side by side.
 
+With ``--prepare`` (what start.sh runs) and the engine environment or the embedded model still to build, the UI
+starts first and both are built in the background (engine/prepare_bg.py; the status line shows the progress);
+then preflight and the engine as below. A failed build exits 1 with its reason, like a failed first start.
+
 The UI starts at once and shows "loading" while the engine loads (it is reachable in seconds);
 the engine's first start is watched: if it fails, its cause and the relevant log lines are
 printed and we exit non-zero. Ctrl-C / SIGTERM stops both process groups.
@@ -17,13 +21,14 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import contract
 from ..errors import QwenChatError
 from ..probe import OneTokenProbe
 from ..settings import Settings
-from . import command
+from . import command, prepare_bg
 from .preflight import check_exposure, check_limits, check_model_dir, check_port_free, model_config
 from .supervisor import Supervisor, configure_logs, read_tail, start_process, stop_process_group
 
@@ -133,8 +138,9 @@ def dry_run(settings: Settings) -> int:
     return 0
 
 
-def preflight(settings: Settings, engine: str) -> None:
-    """Everything checkable before vLLM is launched; raises a PreflightError."""
+def preflight(settings: Settings, engine: str, *, ui_started: bool = False) -> None:
+    """Everything checkable before vLLM is launched; raises a PreflightError. ``ui_started``: the UI already
+    listens on its port (serve --prepare started it before building the engine)."""
     for warning in check_exposure(settings):  # first: refuses a UI open to others without login
         say(warning)
     if not settings.external:
@@ -151,7 +157,8 @@ def preflight(settings: Settings, engine: str) -> None:
 
                 raise ConfigError("model.max_model_len", settings.model.max_model_len, advice.text)
             say(f"{advice.level}: {advice.text}")
-    check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
+    if not ui_started:
+        check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
 
 
 async def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float) -> bool:
@@ -167,7 +174,71 @@ async def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], timeou
     return False
 
 
-async def serve(settings: Settings) -> int:
+def ui_environment(engine: str, log_dir: Path) -> dict[str, str]:
+    """The UI process's part of the contract that does not depend on an engine process."""
+    # The UI talks to the engine on loopback: never through an http_proxy from the environment.
+    no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1,localhost,::1"]))
+    return {contract.ENV_ENGINE: engine, contract.ENV_LOG_DIR: str(log_dir), "NO_PROXY": no_proxy, "no_proxy": no_proxy}
+
+
+@dataclass
+class _Early:
+    """The UI started before the engine could (serve --prepare), with what serve goes on with."""
+
+    ui_proc: subprocess.Popen[bytes]
+    api_key: str
+    stop: asyncio.Event
+
+
+async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: float) -> _Early | int:
+    """The UI at once, then the engine environment and the model in the background (their progress in the status
+    file); an int is the exit code when the UI or a build failed (1), or Ctrl-C came first (0)."""
+    check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
+    check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
+    status_path = log_dir / contract.STATUS_FILE_NAME
+    preparer = prepare_bg.Preparer(settings, engine, log_dir, status_path, say)
+    preparer.publish_first()  # before the UI's first poll: never an old run's "stopped"
+    api_key = settings.server.api_key or secrets.token_urlsafe(24)
+    env = ui_environment(engine, log_dir)
+    env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
+    ui_cmd = command.build_ui_command(settings, python=sys.executable)
+    ui_proc = start_process(command.Command(ui_cmd.argv, {**ui_cmd.env, **env}, ui_cmd.unset), log_dir / "ui.log")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        loop.add_signal_handler(sig, stop.set)
+    work = asyncio.create_task(preparer.run())
+    early: _Early | None = None
+    try:
+        if not await _wait_port(settings.server.ui_host, settings.server.ui_port, ui_proc, 60):
+            say(f"the UI did not start; see {log_dir / 'ui.log'}:")
+            print(read_tail(log_dir / "ui.log", 4000), file=sys.stderr)
+            return 1
+        url = f"http://{settings.server.ui_host}:{settings.server.ui_port}"
+        say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url} (messages wait until the model is ready)")
+        while not work.done() and not stop.is_set():
+            if ui_proc.poll() is not None:
+                say(f"the UI exited with code {ui_proc.returncode}; see {log_dir / 'ui.log'}")
+                return 1
+            await asyncio.wait({work, asyncio.create_task(stop.wait())}, timeout=1.0)
+        if stop.is_set():
+            say("stopping ...")
+            return 0
+        failed = work.result()
+        if failed is not None:
+            say(f"{failed.reason.split('; the full log is')[0]}; full log: {failed.log_path}")
+            return 1
+        early = _Early(ui_proc, api_key, stop)
+        return early
+    finally:
+        if early is None:
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            stop_process_group(ui_proc, grace=5)
+            say("stopped")
+
+
+async def serve(settings: Settings, *, prepare: bool = False) -> int:
     t0 = time.monotonic()
     log_dir = settings.logging.resolved_dir
     os.umask(0o077)  # logs, status files, history, secrets: readable by their owner only
@@ -176,21 +247,25 @@ async def serve(settings: Settings) -> int:
     engine = (
         "external" if settings.external else command.resolve_engine(settings.server.engine, command.gpu_available())
     )
-    preflight(settings, engine)
+    early: _Early | None = None
+    if prepare and prepare_bg.needs_preparing(settings):
+        prepared = await _prepare_first(settings, engine, log_dir, t0)
+        if isinstance(prepared, int):
+            return prepared
+        early = prepared
+    try:
+        preflight(settings, engine, ui_started=early is not None)
+    except QwenChatError:
+        if early is not None:
+            stop_process_group(early.ui_proc, grace=5)
+        raise
     status_path = log_dir / contract.STATUS_FILE_NAME
     excluded_path = log_dir / contract.EXCLUDED_ADAPTERS_FILE_NAME
     excluded_path.unlink(missing_ok=True)  # only this launch's verdicts reach the UI
-    # The UI talks to the engine on loopback: never through an http_proxy from the environment.
-    no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1,localhost,::1"]))
-    ui_env = {
-        contract.ENV_ENGINE: engine,
-        contract.ENV_LOG_DIR: str(log_dir),
-        "NO_PROXY": no_proxy,
-        "no_proxy": no_proxy,
-    }
+    ui_env = ui_environment(engine, log_dir)
     supervisor = None
     if not settings.external:
-        api_key = settings.server.api_key or secrets.token_urlsafe(24)
+        api_key = early.api_key if early else (settings.server.api_key or secrets.token_urlsafe(24))
         adapters, excluded = static_adapters(settings)
         for name, text in excluded.items():
             say(f"adapter {name!r} left out: {text}")
@@ -222,8 +297,8 @@ async def serve(settings: Settings) -> int:
         say(f"engine log: {log_dir / 'engine.log'}")
     ui_cmd = command.build_ui_command(settings, python=sys.executable)
     ui_cmd = command.Command(ui_cmd.argv, {**ui_cmd.env, **ui_env}, ui_cmd.unset)
-    ui_proc = start_process(ui_cmd, log_dir / "ui.log")
-    stop = asyncio.Event()
+    ui_proc = early.ui_proc if early else start_process(ui_cmd, log_dir / "ui.log")
+    stop = early.stop if early else asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         loop.add_signal_handler(sig, stop.set)
@@ -232,7 +307,8 @@ async def serve(settings: Settings) -> int:
     try:
         url = f"http://{settings.server.ui_host}:{settings.server.ui_port}"
         if await _wait_port(settings.server.ui_host, settings.server.ui_port, ui_proc, 60):
-            say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url}")
+            if early is None:  # else said before the preparation
+                say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url}")
         else:
             say(f"the UI did not start; see {log_dir / 'ui.log'}:")
             print(read_tail(log_dir / "ui.log", 4000), file=sys.stderr)
@@ -281,9 +357,9 @@ async def serve(settings: Settings) -> int:
     return rc
 
 
-def run_serve(settings: Settings) -> int:
+def run_serve(settings: Settings, *, prepare: bool = False) -> int:
     try:
-        return asyncio.run(serve(settings))
+        return asyncio.run(serve(settings, prepare=prepare))
     except QwenChatError as exc:
         say(exc.user_text("en"))
         return 2

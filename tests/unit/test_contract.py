@@ -45,6 +45,8 @@ KEYS = [
     "log_path",
     "since",
     "updated",
+    "phase",
+    "progress",
 ]
 
 
@@ -114,6 +116,9 @@ def test_a_missing_file_or_a_folder_in_its_place_reads_as_none(tmp_path):
         ("cause", None, ""),
         ("message", ["a"], ""),
         ("log_path", 0, ""),
+        ("phase", 3, ""),
+        ("progress", "60 %", None),
+        ("progress", 59.0, 59),
     ],
 )
 def test_a_wrong_typed_field_reads_as_its_empty_value_and_the_rest_still_reads(tmp_path, key, value, expected):
@@ -134,6 +139,27 @@ def test_an_unknown_state_is_kept_as_text_and_is_none_of_the_members(tmp_path):
 def test_a_known_state_read_from_the_file_is_the_enum_member(tmp_path):
     status = EngineStatus.read(write_json(tmp_path / "s.json", {"state": "down"}))
     assert status is not None and status.state is SupervisorState.DOWN
+
+
+def test_preparing_with_its_phase_and_progress_reads_back_equal(tmp_path):
+    path = tmp_path / contract.STATUS_FILE_NAME
+    written = EngineStatus(
+        state=SupervisorState.PREPARING, phase=contract.PHASE_INSTALL_ENGINE, progress=60, since=1700000000.0
+    )
+    written.write(path)
+    read = EngineStatus.read(path)
+    assert read is not None and read.state is SupervisorState.PREPARING
+    assert (read.phase, read.progress, read.pid) == ("install_engine", 60, None)
+    assert dataclasses.replace(read, updated=None) == written
+    assert json.loads(path.read_text(encoding="utf-8"))["state"] == "preparing"
+
+
+def test_a_file_from_before_the_preparing_state_reads_with_no_phase_and_no_progress(tmp_path):
+    """Backwards compatible: a status file an older launcher wrote (no phase/progress keys) still reads."""
+    old = FULL.to_json()
+    del old["phase"], old["progress"]
+    status = EngineStatus.read(write_json(tmp_path / "s.json", old))
+    assert status == FULL and (status.phase, status.progress) == ("", None)
 
 
 def test_writing_replaces_the_file_atomically_and_leaves_no_temp_file(tmp_path):
@@ -174,7 +200,8 @@ def test_the_keys_the_supervisor_writes_are_exactly_the_ones_the_ui_reads(tmp_pa
     seen = EngineStatus.read(path)
     assert seen is not None and seen.state is SupervisorState.RESTARTING and seen.pid == 4242
     for key in KEYS:
-        other = {"state": "stopped"} if key == "state" else {key: 99 if isinstance(written[key], (int, float)) else "x"}
+        number = isinstance(written[key], (int, float)) or written[key] is None  # progress: null unless preparing
+        other = {"state": "stopped"} if key == "state" else {key: 99 if number else "x"}
         changed = EngineStatus.read(write_json(tmp_path / "changed.json", written | other))
         assert changed != seen, key
 

@@ -1,0 +1,334 @@
+"""Build what the engine needs while the UI is already up: the engine environment, then the embedded model.
+
+``./start.sh`` builds only the app environment and runs ``python -m backend serve --prepare``. The launcher starts
+the UI at once and calls ``prepare()`` here, which publishes its progress in the status file (contract
+``SupervisorState.PREPARING`` with ``phase`` and ``progress``; the UI's status line says "installing the engine
+60 %", then "converting the model") and runs, one after the other, each in its own process group:
+
+1. the engine environment: ``bash -c 'source scripts/env.sh; qc_engine_env KIND'``, the same bash function
+   start.sh ran before (skipped when ``$QWENCHAT_ENGINE_PYTHON``'s environment is complete); pip's lines go to
+   ``<log dir>/engine-install.log`` and through ``PipProgress`` for the percentage; it prints the environment's
+   folder, whose python the engine then runs with;
+2. the embedded model (when ``[model].path`` is empty and it is not built yet): ``python -m backend
+   build-default`` in the engine environment, as ``python -m backend prepare`` does; output in
+   ``<log dir>/model-convert.log``.
+
+A failure returns ``PrepareFailed``: the reason in both languages (the last error lines, no absolute paths) and
+the log; the launcher writes it to the status file as DOWN and exits 1, like a failed first start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import contract, packages
+from ..contract import PHASE_CONVERT_MODEL, PHASE_INSTALL_ENGINE, EngineStatus, SupervisorState
+from ..settings import ROOT, Settings
+from ..text import both, t
+from .supervisor import _die_with_parent
+
+logger = logging.getLogger(__name__)
+
+INSTALL_LOG = "engine-install.log"
+CONVERT_LOG = "model-convert.log"
+
+# ---------------------------------------------------------------- pip's progress
+
+
+def lock_count(engine: str, root: Path = ROOT) -> int | None:
+    """Packages pinned in the engine's lock file (what pip will collect), or None without a lock file (GPU)."""
+    lock = root / "requirements-lock" / f"engine-{engine}.txt"
+    try:
+        lines = lock.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    n = sum(1 for line in lines if "==" in line and not line.lstrip().startswith("#"))
+    return n or None
+
+
+class PipProgress:
+    """pip's output, line by line, as a percentage of the whole engine install.
+
+    0–60 %   packages collected ("Collecting x" or "Processing /…/x.whl", one line each) against the lock file's
+             count; pip downloads while it collects, so this is most of the wall time on a fresh machine
+    60 %     "Installing collected packages": pip unpacks them all (one long silent step)
+    90 %     "Successfully installed …": then the clean-up and an import check of vLLM
+    100 %    ``done()``: the environment is complete
+    Without a count (no lock file) the percentage is None until pip starts installing.
+    """
+
+    COLLECTED = 60
+    INSTALLED = 90
+
+    def __init__(self, total: int | None) -> None:
+        self.total = total
+        self.collected = 0
+        self.percent: int | None = 0 if total else None
+
+    def feed(self, line: str) -> bool:
+        """Take one output line; True when the percentage changed."""
+        before = self.percent
+        if line.startswith(("Collecting ", "Processing ")):
+            self.collected += 1
+            if self.total and (self.percent or 0) < self.COLLECTED:
+                self.percent = min(self.COLLECTED - 1, self.COLLECTED * self.collected // self.total)
+        elif line.startswith("Installing collected packages"):
+            self.percent = self.COLLECTED
+        elif line.startswith("Successfully installed"):
+            self.percent = self.INSTALLED
+        return self.percent != before
+
+    def done(self) -> None:
+        self.percent = 100
+
+
+# ---------------------------------------------------------------- what the user is told on failure
+
+_ABS_PATH = re.compile(r"(?<![\w.~:/])/(?:[^\s/'\"():,]+/)+([^\s/'\"():,]*)")
+
+
+def scrub_paths(text: str) -> str:
+    """Absolute paths → ``…/name``: the browser never sees server paths."""
+    return _ABS_PATH.sub(lambda m: "…/" + m.group(1), text)
+
+
+def failure_detail(lines: list[str], limit: int = 300) -> str:
+    """The lines that say what went wrong: pip's ``ERROR:`` lines and our own ``[qwenchat]`` ones (without the
+    closing "full pip output" pointer), else the last non-empty lines; joined, paths scrubbed, shortened."""
+    picked: list[str] = []
+    for raw in lines:
+        line = raw.strip()
+        if line.startswith("[qwenchat] "):
+            line = line.removeprefix("[qwenchat] ")
+            if "full pip output" in line or line.startswith("creating the "):
+                continue
+        elif not line.startswith(("ERROR", "error:", "Traceback", "RuntimeError", "OSError")) and not re.match(
+            r"^\w+(Error|Exception): ", line
+        ):
+            continue
+        if line not in picked:
+            picked.append(line)
+    if not picked:
+        picked = [line.strip() for line in lines if line.strip()][-2:]
+    text = scrub_paths(" / ".join(picked[-3:])) or "no output"
+    return text if len(text) <= limit else "…" + text[-(limit - 1) :]
+
+
+@dataclass(frozen=True)
+class PrepareFailed:
+    """A preparation step failed: what to tell (both languages, no absolute paths) and where the full log is."""
+
+    phase: str
+    reason: str
+    reason_zh: str
+    log_path: Path
+    rc: int | None
+
+
+# ---------------------------------------------------------------- one step in its own process group
+
+
+async def _stop_group(proc: asyncio.subprocess.Process, grace: float = 5.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+
+
+async def run_step(
+    argv: list[str], log_path: Path, on_line: Callable[[str], None], env: dict[str, str] | None = None
+) -> tuple[int, list[str], list[str]]:
+    """Run ``argv`` in its own process group (stopped with it when cancelled); every stderr line goes to
+    ``log_path`` and ``on_line``. Returns the exit code, stdout's lines and the last 60 stderr lines."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=str(ROOT),
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+        limit=1 << 20,  # pip's "Installing collected packages: …" is one long line
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    out: list[str] = []
+    tail: list[str] = []
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}\n")
+        log.flush()
+
+        async def read_out() -> None:
+            assert proc.stdout is not None
+            async for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                out.append(line)
+                log.write(line + "\n")
+
+        async def read_err() -> None:
+            assert proc.stderr is not None
+            async for raw in proc.stderr:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                log.write(line + "\n")
+                log.flush()
+                tail.append(line)
+                del tail[:-60]
+                on_line(line)
+
+        try:
+            await asyncio.gather(read_out(), read_err())
+            rc = await proc.wait()
+        except asyncio.CancelledError:
+            await _stop_group(proc)
+            raise
+        log.write(f"=== exit code {rc}\n")
+    return rc, out, tail
+
+
+# ---------------------------------------------------------------- the preparation
+
+
+def install_argv(engine: str) -> list[str]:
+    """The engine environment's build: the bash function start.sh used to run (prints the folder on stdout)."""
+    return [
+        "bash",
+        "-c",
+        'source "$1" && qc_engine_env "$2"',
+        "qc-engine-env",
+        str(ROOT / "scripts" / "env.sh"),
+        engine,
+    ]
+
+
+def env_complete(python: str | None) -> bool:
+    """``$QWENCHAT_ENGINE_PYTHON`` belongs to a finished environment (qc_env's ``.complete`` stamp)."""
+    if not python:
+        return False
+    p = Path(python)
+    return p.exists() and (p.parent.parent / ".complete").exists()
+
+
+def needs_preparing(settings: Settings) -> bool:
+    """Something is left to build: the engine environment or the embedded model."""
+    if settings.external:
+        return False
+    if not env_complete(os.environ.get(contract.ENV_ENGINE_PYTHON)):
+        return True
+    return settings.model.is_embedded and not packages.is_built(settings.model.resolved_path)
+
+
+class Preparer:
+    """Runs the steps and keeps the status file (and the terminal) told; see the module docstring."""
+
+    def __init__(self, settings: Settings, engine: str, log_dir: Path, status_path: Path, say: Callable[[str], None]):
+        self.settings = settings
+        self.engine = engine
+        self.log_dir = log_dir
+        self.status_path = status_path
+        self.say = say
+        self.since = time.time()
+        self._said_percent = 0  # the terminal hears every 10 %, from 10 %
+
+    def publish(self, phase: str, progress: int | None) -> None:
+        en = (
+            t("health.installing_pct", "en", percent=progress)
+            if phase == PHASE_INSTALL_ENGINE and progress is not None
+            else t("health.installing" if phase == PHASE_INSTALL_ENGINE else "health.converting", "en")
+        )
+        EngineStatus(
+            state=SupervisorState.PREPARING,
+            phase=phase,
+            progress=progress,
+            message=en,
+            log_path=str(self.log_dir / (INSTALL_LOG if phase == PHASE_INSTALL_ENGINE else CONVERT_LOG)),
+            since=self.since,
+        ).write(self.status_path)
+        if phase == PHASE_INSTALL_ENGINE and progress is not None and progress // 10 > self._said_percent // 10:
+            self._said_percent = progress
+            self.say(en)
+
+    def publish_first(self) -> None:
+        """The status of the step that comes first, before it starts."""
+        if env_complete(os.environ.get(contract.ENV_ENGINE_PYTHON)):
+            self.publish(PHASE_CONVERT_MODEL, None)
+        else:
+            self.publish(PHASE_INSTALL_ENGINE, PipProgress(lock_count(self.engine)).percent)
+
+    def fail(self, phase: str, rc: int | None, tail: list[str]) -> PrepareFailed:
+        log = self.log_dir / (INSTALL_LOG if phase == PHASE_INSTALL_ENGINE else CONVERT_LOG)
+        key = "prepare.install_failed" if phase == PHASE_INSTALL_ENGINE else "prepare.convert_failed"
+        en, zh = both(key, detail=failure_detail(tail), log=log.name)
+        EngineStatus(
+            state=SupervisorState.DOWN,
+            reason=en,
+            reason_zh=zh,
+            cause=f"{phase}_failed",
+            message=en,
+            log_path=str(log),
+            since=time.time(),
+        ).write(self.status_path)
+        return PrepareFailed(phase, en, zh, log, rc)
+
+    async def install_engine(self) -> PrepareFailed | None:
+        if env_complete(os.environ.get(contract.ENV_ENGINE_PYTHON)):
+            return None
+        progress = PipProgress(lock_count(self.engine))
+        self.publish(PHASE_INSTALL_ENGINE, progress.percent)
+        self.say(f"installing the {self.engine} engine in the background; log: {self.log_dir / INSTALL_LOG}")
+
+        def on_line(line: str) -> None:
+            if progress.feed(line):
+                self.publish(PHASE_INSTALL_ENGINE, progress.percent)
+
+        # QC_PIP_LINES: qc_env passes every pip line through; PYTHONUNBUFFERED: pip writes them as they come
+        rc, out, tail = await run_step(
+            install_argv(self.engine),
+            self.log_dir / INSTALL_LOG,
+            on_line,
+            env={"QC_PIP_LINES": "1", "PYTHONUNBUFFERED": "1"},
+        )
+        folder = next((Path(line) for line in reversed(out) if line.startswith("/")), None)
+        python = folder / "bin" / "python" if folder else None
+        if rc != 0 or python is None or not env_complete(str(python)):
+            return self.fail(PHASE_INSTALL_ENGINE, rc, tail)
+        os.environ[contract.ENV_ENGINE_PYTHON] = str(python)  # the engine (and the conversion) run with it
+        progress.done()
+        self.publish(PHASE_INSTALL_ENGINE, progress.percent)
+        return None
+
+    async def convert_model(self) -> PrepareFailed | None:
+        model = self.settings.model
+        if not model.is_embedded or packages.is_built(model.resolved_path):
+            return None
+        self.publish(PHASE_CONVERT_MODEL, None)
+        self.say(f"converting the embedded model into {model.resolved_path}; log: {self.log_dir / CONVERT_LOG}")
+        python = os.environ.get(contract.ENV_ENGINE_PYTHON) or "python3"
+        rc, _, tail = await run_step([python, "-m", "backend", "build-default"], self.log_dir / CONVERT_LOG, _ignore)
+        if rc != 0 or not packages.is_built(model.resolved_path):
+            return self.fail(PHASE_CONVERT_MODEL, rc, tail)
+        return None
+
+    async def run(self) -> PrepareFailed | None:
+        t0 = time.monotonic()
+        failed = await self.install_engine() or await self.convert_model()
+        if failed is None:
+            self.say(f"engine environment and model ready after {time.monotonic() - t0:.1f} s")
+        return failed
+
+
+def _ignore(line: str) -> None:
+    pass
