@@ -44,6 +44,7 @@ Inline ``<think>…</think>`` at the start of the content (Qwen3) and ``reasonin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -722,6 +723,7 @@ async def _body_data(
     async for sse in decoder.aiter_bytes(replay()):
         if sse.data.startswith("[DONE]"):
             st.done = True
+            await _drain(chunks)
             return
         if sse.event == "error":
             try:
@@ -735,6 +737,19 @@ async def _body_data(
                 yield a
             continue
         yield json.loads(sse.data)
+
+
+async def _drain(chunks: AsyncIterator[bytes], limit: int = 64 * 1024, seconds: float = 0.5) -> None:
+    """Read what follows ``[DONE]`` (normally just the end of the chunked body), so the connection goes
+    back to the pool instead of being closed: otherwise every answer opens a new connection. A server
+    that keeps sending (or stays silent) past ``limit`` bytes or ``seconds`` is left to ``aclose()``."""
+    read = 0
+    with contextlib.suppress(TimeoutError, httpx2.HTTPError, OSError):
+        async with asyncio.timeout(seconds):
+            async for chunk in chunks:
+                read += len(chunk)
+                if read > limit:
+                    return
 
 
 # ---------------------------------------------------------------- the client

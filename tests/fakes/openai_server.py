@@ -225,6 +225,7 @@ class RequestRecord:
     messages: list[Any]
     body_bytes: int
     max_tokens: int | None = None
+    peer: str = ""  # the client's "host:port": the same for requests that reused one connection
     status: int = 200
     chunks_sent: int = 0
     disconnected: bool = False  # the client closed the connection before we were done
@@ -418,6 +419,7 @@ class FakeServer:
             messages=messages if isinstance(messages, list) else [],
             body_bytes=len(raw),
             max_tokens=body.get("max_tokens"),
+            peer=":".join(map(str, (request.transport.get_extra_info("peername") or ()) if request.transport else ())),
         )
         self.records.append(rec)
         try:
