@@ -94,6 +94,12 @@ CATALOG: dict[str, tuple[str, str]] = {
         "add origins in [ui] allowed_origins).",
         "已拒绝：来自 {origin} 的请求不能使用此聊天（只允许其自身页面；管理员可在 [ui] allowed_origins 中添加来源）。",
     ),
+    "security.host_refused": (
+        "Refused: this chat is not served under the name {origin}. Open it as http://127.0.0.1 or http://localhost "
+        "(an administrator can add names in [ui] allowed_origins).",
+        "已拒绝：此聊天不以 {origin} 这个名称提供服务。请用 http://127.0.0.1 或 http://localhost 打开"
+        "（管理员可在 [ui] allowed_origins 中添加名称）。",
+    ),
     "security.login_throttled": (
         "Too many failed sign-ins from your address. Wait {seconds} s and try again; the wait grows with each failure.",
         "您的地址登录失败次数过多。请等待 {seconds} 秒后重试；每次失败后等待时间都会增加。",

@@ -12,6 +12,11 @@
   Requests without ``Origin`` (scripts, curl) pass on to the normal login rules. ``X-Forwarded-*``
   headers are not trusted: behind a TLS proxy, list the public origin in ``allowed_origins``.
   Each refused origin is logged once (with the origin).
+- **Host (DNS rebinding).** A page on ``http://evil.example:8080`` whose name the attacker points at
+  127.0.0.1 is same-origin with itself: its requests carry ``Host: evil.example:8080`` and, for a plain
+  GET, no ``Origin`` at all. So while the UI listens on loopback, only loopback names (``localhost``,
+  ``*.localhost``, 127.0.0.0/8, ``[::1]``) and the hosts of ``[ui] allowed_origins`` are served; any
+  other ``Host`` is refused (403, logged once).
 - **Headers.** Every HTTP answer gets a Content-Security-Policy (images only from the app itself or
   ``data:``: a model answer with ``![x](http://elsewhere/?secret)`` cannot make the browser call out),
   ``frame-ancestors 'none'`` (+ ``X-Frame-Options``), ``X-Content-Type-Options: nosniff`` and a
@@ -36,7 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..settings import Settings, canonical_origin
+from ..settings import Settings, canonical_origin, is_loopback
 from ..text import pick_language, t
 
 logger = logging.getLogger(__name__)
@@ -71,6 +76,18 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"same-origin"),
 )
+
+
+def host_name(host_header: str) -> str:
+    """The name in a Host header, without the port: "[::1]:8080" -> "::1", "Chat.Local:80" -> "chat.local"."""
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def is_loopback_name(name: str) -> bool:
+    return is_loopback(name) or name.endswith(".localhost")
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -180,10 +197,15 @@ class WebSecurityMiddleware:
         throttle: LoginThrottle | None = None,
         language: str = "auto",
         login_path: str = LOGIN_PATH,
+        loopback_only: bool = False,
     ) -> None:
         self.app = app
         allowed = [canonical_origin(o) for o in allowed_origins]
         self.allowed: frozenset[str] | None = frozenset(o for o in allowed if o) or None
+        # Host names served besides loopback ones, when the UI listens on loopback (None: any Host).
+        self.extra_hosts: frozenset[str] | None = (
+            frozenset(host_name(o.split("://", 1)[1]) for o in self.allowed or ()) if loopback_only else None
+        )
         self.throttle = throttle
         self.language = language
         self.login_path = login_path
@@ -197,6 +219,12 @@ class WebSecurityMiddleware:
             return canonical in self.allowed
         return canonical == own_origin(scope)
 
+    def host_allowed(self, host: str) -> bool:
+        if self.extra_hosts is None:
+            return True
+        name = host_name(host)
+        return is_loopback_name(name) or name in self.extra_hosts
+
     def _lang(self, scope: dict[str, Any]) -> str:
         if self.language != "auto":
             return self.language
@@ -206,6 +234,17 @@ class WebSecurityMiddleware:
         kind = scope.get("type")
         if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
+            return
+        host = _header(scope, b"host") or ""
+        if not self.host_allowed(host):
+            if self._first_time(f"host:{host}"):
+                logger.warning(
+                    "refused a %s request for Host %r: the UI listens on loopback, so only loopback names and the "
+                    "hosts of [ui] allowed_origins are served (a DNS-rebinding page would use another name)",
+                    scope.get("type"),
+                    host[:200],
+                )
+            await self._refuse(scope, receive, send, host, key="security.host_refused")
             return
         origin = _header(scope, b"origin")
         if origin is not None and not self.origin_allowed(origin, scope):
@@ -222,9 +261,8 @@ class WebSecurityMiddleware:
         await self.app(scope, receive, send)
 
     def _log_refused(self, origin: str, scope: dict[str, Any]) -> None:
-        if origin in self._logged or len(self._logged) >= MAX_LOGGED_ORIGINS:
+        if not self._first_time(origin):
             return
-        self._logged.add(origin)
         expected = ", ".join(sorted(self.allowed)) if self.allowed else f"the UI's own origin {own_origin(scope)}"
         logger.warning(
             "refused a %s request from origin %r (%s %s): only %s may use the UI; set [ui] allowed_origins to add one",
@@ -235,13 +273,21 @@ class WebSecurityMiddleware:
             expected,
         )
 
-    async def _refuse(self, scope: dict[str, Any], receive: Any, send: Any, origin: str) -> None:
+    def _first_time(self, key: str) -> bool:
+        if key in self._logged or len(self._logged) >= MAX_LOGGED_ORIGINS:
+            return False
+        self._logged.add(key)
+        return True
+
+    async def _refuse(
+        self, scope: dict[str, Any], receive: Any, send: Any, origin: str, *, key: str = "security.origin_refused"
+    ) -> None:
         if scope.get("type") == "websocket":
             message = await receive()  # websocket.connect; closing before accepting answers HTTP 403
             if message.get("type") == "websocket.connect":
                 await send({"type": "websocket.close", "code": 1008})
             return
-        body = t("security.origin_refused", self._lang(scope), origin=origin[:200]).encode()
+        body = t(key, self._lang(scope), origin=origin[:200]).encode()
         await _plain(send, 403, body, [(b"content-type", b"text/plain; charset=utf-8")])
 
     def _with_headers(self, send: Any) -> Any:
@@ -296,4 +342,5 @@ def install(http_app: Any, settings: Settings, *, throttle: LoginThrottle | None
         allowed_origins=origins,
         throttle=throttle or (LoginThrottle() if settings.ui.auth else None),
         language=settings.ui.language,
+        loopback_only=is_loopback(settings.server.ui_host),
     )

@@ -460,3 +460,51 @@ def test_the_launchers_log_folder_is_owner_only_with_its_files(tmp_path):
     fresh = tmp_path / "fresh" / "logs"
     launch.private_log_dir(fresh)
     assert mode(fresh) == 0o700
+
+
+# ---------------------------------------------------------------- Host names (DNS rebinding)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["http", "websocket"])
+@pytest.mark.parametrize("host", ["evil.example:8080", "192.168.1.20:8080", "evil.example", "localhost.evil.example"])
+async def test_a_loopback_ui_refuses_other_host_names_even_without_origin(kind, host, caplog):
+    """A rebinding page is same-origin with itself: a plain GET carries no Origin, only its Host."""
+    inner = Inner()
+    mw = security.WebSecurityMiddleware(inner, loopback_only=True)
+    with caplog.at_level(logging.WARNING):
+        sent = await call(mw, scope_of(kind, host=host))
+        await call(mw, scope_of(kind, host=host))
+    assert inner.calls == []
+    if kind == "http":
+        assert sent[0]["status"] == 403 and b"127.0.0.1" in sent[1]["body"]
+    else:
+        assert sent == [{"type": "websocket.close", "code": 1008}]
+    assert caplog.text.count("DNS-rebinding") == 1  # logged once per Host
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("host", ["127.0.0.1:8080", "localhost:8080", "app.localhost:8080", "[::1]:8080", "127.0.0.5"])
+async def test_a_loopback_ui_serves_loopback_names(host):
+    inner = Inner()
+    await call(security.WebSecurityMiddleware(inner, loopback_only=True), scope_of(host=host))
+    assert len(inner.calls) == 1
+
+
+@pytest.mark.asyncio
+async def test_allowed_origins_add_their_host_names_and_a_public_ui_serves_any_name():
+    inner = Inner()
+    mw = security.WebSecurityMiddleware(inner, loopback_only=True, allowed_origins=["https://chat.example:8443"])
+    await call(mw, scope_of(host="chat.example:8443"))
+    await call(security.WebSecurityMiddleware(inner), scope_of(host="anything.example:8080"))
+    assert len(inner.calls) == 2
+
+
+def test_install_turns_the_host_check_on_for_a_loopback_ui_only():
+    from starlette.applications import Starlette
+
+    for ui_host, expected in [("127.0.0.1", True), ("0.0.0.0", False)]:
+        app = Starlette()
+        security.install(app, Settings(server=ServerSettings(ui_host=ui_host)))
+        mw = next(m for m in app.user_middleware if m.cls is security.WebSecurityMiddleware)
+        assert mw.kwargs["loopback_only"] is expected
