@@ -20,7 +20,11 @@ lives outside this module, next to the only code that raises it (marked below).
     │   ├── AdapterRejected        the adapter doctor found errors
     │   ├── AdapterPathRefused     name escapes the adapters folder
     │   ├── AdapterLimitReached    --max-loras / --max-cpu-loras reached
-    │   └── AdapterRuntimeDisabled the engine has no /v1/load_lora_adapter route
+    │   ├── AdapterRuntimeDisabled the engine has no /v1/load_lora_adapter route
+    │   ├── AdapterFileRefused     a runtime load with a symlink or a pickled weights file
+    │   ├── AdapterStatic          /unload of an adapter served from the start ([lora].modules)
+    │   ├── AdapterAnswering       /unload of an adapter an answer streams from
+    │   └── AdapterSlotsBusy       every runtime adapter slot is answering: nothing can be evicted
     ├── merge.MergeError           (see backend/engine/merge.py) merging a LoRA into its base was refused or failed
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
@@ -203,6 +207,63 @@ class AdapterRuntimeDisabled(AdapterError):
 
     def __init__(self, name: str) -> None:
         self.name = name
+        super().__init__()
+
+
+class AdapterFileRefused(AdapterError):
+    """A runtime load refused for its files: a symlinked folder or file, or pickled weights (only .safetensors).
+
+    ``file`` is relative to the adapter's folder ("." for the folder itself): never a server path.
+    """
+
+    code = "adapter_file_refused"
+    text_key = "error.adapter_file_refused"
+    #: reason -> the catalog key of its text
+    REASONS: ClassVar[dict[str, str]] = {
+        "symlink_folder": "error.adapter_file.symlink_folder",
+        "symlink": "error.adapter_file.symlink",
+        "pickle": "error.adapter_file.pickle",
+        "not_regular": "error.adapter_file.not_regular",
+    }
+
+    def __init__(self, name: str, file: str, reason: str) -> None:
+        self.name, self.file, self.reason = name, file, reason
+        super().__init__()
+
+    def user_text(self, lang: str | None = "en") -> str:
+        return t(self.REASONS.get(self.reason, self.text_key), lang, name=self.name, file=self.file)
+
+
+class AdapterStatic(AdapterError):
+    """/unload of an adapter passed with --lora-modules at launch: it could not come back without a restart."""
+
+    code = "adapter_static"
+    text_key = "error.adapter_static"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__()
+
+
+class AdapterAnswering(AdapterError):
+    """/unload of a runtime adapter that an answer (in any chat) is streaming from."""
+
+    code = "adapter_answering"
+    text_key = "error.adapter_answering"
+
+    def __init__(self, name: str, answers: int) -> None:
+        self.name, self.answers = name, answers
+        super().__init__()
+
+
+class AdapterSlotsBusy(AdapterError):
+    """The adapter slots are full and every runtime adapter in them is answering: none can be evicted."""
+
+    code = "adapter_slots_busy"
+    text_key = "error.adapter_slots_busy"
+
+    def __init__(self, name: str, slots: int, setting: str) -> None:
+        self.name, self.slots, self.setting = name, slots, setting
         super().__init__()
 
 

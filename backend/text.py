@@ -84,6 +84,10 @@ CATALOG: dict[str, tuple[str, str]] = {
     "reasoning": ("Reasoning", "推理过程"),
     "loading_adapter": ("Loading adapter {name}…", "正在加载适配器 {name}…"),
     "adapter_loaded": ("Adapter {name} loaded.", "适配器 {name} 已加载。"),
+    "adapter_evicted": (
+        "Adapter {name} loaded; {evicted} (the least recently used adapter) was unloaded to make room.",
+        "适配器 {name} 已加载；为腾出槽位，已卸载最久未使用的适配器 {evicted}。",
+    ),
     "nothing_to_retry": ("There is no message to retry.", "没有可重试的消息。"),
     "old_button": (
         "This button belongs to an earlier message; only the latest message can be retried or trimmed.",
@@ -161,8 +165,40 @@ CATALOG: dict[str, tuple[str, str]] = {
         "拒绝加载适配器 {name!r}：只能加载 {folder} 目录下的文件夹。",
     ),
     "error.adapter_limit": (
-        "cannot load {name!r}: {loaded} adapters are loaded and the limit is {limit} ({setting}); unload one first or raise {setting}.",
-        "无法加载 {name!r}：已加载 {loaded} 个适配器，上限为 {limit}（{setting}）；请先卸载一个或调高 {setting}。",
+        "cannot load {name!r}: {loaded} adapters are loaded and the limit is {limit} ({setting}); unload one loaded at runtime, or raise {setting} and restart.",
+        "无法加载 {name!r}：已加载 {loaded} 个适配器，上限为 {limit}（{setting}）；请卸载一个运行时加载的适配器，或调高 {setting} 并重启。",
+    ),
+    "error.adapter_file_refused": (
+        "adapter {name!r} refused: {file} is not a regular .safetensors or config file; runtime loads accept only those.",
+        "拒绝加载适配器 {name!r}：{file} 不是普通的 .safetensors 或配置文件；运行时加载只接受这些文件。",
+    ),
+    "error.adapter_file.symlink_folder": (
+        "adapter {name!r} refused: its folder in [lora].dir is a symbolic link; runtime loads accept only real folders — copy the adapter into [lora].dir.",
+        "拒绝加载适配器 {name!r}：它在 [lora].dir 中的文件夹是符号链接；运行时加载只接受真实的文件夹——请把适配器复制到 [lora].dir 中。",
+    ),
+    "error.adapter_file.symlink": (
+        "adapter {name!r} refused: {file} in its folder is a symbolic link; runtime loads accept only regular files — copy the real file in place of the link.",
+        "拒绝加载适配器 {name!r}：其文件夹中的 {file} 是符号链接；运行时加载只接受普通文件——请用真实文件替换该链接。",
+    ),
+    "error.adapter_file.pickle": (
+        "adapter {name!r} refused: {file} is a pickled PyTorch file, which can run code when loaded; runtime loads accept only .safetensors weights — re-save the adapter with safe_serialization=True and remove {file}.",
+        "拒绝加载适配器 {name!r}：{file} 是 pickle 格式的 PyTorch 文件，加载时可能执行代码；运行时加载只接受 .safetensors 权重——请用 safe_serialization=True 重新保存适配器并删除 {file}。",
+    ),
+    "error.adapter_file.not_regular": (
+        "adapter {name!r} refused: {file} in its folder is not a regular file (a device, pipe or socket); remove it.",
+        "拒绝加载适配器 {name!r}：其文件夹中的 {file} 不是普通文件（设备、管道或套接字）；请删除它。",
+    ),
+    "error.adapter_static": (
+        "adapter {name!r} cannot be unloaded: it is served from the start ([lora].modules) and could only come back with a restart. Remove it from [lora].modules and restart to drop it.",
+        "无法卸载适配器 {name!r}：它在启动时加载（[lora].modules），卸载后只有重启才能恢复。如需移除，请将其从 [lora].modules 中删除并重启。",
+    ),
+    "error.adapter_answering": (
+        "adapter {name!r} is answering right now ({answers} answer(s) streaming, maybe in another chat); try /unload again when they have finished.",
+        "适配器 {name!r} 正在回答（{answers} 个回答正在生成，可能在其他对话中）；请等它们结束后再次 /unload。",
+    ),
+    "error.adapter_slots_busy": (
+        "cannot load {name!r} now: all {slots} adapter slots are answering right now ({setting}); try again in a moment.",
+        "暂时无法加载 {name!r}：全部 {slots} 个适配器槽位正在回答（{setting}）；请稍后再试。",
     ),
     "error.adapter_runtime_disabled": (
         "cannot load {name!r}: runtime adapter loading is disabled on the model server; set [lora].runtime_loading = true and restart (an external vLLM needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True).",

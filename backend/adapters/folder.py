@@ -5,21 +5,27 @@
     prepare_runtime_load(folder, name, base_dir, max_rank)          # allow-list + doctor
 
 Only folders directly inside the adapters folder can be named: no separators, no hidden names,
-no symlinks that resolve outside it.
+no symlinked folders. A runtime load also takes only regular files in that folder: no symlinks,
+no pickled weights (``.bin``/``.pt``…, which can run code when loaded): ``.safetensors`` only.
+Errors name the folder as ``[lora].dir``, never by its server path (they reach the browser);
+``hide_paths`` removes any that come from elsewhere (the doctor, the engine's own messages).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import (
     AdapterError,
+    AdapterFileRefused,
     AdapterPathRefused,
     AdapterRejected,
+    QwenChatError,
 )
 from .doctor import CONFIG_FILE, Diagnosis, diagnose_adapter, read_json
 
@@ -45,14 +51,26 @@ class AdapterInfo:
 # ---------------------------------------------------------------- adapters folder (allow-list)
 
 
-def resolve_adapter(folder: str | Path, name: str) -> Path:
+LORA_DIR_LABEL = "[lora].dir"  # how messages name the adapters folder: never its server path
+#: Suffixes of pickled PyTorch files (vLLM would torch.load adapter_model.bin / .pt).
+PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"})
+
+
+def _shown_name(name: str) -> str:
+    """The name as typed, except an absolute path, shown by its last part: messages carry no server paths."""
+    if os.path.isabs(name) or name.startswith("~"):
+        return "…/" + (Path(name).name or "")
+    return name
+
+
+def resolve_adapter(folder: str | Path, name: str, *, shown: str = LORA_DIR_LABEL) -> Path:
     """The folder of adapter ``name`` directly inside ``folder``; nothing else can be named.
 
     AdapterPathRefused for "", ".", "..", hidden names, separators, absolute paths, NUL, and symlinks
-    resolving outside ``folder``; AdapterRejected when there is no such adapter folder.
+    resolving outside ``folder``; AdapterFileRefused for a symlinked folder inside it; AdapterRejected
+    when there is no such adapter folder. ``shown`` names the folder in the messages.
     """
     folder = Path(folder)
-    shown = str(folder)
     if (
         not isinstance(name, str)
         or not name
@@ -62,7 +80,7 @@ def resolve_adapter(folder: str | Path, name: str) -> Path:
         or name != name.strip()
         or os.path.isabs(name)
     ):
-        raise AdapterPathRefused(name=name if isinstance(name, str) else repr(name), folder=shown)
+        raise AdapterPathRefused(name=_shown_name(name) if isinstance(name, str) else repr(name), folder=shown)
     root = folder.resolve()
     candidate = root / name
     try:
@@ -71,6 +89,8 @@ def resolve_adapter(folder: str | Path, name: str) -> Path:
         target = None
     if target is not None and (target == root or not target.is_relative_to(root)):
         raise AdapterPathRefused(name=name, folder=shown)
+    if target is not None and candidate.is_symlink():
+        raise AdapterFileRefused(name, ".", "symlink_folder")
     if target is None or not target.is_dir():
         try:  # plain listing: discover_adapters() calls us, so no recursion through it
             known = (
@@ -136,12 +156,65 @@ def read_rank(adapter_dir: str | Path) -> int | None:
     return r if isinstance(r, int) and not isinstance(r, bool) else None
 
 
+def check_runtime_files(path: str | Path, name: str) -> None:
+    """Every entry of an adapter folder (and its subfolders) is a real folder or a regular, non-pickle file.
+
+    AdapterFileRefused naming the first offender by its path inside the folder. The check is lexical
+    (``lstat``): a symlink is refused wherever it points.
+    """
+    root = Path(path)
+    if root.is_symlink():
+        raise AdapterFileRefused(name, ".", "symlink_folder")
+    pending = [root]
+    while pending:
+        current = pending.pop()
+        with os.scandir(current) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                rel = Path(entry.path).relative_to(root).as_posix()
+                if entry.is_symlink():
+                    raise AdapterFileRefused(name, rel, "symlink")
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif not entry.is_file(follow_symlinks=False):
+                    raise AdapterFileRefused(name, rel, "not_regular")
+                elif Path(entry.name).suffix.lower() in PICKLE_SUFFIXES:
+                    raise AdapterFileRefused(name, rel, "pickle")
+
+
 def prepare_runtime_load(
     folder: str | Path, name: str, base_dir: str | Path | None, max_rank: int, *, base_aliases: Iterable[str] = ()
 ) -> Diagnosis:
-    """Allow-list + doctor before a runtime load; AdapterPathRefused / AdapterRejected (doctor's errors)."""
+    """Allow-list + file rules + doctor before a runtime load.
+
+    AdapterPathRefused / AdapterFileRefused / AdapterRejected (the doctor's errors).
+    """
     path = resolve_adapter(folder, name)
+    check_runtime_files(path, name)
     diagnosis = diagnose_adapter(path, base_dir, max_rank, name=name, base_aliases=base_aliases)
     if not diagnosis.ok:
         raise AdapterRejected(name, diagnosis.error_text())
     return diagnosis
+
+
+# ---------------------------------------------------------------- no server paths in messages
+
+
+def hide_paths(text: str, places: Mapping[str, str]) -> str:
+    """``text`` with each server path in ``places`` (path -> label, e.g. "[lora].dir") replaced by its label.
+
+    The longest path first, and only whole path parts: "/a/lora" does not touch "/a/lora-2".
+    """
+    for path in sorted(places, key=len, reverse=True):
+        if path and path != "/":
+            label = places[path].replace("\\", "\\\\")  # a replacement string: backslashes escaped
+            text = re.sub(re.escape(path) + r"(?![^/\s'\"`),;:.\]])", label, text)
+    return text
+
+
+def hide_error_paths(exc: QwenChatError, places: Mapping[str, str]) -> QwenChatError:
+    """The same error, its text parameters passed through ``hide_paths`` (it is shown in the browser)."""
+    for key, value in list(vars(exc).items()):
+        if not key.startswith("_") and isinstance(value, str):
+            setattr(exc, key, hide_paths(value, places))
+    exc.args = (exc.user_text("en"),)
+    return exc

@@ -17,11 +17,20 @@ from typing import Any
 
 from .. import contract
 from ..engine_http import short
-from ..errors import BackendError, PromptTooLong
-from ..settings import HealthSettings, Settings, load_settings
+from ..errors import (
+    AdapterAnswering,
+    AdapterSlotsBusy,
+    AdapterStatic,
+    BackendError,
+    ModelNotFound,
+    PromptTooLong,
+    QwenChatError,
+)
+from ..settings import ROOT, HealthSettings, Settings, load_settings
 from ..text import t
 from . import budget as budget_mod
 from . import counters
+from .adapters_in_use import AdapterUsage
 from .client import ChatClient, Finish, Usage, anomaly_counts
 from .health import EngineState, HealthPoller, HealthStatus, get_poller
 
@@ -34,6 +43,14 @@ class LocalAdapter:
 
     name: str
     rank: int | None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A runtime load that happened: ``evicted`` is the adapter unloaded to make room, if any."""
+
+    name: str
+    evicted: str | None = None
 
 
 class Service:
@@ -51,6 +68,8 @@ class Service:
         self._counter_lock = asyncio.Lock()
         self._load_lock = asyncio.Lock()
         self._warm: asyncio.Task[None] | None = None
+        # Shared by every chat of this process: last use and answers streaming per adapter (LRU eviction).
+        self.adapter_usage = AdapterUsage()
 
     @classmethod
     def from_environment(cls) -> Service:
@@ -132,7 +151,12 @@ class Service:
             found = json.loads((Path(folder) / contract.EXCLUDED_ADAPTERS_FILE_NAME).read_text())
         except (OSError, ValueError):
             return {}
-        return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+        if not isinstance(found, dict):
+            return {}
+        from ..adapters.folder import hide_paths
+
+        places = self.path_labels()  # the launcher's reasons name folders: the browser is shown labels
+        return {str(k): hide_paths(str(v), places) for k, v in found.items()}
 
     async def local_adapters(self, status: HealthStatus) -> list[LocalAdapter]:
         """Adapters in [lora].dir that the engine does not list: offered, loaded on first use."""
@@ -163,45 +187,118 @@ class Service:
             return False
         return any(a.name == model for a in await self.local_adapters(status))
 
-    async def ensure_loaded(self, name: str, status: HealthStatus | None = None) -> bool:
-        """Load an adapter from [lora].dir at runtime (allow-list + doctor first) if not served.
+    def static_adapters(self) -> frozenset[str]:
+        """Adapters passed with --lora-modules at launch: never unloaded from the UI (no way back but a restart)."""
+        return frozenset() if self.settings.external else frozenset(self.settings.lora.modules)
 
-        Returns True when a load happened; raises an AdapterError naming the problem otherwise.
-        ``status`` is only a hint: inside the lock the poller's current view decides, else two
-        sessions loading at once would both pass the [lora].max_cpu_loras check.
+    def path_labels(self) -> dict[str, str]:
+        """Server paths an adapter message may contain -> what the browser is shown instead."""
+        lora = self.settings.lora
+        places: dict[str, str] = {}
+
+        def add(path: Path, label: str) -> None:
+            for form in {str(path), str(path.expanduser().resolve())}:
+                places.setdefault(form, label)
+
+        add(lora.resolved_dir, "[lora].dir")
+        for name in lora.modules:
+            add(lora.adapter_path(name), f"[lora].modules.{name}")
+        if not self.settings.external:
+            add(self.settings.model.resolved_path, "[model].path")
+        add(ROOT, "<app>")
+        add(Path.home(), "~")
+        return places
+
+    def _shown(self, exc: QwenChatError) -> None:
+        """Replace the server paths in an error about to reach the browser (the doctor's and vLLM's texts name them)."""
+        from ..adapters.folder import hide_error_paths
+
+        hide_error_paths(exc, self.path_labels())
+
+    async def ensure_loaded(self, name: str, status: HealthStatus | None = None) -> Loaded | None:
+        """Load an adapter from [lora].dir at runtime (allow-list, file rules, doctor first) if not served.
+
+        Returns what happened, or None when it was served already; raises an AdapterError naming the
+        problem otherwise (with no server path in it). When the [lora].max_cpu_loras slots are full,
+        the least recently used runtime adapter that no answer streams from is unloaded first
+        (``Loaded.evicted``); if every one is answering, AdapterSlotsBusy. ``status`` is only a hint:
+        inside the lock the poller's current view decides, else two sessions loading at once would
+        both pass the limit check.
         """
         if status is not None and any(m.id == name for m in status.models):
-            return False
-        from ..adapters import runtime
+            return None
+        from ..adapters import folder, runtime
 
         async with self._load_lock:
             status = self.poller.status
             if any(m.id == name for m in status.models):
-                return False  # another session loaded it while this one waited
+                return None  # another session loaded it while this one waited
             lora = self.settings.lora
-            await runtime.load_adapter_from_folder(
-                self.base_url,
-                self.api_key,
-                lora.resolved_dir,
-                name,
-                None if self.settings.external else self.settings.model.resolved_path,
-                lora.max_lora_rank,
-                loaded=[m.id for m in status.adapters],
-                limit=lora.max_cpu_loras,
-                base_aliases=[self.default_model(status)],
-            )
+            try:
+                diagnosis = await asyncio.to_thread(
+                    folder.prepare_runtime_load,
+                    lora.resolved_dir,
+                    name,
+                    None if self.settings.external else self.settings.model.resolved_path,
+                    lora.max_lora_rank,
+                    base_aliases=(self.default_model(status),),
+                )
+                loaded = [m.id for m in status.adapters]
+                evicted = None
+                if lora.max_cpu_loras and len(loaded) >= lora.max_cpu_loras:
+                    evicted = await self._evict_for(name, loaded)
+                    loaded.remove(evicted)
+                await runtime.load_adapter(
+                    self.base_url, self.api_key, name, diagnosis.path, loaded=loaded, limit=lora.max_cpu_loras
+                )
+            except QwenChatError as exc:
+                self._shown(exc)
+                raise
+            self.adapter_usage.touch(name)  # just loaded: not the next one to go
             await self.poller.refresh()
-            return True
+            return Loaded(name, evicted)
+
+    async def _evict_for(self, name: str, loaded: list[str]) -> str:
+        """Unload the least recently used runtime adapter nothing streams from; its name (under the load lock)."""
+        from ..adapters import runtime
+        from ..errors import AdapterLimitReached
+
+        lora = self.settings.lora
+        runtime_loaded = [a for a in loaded if a not in self.static_adapters()]
+        if not runtime_loaded:  # every slot holds a static adapter: only the config can make room
+            raise AdapterLimitReached(
+                name=name, loaded=len(loaded), limit=lora.max_cpu_loras, setting="[lora].max_cpu_loras"
+            )
+        victim = self.adapter_usage.victim(runtime_loaded)
+        if victim is None:
+            raise AdapterSlotsBusy(name=name, slots=len(runtime_loaded), setting="[lora].max_cpu_loras")
+        logger.info("adapter slots full (%d): unloading %s, the least recently used, for %s", len(loaded), victim, name)
+        try:
+            await runtime.unload_adapter(self.base_url, self.api_key, victim)
+        except ModelNotFound:
+            pass  # gone already (unloaded elsewhere): the slot is free all the same
+        self.adapter_usage.forget(victim)
+        return victim
 
     async def unload(self, name: str, status: HealthStatus) -> None:
-        """Unload a served adapter (the base model cannot be unloaded)."""
+        """Unload a runtime adapter: not the base model, not a static adapter, not one answering right now."""
         from ..adapters import runtime
-        from ..errors import ModelNotFound
 
         if not any(m.id == name for m in status.adapters):
             raise ModelNotFound(name, "not a served adapter")
-        await runtime.unload_adapter(self.base_url, self.api_key, name)
-        await self.poller.refresh()
+        if name in self.static_adapters():
+            raise AdapterStatic(name)
+        answers = self.adapter_usage.answering(name)
+        if answers:
+            raise AdapterAnswering(name, answers)
+        async with self._load_lock:  # not while a load is choosing which adapter to evict
+            try:
+                await runtime.unload_adapter(self.base_url, self.api_key, name)
+            except QwenChatError as exc:
+                self._shown(exc)
+                raise
+            self.adapter_usage.forget(name)
+            await self.poller.refresh()
 
     def adapters_overview(self, status: HealthStatus, local: list[LocalAdapter], lang: str) -> str:
         """Markdown list for the /adapters command: served adapters, then loadable ones."""
@@ -211,7 +308,7 @@ class Service:
             lines.append(f"- `{m.id}` (LoRA{f' r{rank}' if rank else ''})")
         lines += [f"- `{a.name}` (LoRA{f' r{a.rank}' if a.rank else ''}; {t('not_loaded', lang)})" for a in local]
         for name, reason in self.excluded_adapters().items():
-            lines.append(f"- ~~`{name}`~~ — {reason}")
+            lines.append(f"- ~~`{name}`~~ — {reason}")  # (excluded_adapters hides the server paths)
         return "\n".join(lines)
 
     # ------------------------------------------------------------ sampling and budget

@@ -8,8 +8,10 @@ The policy, in order:
 
 - Wait while the model loads, with a live step; a DOWN engine or a wait that runs out is an error
   with Retry.
-- An adapter chosen from [lora].dir but not served (chosen before a restart, restored on reload)
-  is loaded first; if that fails the chat goes back to the default model.
+- An adapter chosen from [lora].dir but not served (chosen before a restart, restored on reload,
+  evicted for another chat's load) is loaded first; if that fails the chat goes back to the default
+  model. A load into full slots evicts the least recently used runtime adapter; the step names it.
+- While the answer streams, its adapter is marked in use (``Service.adapter_usage``): never evicted.
 - The history is fitted into the token budget; the earlier turns left out are listed afterwards.
 - The answer streams; the footer says who answered, how much, how long, and the context meter, and
   in one line how it ended unless it was a plain stop (reply limit, content filter, a tool call, an
@@ -161,25 +163,27 @@ class _Turn:
                 model = self.session.model or service.default_model(service.poller.status)
                 await view.new_answer(model)  # nothing shown yet: the bubble is by the model that answers
             fitted = await service.fit(conv.messages(self.session.system_prompt))
-            async with contextlib.aclosing(
-                service.client.stream(
-                    fitted.messages,
-                    model,
-                    max_tokens=service.reply_tokens(),
-                    sampling=sampling_body(self.session.sampling),
-                    request_id=rid,
-                )
-            ) as events:
-                async for ev in events:
-                    if isinstance(ev, TextDelta):
-                        text += ev.text
-                        await view.stream_token(ev.text)
-                    elif isinstance(ev, ReasoningDelta) and service.settings.ui.show_reasoning:
-                        await view.stream_reasoning(ev.text)
-                    elif isinstance(ev, Usage):
-                        usage = ev
-                    elif isinstance(ev, Finish):
-                        finish = ev
+            # While it streams, the adapter is in use: never the one evicted to make room for another load.
+            with service.adapter_usage.streaming(model):
+                async with contextlib.aclosing(
+                    service.client.stream(
+                        fitted.messages,
+                        model,
+                        max_tokens=service.reply_tokens(),
+                        sampling=sampling_body(self.session.sampling),
+                        request_id=rid,
+                    )
+                ) as events:
+                    async for ev in events:
+                        if isinstance(ev, TextDelta):
+                            text += ev.text
+                            await view.stream_token(ev.text)
+                        elif isinstance(ev, ReasoningDelta) and service.settings.ui.show_reasoning:
+                            await view.stream_reasoning(ev.text)
+                        elif isinstance(ev, Usage):
+                            usage = ev
+                        elif isinstance(ev, Finish):
+                            finish = ev
             if not text.strip():
                 # No answer text (a tool call, a content filter, reasoning only): say why; a footer never stands alone.
                 logger.info("[%s] the answer carried no text (finish %s)", rid, finish.reason if finish else None)
@@ -280,7 +284,10 @@ class _Turn:
         service, view, lang = self.service, self.view, self.view.lang
         try:
             async with view.step(t("loading_adapter", lang, name=model)) as step:
-                if await service.ensure_loaded(model):
+                loaded = await service.ensure_loaded(model)
+                if loaded is not None and loaded.evicted:  # the title says it: the user sees which one went
+                    step.name = step.output = t("adapter_evicted", lang, name=model, evicted=loaded.evicted)
+                elif loaded is not None:
                     step.output = t("adapter_loaded", lang, name=model)
         except QwenChatError as exc:
             self.session.model = service.default_model(service.poller.status)

@@ -12,18 +12,23 @@ that every other test shares.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import urllib.request
+import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from backend.adapters import runtime
+from backend.chat import turn
 from backend.chat.client import ChatClient
 from backend.chat.health import HealthPoller, HealthSettings, reset_shared
 from backend.chat.service import Service, model_options
+from backend.chat.session import ChatSession
 from backend.engine import supervisor
 from backend.engine.launch import static_adapters
 from backend.engine.log_diagnosis import classify_failure
@@ -39,6 +44,7 @@ BIG_RANK = 16  # the bad static adapter: above --max-lora-rank 8
 BASE = "tiny-qwen3"
 GREEDY = {"temperature": 0}
 QUESTION = [{"role": "user", "content": "Tell me a story about a lighthouse."}]
+SLOT_ADAPTERS = (("lru-a", 8), ("lru-b", 9), ("lru-c", 10))  # section 4: two chats competing for slots
 
 
 # ---------------------------------------------------------------- adapters in tiny-qwen3's shapes
@@ -111,7 +117,7 @@ def layout(test_models, tmp_path_factory) -> Layout:
         "too-big": good_adapter(root / "static" / "too-big", shape, seed=2, r=BIG_RANK),
     }
     lora_dir = root / "lora-dir"
-    for name, seed in (("runtime-good", 3), ("service-good", 4), ("unload-me", 6)):
+    for name, seed in (("runtime-good", 3), ("service-good", 4), ("unload-me", 6), *SLOT_ADAPTERS):
         good_adapter(lora_dir / name, shape, seed=seed)
     wrong_shape_adapter(lora_dir / "wrong-shape", shape)
     outside = good_adapter(root / "outside" / "escapee", shape, seed=7)
@@ -226,7 +232,8 @@ async def test_names_reaching_outside_the_folder_are_refused_before_vllm_is_aske
     }[how]
     with pytest.raises(AdapterPathRefused) as info:
         await runtime.load_adapter_from_folder(Untouchable(), engine.api_key, layout.lora_dir, name, layout.base, RANK)
-    assert str(layout.lora_dir) in info.value.user_text("en")
+    text = info.value.user_text("en")
+    assert "[lora].dir" in text and str(layout.lora_dir) not in text  # the setting, never the server path
     assert not any(
         m.get("root") and Path(m["root"]).resolve() == layout.outside.resolve() for m in served(engine).values()
     )
@@ -267,14 +274,14 @@ async def test_service_loads_a_folder_adapter_on_choice_and_the_dropdown_labels_
         offered = model_options(status, await service.local_adapters(status), "en", rank_of=service.adapter_rank)
         assert offered.get(f"service-good (LoRA r{RANK}; {t('not_loaded', 'en')})") == "service-good", offered
 
-        assert await service.ensure_loaded("service-good", status) is True
+        assert await service.ensure_loaded("service-good", status) is not None
         status = service.poller.status
         assert "service-good" in [m.id for m in status.adapters]
         options = model_options(status, await service.local_adapters(status), "en", rank_of=service.adapter_rank)
         assert options.get(f"service-good (LoRA r{RANK})") == "service-good", options
         assert list(options.values()).count("service-good") == 1  # served now, no longer offered as "not loaded"
         assert options.get(f"good (LoRA r{RANK})") == "good"  # the static one, labelled the same way
-        assert await service.ensure_loaded("service-good", status) is False  # already served: no second load
+        assert await service.ensure_loaded("service-good", status) is None  # already served: no second load
 
         await service.unload("service-good", status)  # what the /unload command calls
         status = service.poller.status
@@ -282,5 +289,135 @@ async def test_service_loads_a_folder_adapter_on_choice_and_the_dropdown_labels_
         offered = model_options(status, await service.local_adapters(status), "en", rank_of=service.adapter_rank)
         assert offered.get(f"service-good (LoRA r{RANK}; {t('not_loaded', 'en')})") == "service-good"  # offered again
     finally:
+        await service.client.aclose()
+        await reset_shared()
+
+
+# ---------------------------------------------------------------- 4. two chats competing for adapter slots
+
+
+class Step:
+    def __init__(self, title: str) -> None:
+        self.name, self.output = title, ""
+
+    async def update(self) -> None: ...
+
+    async def __aenter__(self) -> Step:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+class ChatScreen:
+    """One browser chat as the turn sees it; ``hold`` keeps the answer's stream open at its first token."""
+
+    lang = "en"
+
+    def __init__(self, hold: bool = False) -> None:
+        self.steps: list[Step] = []
+        self.errors: list[str] = []
+        self.replies: list = []
+        self.streaming, self.release = asyncio.Event(), asyncio.Event()
+        if not hold:
+            self.release.set()
+
+    def step(self, title: str) -> Step:
+        self.steps.append(Step(title))
+        return self.steps[-1]
+
+    async def new_answer(self, model: str) -> None: ...
+
+    async def stream_token(self, token: str) -> None:
+        self.streaming.set()
+        await self.release.wait()
+
+    async def stream_reasoning(self, token: str) -> None: ...
+
+    async def reasoning_done(self) -> None: ...
+
+    async def show_answer(self, reply) -> str:
+        self.replies.append(reply)
+        return f"answer-{len(self.replies)}"
+
+    async def keep_partial(self, text: str, model: str, why: str) -> str:
+        return "partial"
+
+    async def drop_answer(self) -> None: ...
+
+    async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
+        self.errors.append(text)
+
+    async def model_changed(self) -> None: ...
+
+    async def left_out(self, fitted) -> None: ...
+
+
+async def test_two_chats_competing_for_slots_evict_the_least_recently_used_never_one_answering(engine, layout):
+    """Slots for 3 adapters ([lora].max_cpu_loras): the static 'good' and two runtime ones, shared by two chats."""
+    base = engine.settings
+    settings = dataclasses.replace(
+        base,
+        api_key=engine.api_key,
+        lora=dataclasses.replace(base.lora, max_cpu_loras=3),
+        budget=dataclasses.replace(base.budget, reply_reserve=24),
+    )
+    service = Service(settings, health=HealthSettings(probe_every=60))
+    one = ChatSession(system_prompt="", sampling=dict(GREEDY, top_p=1.0, top_k=-1, min_p=0.0))
+    two = ChatSession(system_prompt="", sampling=dict(one.sampling))
+
+    async def ask(session: ChatSession, screen: ChatScreen) -> turn.Outcome:
+        session.conversation.add_user(uuid.uuid4().hex, "Tell me a story about a lighthouse.")
+        return await turn.answer(session, service, screen)
+
+    async def pick(session: ChatSession, name: str) -> ChatScreen:
+        session.model, screen = name, ChatScreen()
+        await turn.load_adapter(session, service, screen, name)
+        assert not screen.errors and session.model == name, screen.errors
+        return screen
+
+    def adapters() -> set[str]:
+        return {m.id for m in service.poller.status.adapters}
+
+    try:
+        await service.start()
+        assert (await service.poller.wait_until_ready(60)).answering
+        for m in service.poller.status.adapters:  # earlier tests' runtime loads: start from the static one only
+            if m.id not in service.static_adapters():
+                await runtime.unload_adapter(engine.base_url, engine.api_key, m.id)
+        await service.poller.refresh()
+        assert adapters() == {"good"}
+
+        await pick(one, "lru-a")
+        held = ChatScreen(hold=True)  # chat one's answer from lru-a stays open (a slow reader)
+        answering = asyncio.create_task(ask(one, held))
+        await asyncio.wait_for(held.streaming.wait(), 120)
+        await pick(two, "lru-b")
+        assert await ask(two, ChatScreen()) is turn.Outcome.ANSWERED  # lru-b used after lru-a's last use
+        assert adapters() == {"good", "lru-a", "lru-b"}  # full
+
+        # lru-a is the least recently used, but it is answering: lru-b makes room, and chat two is told so.
+        screen = await pick(two, "lru-c")
+        assert screen.steps[-1].name == t("adapter_evicted", "en", name="lru-c", evicted="lru-b")
+        assert adapters() == {"good", "lru-a", "lru-c"}
+        held.release.set()
+        assert await asyncio.wait_for(answering, 120) is turn.Outcome.ANSWERED
+        assert held.replies[-1].model == "lru-a" and held.replies[-1].text  # never cut by the eviction
+
+        # Now lru-a (its answer over) is older than lru-c: picking lru-b again evicts it, never 'good'.
+        assert await ask(two, ChatScreen()) is turn.Outcome.ANSWERED  # from lru-c
+        screen = await pick(two, "lru-b")
+        assert "lru-a" in screen.steps[-1].name and "least recently used" in screen.steps[-1].name
+        assert adapters() == {"good", "lru-b", "lru-c"}
+
+        # Chat one still has lru-a chosen: its next message loads it back, making room the same way.
+        back = ChatScreen()
+        assert await ask(one, back) is turn.Outcome.ANSWERED, back.errors
+        assert back.replies[-1].model == "lru-a"
+        assert back.steps[-1].name == t("adapter_evicted", "en", name="lru-a", evicted="lru-c")
+        assert adapters() == {"good", "lru-a", "lru-b"}
+    finally:
+        for name in ("lru-a", "lru-b", "lru-c"):
+            with contextlib.suppress(ModelNotFound):
+                await runtime.unload_adapter(engine.base_url, engine.api_key, name)
         await service.client.aclose()
         await reset_shared()

@@ -98,8 +98,8 @@ class FakePoller:
 
 
 def test_two_sessions_loading_at_once_see_each_others_adapter_in_the_limit_check(monkeypatch, tmp_path):
-    from backend.adapters import runtime
-    from backend.chat.service import Service
+    from backend.adapters import folder, runtime
+    from backend.chat.service import Loaded, Service
     from backend.settings import LoggingSettings, LoraSettings, Settings
 
     settings = Settings(
@@ -110,12 +110,20 @@ def test_two_sessions_loading_at_once_see_each_others_adapter_in_the_limit_check
     poller = service._poller = FakePoller()
     seen: list[tuple[str, list[str]]] = []
 
-    async def load(base_url, api_key, folder, name, base_path, max_rank, *, loaded, limit, base_aliases):
+    def prepare(lora_dir, name, base_path, max_rank, *, base_aliases):
+        return type("Diagnosis", (), {"path": tmp_path / name})()
+
+    async def load(base_url, api_key, name, path, *, loaded, limit):
         seen.append((name, list(loaded)))
         await asyncio.sleep(0.05)
         poller.pending.append(name)
 
-    monkeypatch.setattr(runtime, "load_adapter_from_folder", load)
+    async def unload(base_url, api_key, name):
+        poller.served.remove(name)
+
+    monkeypatch.setattr(folder, "prepare_runtime_load", prepare)
+    monkeypatch.setattr(runtime, "load_adapter", load)
+    monkeypatch.setattr(runtime, "unload_adapter", unload)
 
     async def both():
         stale = poller.status  # read by both sessions before either load
@@ -123,5 +131,7 @@ def test_two_sessions_loading_at_once_see_each_others_adapter_in_the_limit_check
             service.ensure_loaded("a", stale), service.ensure_loaded("b", stale), service.ensure_loaded("a", stale)
         )
 
-    assert asyncio.run(both()) == [True, True, False]  # the second "a" found it served after the lock
-    assert seen == [("a", []), ("b", ["a"])]  # "b" was checked against the limit with "a" counted
+    assert asyncio.run(both()) == [Loaded("a"), Loaded("b", evicted="a"), Loaded("a", evicted="b")]
+    # "b" found the one slot taken by "a" (counted although the stale view had not seen it) and made room;
+    # the second "a" then found "b" there, not its own earlier load.
+    assert seen == [("a", []), ("b", []), ("a", [])]
