@@ -26,6 +26,13 @@ qc_hash() {  # hash of the given files + the interpreter version + the install s
   { "$QC_PYTHON" -c 'import sys; print(sys.version)'; echo "$QC_ENV_VERSION"; cat "$@"; } | sha256sum | cut -c1-12
 }
 
+qc_pip_summary() {  # pip's lines -> a short summary; QC_PIP_LINES=1: every line as it comes (the launcher parses them)
+  # cat, not awk: Debian's mawk reads a pipe in blocks, so a line would wait for the next few KB of pip output.
+  if [ "${QC_PIP_LINES:-0}" = 1 ]; then cat; return; fi
+  awk '/^Collecting/ { n++; if (n % 25 == 0) { printf "  ... %d packages resolved\n", n; fflush() } }
+       /^Successfully installed/ { printf "  installed %d packages\n", NF - 2; fflush() }'
+}
+
 # qc_env NAME POST_STEP FILE... -> prints the venv path; installs only when its stamp is missing.
 # Extra pip arguments for this environment may come in the array QC_PIP_EXTRA.
 qc_env() {
@@ -48,10 +55,7 @@ qc_env() {
   done
   local t0=$SECONDS log="$dir.pip.log"
   "$dir/bin/pip" install --disable-pip-version-check --progress-bar off "${args[@]}" ${QC_PIP_EXTRA[@]+"${QC_PIP_EXTRA[@]}"} 2>&1 \
-    | grep --line-buffered -v "is ignored: it is neither a file nor a directory" | tee "$log" \
-    | awk -v all="${QC_PIP_LINES:-0}" 'all == 1 { print; fflush(); next }  # QC_PIP_LINES=1: every line (the launcher parses them)
-           /^Collecting/ { n++; if (n % 25 == 0) { printf "  ... %d packages resolved\n", n; fflush() } }
-           /^Successfully installed/ { printf "  installed %d packages\n", NF - 2; fflush() }' >&2
+    | grep --line-buffered -v "is ignored: it is neither a file nor a directory" | tee "$log" | qc_pip_summary >&2
   if [ "${PIPESTATUS[0]}" -ne 0 ]; then
     tail -n 25 "$log" | sed 's/^/  /' >&2
     qc_say "installing the $name environment failed; full pip output: $log"

@@ -56,22 +56,25 @@ def lock_count(engine: str, root: Path = ROOT) -> int | None:
 
 
 class PipProgress:
-    """pip's output, line by line, as a percentage of the whole engine install.
+    """pip's output, line by line, and the environment's installed packages, as a percentage of the engine install.
 
-    0–60 %   packages collected ("Collecting x" or "Processing /…/x.whl", one line each) against the lock file's
-             count; pip downloads while it collects, so this is most of the wall time on a fresh machine
-    60 %     "Installing collected packages": pip unpacks them all (one long silent step)
+    0–45 %   packages collected ("Collecting x" or "Processing /…/x.whl", one line each) against the lock file's
+             count; pip downloads while it collects (about half the wall time on a fresh machine)
+    45–90 %  "Installing collected packages": pip unpacks them, printing nothing; ``installed(n)`` counts the
+             ``*.dist-info`` folders appearing in the environment against the same count
     90 %     "Successfully installed …": then the clean-up and an import check of vLLM
     100 %    ``done()``: the environment is complete
     Without a count (no lock file) the percentage is None until pip starts installing.
     """
 
-    COLLECTED = 60
+    COLLECTED = 45
     INSTALLED = 90
 
     def __init__(self, total: int | None) -> None:
         self.total = total
         self.collected = 0
+        self.installing = False
+        self._installed_before: int | None = None  # dist-info folders when pip began installing (pip, setuptools)
         self.percent: int | None = 0 if total else None
 
     def feed(self, line: str) -> bool:
@@ -79,16 +82,37 @@ class PipProgress:
         before = self.percent
         if line.startswith(("Collecting ", "Processing ")):
             self.collected += 1
-            if self.total and (self.percent or 0) < self.COLLECTED:
+            if self.total and not self.installing:
                 self.percent = min(self.COLLECTED - 1, self.COLLECTED * self.collected // self.total)
         elif line.startswith("Installing collected packages"):
+            self.installing = True
             self.percent = self.COLLECTED
         elif line.startswith("Successfully installed"):
+            self.installing = False
             self.percent = self.INSTALLED
+        return self.percent != before
+
+    def installed(self, count: int) -> bool:
+        """``count`` dist-info folders in the environment now; True when the percentage changed."""
+        if not self.installing:
+            return False
+        if self._installed_before is None:
+            self._installed_before = count
+        if not self.total:
+            return False
+        before = self.percent
+        span = self.INSTALLED - self.COLLECTED
+        done = max(0, count - self._installed_before)
+        self.percent = max(self.percent or 0, min(self.INSTALLED - 1, self.COLLECTED + span * done // self.total))
         return self.percent != before
 
     def done(self) -> None:
         self.percent = 100
+
+
+def dist_info_count(env_dir: Path) -> int:
+    """Packages installed in a virtual environment so far (pip writes a ``*.dist-info`` folder per package)."""
+    return sum(1 for _ in env_dir.glob("lib/python3*/site-packages/*.dist-info"))
 
 
 # ---------------------------------------------------------------- what the user is told on failure
@@ -241,6 +265,7 @@ class Preparer:
         self.status_path = status_path
         self.say = say
         self.since = time.time()
+        self.poll_installed = 2.0  # seconds between counts of the installed packages while pip installs
         self._said_percent = 0  # the terminal hears every 10 %, from 10 %
 
     def publish(self, phase: str, progress: int | None) -> None:
@@ -290,17 +315,36 @@ class Preparer:
         self.publish(PHASE_INSTALL_ENGINE, progress.percent)
         self.say(f"installing the {self.engine} engine in the background; log: {self.log_dir / INSTALL_LOG}")
 
+        expected = os.environ.get(contract.ENV_ENGINE_PYTHON)  # start.sh: qc_engine_dir's python, built here
+        env_dir = Path(expected).parent.parent if expected else None
+
         def on_line(line: str) -> None:
-            if progress.feed(line):
+            changed = progress.feed(line)
+            if env_dir and line.startswith("Installing collected packages"):
+                progress.installed(dist_info_count(env_dir))  # the baseline: what was there before pip began
+            if changed:
                 self.publish(PHASE_INSTALL_ENGINE, progress.percent)
 
-        # QC_PIP_LINES: qc_env passes every pip line through; PYTHONUNBUFFERED: pip writes them as they come
-        rc, out, tail = await run_step(
-            install_argv(self.engine),
-            self.log_dir / INSTALL_LOG,
-            on_line,
-            env={"QC_PIP_LINES": "1", "PYTHONUNBUFFERED": "1"},
-        )
+        async def count_installed(env_dir: Path) -> None:
+            """pip prints nothing while it installs: the packages appearing in the environment tell."""
+            while True:
+                await asyncio.sleep(self.poll_installed)
+                if progress.installing and progress.installed(await asyncio.to_thread(dist_info_count, env_dir)):
+                    self.publish(PHASE_INSTALL_ENGINE, progress.percent)
+
+        counter = asyncio.create_task(count_installed(env_dir)) if env_dir else None
+        try:
+            # QC_PIP_LINES: qc_env passes every pip line through; PYTHONUNBUFFERED: pip writes them as they come
+            rc, out, tail = await run_step(
+                install_argv(self.engine),
+                self.log_dir / INSTALL_LOG,
+                on_line,
+                env={"QC_PIP_LINES": "1", "PYTHONUNBUFFERED": "1"},
+            )
+        finally:
+            if counter:
+                counter.cancel()
+                await asyncio.gather(counter, return_exceptions=True)
         folder = next((Path(line) for line in reversed(out) if line.startswith("/")), None)
         python = folder / "bin" / "python" if folder else None
         if rc != 0 or python is None or not env_complete(str(python)):

