@@ -193,7 +193,7 @@ def test_the_poller_and_the_watchdog_send_the_same_probe():
 # ---------------------------------------------------------------- a fake engine that hangs: the restart policy
 
 # argv: port, answered. /health answers 200 always; POST /v1/chat/completions answers `answered` times, then
-# never (the handler sleeps): what a frozen EngineCore behind a live API server looks like. It first forks a
+# never (the handler sleeps); any other POST is a 404: what a frozen EngineCore behind a live API server looks like. It first forks a
 # `sleep` child, as vLLM forks its EngineCore: a restart must leave nothing of the old group.
 HANGING_ENGINE = r"""
 import http.server, json, subprocess, sys, threading, time
@@ -206,6 +206,11 @@ class Engine(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path != "/v1/chat/completions":
+            body = b'{"detail": "Not Found"}'
+            self.send_response(404); self.send_header("Content-Length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
+            return
         count[0] += 1
         if count[0] > answered:
             print(f"INFO probe {count[0]}: hanging", flush=True)
@@ -347,3 +352,37 @@ def test_a_frozen_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_pat
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# ---------------------------------------------------------------- the probe itself (backend/probe.py)
+
+
+@pytest.mark.asyncio
+async def test_the_probe_tells_an_answer_from_no_reply_and_an_http_error_is_an_answer(tmp_path):
+    refused = OneTokenProbe(f"http://127.0.0.1:{free_port()}/v1", "k", "fake", timeout=2)
+    try:
+        r = await refused()
+        assert (r.answered, r.status, r.error) == (False, None, "connection refused")
+    finally:
+        await refused.aclose()
+    port = free_port()
+    engine = subprocess.Popen(
+        [sys.executable, "-c", HANGING_ENGINE, str(port), "1"],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
+    probe = OneTokenProbe(f"http://127.0.0.1:{port}/v1", "k", "fake", timeout=1)
+    wrong_route = OneTokenProbe(f"http://127.0.0.1:{port}/nowhere", "k", "fake", timeout=1)
+    try:
+        assert engine.stdout is not None and b"listening" in engine.stdout.readline()
+        first, second = await probe(), await probe()
+        assert (first.answered, first.status) == (True, 200)
+        assert (second.answered, second.status, second.error) == (False, None, "timeout")  # it hangs from now on
+        # an HTTP error is an engine that answers (with its own problem), not a hang
+        third = await wrong_route()
+        assert (third.answered, third.status) == (True, 404)
+    finally:
+        await probe.aclose()
+        await wrong_route.aclose()
+        supervisor.stop_process_group(engine, grace=2)
