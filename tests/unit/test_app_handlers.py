@@ -909,7 +909,7 @@ async def test_the_status_route_needs_a_login_when_login_is_on(ui, monkeypatch):
     from chainlit.server import app as http_app
 
     transport = httpx.ASGITransport(app=http_app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080") as client:
         open_status = await client.get("/qwenchat/status")
         assert open_status.status_code == 200 and open_status.json()["lang"] == "en"
 
