@@ -6,12 +6,16 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 
 import chainlit as cl
+import chainlit.message
+import chainlit.step
 from chainlit.auth import get_current_user
 from chainlit.data import get_data_layer
 from chainlit.input_widget import Select, Slider, TextInput
 from chainlit.server import app as http_app
+from chainlit.server import sio
 from fastapi import Depends
 
 from backend.chat import history, loopstats, preferences, security, turn
@@ -69,6 +73,31 @@ http_app.add_api_route("/qwenchat/status", status_route, methods=["GET"])
 # Chainlit serves its SPA from a catch-all route; ours must come first.
 http_app.router.routes.insert(0, http_app.router.routes.pop())
 
+
+# One socket message may carry a pasted document: python-engineio's default cap (1 MB) closes the
+# connection on a larger one and the message is lost. 256K tokens of CJK text are ~3 MB of UTF-8;
+# 16 MB leaves room for a paste the budget then trims, with a clear message, on the same connection.
+MAX_SOCKET_MESSAGE = 16 * 1024 * 1024
+sio.eio.max_http_buffer_size = MAX_SOCKET_MESSAGE
+
+
+class _NonBlockingTime:
+    """Chainlit 2.12's Message and Step constructors call time.sleep(0.001), so that consecutive objects get
+    distinct timestamps. On the event loop that blocks every session: ~1 ms per message or step, ~3.5 ms on a
+    loaded machine (the largest stall found by bench/concurrency.py's profile). This keeps the guarantee,
+    a later timestamp, by waiting for the microsecond clock to move (about 1 µs), without the sleep."""
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(_seconds: float) -> None:
+        now = time.time_ns() // 1000
+        while time.time_ns() // 1000 == now:
+            pass
+
+
+chainlit.message.time = chainlit.step.time = _NonBlockingTime()
 
 # Without login, the page sets a browser cookie that the websocket carries: settings survive a reload.
 if not any(m.cls is preferences.BrowserCookieMiddleware for m in http_app.user_middleware):

@@ -113,7 +113,7 @@ class Session:
         self.language = language
         self.origin = origin
         self.session_id = str(uuid.uuid4())
-        self.sio = socketio.AsyncClient(reconnection=False)
+        self.sio = socketio.AsyncClient(reconnection=False, websocket_extra_options={"max_msg_size": 0})
         self.turns: list[Turn] = []
         self.current: Turn | None = None
         self.opened = asyncio.Event()

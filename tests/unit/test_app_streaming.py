@@ -50,3 +50,27 @@ async def test_stop_mid_stream_sends_what_was_held_and_keeps_it(chat: Chat, fake
     assert streamed and expected_text(2000).startswith(streamed)
     assert partial == streamed  # the held tokens were sent before the bubble was finalised: nothing lost
     assert chat.conversation.turns[-1].content == partial
+
+
+async def test_chainlit_constructors_no_longer_sleep_on_the_event_loop(ui, monkeypatch):  # noqa: F811 - fixtures
+    """Chainlit's Message/Step constructors call time.sleep(0.001) for distinct timestamps; app.py keeps the
+    distinct timestamps and drops the blocking sleep (the largest stall under 200 sessions, bench/concurrency.py)."""
+    import time
+
+    import chainlit.message
+    import chainlit.step
+
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    for module in (chainlit.message, chainlit.step):
+        before = time.time_ns() // 1000
+        module.time.sleep(0.001)
+        assert time.time_ns() // 1000 > before  # the microsecond clock moved: the next stamp is later
+        assert module.time.monotonic is time.monotonic  # everything else is the real module
+    assert slept == []
+
+
+async def test_a_pasted_document_fits_one_socket_message(ui):  # noqa: F811 - fixtures
+    from chainlit.server import sio
+
+    assert sio.eio.max_http_buffer_size == ui.MAX_SOCKET_MESSAGE >= 10 * 1024 * 1024
