@@ -33,6 +33,7 @@ from . import counters
 from .adapters_in_use import AdapterUsage
 from .client import ChatClient, Finish, Usage, anomaly_counts
 from .health import EngineState, HealthPoller, HealthStatus, get_poller
+from .votes import VoteStore
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +71,22 @@ class Service:
         self._warm: asyncio.Task[None] | None = None
         # Shared by every chat of this process: last use and answers streaming per adapter (LRU eviction).
         self.adapter_usage = AdapterUsage()
+        self._votes: VoteStore | None = None
 
     @classmethod
     def from_environment(cls) -> Service:
         settings = load_settings()
         logging.basicConfig(level=settings.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return cls(settings, status_file=os.environ.get(contract.ENV_STATUS_FILE) or None)
+
+    @property
+    def votes(self) -> VoteStore:
+        """Blind-compare votes, in the remembered-settings file (preferences.db_path); opened on first use."""
+        if self._votes is None:
+            from .preferences import db_path
+
+            self._votes = VoteStore(db_path(self.settings))
+        return self._votes
 
     # ------------------------------------------------------------ health
 
