@@ -46,8 +46,8 @@ import aiohttp
 
 from ..contract import PHASE_CONVERT_MODEL, PHASE_INSTALL_ENGINE, EngineStatus, SupervisorState
 from ..engine_http import Route, auth_headers, error_message, status_error
-from ..settings import HealthSettings  # re-exported: the [health] section
 from ..probe import probe_body
+from ..settings import HealthSettings  # re-exported: the [health] section
 from ..text import both, pick_language, t
 
 logger = logging.getLogger(__name__)
