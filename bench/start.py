@@ -1,6 +1,6 @@
 """Benchmark P6: cold and warm ``./start.sh``: seconds to "UI answers" and to "model ready". Not a test.
 
-    python bench/start.py --home /tmp/qc-cold-1 --runs 2 [--repo /tmp/before] [--fresh]
+    python -m bench.start --home /tmp/qc-cold-1 --runs 2 [--repo /tmp/before] [--fresh] [--phases]
 
 Each run starts ``REPO/start.sh`` with ``QWENCHAT_HOME=HOME`` (own ports and log folder, in its own process group)
 and polls ``GET http://127.0.0.1:<ui port>/`` (UI answers: 200) and ``/qwenchat/status`` (model ready: ``ready``,
@@ -102,7 +102,9 @@ def one_run(repo: Path, home: Path, timeout: float, log: Path) -> Run:
                     if st.get("state") == "down":
                         state = "down"
                         break
-            time.sleep(0.25)
+            # 4 polls a second until the UI answers (refused: free), then once a second, like a browser's status line
+            # (status.js polls every 2 s): faster polling of the UI would slow the build running beside it
+            time.sleep(0.25 if ui_s is None else 1.0)
     finally:
         load_end = load()
         if proc.poll() is None:
