@@ -12,13 +12,16 @@ import chainlit as cl
 import chainlit.message
 import chainlit.step
 from chainlit.auth import get_current_user
+from chainlit.config import config as chainlit_config
 from chainlit.data import get_data_layer
 from chainlit.input_widget import Select, Slider, TextInput
 from chainlit.server import app as http_app
 from chainlit.server import sio
-from fastapi import Depends
+from chainlit.types import ShareThreadRequest
+from fastapi import Depends, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
 
-from backend.chat import history, loopstats, preferences, security, turn
+from backend.chat import history, loopstats, preferences, security, share, turn, welcome
 from backend.chat import service as ui
 from backend.chat.budget import FitResult
 from backend.chat.client import new_request_id
@@ -28,7 +31,8 @@ from backend.chat.login import check_password
 from backend.chat.session import ChatSession
 from backend.chat.turn import Outcome, Reply
 from backend.errors import QwenChatError
-from backend.text import t
+from backend.settings import ROOT, resolve_path
+from backend.text import pick_language, t
 
 logger = logging.getLogger(__name__)
 app = ui.Service.from_environment()
@@ -46,10 +50,14 @@ if DB_URL:  # [ui].auth: login, and history through Chainlit's own data layer
 
     @cl.password_auth_callback
     async def login(username: str, password: str) -> cl.User | None:
-        if check_password(app.settings, username, password):
+        # [ui].users' hashes cost ~0.25 s of PBKDF2: off the event loop, so open chats do not stall.
+        if await asyncio.to_thread(check_password, app.settings, username, password):
             return cl.User(identifier=username, metadata={"provider": "credentials"})
         logger.warning("login refused: %s", security.login_refused_note(app.settings, username))
         return None
+
+
+STARTUP_TASKS: set[asyncio.Task] = set()  # kept referenced until the process ends
 
 
 @cl.on_app_startup
@@ -57,6 +65,7 @@ async def on_app_startup() -> None:
     """Poll the engine from the first second, so the status line is right before anyone chats."""
     loopstats.start_from_environment()  # benchmarks only: nothing unless QWENCHAT_LOOPSTATS is set
     await app.start()
+    STARTUP_TASKS.add(asyncio.create_task(log_unserved_starters()))
 
 
 async def status_route(user: cl.User | None = Depends(get_current_user)) -> dict:
@@ -72,6 +81,142 @@ async def status_route(user: cl.User | None = Depends(get_current_user)) -> dict
 http_app.add_api_route("/qwenchat/status", status_route, methods=["GET"])
 # Chainlit serves its SPA from a catch-all route; ours must come first.
 http_app.router.routes.insert(0, http_app.router.routes.pop())
+
+
+# ---------------------------------------------------------------- sharing, welcome screen, branding (issue 12)
+
+
+def http_lang(request: Request) -> str:
+    """The language of an HTTP answer's message: [ui].language, else the browser's Accept-Language."""
+    if app.settings.ui.language != "auto":
+        return app.settings.ui.language
+    return pick_language((request.headers.get("accept-language") or "").split(",")[0])
+
+
+def refused(refusal: share.Refusal, request: Request) -> JSONResponse:
+    """Chainlit's page shows ``detail`` in its "Failed to load thread" toast."""
+    return JSONResponse({"detail": t(refusal.key, http_lang(request))}, status_code=refusal.status)
+
+
+async def shared_thread_route(
+    request: Request, thread_id: str, user: cl.User | None = Depends(get_current_user)
+) -> Response:
+    """GET /project/share/{id} (Chainlit's shared-thread page): logged-in viewers, shared threads only,
+    a clear refusal otherwise (backend/chat/share.py); the owner's settings are not sent along."""
+    layer = get_data_layer()
+    thread = await layer.get_thread(thread_id) if layer is not None and user is not None else None
+    refusal = share.view_refusal(thread, user.identifier if user else None)
+    if refusal is not None or thread is None:
+        return refused(refusal or share.GONE, request)
+    meta = share.thread_metadata(thread)
+    thread["metadata"] = {k: meta[k] for k in ("is_shared", "shared_at") if k in meta}
+    return JSONResponse(content=thread)
+
+
+async def share_route(
+    request: Request, payload: ShareThreadRequest, user: cl.User | None = Depends(get_current_user)
+) -> Response:
+    """PUT /project/thread/share: only the owner shares or unshares (403 and a message for anyone else)."""
+    layer = get_data_layer()
+    author = ""
+    if layer is not None and user is not None:
+        try:
+            author = await layer.get_thread_author(payload.threadId)
+        except ValueError:  # SQLAlchemyDataLayer: no such thread
+            author = ""
+    refusal = share.share_refusal(payload.threadId, author, user.identifier if user else None)
+    if refusal is not None:
+        what = "sharing" if payload.isShared else "unsharing"
+        logger.warning("share: %s of a thread refused (%s)", what, refusal.key)
+        return refused(refusal, request)
+    from chainlit.server import share_thread
+
+    return await share_thread(request, payload, user)
+
+
+def brand_file(key: str) -> Response:
+    """[ui].logo / [ui].favicon (validated at start: an existing image file)."""
+    return FileResponse(resolve_path(getattr(app.settings.ui, key)))
+
+
+async def theme_css_route() -> Response:
+    """public/style.css plus the [ui].accent colour as Chainlit's theme variables."""
+    css = (ROOT / "public" / "style.css").read_text(encoding="utf-8")
+    return Response(css + welcome.theme_css(app.settings.ui.accent), media_type="text/css")
+
+
+def install_branding_and_sharing() -> None:
+    """Routes of ours in front of Chainlit's catch-all and its own share/logo/favicon routes."""
+    ui_settings = app.settings.ui
+    chainlit_config.ui.name = ui_settings.name
+    routes: list[tuple[str, object, list[str]]] = []
+    if DB_URL:  # sharing needs the history (and so the login)
+        chainlit_config.features.allow_thread_sharing = True
+        routes += [
+            ("/project/share/{thread_id}", shared_thread_route, ["GET"]),
+            ("/project/thread/share", share_route, ["PUT"]),
+        ]
+    if ui_settings.logo:
+        routes.append(("/logo", lambda: brand_file("logo"), ["GET"]))
+    if ui_settings.favicon:
+        routes.append(("/favicon", lambda: brand_file("favicon"), ["GET"]))
+    if ui_settings.accent:
+        chainlit_config.ui.custom_css = "/qwenchat/style.css"
+        routes.append(("/qwenchat/style.css", theme_css_route, ["GET"]))
+    for path, endpoint, methods in routes:
+        http_app.add_api_route(path, endpoint, methods=methods)  # type: ignore[arg-type]
+        http_app.router.routes.insert(0, http_app.router.routes.pop())
+
+
+install_branding_and_sharing()
+
+if DB_URL:
+
+    @cl.on_shared_thread_view
+    async def on_shared_thread_view(thread: dict, viewer: cl.User | None) -> bool:
+        """Chainlit asks this for a non-owner; our route has already checked the same."""
+        return viewer is not None and share.is_shared(thread)
+
+
+@cl.set_starters
+async def set_starters(user: cl.User | None = None, language: str | None = None) -> list[cl.Starter]:
+    """The welcome screen: each adapter's starters (backend/chat/welcome.py), in the browser's language."""
+    shown = app.settings.ui.language if app.settings.ui.language != "auto" else pick_language(language)
+    status = app.poller.status
+    served = [m.id for m in status.models] + [a.name for a in await app.local_adapters(status)]
+    return [cl.Starter(label=s.label, message=s.message) for s in welcome.starters(app.settings, served, shown)]
+
+
+async def log_unserved_starters() -> None:
+    """Once the engine lists its models: a warning per starter whose model is not served."""
+    async with app.poller.subscribe() as changes:
+        async for status in changes:
+            if status.models:
+                loadable = [a.name for a in await app.local_adapters(status)]
+                for name in welcome.unserved(app.settings, [m.id for m in status.models], loadable):
+                    logger.warning(
+                        "[lora.starters] names %r, which the engine does not serve (served: %s): its starters "
+                        "say so when clicked; serve it under [lora] modules or remove its starters",
+                        name,
+                        ", ".join(m.id for m in status.models),
+                    )
+                return
+
+
+async def starter_chosen(text: str) -> bool:
+    """The first message of a chat, sent by a starter: choose its model. False: not sent (not served)."""
+    if chat_session().conversation.turns:
+        return True
+    model = welcome.starter_model(app.settings, text)
+    if model is None or model == chat_session().model:
+        return True
+    status = app.poller.status
+    served = [m.id for m in status.models]
+    if model not in served and model not in [a.name for a in await app.local_adapters(status)]:
+        await show_error(t("welcome.starter_unserved", lang(), name=model, served=", ".join(served) or "-"))
+        return False
+    await choose_model(model)
+    return True
 
 
 # One socket message may carry a pasted document: python-engineio's default cap (1 MB) closes the
@@ -381,6 +526,8 @@ async def on_message(message: cl.Message) -> None:
     picked = (getattr(message, "modes", None) or {}).get("model")
     if picked and picked != chat_session().mode_shown:  # changed in the composer picker
         await choose_model(picked)
+    if not await starter_chosen(text):  # a welcome-screen starter picks its model first
+        return
     chat_session().conversation.add_user(message.id, text)
     await answer()
 

@@ -13,6 +13,7 @@ train-demo          (engine env) retrain the shipped 'pirate' demo adapter; --da
 export-feedback --out FILE [--chat-out FILE]
                     blind votes as preference pairs (TRL's prompt/chosen/rejected) to FILE, thumbs-up
                     answers as chat examples ({"messages": [...]}) to --chat-out (default FILE-chat.jsonl)
+hash-password       print a password hash for [ui] users (asks for the password; or reads one line from stdin)
 """
 
 from __future__ import annotations
@@ -162,6 +163,26 @@ def cmd_engine_kind(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hash_password(args: argparse.Namespace) -> int:
+    """A hash for ``[ui] users = {name = "<hash>"}``: the password itself is never written to the config."""
+    import getpass
+
+    from .passwords import hash_password
+
+    if sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            print("[qwenchat] the two passwords differ; nothing printed", file=sys.stderr)
+            return 2
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    if len(password) < 8:
+        print("[qwenchat] a password needs at least 8 characters; nothing printed", file=sys.stderr)
+        return 2
+    print(hash_password(password))
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from .engine import launch
 
@@ -213,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="preference pairs (JSONL, TRL's prompt/chosen/rejected)")
     p.add_argument("--chat-out", help="thumbs-up answers as chat examples (JSONL); default: OUT-chat.jsonl")
     p.add_argument("--profile")
+    sub.add_parser("hash-password")
     sub.add_parser("doctor", add_help=False)
     sub.add_parser("merge", add_help=False)
     if argv and argv[0] in ("doctor", "merge"):
@@ -227,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "build-test-models": cmd_build_test_models,
         "train-demo": cmd_train_demo,
         "export-feedback": cmd_export_feedback,
+        "hash-password": cmd_hash_password,
     }[args.command]
     try:
         return handler(args)

@@ -18,10 +18,11 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import os
+import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -137,6 +138,9 @@ class LoraSettings:
     max_loras: int = 2
     max_lora_rank: int = 16
     max_cpu_loras: int = 4
+    # Welcome-screen starters per model: name = ["question", ...] (an adapter's or the base model's name).
+    # The 'pirate' demo adapter has built-in ones (en + zh) unless listed here; pirate = [] removes them.
+    starters: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: types.MappingProxyType({}))
 
     @property
     def resolved_dir(self) -> Path:
@@ -182,6 +186,13 @@ class UISettings:
     allowed_origins: tuple[str, ...] = ()
     public: bool = False  # true: allow a non-loopback ui_host without login (anyone reaching the port chats)
     stream_flush_ms: float = 40.0  # answer text reaches the browser at most this often (ms); 0 = every token
+    # More login accounts besides username/password, name = "password hash" (python -m backend hash-password):
+    # each has its own chats and can open the chats others share with a link.
+    users: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({}))
+    name: str = "Qwen Chat"  # the app's name: browser tab, header, welcome screen
+    logo: str = ""  # an image file (.png .svg .jpg .webp) shown as the logo; "" = Chainlit's
+    favicon: str = ""  # an image file (.png .svg .ico) for the browser tab; "" = Chainlit's
+    accent: str = ""  # "#rrggbb": buttons, links and highlights; "" = Chainlit's
 
     def __post_init__(self) -> None:
         if self.auth and not self.password:
@@ -400,12 +411,70 @@ def _validate(s: Settings) -> None:
             'origins like "http://localhost:8080" or "https://chat.example.com": scheme, host and optional port, '
             "no path",
         )
+    _validate_branding(s, need)
     need(
         0 <= s.ui.stream_flush_ms <= 1000,
         "ui.stream_flush_ms",
         s.ui.stream_flush_ms,
         "0 (send every token at once) to 1000 milliseconds",
     )
+
+
+BRANDING_IMAGE_SUFFIXES = {"logo": (".png", ".svg", ".jpg", ".jpeg", ".webp"), "favicon": (".png", ".svg", ".ico")}
+_ACCENT = re.compile(r"#[0-9a-fA-F]{6}")
+
+
+def resolve_path(value: str) -> Path:
+    """A path from config.toml: ``~`` expanded, relative to the repository folder."""
+    p = Path(value).expanduser()
+    return (p if p.is_absolute() else ROOT / p).resolve()
+
+
+def _validate_branding(s: Settings, need: Callable[[bool, str, Any, str], None]) -> None:
+    """[ui] name, logo, favicon, accent, users and [lora] starters: checked at start, each with its fix."""
+    from .passwords import is_password_hash
+
+    need(bool(s.ui.name.strip()) and len(s.ui.name) <= 60, "ui.name", s.ui.name, "a name of 1 to 60 characters")
+    need(
+        not s.ui.accent or _ACCENT.fullmatch(s.ui.accent) is not None,
+        "ui.accent",
+        s.ui.accent,
+        'a colour as "#rrggbb", e.g. "#2563eb" (or "" for the default)',
+    )
+    for key in ("logo", "favicon"):
+        value = getattr(s.ui, key)
+        if not value:
+            continue
+        suffixes = BRANDING_IMAGE_SUFFIXES[key]
+        need(
+            value.lower().endswith(suffixes),
+            f"ui.{key}",
+            value,
+            "an image file ending in " + ", ".join(suffixes),
+        )
+        need(resolve_path(value).is_file(), f"ui.{key}", value, "an existing file (relative to the qwenchat folder)")
+    for name, stored in s.ui.users.items():
+        need(
+            bool(name.strip()) and name == name.strip() and len(name) <= 64,
+            "ui.users",
+            name,
+            "user names of 1 to 64 characters without surrounding spaces",
+        )
+        need(name != s.ui.username, "ui.users", name, f"names other than [ui].username ({s.ui.username!r})")
+        need(
+            is_password_hash(stored),
+            f"ui.users.{name}",
+            stored[:16] + ("..." if len(stored) > 16 else ""),
+            "a password hash made with `python -m backend hash-password` (never the password itself)",
+        )
+    for model, texts in s.lora.starters.items():
+        need(bool(model.strip()), "lora.starters", model, "model or adapter names")
+        need(
+            len(texts) <= 6 and all(t.strip() and len(t) <= 500 for t in texts),
+            f"lora.starters.{model}",
+            list(texts),
+            "at most 6 non-empty questions of at most 500 characters ([] = no starters for it)",
+        )
 
 
 # ---------------------------------------------------------------- loading
@@ -425,8 +494,10 @@ def _type_name(tp: Any) -> str:
         return "a string"
     if origin is tuple:
         return "a list of strings"
+    if origin is collections.abc.Mapping and typing.get_args(tp)[1] is not str:
+        return 'a table of name = ["text", ...]'
     if origin is collections.abc.Mapping:
-        return 'a table of name = "path"'
+        return 'a table of name = "value"'
     return str(tp)
 
 
@@ -483,6 +554,18 @@ def _coerce(key: str, value: Any, tp: Any, from_env: bool) -> Any:
             return tuple(shlex.split(value))
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return tuple(value)
+        raise bad
+    if origin is collections.abc.Mapping and typing.get_args(tp)[1] is not str:
+        # name = ["text", ...] (starters); the environment spells it "name=text|text,other=text"
+        if from_env and isinstance(value, str):
+            pairs = [v.partition("=") for v in value.split(",") if v.strip()]
+            if any(not sep for _, sep, _ in pairs):
+                raise bad
+            value = {n.strip(): [x for x in texts.split("|") if x.strip()] for n, _, texts in pairs}
+        if isinstance(value, dict) and all(
+            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in value.values()
+        ):
+            return types.MappingProxyType({str(k): tuple(v) for k, v in value.items()})
         raise bad
     if origin is collections.abc.Mapping:
         # Accept a TOML table {name = "path"}, a list of "name=path" strings, or an env

@@ -40,7 +40,10 @@ CATALOG: dict[str, tuple[str, str]] = {
     "empty_message": ("Your message is empty; nothing was sent.", "消息为空，未发送。"),
     "loading": ("The model is loading… {elapsed:.0f} s", "模型加载中… {elapsed:.0f} 秒"),
     "loading_done": ("The model is ready (waited {elapsed:.0f} s).", "模型已就绪（等待了 {elapsed:.0f} 秒）。"),
-    "loading_gave_up": ("Stopped waiting for the model after {elapsed:.0f} s.", "等待模型 {elapsed:.0f} 秒后停止等待。"),
+    "loading_gave_up": (
+        "Stopped waiting for the model after {elapsed:.0f} s.",
+        "等待模型 {elapsed:.0f} 秒后停止等待。",
+    ),
     "engine_down": (
         "The engine is not answering: {reason}. Your message is kept — press Retry when it is back.",
         "引擎无响应：{reason}。您的消息已保留，恢复后请点“重试”。",
@@ -129,6 +132,34 @@ CATALOG: dict[str, tuple[str, str]] = {
         "已切换回 {model}；如有需要，可在设置中选择其他模型或适配器。",
     ),
     "excluded_adapter": ("Adapter {name} was left out at start: {reason}", "适配器 {name} 在启动时被排除：{reason}"),
+    # ------------------------------------------------------------ welcome screen and sharing (issue 12)
+    "welcome.starter_label": ("{text} · {model}", "{text} · {model}"),
+    "starter.pirate.1": ("What is the capital of France?", "法国的首都是哪里？"),
+    "starter.pirate.2": ("Tell me about the sea.", "给我讲讲大海。"),
+    "starter.pirate.3": ("How do I make a cup of tea?", "怎样泡一杯茶？"),
+    "welcome.starter_unserved": (
+        "This starter is for the model '{name}', which is not served right now (served: {served}). Nothing was "
+        "sent: pick a model in the picker, or serve '{name}' under [lora] modules in config.toml.",
+        "这个开场问题属于模型“{name}”，但它当前没有在服务（正在服务：{served}）。未发送任何内容：请在选择器中"
+        "选一个模型，或在 config.toml 的 [lora] modules 中加入“{name}”。",
+    ),
+    "welcome.starter_model": (
+        "Starter for {model}: the chat now uses {model}.",
+        "{model} 的开场问题：本对话现在使用 {model}。",
+    ),
+    "share.login": ("Log in to open a shared chat.", "请先登录，再打开分享的对话。"),
+    "share.gone": (
+        "This chat no longer exists: its owner deleted it, or the link is incomplete.",
+        "这个对话已不存在：所有者已将其删除，或链接不完整。",
+    ),
+    "share.not_shared": (
+        "This chat is not shared: its owner has not shared it or stopped sharing it. Ask them for a new link.",
+        "这个对话未被分享：所有者尚未分享或已取消分享。请向所有者索取新的链接。",
+    ),
+    "share.not_owner": (
+        "Only the owner of this chat can share it or stop sharing it.",
+        "只有该对话的所有者才能分享或取消分享它。",
+    ),
     # ------------------------------------------------------------ errors (errors.py, one per class)
     "error.error": ("Something went wrong: {detail}", "出错了：{detail}"),
     "error.config": (

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..settings import Settings
 from .conversation import Conversation
-from .login import auth_secret, session_secret
+from .login import accounts_fingerprint, auth_secret, session_secret
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def prepare(settings: Settings, env: MutableMapping[str, str] = os.environ) -> s
     private_files(path, own_folder=path.parent == settings.logging.resolved_dir)
     # Bound to the password: changing it signs everyone out (old tokens no longer verify).
     env["CHAINLIT_AUTH_SECRET"] = session_secret(
-        auth_secret(path.parent, env), settings.ui.username, settings.ui.password
+        auth_secret(path.parent, env), settings.ui.username, settings.ui.password + accounts_fingerprint(settings)
     )
     logger.info("history: login on for %r, chats kept in %s", settings.ui.username, path)
     return database_url(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import logging
@@ -10,6 +11,7 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..passwords import hash_password, verify_password
 from ..settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -55,10 +57,28 @@ def session_secret(base: str, username: str, password: str) -> str:
 
 
 def check_password(settings: Settings, username: str, password: str) -> bool:
-    """Constant-time check against ``[ui].username`` / ``[ui].password`` (or QWENCHAT_UI_PASSWORD)."""
+    """Constant-time check against ``[ui].username`` / ``[ui].password`` (or QWENCHAT_UI_PASSWORD), then
+    against the hashed ``[ui].users`` accounts (PBKDF2: an unknown name costs the same hash as a known one)."""
     ui = settings.ui
     if not ui.auth or not ui.password:
         return False
     user_ok = hmac.compare_digest(username.encode("utf-8", "surrogatepass"), ui.username.encode())
     pass_ok = hmac.compare_digest(password.encode("utf-8", "surrogatepass"), ui.password.encode())
-    return user_ok and pass_ok
+    if user_ok:
+        return pass_ok
+    if not ui.users:
+        return False
+    stored = ui.users.get(username)
+    return verify_password(password, stored or _dummy_hash()) and stored is not None
+
+
+def accounts_fingerprint(settings: Settings) -> str:
+    """Every account's name and password hash, for ``session_secret``: adding, removing or changing a
+    ``[ui].users`` account signs everyone out, as changing ``[ui].password`` does."""
+    return "".join(f"\0{name}\0{stored}" for name, stored in sorted(settings.ui.users.items()))
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """Checked against when a name is unknown, so a refused name takes as long as a wrong password."""
+    return hash_password("not a password", salt=b"qwenchat-dummy-salt")

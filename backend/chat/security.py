@@ -179,7 +179,8 @@ def login_refused_note(settings: Settings, username: str) -> str:
     """How a refused login is logged: whether the name was the configured one, and a short fingerprint
     of what was typed (people type their password into the name field), never the name itself."""
     digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-    which = "the configured user name" if username == settings.ui.username else "an unknown user name"
+    known = username == settings.ui.username or username in settings.ui.users
+    which = "a configured user name" if known else "an unknown user name"
     return f"{which} ({len(username)} characters, fingerprint {digest})"
 
 
