@@ -21,6 +21,7 @@ from chainlit.types import ShareThreadRequest
 from fastapi import Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
+from backend.chat import export as chat_export
 from backend.chat import history, loopstats, preferences, security, share, turn, welcome
 from backend.chat import service as ui
 from backend.chat.budget import FitResult
@@ -485,12 +486,16 @@ async def send_commands() -> None:
         [
             {"id": "adapters", "description": t("cmd_adapters", lang()), "icon": "layers", "button": False},
             {"id": "unload", "description": t("cmd_unload", lang()), "icon": "circle-minus", "button": False},
+            {"id": "export", "description": t("cmd_export", lang()), "icon": "download", "button": False},
         ]
     )
 
 
 async def run_command(command: str, text: str) -> None:
     status = app.poller.status
+    if command == "export":
+        await run_export()
+        return
     if command == "adapters":
         await cl.Message(content=app.adapters_overview(status, await app.local_adapters(status), lang())).send()
         return
@@ -505,6 +510,24 @@ async def run_command(command: str, text: str) -> None:
         chat.model = app.default_model(app.poller.status)
     await cl.Message(content=t("unloaded", lang(), name=name, model=chat.model)).send()
     await send_settings()
+
+
+async def run_export() -> None:
+    """/export: this chat as a Markdown file with the model of each answer (compared pairs with both sides)."""
+    from datetime import datetime
+
+    chat = chat_session()
+    if not chat.conversation.turns:
+        await cl.Message(content=t("export.empty", lang())).send()
+        return
+    pairs = getattr(cl.user_session.get("compare"), "pairs", None) or {}  # compare mode's, when it is on
+    now = datetime.now()
+    text = chat_export.conversation_markdown(
+        chat.conversation, lang(), system_prompt=chat.system_prompt, pairs=pairs, now=now
+    )
+    file = cl.File(name=chat_export.export_filename(now), content=text.encode("utf-8"), mime="text/markdown")
+    done = t("export.done", lang(), turns=len(chat.conversation.turns))
+    await cl.Message(content=done, elements=[file]).send()
 
 
 @cl.on_message

@@ -29,7 +29,7 @@ from .login import accounts_fingerprint, auth_secret, session_secret
 logger = logging.getLogger(__name__)
 
 META_KEY = "qwenchat"  # our key inside Chainlit's step and thread metadata
-COMMANDS = ("adapters", "unload")  # composer commands (app.py): talk to the app, never to the model
+COMMANDS = ("adapters", "unload", "export")  # composer commands (app.py): talk to the app, never to the model
 
 # Columns Chainlit 2.12's SQLAlchemyDataLayer reads and writes (chainlit/data/sql_alchemy.py: the keys
 # of Step.to_dict / Message.to_dict / Element.to_dict / Feedback, and the SELECTs). All nullable but

@@ -215,6 +215,61 @@ def test_a_chat_reopened_from_the_history_sidebar_in_another_browser_has_its_mes
     other.context.close()
 
 
+def test_thumbs_down_with_a_comment_is_stored_and_a_thumbs_up_answer_is_exported_as_a_chat_example(
+    page, live, tmp_path_factory
+):
+    """Chainlit's own feedback buttons (shown because login brings a data layer), stored in its feedbacks table
+    on the answer's run step; `export-feedback` turns the thumbs-up answer into a chat example."""
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+
+    from backend.settings import ROOT
+
+    answers = page.locator('.step[data-step-type="assistant_message"]')
+    assert answers.count() >= 2
+    answers.nth(0).hover()
+    answers.nth(0).locator(".negative-feedback-off").click()
+    page.locator("[role=dialog] textarea").fill("too plain, say it like a pirate")
+    page.click("#submit-feedback")
+    answers.nth(0).locator(".negative-feedback-on").wait_for(timeout=15_000)
+    answers.nth(1).hover()
+    answers.nth(1).locator(".positive-feedback-off").click()
+    page.click("#submit-feedback")  # the comment is optional
+    answers.nth(1).locator(".positive-feedback-on").wait_for(timeout=15_000)
+    page.screenshot(path=str(live.log_dir / "feedback.png"))
+
+    db = sqlite3.connect(live.log_dir / "history.sqlite3")
+    rows = db.execute(
+        'SELECT f.value, f.comment, a.metadata FROM feedbacks f JOIN steps a ON a."parentId" = f."forId" '
+        "WHERE a.type = 'assistant_message' ORDER BY a.\"createdAt\""
+    ).fetchall()
+    db.close()
+    assert [(value, comment) for value, comment, _ in rows] == [(0, "too plain, say it like a pirate"), (1, None)]
+    assert json.loads(rows[0][2])["qwenchat"]["model"] == "fake-qwen"
+
+    out = tmp_path_factory.mktemp("export") / "prefs.jsonl"
+    env = {**os.environ, "QWENCHAT_LOGGING_DIR": str(live.log_dir), "QWENCHAT_UI_AUTH": "true"}
+    env |= {"QWENCHAT_UI_USERNAME": USER, "QWENCHAT_UI_PASSWORD": PASSWORD}
+    res = subprocess.run(
+        [sys.executable, "-m", "backend", "export-feedback", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1 and "no blind votes yet" in res.stderr  # no vote: no pairs file, said so
+    assert not out.exists()
+    [example] = [json.loads(line) for line in out.with_name("prefs-chat.jsonl").read_text().splitlines()]
+    assert [m["content"] for m in example["messages"] if m["role"] == "user"] == [
+        "history one: capital?",
+        "history two: and Spain?",
+    ]
+    assert example["model"] == "fake-adapter" and example["messages"][-1]["content"].startswith(FULL)
+
+
 def test_a_restart_keeps_the_login_and_the_history(live, fake, browser, tmp_path_factory, page):
     """The login secret is kept next to the database, so a restarted product accepts the same cookie."""
     e2e.stop(live)
