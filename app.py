@@ -21,7 +21,7 @@ from chainlit.types import ShareThreadRequest
 from fastapi import Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from backend.chat import export as chat_export
+from backend.chat import compare, export as chat_export
 from backend.chat import history, loopstats, preferences, security, share, turn, welcome
 from backend.chat import service as ui
 from backend.chat.budget import FitResult
@@ -486,12 +486,16 @@ async def send_commands() -> None:
         [
             {"id": "adapters", "description": t("cmd_adapters", lang()), "icon": "layers", "button": False},
             {"id": "unload", "description": t("cmd_unload", lang()), "icon": "circle-minus", "button": False},
+            *compare_commands(),
             {"id": "export", "description": t("cmd_export", lang()), "icon": "download", "button": False},
         ]
     )
 
 
 async def run_command(command: str, text: str) -> None:
+    if command in COMPARE_COMMANDS:
+        await run_compare_command(command, text)
+        return
     status = app.poller.status
     if command == "export":
         await run_export()
@@ -612,6 +616,9 @@ async def answer_as_task() -> None:
 
 async def answer() -> None:
     """Answer the last user turn (backend/chat/turn.py holds the policy); keep the settings it used."""
+    if compare_state().mode is not None:  # compare mode: two models answer side by side
+        await answer_compared()
+        return
     if await turn.answer(chat_session(), app, ChatView(lang())) is Outcome.ANSWERED:
         await remember()
 
@@ -730,3 +737,247 @@ async def show_left_out(fitted: FitResult) -> None:
     lines = [f"- #{d.index + 1}: {d.preview}" for d in fitted.dropped]
     async with cl.Step(name=t("left_out_title", lang()), type="tool", default_open=False) as step:
         step.output = "\n".join(lines)
+
+
+# ---------------------------------------------------------------- compare mode (backend/chat/compare.py)
+
+COMPARE_KEY = "compare"  # the chat's CompareState, beside its ChatSession
+COMPARE_COMMANDS = ("compare", "leaderboard", "vote")
+
+
+def compare_state() -> compare.CompareState:
+    state = cl.user_session.get(COMPARE_KEY)
+    if not isinstance(state, compare.CompareState):  # a resumed thread's copy holds None: compare is off
+        state = compare.CompareState()
+        cl.user_session.set(COMPARE_KEY, state)
+    return state
+
+
+def compare_commands() -> list[dict]:
+    return [
+        {"id": "compare", "description": t("cmd_compare", lang()), "icon": "columns-2", "button": False},
+        {"id": "leaderboard", "description": t("cmd_leaderboard", lang()), "icon": "trophy", "button": False},
+        {"id": "vote", "description": t("cmd_vote", lang()), "icon": "vote", "button": False},
+    ]
+
+
+async def run_compare_command(command: str, text: str) -> None:
+    if command == "leaderboard":
+        standings = await asyncio.to_thread(app.votes.leaderboard)
+        await cl.Message(content=compare.leaderboard_markdown(standings, lang())).send()
+    elif command == "vote":
+        pair = compare_state().latest(blind=True)
+        if pair is None:
+            await show_error(t("compare.vote_none", lang()))
+            return
+        try:
+            winner, comment = compare.parse_vote(text)
+        except compare.CompareRefused as exc:
+            await show_error(exc.user_text(lang()))
+            return
+        await cast_vote(pair, winner, comment)
+    else:
+        await set_compare(text)
+
+
+async def set_compare(text: str) -> None:
+    """/compare [blind] [A] [B] turns compare mode on (or changes it), /compare off ends it."""
+    state, status = compare_state(), app.poller.status
+    served = [m.id for m in status.models if not m.is_adapter] + [m.id for m in status.adapters]
+    loadable = [a.name for a in await app.local_adapters(status)]
+    try:
+        mode = compare.parse_command(text, served, loadable, chat_session().model, app.default_model(status))
+    except compare.CompareRefused as exc:
+        await show_error(exc.user_text(lang()))
+        return
+    state.mode = mode
+    if mode is None:
+        model = chat_session().model or app.default_model(status)
+        await cl.Message(content=t("compare.off", lang(), model=model)).send()
+    else:
+        await cl.Message(content=mode.announcement(lang())).send()
+
+
+async def answer_compared() -> None:
+    """Both models answer the last user turn at once, each in its own bubble with its own footer and error."""
+    state, chat = compare_state(), chat_session()
+    mode, last = state.mode, chat.conversation.last_user()
+    if mode is None or last is None:
+        return
+    pair = compare.new_pair(mode, last.id, chat.conversation.messages(chat.system_prompt))
+    views = {side.label: CompareView(lang(), pair, side) for side in pair.sides}
+    compare.remember(state.pairs, pair)
+    state.views[pair.turn_id] = views
+    for old in list(state.views):
+        if old not in state.pairs:
+            del state.views[old]
+    try:
+        await compare.run(pair, chat, app, views)
+    finally:
+        with contextlib.suppress(Exception):  # after Stop too: the picked side is marked in the stored messages
+            await update_pair(pair, new_note=True)
+    if any(s.outcome is Outcome.ANSWERED for s in pair.sides):
+        await remember()
+
+
+async def update_pair(pair: compare.Pair, *, new_note: bool = False) -> None:
+    """Re-show both sides (names revealed or not, which one is picked) and the note with its buttons."""
+    for view in compare_state().views.get(pair.turn_id, {}).values():
+        await view.refresh()
+    if not any(s.shown for s in pair.sides):
+        return
+    actions = compare_actions(pair)
+    if new_note or pair.note_id is None:
+        msg = cl.Message(content=compare.note(pair, lang()), actions=actions, author="compare")
+        await msg.send()
+        pair.note_id = msg.id
+    else:
+        msg = cl.Message(content=compare.note(pair, lang()), actions=actions, author="compare", id=pair.note_id)
+        await msg.update()
+        for action in actions:  # Message.update does not send actions
+            await action.send(for_id=pair.note_id)
+
+
+def compare_actions(pair: compare.Pair) -> list[cl.Action]:
+    payload = {"turn": pair.turn_id}
+    if pair.blind and not pair.revealed:
+        return [
+            cl.Action(name="compare_vote", payload={**payload, "winner": w}, label=t(f"compare.vote_{w}", lang()))
+            for w in ("a", "b", "tie")
+        ]
+    return [
+        cl.Action(
+            name="compare_pick",
+            payload={**payload, "side": side.label},
+            label=t("compare.continue", lang(), side=side.label),
+        )
+        for i, side in enumerate(pair.sides)
+        if i != pair.picked and side.shown and side.text
+    ]
+
+
+async def pair_of(action: cl.Action) -> compare.Pair | None:
+    await action.remove()
+    pair = compare_state().pairs.get((action.payload or {}).get("turn", ""))
+    if pair is None:
+        await show_error(t("old_button", lang()))
+    return pair
+
+
+@cl.action_callback("compare_vote")
+@guarded
+async def on_compare_vote(action: cl.Action) -> None:
+    pair = await pair_of(action)
+    if pair is not None:
+        await cast_vote(pair, action.payload["winner"], "")
+
+
+@cl.action_callback("compare_pick")
+@guarded
+async def on_compare_pick(action: cl.Action) -> None:
+    pair = await pair_of(action)
+    if pair is None:
+        return
+    if not compare.pick(pair, action.payload["side"], chat_session().conversation):
+        await show_error(t("compare.moved_on", lang()))
+        return
+    await update_pair(pair)
+
+
+def voter() -> str:
+    session = cl.context.session
+    if session.user:
+        return session.user.identifier
+    return preference_key() or "anonymous"
+
+
+async def cast_vote(pair: compare.Pair, winner: compare.Winner, comment: str) -> None:
+    """Store the vote (the last vote on a turn wins, and the chat says so), then reveal the names."""
+    vote = compare.to_vote(pair, winner, voter(), cl.context.session.thread_id, comment)
+    try:
+        replaced = await asyncio.to_thread(app.votes.record, vote)
+    except Exception as exc:  # a locked or broken file: say so, keep the names hidden
+        logger.exception("could not store a vote")
+        await show_error(t("compare.vote_failed", lang(), detail=type(exc).__name__))
+        return
+    compare.apply_vote(pair, winner, chat_session().conversation)
+    await update_pair(pair)
+    if replaced:
+        await cl.Message(content=t("compare.vote_replaced", lang()), author="compare").send()
+
+
+class CompareView(ChatView):
+    """One side of a compared turn: its bubble headed "A · model" (or just "A" while blind), its own footer,
+    its own error bubble; the chat's model choice is left alone."""
+
+    def __init__(self, lang: str, pair: compare.Pair, side: compare.Side) -> None:
+        super().__init__(lang)
+        self.pair, self.side = pair, side
+        self.reply: Reply | None = None
+        self.cut: tuple[str, str] | None = None  # (text, why) of an answer kept cut
+        self.headed = False
+
+    def step(self, title: str) -> cl.Step:
+        return cl.Step(name=compare.mask(title, self.pair, self.side, self.lang), type="tool")
+
+    async def new_answer(self, model: str) -> None:
+        await super().new_answer(model)
+        self.msg.author = compare.author(self.pair, self.side)
+        self.headed = False
+
+    async def _emit(self, kind: str, text: str) -> None:
+        if kind == "answer" and not self.headed:  # the side's heading arrives with its first text
+            self.headed = True
+            text = compare.title(self.pair, self.side, self.lang) + "\n\n" + text
+        await super()._emit(kind, text)
+
+    def render(self) -> str:
+        pair, side, lang = self.pair, self.side, self.lang
+        head = compare.title(pair, side, lang) + "\n\n"
+        shown = compare.shown_model(pair, side, lang)
+        if self.reply is not None:
+            r = self.reply
+            return head + ui.close_fence(r.text) + ui.footer(shown, r.usage, r.fitted, r.seconds, lang, r.finish)
+        text, why = self.cut or ("", "")
+        return head + ui.close_fence(text) + ui.interrupted_marker(why, shown)
+
+    async def show_answer(self, reply: Reply) -> str:
+        await self.flushed()
+        self.reply = reply
+        self.side.text, self.side.model = reply.text, reply.model
+        self.msg.author = compare.author(self.pair, self.side)
+        self.msg.content = self.render()
+        self.msg.metadata = compare.side_metadata(self.pair, self.side)
+        await self.msg.send()
+        return self.msg.id
+
+    async def keep_partial(self, text: str, model: str, why: str) -> str:
+        await self.flushed()
+        self.cut = (text, why)
+        self.side.text, self.side.interrupted = text, True
+        self.msg.content = self.render()
+        self.msg.metadata = compare.side_metadata(self.pair, self.side)
+        await self.msg.send()
+        return self.msg.id
+
+    async def refresh(self) -> None:
+        """After a vote or a pick: names, footer and the picked mark in the stored metadata."""
+        if self.msg is None or (self.reply is None and self.cut is None):
+            return
+        self.msg.author = compare.author(self.pair, self.side)
+        self.msg.content = self.render()
+        self.msg.metadata = compare.side_metadata(self.pair, self.side)
+        await self.msg.update()
+
+    async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
+        label = compare.author(self.pair, self.side)
+        await super().show_error(
+            f"**{label}**: {compare.mask(text, self.pair, self.side, self.lang)}", retry=retry, trimmed=trimmed
+        )
+
+    async def model_changed(self) -> None:
+        """A compare side never changes the chat's model choice."""
+
+    async def left_out(self, fitted: FitResult) -> None:
+        if self.side is self.pair.sides[0]:  # both were sent the same history: list it once
+            await show_left_out(fitted)

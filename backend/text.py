@@ -80,6 +80,97 @@ CATALOG: dict[str, tuple[str, str]] = {
     "send_trimmed": ("Send trimmed version", "发送精简版本"),
     "interrupted": ("answer interrupted", "回答中断"),
     "stopped": ("stopped", "已停止"),
+    # compare mode (backend/chat/compare.py)
+    "cmd_compare": (
+        "Compare two models side by side: /compare [blind] [A] [B], /compare off",
+        "并排比较两个模型：/compare [blind] [A] [B]，/compare off",
+    ),
+    "cmd_leaderboard": ("Wins, losses and ties per model from blind votes", "盲评投票中各模型的胜、负、平"),
+    "cmd_vote": (
+        "Vote on the last blind comparison: /vote A|B|tie [comment]",
+        "对最近一次盲评投票：/vote A|B|tie [评论]",
+    ),
+    "compare.on": (
+        "Compare mode on: each message is answered by **A** `{a}` and **B** `{b}` at once, side by side. "
+        "The conversation continues from A unless you pick B. `/compare off` ends it.",
+        "比较模式已开启：每条消息由 **A** `{a}` 和 **B** `{b}` 同时并排回答。"
+        "除非你选择 B，对话从 A 的回答继续。输入 `/compare off` 结束。",
+    ),
+    "compare.on_blind": (
+        "Blind compare on: each message is answered by two models, shown as **A** and **B** in random order. "
+        "Their names stay hidden until you vote. `/compare off` ends it.",
+        "盲评模式已开启：每条消息由两个模型回答，以 **A** 和 **B** 随机顺序显示。"
+        "投票之前不显示模型名称。输入 `/compare off` 结束。",
+    ),
+    "compare.off": (
+        "Compare mode off: answers come from `{model}` again.",
+        "比较模式已关闭：回答重新来自 `{model}`。",
+    ),
+    "compare.same": (
+        "Same model on both sides (`{model}`): the answers differ only by sampling.",
+        "两侧是同一个模型（`{model}`）：回答只因采样而不同。",
+    ),
+    "compare.same_short": ("same model on both sides", "两侧同一模型"),
+    "compare.one_model": (
+        "Compare needs two models, but only `{model}` is served. Serve an adapter ([lora] modules, or put one "
+        "in [lora].dir), or name the same model twice to compare it with itself: `/compare {model} {model}`.",
+        "比较需要两个模型，但只提供了 `{model}`。请提供一个适配器（[lora] modules，或放入 [lora].dir），"
+        "或者将同一模型写两次与自身比较：`/compare {model} {model}`。",
+    ),
+    "compare.unknown": (
+        "`{name}` is not a served model or adapter; choose from {models}.",
+        "`{name}` 不是已提供的模型或适配器；可选：{models}。",
+    ),
+    "compare.usage": (
+        "Use `/compare [A] [B]`, `/compare blind [A] [B]` or `/compare off` (got `{text}`).",
+        "用法：`/compare [A] [B]`、`/compare blind [A] [B]` 或 `/compare off`（收到 `{text}`）。",
+    ),
+    "compare.hidden": ("hidden", "已隐藏"),
+    "compare.vote_prompt": (
+        "Which answer is better? The model names are revealed after your vote. "
+        "To add a comment, type `/vote A`, `/vote B` or `/vote tie` followed by it.",
+        "哪个回答更好？投票后显示模型名称。如需附加评论，请输入 `/vote A`、`/vote B` 或 `/vote tie`，后接评论。",
+    ),
+    "compare.picked": (
+        "Both answers are kept; the conversation continues from **{side}** (`{model}`).",
+        "两个回答都已保留；对话从 **{side}**（`{model}`）继续。",
+    ),
+    "compare.continue": ("Continue with {side}", "从 {side} 继续"),
+    "compare.vote_a": ("A is better", "A 更好"),
+    "compare.vote_b": ("B is better", "B 更好"),
+    "compare.vote_tie": ("Tie", "平局"),
+    "compare.winner": ("{side} is better", "{side} 更好"),
+    "compare.tie": ("a tie", "平局"),
+    "compare.voted": (
+        "Vote stored: {winner}. **A** was `{model_a}`, **B** was `{model_b}`.",
+        "投票已保存：{winner}。**A** 是 `{model_a}`，**B** 是 `{model_b}`。",
+    ),
+    "compare.vote_replaced": (
+        "This turn already had a vote: the last vote counts, the earlier one was replaced.",
+        "此轮已经投过票：以最后一次投票为准，之前的投票已被替换。",
+    ),
+    "compare.vote_none": (
+        "There is no blind comparison to vote on: turn on `/compare blind` and send a message first.",
+        "没有可投票的盲评：请先输入 `/compare blind` 开启并发送一条消息。",
+    ),
+    "compare.vote_usage": (
+        "Use `/vote A`, `/vote B` or `/vote tie`, optionally followed by a comment (got `{text}`).",
+        "用法：`/vote A`、`/vote B` 或 `/vote tie`，可后接评论（收到 `{text}`）。",
+    ),
+    "compare.vote_failed": (
+        "The vote could not be stored ({detail}); the names stay hidden. Try again.",
+        "投票未能保存（{detail}）；名称仍保持隐藏。请重试。",
+    ),
+    "compare.moved_on": (
+        "The chat has moved on since this comparison: it can no longer continue from it.",
+        "此次比较之后对话已继续：无法再从它继续。",
+    ),
+    "leaderboard.title": ("Blind-vote leaderboard", "盲评排行榜"),
+    "leaderboard.head": ("| model | wins | losses | ties |", "| 模型 | 胜 | 负 | 平 |"),
+    "leaderboard.empty": (
+        "No blind votes yet: `/compare blind`, send a message, and vote.",
+        "还没有盲评投票：输入 `/compare blind`，发送一条消息，然后投票。",
+    ),
     "tokens": ("{n} tokens", "{n} 个词元"),
     "reply_limit": ("cut at the reply limit ([budget].reply_reserve)", "达到回复长度上限（[budget].reply_reserve）"),
     # ending.*: one line for every way an answer ends other than a plain "stop" (chat/service.py ending_note)

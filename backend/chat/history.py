@@ -29,7 +29,8 @@ from .login import accounts_fingerprint, auth_secret, session_secret
 logger = logging.getLogger(__name__)
 
 META_KEY = "qwenchat"  # our key inside Chainlit's step and thread metadata
-COMMANDS = ("adapters", "unload", "export")  # composer commands (app.py): talk to the app, never to the model
+# Composer commands (app.py): talk to the app, never to the model.
+COMMANDS = ("adapters", "unload", "export", "compare", "leaderboard", "vote")
 
 # Columns Chainlit 2.12's SQLAlchemyDataLayer reads and writes (chainlit/data/sql_alchemy.py: the keys
 # of Step.to_dict / Message.to_dict / Element.to_dict / Feedback, and the SELECTs). All nullable but
@@ -216,6 +217,9 @@ def conversation_from_thread(thread: Mapping[str, Any]) -> Conversation:
             continue
         if step.get("type") != "assistant_message" or not isinstance(ours, dict) or "raw" not in ours:
             continue
+        compared = ours.get("compare")
+        if isinstance(compared, dict) and not compared.get("picked"):
+            continue  # a compared answer the chat did not continue from: shown, not sent to the model
         if conv.turns and conv.turns[-1].role == "assistant":
             conv.turns.pop()
         conv.add_assistant(

@@ -3,6 +3,7 @@ and say what went wrong, all shown through a ``Renderer`` (app.py draws it with 
 
     outcome = await turn.answer(session, service, view)   # ANSWERED or FAILED; Stop raises CancelledError
     await turn.load_adapter(session, service, view, name)  # the user picked an adapter that is not served
+    outcome = await turn.answer(session, service, view, model="pirate", record=keep)  # one side of a compare
 
 The policy, in order:
 
@@ -127,9 +128,27 @@ class Renderer(Protocol):
         """After an answer: the earlier turns that were not sent (often none)."""
 
 
-async def answer(session: ChatSession, service: Service, view: Renderer) -> Outcome:
-    """Answer the last user turn; if the engine vanished before any text, wait for it and try once more."""
-    turn = _Turn(session, service, view)
+class Recorder(Protocol):
+    """Where an answer goes once shown: ``(turn_id, text, model, interrupted)``; the conversation by default."""
+
+    def __call__(self, turn_id: str, text: str, model: str, interrupted: bool) -> Any: ...
+
+
+async def answer(
+    session: ChatSession,
+    service: Service,
+    view: Renderer,
+    *,
+    model: str | None = None,
+    record: Recorder | None = None,
+) -> Outcome:
+    """Answer the last user turn; if the engine vanished before any text, wait for it and try once more.
+
+    By default the chat's chosen model answers and the answer joins the conversation. With ``model`` that
+    model answers (a compare side: a failure never changes the chat's choice) and ``record`` receives the
+    answer (shown or cut) instead of the conversation.
+    """
+    turn = _Turn(session, service, view, model=model, record=record)
     outcome = await turn.attempt(may_wait_again=True)
     if outcome is Outcome.ENGINE_GONE:
         outcome = await turn.attempt(may_wait_again=False)
@@ -144,14 +163,31 @@ async def load_adapter(session: ChatSession, service: Service, view: Renderer, m
 class _Turn:
     """One turn's parts, shared by its attempts."""
 
-    def __init__(self, session: ChatSession, service: Service, view: Renderer) -> None:
+    def __init__(
+        self,
+        session: ChatSession,
+        service: Service,
+        view: Renderer,
+        *,
+        model: str | None = None,
+        record: Recorder | None = None,
+    ) -> None:
         self.session, self.service, self.view = session, service, view
+        self.fixed_model = model  # a compare side: this model answers, whatever the chat's choice
+
+        def add(turn_id: str, text: str, model: str, interrupted: bool) -> None:
+            session.conversation.add_assistant(turn_id, text, model, interrupted=interrupted)
+
+        self.record: Recorder = record or add
+
+    def model(self) -> str:
+        return self.fixed_model or self.session.model or self.service.default_model(self.service.poller.status)
 
     async def attempt(self, *, may_wait_again: bool) -> Outcome:
         """One attempt; ENGINE_GONE when the engine died before any text and it is worth waiting."""
         service, view, lang = self.service, self.view, self.view.lang
         conv = self.session.conversation
-        model = self.session.model or service.default_model(service.poller.status)
+        model = self.model()
         rid = new_request_id()
         await view.new_answer(model)
         text, usage, finish, t0 = "", None, None, time.monotonic()
@@ -159,8 +195,9 @@ class _Turn:
             if not await self.wait_for_engine():
                 return Outcome.FAILED
             if await service.needs_runtime_load(model):  # e.g. chosen before a restart, restored on reload
-                await self.load_adapter(model)
-                model = self.session.model or service.default_model(service.poller.status)
+                if not await self.load_adapter(model) and self.fixed_model:
+                    return Outcome.FAILED  # a compare side: its error is shown, the chat's choice unchanged
+                model = self.model()
                 await view.new_answer(model)  # nothing shown yet: the bubble is by the model that answers
             fitted = await service.fit(conv.messages(self.session.system_prompt))
             # While it streams, the adapter is in use: never the one evicted to make room for another load.
@@ -193,7 +230,7 @@ class _Turn:
                 return Outcome.FAILED
             served = finish.model if finish and finish.model else model
             turn_id = await view.show_answer(Reply(text, served, usage, finish, fitted, time.monotonic() - t0))
-            conv.add_assistant(turn_id, text, served)
+            self.record(turn_id, text, served, False)
         except PromptTooLong as exc:
             last = conv.last_user()
             try:
@@ -225,7 +262,7 @@ class _Turn:
             logger.info("[%s] model %r is not served", rid, model)
             await self.keep_partial(text, model, t("interrupted", lang))
             default = service.default_model(service.poller.status)
-            if model == default:
+            if model == default or self.fixed_model:
                 await view.show_error(exc.user_text(lang))
             else:
                 self.session.model = default
@@ -270,7 +307,9 @@ class _Turn:
 
             status = await poller.wait_until_ready(self.service.settings.ui.wait_for_ready, on_progress=progress)
             # Never "ready" on a wait that ran out or ended with the engine down.
-            step.name = t("loading_done" if status.answering else "loading_gave_up", lang, elapsed=time.monotonic() - t0)
+            step.name = t(
+                "loading_done" if status.answering else "loading_gave_up", lang, elapsed=time.monotonic() - t0
+            )
         if status.answering:
             return True
         if status.state is EngineState.DOWN:
@@ -279,8 +318,10 @@ class _Turn:
             await view.show_error(ServerStarting(time.monotonic() - t0).user_text(lang), retry=True)
         return False
 
-    async def load_adapter(self, model: str) -> None:
-        """See ``load_adapter``; the choice is shown again either way."""
+    async def load_adapter(self, model: str) -> bool:
+        """See ``load_adapter``; the choice is shown again either way. False when the load failed.
+
+        For a compare side (``fixed_model``) the chat's own choice stays as it was."""
         service, view, lang = self.service, self.view, self.view.lang
         try:
             async with view.step(t("loading_adapter", lang, name=model)) as step:
@@ -290,14 +331,19 @@ class _Turn:
                 elif loaded is not None:
                     step.output = t("adapter_loaded", lang, name=model)
         except QwenChatError as exc:
-            self.session.model = service.default_model(service.poller.status)
+            if not self.fixed_model:
+                self.session.model = service.default_model(service.poller.status)
             await view.show_error(exc.user_text(lang))
+            await view.model_changed()
+            return False
         except asyncio.CancelledError:  # Stop during the load: the adapter is not there, do not keep it chosen
-            self.session.model = service.default_model(service.poller.status)
+            if not self.fixed_model:
+                self.session.model = service.default_model(service.poller.status)
             with contextlib.suppress(Exception):
                 await view.model_changed()
             raise
         await view.model_changed()
+        return True
 
     async def keep_partial(self, text: str, model: str, why: str) -> None:
         """What was shown stays, visibly marked; the history holds it as interrupted."""
@@ -308,4 +354,4 @@ class _Turn:
         turn_id = None
         with contextlib.suppress(Exception):  # the bubble may be gone (websocket); the history still holds it
             turn_id = await self.view.keep_partial(text, model, why)
-        self.session.conversation.add_assistant(turn_id or str(uuid.uuid4()), text, model, interrupted=True)
+        self.record(turn_id or str(uuid.uuid4()), text, model, True)

@@ -16,7 +16,8 @@ ends early when the client disconnects), ``fail`` (only the first N attempts of 
 spec misbehave, later ones are normal — for retry tests), ``retry_after`` (503/429
 ``Retry-After`` value, default ``1``), ``param`` (``input_tokens``|``max_tokens`` for
 ``overflow-400``), ``finish`` (the finish reason the answer ends with, e.g. ``content_filter``,
-``tool_calls`` or one nobody knows; default ``stop``, or ``length`` at ``max_tokens``). Faults are
+``tool_calls`` or one nobody knows; default ``stop``, or ``length`` at ``max_tokens``), ``model`` (only
+requests for that model follow the spec, others get the default mode: one side of a compare fails). Faults are
 listed in ``FAULTS``; ``http-<status>`` works for any status.
 
 ``image=PORT`` (any mode) starts the answer with a markdown image pointing at a local listener,
@@ -171,6 +172,7 @@ class Mode:
     image: int = 0  # a port: the answer starts with a markdown image from http://127.0.0.1:<port>
     status: int = 500
     finish: str = ""
+    model: str = ""  # only requests for this model follow the spec; others get the default mode (compare tests)
 
     @classmethod
     def parse(cls, spec: str) -> Mode:
@@ -196,7 +198,7 @@ class Mode:
             if not sep or key not in types or key in ("spec", "fault"):
                 raise ValueError(
                     f"mode {spec!r}: bad option {item!r}; use key=value with keys "
-                    "tokens, rate, at, stall, fail, retry_after, param, status, finish"
+                    "tokens, rate, at, stall, fail, retry_after, param, status, finish, model"
                 )
             conv = {"int": int, "float": float, "int | None": int}.get(str(types[key]), str)
             kw[key] = conv(value)
@@ -427,6 +429,8 @@ class FakeServer:
                 return self._json(rec, not_found_body(model), 404)
             try:
                 mode = Mode.parse(spec).effective(attempt)
+                if mode.model and mode.model != model:  # the directive names the other model: answer normally
+                    mode = Mode.parse(self.default_mode if model in (self.model, self.adapter) else "normal")
             except ValueError as exc:
                 return self._json(rec, vllm_error(str(exc), "BadRequestError", 400), 400)
             return await self._answer(request, rec, mode, body)

@@ -639,7 +639,7 @@ async def send_command(chat, command: str, text: str):
 
 async def test_the_chat_offers_the_adapters_and_unload_commands(chat):
     sent = [d for e, d in chat.events if e == "set_commands"]
-    assert sent and {c["id"] for c in sent[-1]} == {"adapters", "unload"}
+    assert sent and {"adapters", "unload"} <= {c["id"] for c in sent[-1]}  # and the compare commands
 
 
 async def test_adapters_command_lists_the_base_and_the_served_adapter_and_sends_nothing_to_the_model(chat, fake):

@@ -1,0 +1,309 @@
+"""Compare mode: two models answer the same message side by side; blind mode hides who is who until a vote.
+
+    mode = parse_command("blind base pirate", served, loadable, chosen)  # CompareMode, None (off) or CompareRefused
+    pair = new_pair(mode, turn_id, prompt)                                   # sides A, B (random order when blind)
+    await run(pair, session, service, views)                                 # both stream at once; Stop stops both
+    settle(pair, session.conversation)                                      # the picked answer joins the history
+    vote = to_vote(pair, "b", user, thread_id)                               # for VoteStore.record
+
+Each side is one ordinary turn (``turn.answer`` with a fixed model and its own ``Renderer``): the same wait,
+adapter load, budget fit, stream and error handling as a normal answer, and its own footer and error. One
+side failing never hides the other: each side's turn catches its own errors. The conversation continues from
+the picked side (the first side, A, until the user picks another or votes for it); both answers stay in the
+chat (their message metadata says side, model, picked).
+
+No Chainlit here (app.py renders).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..text import t
+from .conversation import Conversation
+from .history import META_KEY
+from .service import Service
+from .session import ChatSession
+from .turn import Outcome, Renderer
+from .turn import answer as answer_turn
+from .votes import Standing, Vote, Winner
+
+LABELS = ("A", "B")
+MAX_PAIRS = 50  # compared turns a chat keeps in memory for votes and picks (older buttons are refused)
+
+
+class CompareRefused(ValueError):
+    """A /compare or /vote the app cannot do; ``user_text`` says why and what to type instead."""
+
+    def __init__(self, key: str, **params: Any) -> None:
+        self.key, self.params = key, params
+        super().__init__(t(key, "en", **params))
+
+    def user_text(self, lang: str) -> str:
+        return t(self.key, lang, **self.params)
+
+
+@dataclass(frozen=True)
+class CompareMode:
+    model_a: str
+    model_b: str
+    blind: bool = False
+
+    @property
+    def same(self) -> bool:
+        return self.model_a == self.model_b
+
+    def announcement(self, lang: str) -> str:
+        key = "compare.on_blind" if self.blind else "compare.on"
+        text = t(key, lang, a=self.model_a, b=self.model_b)
+        if self.same:
+            text += "\n\n" + t("compare.same", lang, model=self.model_a)
+        return text
+
+
+def parse_command(
+    text: str, served: Sequence[str], loadable: Sequence[str], chosen: str | None, base: str
+) -> CompareMode | None:
+    """``/compare [blind] [A] [B]`` or ``/compare off``. No names: the base model against the chosen adapter
+    (or the first served one); one name: the base against it. Every name must be served or loadable."""
+    words = text.replace("`", " ").split()
+    if [w.lower() for w in words] == ["off"]:
+        return None
+    blind = any(w.lower() == "blind" for w in words)
+    names = [w for w in words if w.lower() != "blind"]
+    known = list(dict.fromkeys([*served, *loadable]))
+    if len(names) > 2:
+        raise CompareRefused("compare.usage", text=text.strip())
+    for name in names:
+        if name not in known:
+            raise CompareRefused("compare.unknown", name=name, models=", ".join(f"`{m}`" for m in known) or "-")
+    if len(names) == 2:
+        return CompareMode(names[0], names[1], blind)
+    if len(names) == 1:
+        return CompareMode(base, names[0], blind)
+    other = chosen if chosen and chosen != base and chosen in known else next((m for m in known if m != base), None)
+    if other is None:
+        raise CompareRefused("compare.one_model", model=base)
+    return CompareMode(base, other, blind)
+
+
+@dataclass
+class Side:
+    """One side of a compared turn: what its model said, and the bubble that shows it."""
+
+    label: str  # "A" or "B": the order shown
+    model: str
+    text: str = ""
+    message_id: str | None = None
+    interrupted: bool = False
+    shown: bool = False  # an answer (whole or cut) reached the screen
+    outcome: Outcome | None = None
+
+    def keep(self, turn_id: str, text: str, model: str, interrupted: bool) -> None:
+        """The side's ``turn.Recorder``: its answer is kept here, the conversation takes the picked one later."""
+        self.message_id, self.text, self.interrupted, self.shown = turn_id, text, interrupted, True
+        if model:
+            self.model = model  # the model the server says answered
+
+
+@dataclass
+class Pair:
+    """One compared turn."""
+
+    turn_id: str  # the user message both answered
+    prompt: list[dict[str, str]]  # what both were sent (OpenAI messages, ending with the user turn)
+    sides: list[Side]
+    blind: bool
+    revealed: bool = True
+    picked: int = 0  # index into sides: the answer the conversation continues from
+    vote: Winner | None = None
+    settled: bool = False  # the picked answer is in the conversation
+    note_id: str | None = None  # the message under the pair (vote or continue-with buttons)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def same(self) -> bool:
+        return self.sides[0].model == self.sides[1].model
+
+    def side(self, label: str) -> Side:
+        return next(s for s in self.sides if s.label == label.upper())
+
+
+def new_pair(mode: CompareMode, turn_id: str, prompt: list[dict[str, str]], rng: random.Random | None = None) -> Pair:
+    """Sides A and B: in the order given, or in random order when blind."""
+    models = [mode.model_a, mode.model_b]
+    if mode.blind:
+        (rng or random.SystemRandom()).shuffle(models)
+    sides = [Side(label, model) for label, model in zip(LABELS, models, strict=True)]
+    return Pair(turn_id, prompt, sides, mode.blind, revealed=not mode.blind)
+
+
+async def run(pair: Pair, session: ChatSession, service: Service, views: Mapping[str, Renderer]) -> None:
+    """Both sides answer at once, each through its own renderer. Stop (cancelling this) stops both; each keeps
+    what it showed. The picked answer joins the conversation however it ends (``settle``)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for side in pair.sides:
+                group.create_task(_side(side, session, service, views[side.label]), name=f"compare-{side.label}")
+    finally:
+        pair.picked = default_pick(pair)
+        settle(pair, session.conversation)
+
+
+async def _side(side: Side, session: ChatSession, service: Service, view: Renderer) -> None:
+    side.outcome = await answer_turn(session, service, view, model=side.model, record=side.keep)
+
+
+def default_pick(pair: Pair) -> int:
+    """The first side with an answer on screen (A, unless A has none)."""
+    return next((i for i, s in enumerate(pair.sides) if s.shown and s.text), 0)
+
+
+def settle(pair: Pair, conv: Conversation) -> None:
+    """Put the picked answer after the pair's user turn (replacing an earlier pick) if that turn is the latest."""
+    last = conv.last_user()
+    if last is None or last.id != pair.turn_id:
+        return  # the chat moved on (or the turn was edited): history after it is not rewritten
+    conv.drop_answers_after_last_user()
+    side = pair.sides[pair.picked]
+    if side.shown and side.text:
+        conv.add_assistant(side.message_id or "", side.text, side.model, interrupted=side.interrupted)
+    pair.settled = True
+
+
+def pick(pair: Pair, label: str, conv: Conversation) -> bool:
+    """Continue from side ``label``; False when that is no longer possible (a later message was sent)."""
+    last = conv.last_user()
+    if last is None or last.id != pair.turn_id:
+        return False
+    pair.picked = LABELS.index(label.upper())
+    settle(pair, conv)
+    return True
+
+
+# ---------------------------------------------------------------- what the screen says
+
+
+def title(pair: Pair, side: Side, lang: str) -> str:
+    """The line that heads a side's bubble: "A · `base`", or just "A" while the names are hidden."""
+    if not pair.revealed:
+        return f"**{side.label}**"
+    same = f" · {t('compare.same_short', lang)}" if pair.same else ""
+    return f"**{side.label}** · `{side.model}`{same}"
+
+
+def author(pair: Pair, side: Side) -> str:
+    return f"{side.label} · {side.model}" if pair.revealed else side.label
+
+
+def shown_model(pair: Pair, side: Side, lang: str) -> str:
+    """What the footer names as the model: the model, or "A (hidden)" in blind mode before the vote."""
+    return side.model if pair.revealed else f"{side.label} ({t('compare.hidden', lang)})"
+
+
+def mask(text: str, pair: Pair, side: Side, lang: str) -> str:
+    """``text`` with the side's model names replaced while they are hidden (steps, errors)."""
+    if pair.revealed:
+        return text
+    for s in sorted(pair.sides, key=lambda s: -len(s.model)):
+        text = text.replace(s.model, shown_model(pair, side, lang))
+    return text
+
+
+def side_metadata(pair: Pair, side: Side) -> dict[str, Any]:
+    """A side's message metadata: the raw answer (the history's), its model once revealed, side, picked."""
+    index = pair.sides.index(side)
+    return {
+        META_KEY: {
+            "raw": side.text,
+            "model": side.model if pair.revealed else "",
+            "interrupted": side.interrupted,
+            "compare": {"side": side.label, "picked": index == pair.picked, "blind": pair.blind},
+        }
+    }
+
+
+def note(pair: Pair, lang: str) -> str:
+    """The line under a compared pair: vote (blind, not voted yet) or which answer the chat continues from."""
+    if pair.blind and not pair.revealed:
+        return t("compare.vote_prompt", lang)
+    side = pair.sides[pair.picked]
+    text = t("compare.picked", lang, side=side.label, model=side.model)
+    if pair.vote is not None:
+        a, b = pair.sides
+        text = t("compare.voted", lang, winner=winner_text(pair.vote, lang), model_a=a.model, model_b=b.model) + (
+            "\n\n" + text
+        )
+    if pair.same:
+        text += "\n\n" + t("compare.same", lang, model=pair.sides[0].model)
+    return text
+
+
+def winner_text(winner: Winner, lang: str) -> str:
+    return t("compare.tie", lang) if winner == "tie" else t("compare.winner", lang, side=winner.upper())
+
+
+def parse_vote(text: str) -> tuple[Winner, str]:
+    """``/vote A|B|tie [comment]`` → (winner, comment)."""
+    word, _, comment = text.strip().partition(" ")
+    winner = word.strip().lower()
+    if winner not in ("a", "b", "tie"):
+        raise CompareRefused("compare.vote_usage", text=text.strip()[:80])
+    return winner, comment.strip()  # type: ignore[return-value]
+
+
+def apply_vote(pair: Pair, winner: Winner, conv: Conversation) -> None:
+    """The names are revealed; the winner (A on a tie) becomes the answer the chat continues from."""
+    pair.vote, pair.revealed = winner, True
+    pick(pair, "A" if winner == "tie" else winner, conv)
+
+
+def to_vote(pair: Pair, winner: Winner, user: str, thread_id: str, comment: str = "") -> Vote:
+    a, b = pair.sides
+    return Vote(
+        user=user,
+        thread_id=thread_id,
+        turn_id=pair.turn_id,
+        prompt=pair.prompt,
+        answer_a=a.text,
+        answer_b=b.text,
+        model_a=a.model,
+        model_b=b.model,
+        winner=winner,
+        comment=comment,
+    )
+
+
+def leaderboard_markdown(standings: Sequence[Standing], lang: str) -> str:
+    """``/leaderboard``: wins, losses and ties per model from the blind votes, as a markdown table."""
+    if not standings:
+        return t("leaderboard.empty", lang)
+    lines = [f"**{t('leaderboard.title', lang)}**", "", t("leaderboard.head", lang), "|---|--:|--:|--:|"]
+    lines += [f"| `{s.model}` | {s.wins} | {s.losses} | {s.ties} |" for s in standings]
+    return "\n".join(lines)
+
+
+def remember(pairs: dict[str, Pair], pair: Pair) -> None:
+    """Keep the pair for its buttons; the oldest go past ``MAX_PAIRS``."""
+    pairs[pair.turn_id] = pair
+    while len(pairs) > MAX_PAIRS:
+        pairs.pop(next(iter(pairs)))
+
+
+@dataclass
+class CompareState:
+    """One chat's compare mode (None: off) and its recent pairs."""
+
+    mode: CompareMode | None = None
+    pairs: dict[str, Pair] = field(default_factory=dict)
+    views: dict[str, Any] = field(default_factory=dict)  # turn id -> app.py's views of the pair (reveal)
+
+    def latest(self, *, blind: bool | None = None) -> Pair | None:
+        for pair in reversed(self.pairs.values()):
+            if blind is None or pair.blind == blind:
+                return pair
+        return None
