@@ -21,8 +21,8 @@ from chainlit.types import ShareThreadRequest
 from fastapi import Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from backend.chat import compare, export as chat_export
-from backend.chat import history, loopstats, preferences, security, share, turn, welcome
+from backend.chat import compare, history, loopstats, preferences, security, share, turn, welcome
+from backend.chat import export as chat_export
 from backend.chat import service as ui
 from backend.chat.budget import FitResult
 from backend.chat.client import new_request_id
