@@ -17,7 +17,7 @@ from chainlit.data import get_data_layer
 from chainlit.input_widget import Select, Slider, TextInput
 from chainlit.server import app as http_app
 from chainlit.server import sio
-from chainlit.types import ShareThreadRequest
+from chainlit.types import ShareThreadRequest, UpdateFeedbackRequest
 from fastapi import Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
@@ -135,6 +135,36 @@ async def share_route(
     return await share_thread(request, payload, user)
 
 
+async def author_of_step(step_id: str) -> tuple[str | None, str]:
+    """The thread of an answer and its author ("" when there is none)."""
+    layer = get_data_layer()
+    execute = getattr(layer, "execute_sql", None)
+    if layer is None or execute is None:
+        return None, ""
+    rows = await execute('SELECT "threadId" FROM steps WHERE "id" = :id', {"id": step_id})
+    thread_id = rows[0].get("threadId") if isinstance(rows, list) and rows else None
+    if not thread_id:
+        return None, ""
+    try:
+        return thread_id, await layer.get_thread_author(thread_id)
+    except ValueError:
+        return thread_id, ""
+
+
+async def feedback_route(
+    request: Request, update: UpdateFeedbackRequest, user: cl.User | None = Depends(get_current_user)
+) -> Response:
+    """PUT /feedback (thumbs): only on one's own chats; Chainlit's route checks nothing (share.py)."""
+    thread_id, author = await author_of_step(update.feedback.forId) if user is not None else (None, "")
+    refusal = share.feedback_refusal(thread_id, author, user.identifier if user else None)
+    if refusal is not None:
+        logger.warning("feedback on an answer refused (%s)", refusal.key)
+        return refused(refusal, request)
+    from chainlit.server import update_feedback
+
+    return await update_feedback(request, update, user)
+
+
 def brand_file(key: str) -> Response:
     """[ui].logo / [ui].favicon (validated at start: an existing image file)."""
     return FileResponse(resolve_path(getattr(app.settings.ui, key)))
@@ -156,6 +186,7 @@ def install_branding_and_sharing() -> None:
         routes += [
             ("/project/share/{thread_id}", shared_thread_route, ["GET"]),
             ("/project/thread/share", share_route, ["PUT"]),
+            ("/feedback", feedback_route, ["PUT"]),
         ]
     if ui_settings.logo:
         routes.append(("/logo", lambda: brand_file("logo"), ["GET"]))
@@ -486,8 +517,8 @@ async def send_commands() -> None:
         [
             {"id": "adapters", "description": t("cmd_adapters", lang()), "icon": "layers", "button": False},
             {"id": "unload", "description": t("cmd_unload", lang()), "icon": "circle-minus", "button": False},
-            *compare_commands(),
             {"id": "export", "description": t("cmd_export", lang()), "icon": "download", "button": False},
+            *compare_commands(),
         ]
     )
 
@@ -811,6 +842,8 @@ async def answer_compared() -> None:
     for old in list(state.views):
         if old not in state.pairs:
             del state.views[old]
+    for view in views.values():  # both bubbles at once, A above B, before either model sends a token
+        await view.open()
     try:
         await compare.run(pair, chat, app, views)
     finally:
@@ -916,11 +949,27 @@ class CompareView(ChatView):
         self.reply: Reply | None = None
         self.cut: tuple[str, str] | None = None  # (text, why) of an answer kept cut
         self.headed = False
+        self.opened = False  # the bubble is on screen with its heading, no answer text yet
+
+    async def open(self) -> None:
+        """Show the side's bubble, headed, before its first token: A stays above B whichever answers first."""
+        self.msg = cl.Message(content=self.heading(), author=compare.author(self.pair, self.side))
+        await self.msg.send()
+        self.opened = self.headed = True
+
+    def heading(self) -> str:
+        return compare.title(self.pair, self.side, self.lang) + "\n\n"
 
     def step(self, title: str) -> cl.Step:
         return cl.Step(name=compare.mask(title, self.pair, self.side, self.lang), type="tool")
 
     async def new_answer(self, model: str) -> None:
+        if self.opened and self.msg is not None:  # the bubble opened for this side, still without text
+            await self.flushed()
+            self.reasoning = None
+            self.out = Coalescer(self._emit, app.settings.ui.stream_flush_ms / 1000)
+            self.msg.content, self.headed = self.heading(), True
+            return
         await super().new_answer(model)
         self.msg.author = compare.author(self.pair, self.side)
         self.headed = False
@@ -928,18 +977,22 @@ class CompareView(ChatView):
     async def _emit(self, kind: str, text: str) -> None:
         if kind == "answer" and not self.headed:  # the side's heading arrives with its first text
             self.headed = True
-            text = compare.title(self.pair, self.side, self.lang) + "\n\n" + text
+            text = self.heading() + text
         await super()._emit(kind, text)
 
     def render(self) -> str:
         pair, side, lang = self.pair, self.side, self.lang
-        head = compare.title(pair, side, lang) + "\n\n"
+        head = self.heading()
         shown = compare.shown_model(pair, side, lang)
         if self.reply is not None:
             r = self.reply
             return head + ui.close_fence(r.text) + ui.footer(shown, r.usage, r.fitted, r.seconds, lang, r.finish)
         text, why = self.cut or ("", "")
         return head + ui.close_fence(text) + ui.interrupted_marker(why, shown)
+
+    async def drop_answer(self) -> None:
+        self.opened = False  # a retry within the turn (the engine came back) opens a new bubble
+        await super().drop_answer()
 
     async def show_answer(self, reply: Reply) -> str:
         await self.flushed()

@@ -272,6 +272,10 @@ CATALOG: dict[str, tuple[str, str]] = {
         "Only the owner of this chat can share it or stop sharing it.",
         "只有该对话的所有者才能分享或取消分享它。",
     ),
+    "share.not_owner_feedback": (
+        "Only the owner of this chat can rate its answers; a shared chat is read-only.",
+        "只有该对话的所有者才能评价其中的回答；分享的对话是只读的。",
+    ),
     # ------------------------------------------------------------ errors (errors.py, one per class)
     "error.error": ("Something went wrong: {detail}", "出错了：{detail}"),
     "error.config": (

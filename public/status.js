@@ -50,3 +50,9 @@
   poll();
   setInterval(poll, 2000);
 })();
+// Shared-chat refusals in plain words (public/share.js): Chainlit loads one custom_js, this one.
+(function () {
+  const s = document.createElement("script");
+  s.src = "/public/share.js";
+  document.head.appendChild(s);
+})();

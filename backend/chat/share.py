@@ -8,7 +8,10 @@ the thread with no composer. app.py puts two routes of ours in front of those, w
 - a deleted (or never existing, or malformed) id, and a thread its owner has not shared (or stopped
   sharing), are refused with a message saying which (Chainlit answers a bare "Not Found" for both);
 - only the owner shares or unshares: anyone else gets 403 and a message (Chainlit's 401 would log the
-  browser out).
+  browser out);
+- only the owner rates the answers (thumbs, ``PUT /feedback``): Chainlit checks nothing there, and a shared
+  chat shows its viewers the thumbs buttons; their ratings would become the owner's training data
+  (``python -m backend export-feedback``).
 
 The thread ids are UUIDs (``datalayer.GuardedDataLayer`` refuses others before SQL), so telling "deleted"
 from "not shared" does not let anyone discover chats.
@@ -34,6 +37,7 @@ LOGIN = Refusal(401, "share.login")
 GONE = Refusal(404, "share.gone")
 NOT_SHARED = Refusal(403, "share.not_shared")
 NOT_OWNER = Refusal(403, "share.not_owner")
+NOT_OWNER_FEEDBACK = Refusal(403, "share.not_owner_feedback")
 
 
 def thread_metadata(thread: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,3 +75,9 @@ def share_refusal(thread_id: object, author: str, user: str | None) -> Refusal |
     if author != user:
         return NOT_OWNER
     return None
+
+
+def feedback_refusal(thread_id: object, author: str, user: str | None) -> Refusal | None:
+    """Why ``user`` may not rate an answer in the thread whose author is ``author``."""
+    refusal = share_refusal(thread_id, author, user)
+    return NOT_OWNER_FEEDBACK if refusal is NOT_OWNER else refusal

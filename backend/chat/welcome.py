@@ -86,6 +86,7 @@ def accent_hsl(colour: str) -> str:
 
 
 def theme_css(colour: str) -> str:
-    """CSS that sets the accent in both themes (appended to public/style.css by app.py's route)."""
+    """CSS that sets the accent in both themes (appended to public/style.css by app.py's route). ``html:root``
+    and ``html.dark`` outrank Chainlit's own ``:root`` and ``.dark`` wherever the two stylesheets load."""
     hsl = accent_hsl(colour)
-    return f":root, .dark {{ --primary: {hsl}; --ring: {hsl}; --sidebar-primary: {hsl}; }}\n"
+    return f"html:root, html.dark {{ --primary: {hsl}; --ring: {hsl}; --sidebar-primary: {hsl}; }}\n"

@@ -1,0 +1,274 @@
+"""End to end (issue 12): shareable read-only chats, second accounts, the welcome screen's starters, branding,
+and the Chinese UI of both and of compare mode, in real Chromium.
+
+The product is launched as start.sh launches it (`python -m backend serve`) with login on, an extra account
+([ui] users, a real PBKDF2 hash) and starters, in external mode against the fake OpenAI server: what is tested
+here is the UI, the routes and the history database, not a model (the fake server serves "fake-qwen" and
+"fake-adapter"; "pirate" is in [lora] modules by default but not served there, which makes it the unserved
+starter).
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from backend import passwords
+from backend.text import t
+from tests.e2e import support as e2e
+from tests.e2e.test_history import requests_seen
+
+pytestmark = pytest.mark.e2e
+
+OWNER, OWNER_PW = "owner", "owner password 1"
+VIEWER, VIEWER_PW = "viewer", "viewer password 2"
+STARTER = "Tell me a fake story"
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    with e2e.fake_server(tmp_path_factory.mktemp("fakeserver")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def live(fake, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e-share")
+    viewer_hash = passwords.hash_password(VIEWER_PW, iterations=passwords.MIN_ITERATIONS)
+    app = e2e.launch(
+        tmp,
+        {
+            "OPENAI_BASE_URL": fake + "/v1",
+            "OPENAI_API_KEY": "test",
+            "QWENCHAT_UI_AUTH": "true",
+            "QWENCHAT_UI_USERNAME": OWNER,
+            "QWENCHAT_UI_PASSWORD": OWNER_PW,
+            "QWENCHAT_UI_USERS": f"{VIEWER}={viewer_hash}",
+            "QWENCHAT_UI_NAME": "Pirate Demo",
+            "QWENCHAT_UI_ACCENT": "#2563eb",
+            "QWENCHAT_LORA_STARTERS": f"fake-adapter={STARTER}",
+        },
+        wait_engine=False,
+        timeout=120,
+    )
+    yield app
+    e2e.stop(app)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=e2e.chromium_path(), args=e2e.CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def logged_in(browser, live, user: str, password: str, locale: str = "en-US"):
+    context = browser.new_context(locale=locale, viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(live.url)
+    page.wait_for_selector("#email")
+    page.fill("#email", user)
+    page.fill("#password", password)
+    page.click("button[type=submit]")
+    e2e.wait_ready_ui(page, timeout_ms=60_000)
+    return page
+
+
+def n_answers(page) -> int:
+    return len(e2e.assistant_messages(page))
+
+
+def click_starter(page, text: str) -> str:
+    """Click the welcome-screen starter whose label starts with ``text``; the newest bubble once it is done."""
+    before = n_answers(page)
+    page.locator("#starters button", has_text=text).first.click()
+    page.wait_for_function(
+        """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content')
+                     .length > n""",
+        arg=[before],
+    )
+    page.wait_for_selector("#stop-button", state="detached")
+    return e2e.assistant_messages(page)[-1]
+
+
+def api(page, method: str, path: str, body: dict | None = None):
+    """A request with this browser's login cookie; (status, JSON body)."""
+    parts = urllib.parse.urlsplit(page.url)
+    response = page.context.request.fetch(f"{parts.scheme}://{parts.netloc}{path}", method=method, data=body)
+    is_json = "json" in (response.headers.get("content-type") or "")
+    return response.status, response.json() if is_json else response.text()
+
+
+def notice(page) -> str:
+    """The banner public/share.js shows for a refused share link (Chainlit's own toast says only 'Not Found')."""
+    el = page.locator("#qwenchat-notice")
+    el.wait_for(state="visible", timeout=30_000)
+    return el.inner_text()
+
+
+# ---------------------------------------------------------------- welcome screen
+
+
+@pytest.fixture(scope="module")
+def owner(browser, live):
+    page = logged_in(browser, live, OWNER, OWNER_PW)
+    yield page
+    page.context.close()
+
+
+def test_the_welcome_screen_shows_starters_per_adapter_with_the_configured_name_and_accent(owner, live):
+    labels = owner.locator("#starters button").all_inner_texts()
+    assert f"{STARTER} · fake-adapter" in labels  # [lora.starters] fake-adapter = [...]
+    assert "What is the capital of France? · pirate" in labels  # the demo adapter's built-in starters
+    assert owner.title() == "Pirate Demo"
+    primary = owner.evaluate("getComputedStyle(document.documentElement).getPropertyValue('--primary').trim()")
+    assert primary == "221 83% 53%"  # [ui] accent = "#2563eb"
+
+
+def test_a_starter_for_an_unserved_adapter_says_so_and_sends_nothing(owner, live, fake):
+    n = len(requests_seen(fake))
+    text = click_starter(owner, "What is the capital of France?")
+    assert "'pirate'" in text and "not served" in text and "fake-qwen, fake-adapter" in text
+    assert len(requests_seen(fake)) == n  # nothing went to the model
+    assert "[lora.starters] names 'pirate', which the engine does not serve" in live.log("ui")
+    owner.goto(live.url)  # a new chat for the next test
+    e2e.wait_ready_ui(owner, timeout_ms=60_000)
+
+
+def test_a_starter_chooses_its_adapter_for_the_chat(owner, fake):
+    n = len(requests_seen(fake))
+    text = click_starter(owner, STARTER)
+    assert "fake-adapter ·" in text  # the footer names the adapter that answered
+    assert [r["model"] for r in requests_seen(fake)[n:]] == ["fake-adapter"]
+    assert "fake-adapter" in owner.locator("#mode-picker-trigger-model").inner_text()  # the picker follows
+
+
+# ---------------------------------------------------------------- sharing
+
+
+@pytest.fixture(scope="module")
+def shared(owner, live):
+    """The owner shares the chat of the starter test from the sidebar menu; the link the dialog shows."""
+    thread = owner.locator('li[id^="thread-"]').first
+    thread.wait_for(timeout=30_000)
+    thread_id = thread.get_attribute("id").removeprefix("thread-")
+    thread.hover()
+    owner.locator("#thread-options").first.click()
+    owner.click("#share-thread")
+    dialog = owner.locator("[role=dialog]")
+    dialog.locator("button", has_text="Share").first.click()
+    dialog.locator("button", has_text="Unshare").wait_for()
+    link = dialog.locator("span[title*='/share/']").get_attribute("title")
+    owner.keyboard.press("Escape")
+    assert link == f"{live.url}/share/{thread_id}"
+    return thread_id, link
+
+
+@pytest.fixture(scope="module")
+def viewer(browser, live):
+    page = logged_in(browser, live, VIEWER, VIEWER_PW)
+    yield page
+    page.context.close()
+
+
+def test_a_shared_link_opened_by_another_user_shows_the_chat_read_only(shared, viewer, live):
+    thread_id, link = shared
+    assert viewer.locator(f"li#thread-{thread_id}").count() == 0  # not in the viewer's history: no menu
+    viewer.goto(link)
+    viewer.locator(".step", has_text=STARTER).first.wait_for()
+    answers = e2e.assistant_messages(viewer)
+    assert any("fake-adapter ·" in a for a in answers)
+    assert viewer.locator("#chat-input").count() == 0  # no composer: read-only
+    status, body = api(viewer, "GET", f"/project/share/{thread_id}")
+    assert status == 200 and body["metadata"] == {"is_shared": True, "shared_at": body["metadata"]["shared_at"]}
+
+
+def test_a_non_owner_can_neither_share_nor_unshare_nor_rate_the_answers(shared, viewer):
+    thread_id, _ = shared
+    for flag in (False, True):
+        status, body = api(viewer, "PUT", "/project/thread/share", {"threadId": thread_id, "isShared": flag})
+        assert status == 403 and body["detail"] == t("share.not_owner", "en")
+    status, thread = api(viewer, "GET", f"/project/share/{thread_id}")
+    assert status == 200  # still shared
+    answer = next(s for s in thread["steps"] if s["type"] == "assistant_message")
+    feedback = {"feedback": {"forId": answer["id"], "value": 0, "threadId": thread_id}, "sessionId": "x"}
+    status, body = api(viewer, "PUT", "/feedback", feedback)
+    assert status == 403 and body["detail"] == t("share.not_owner_feedback", "en")
+
+
+def test_a_share_link_needs_a_login(shared, live):
+    thread_id, _ = shared
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{live.url}/project/share/{thread_id}", timeout=10)
+    assert err.value.code == 401
+
+
+def test_an_unshared_chat_is_refused_with_a_clear_message(shared, owner, viewer, live):
+    thread_id, link = shared
+    status, _ = api(owner, "PUT", "/project/thread/share", {"threadId": thread_id, "isShared": False})
+    assert status == 200
+    status, body = api(viewer, "GET", f"/project/share/{thread_id}")
+    assert status == 403 and body["detail"] == t("share.not_shared", "en")
+    viewer.goto(link)
+    assert notice(viewer) == t("share.not_shared", "en")
+    status, _ = api(owner, "PUT", "/project/thread/share", {"threadId": thread_id, "isShared": True})
+    assert status == 200  # shared again: the link works again
+    assert api(viewer, "GET", f"/project/share/{thread_id}")[0] == 200
+
+
+def test_a_deleted_chats_link_says_it_no_longer_exists(shared, owner, viewer):
+    thread_id, link = shared
+    status, _ = api(owner, "DELETE", "/project/thread", {"threadId": thread_id})
+    assert status == 200
+    status, body = api(viewer, "GET", f"/project/share/{thread_id}")
+    assert status == 404 and body["detail"] == t("share.gone", "en")
+    viewer.goto(link)
+    assert notice(viewer) == t("share.gone", "en")
+    status, body = api(owner, "PUT", "/project/thread/share", {"threadId": thread_id, "isShared": True})
+    assert status == 404 and body["detail"] == t("share.gone", "en")
+
+
+# ---------------------------------------------------------------- Chinese
+
+
+def test_the_welcome_screen_share_refusals_and_compare_labels_are_chinese_in_a_zh_cn_browser(browser, live, fake):
+    page = logged_in(browser, live, OWNER, OWNER_PW, locale="zh-CN")
+    try:
+        labels = page.locator("#starters button").all_inner_texts()
+        assert "法国的首都是哪里？ · pirate" in labels
+        text = click_starter(page, "法国的首都是哪里？")
+        assert "未发送任何内容" in text and "“pirate”" in text
+        page.goto(live.url + "/share/00000000-0000-4000-8000-000000000000")  # a link to no chat
+        assert notice(page) == t("share.gone", "zh")
+        # compare mode's labels: /compare blind, then one message answered by A and B with vote buttons
+        page.goto(live.url)
+        e2e.wait_ready_ui(page, timeout_ms=60_000)
+        run_command(page, "compare", "blind")
+        page.wait_for_function(
+            "([s]) => document.body.innerText.includes(s)", arg=[t("compare.on_blind", "zh").split("：")[0]]
+        )
+        page.fill("#chat-input", "你好")
+        page.keyboard.press("Enter")
+        for key in ("compare.vote_a", "compare.vote_b", "compare.vote_tie"):
+            page.locator("button", has_text=t(key, "zh")).first.wait_for(timeout=60_000)
+        page.screenshot(path=str(live.log_dir / "compare-zh.png"))
+    finally:
+        page.context.close()
+
+
+def run_command(page, command: str, text: str = "") -> None:
+    """A composer command as a user runs it: type "/", pick it from the menu, then its text."""
+    page.fill("#chat-input", "/" + command)
+    page.locator("[role=option], [cmdk-item]", has_text=command).first.click()
+    if text:
+        page.type("#chat-input", text)
+    page.keyboard.press("Enter")
+    time.sleep(0.5)
