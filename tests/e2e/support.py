@@ -43,6 +43,14 @@ class LiveApp:
         path = self.output if name == "serve" else self.log_dir / f"{name}.log"
         return supervisor.read_tail(path, 20000)
 
+    def log_with(self, text: str, name: str = "serve", timeout: float = 15) -> str:
+        """The log once it contains ``text`` (the launcher copies each child's output through a pipe, so a
+        line reaches the file a moment after it is written), or as it is after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while text not in (log := self.log(name)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return log
+
 
 def launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool = True, timeout: float = 300) -> LiveApp:
     """Start the product the way start.sh does (after bootstrap), on free ports, logs in ``tmp``."""

@@ -173,8 +173,9 @@ def test_a_page_from_another_origin_cannot_use_the_socket_or_read_the_status(ope
         assert result["websocket"] != "opened", result
         assert result["polling"].startswith("refused"), result
         assert result["status"].startswith("refused"), result
-        log = open_app.log("ui")
-        assert f"refused a http request from origin '{elsewhere.url}' (GET /ws/socket.io/)" in log, log[-3000:]
+        expected = f"refused a http request from origin '{elsewhere.url}' (GET /ws/socket.io/)"
+        log = open_app.log_with(expected, "ui")
+        assert expected in log, log[-3000:]
         assert log.count(f"origin '{elsewhere.url}'") == 1  # logged once per origin, whatever was tried
         assert result["websocket"] in ("error", "closed 1006"), result  # the upgrade was answered 403
     # the same requests from a script (no Origin) are answered: no login is on
@@ -275,6 +276,6 @@ def test_two_thousand_failed_logins_are_throttled_while_an_open_chat_keeps_strea
         assert during > before, (before, during)
         page.wait_for_selector("#stop-button", state="detached", timeout=120_000)
         assert expected_text(tokens).strip() in e2e.assistant_messages(page)[-1]
-    log = auth_app.log("ui")
+    log = auth_app.log_with("login refused: an unknown user name", "ui")
     assert "login refused: an unknown user name" in log
     assert "guess-user-" not in log and "guess-" not in log  # what was typed is never logged
