@@ -576,6 +576,7 @@ async def on_message(message: cl.Message) -> None:
     text = message.content or ""
     if getattr(message, "command", None) in history.COMMANDS:
         await mark_command(message)
+        await name_bare_command(message)
         await run_command(message.command, text)
         return
     if not text.strip():
@@ -588,6 +589,18 @@ async def on_message(message: cl.Message) -> None:
         return
     chat_session().conversation.add_user(message.id, text)
     await answer()
+
+
+async def name_bare_command(message: cl.Message) -> None:
+    """A chat opened with a bare command ("/compare") would keep the browser's Stop button hidden for good:
+    Chainlit announces the first interaction with the message text, here empty, and the page shows Stop only
+    once that is non-empty. Announce it with the command's name instead."""
+    if (message.content or "").strip() or chat_session().conversation.turns:
+        return
+    session = cl.context.session
+    await cl.context.emitter.emit(
+        "first_interaction", {"interaction": f"/{message.command}", "thread_id": session.thread_id}
+    )
 
 
 async def mark_command(message: cl.Message) -> None:
@@ -953,8 +966,8 @@ class CompareView(ChatView):
 
     async def open(self) -> None:
         """Show the side's bubble, headed, before its first token: A stays above B whichever answers first."""
-        self.msg = cl.Message(content=self.heading(), author=compare.author(self.pair, self.side))
-        await self.msg.send()
+        self.msg = cl.Message(content="", author=compare.author(self.pair, self.side))
+        await self.msg.stream_token(self.heading())  # a streaming bubble, as any answer is (not a sent one)
         self.opened = self.headed = True
 
     def heading(self) -> str:

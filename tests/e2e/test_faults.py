@@ -202,3 +202,21 @@ def test_the_status_line_follows_the_forced_ui_language_not_the_browsers(page, l
         assert "fake-qwen — ready" in text and "就绪" not in text, text  # [ui].language = "en" here
     finally:
         context.close()
+
+
+def test_compare_with_one_side_failing_shows_its_error_while_the_other_completes(page):
+    """Compare mode (issue #12): the adapter's side fails mid-answer, the base model's side completes."""
+    from tests.e2e.test_compare import command, new_sides, start_sending, wait_both_done
+
+    command(page, "compare")
+    n = start_sending(page, "[[fault:error-mid:model=fake-adapter]] hello")
+    wait_both_done(page, n, timeout_ms=60_000)
+    page.wait_for_function("() => document.body.innerText.includes('fake engine failure mid-stream')")
+    a, b = new_sides(page, n)
+    assert a.startswith("A · fake-qwen") and FULL in a and "fake-qwen · 8 tokens" in a, a
+    assert b.startswith("B · fake-adapter") and PARTIAL in b and "⚠ answer interrupted · fake-adapter" in b, b
+    errors = [m for m in e2e.assistant_messages(page) if m.startswith("B · fake-adapter:")]
+    assert errors and "fake engine failure mid-stream" in errors[-1]
+    assert page.get_by_role("button", name="Retry").count() >= 1
+    command(page, "compare", "off")
+    assert_chat_keeps_working(page)
