@@ -595,8 +595,9 @@ async def name_bare_command(message: cl.Message) -> None:
     """A chat opened with a bare command ("/compare") would keep the browser's Stop button hidden for good:
     Chainlit announces the first interaction with the message text, here empty, and the page shows Stop only
     once that is non-empty. Announce it with the command's name instead."""
-    if (message.content or "").strip() or chat_session().conversation.turns:
+    if (message.content or "").strip() or chat_session().conversation.turns or cl.user_session.get("named"):
         return
+    cl.user_session.set("named", True)
     session = cl.context.session
     await cl.context.emitter.emit(
         "first_interaction", {"interaction": f"/{message.command}", "thread_id": session.thread_id}

@@ -262,3 +262,13 @@ async def test_a_resumed_compared_thread_continues_from_the_picked_answer():
     }
     conv = history.conversation_from_thread(thread)
     assert [(t.role, t.content) for t in conv.turns] == [("user", "q"), ("assistant", "answer b")]
+
+
+async def test_a_chat_opened_with_a_bare_command_still_gets_its_stop_button(chat):
+    """Chainlit announces the first interaction with the message text; empty for "/compare", and the page then
+    never shows Stop. The app announces it with the command's name."""
+    screen = await send_command(chat, "compare", "")
+    assert ("first_interaction", {"interaction": "/compare", "thread_id": chat.session.thread_id}) in screen.events
+    await compare_off(chat)
+    later = await send_command(chat, "leaderboard", "")
+    assert not [e for e, _ in later.events if e == "first_interaction"]  # only while the chat has no turns yet
