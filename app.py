@@ -361,6 +361,7 @@ async def _send_settings() -> None:
             Slider(id="top_p", label=t("top_p", lang()), initial=sampling["top_p"], min=0.05, max=1, step=0.05),
             Slider(id="top_k", label=t("top_k", lang()), initial=sampling["top_k"], min=-1, max=100, step=1),
             Slider(id="min_p", label=t("min_p", lang()), initial=sampling["min_p"], min=0, max=1, step=0.01),
+            compare_widget(),
         ]
     ).send()
     # The same choice as a picker in the composer (Chainlit Modes): visible without opening the panel.
@@ -498,6 +499,7 @@ async def on_settings_update(values: dict) -> None:
     model = values.get("model")
     if model and model != chat.model:
         await choose_model(model)
+    await choose_compare(values.get("compare"))
     await remember()
 
 
@@ -823,6 +825,30 @@ async def run_compare_command(command: str, text: str) -> None:
         await cast_vote(pair, winner, comment)
     else:
         await set_compare(text)
+
+
+def compare_widget() -> Select:
+    """The settings panel's way into compare mode: off, side by side (the base vs the model chosen above), blind."""
+    mode = compare_state().mode
+    current = "off" if mode is None else "blind" if mode.blind else "on"
+    items = {t(f"compare.panel_{v}", lang()): v for v in ("off", "on", "blind")}
+    return Select(
+        id="compare",
+        label=t("compare.panel", lang()),
+        items=items,
+        initial_value=current,
+        description=t("compare.panel_desc", lang()),
+    )
+
+
+async def choose_compare(choice: object) -> None:
+    """The panel's compare choice, when it changed: the same as typing /compare, /compare blind, /compare off."""
+    mode = compare_state().mode
+    current = "off" if mode is None else "blind" if mode.blind else "on"
+    if choice not in ("off", "on", "blind") or choice == current:
+        return
+    await set_compare({"off": "off", "on": "", "blind": "blind"}[str(choice)])
+    await send_settings()  # the panel shows what is on (a refusal leaves it as it was)
 
 
 async def set_compare(text: str) -> None:

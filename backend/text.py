@@ -111,6 +111,16 @@ CATALOG: dict[str, tuple[str, str]] = {
         "两侧是同一个模型（`{model}`）：回答只因采样而不同。",
     ),
     "compare.same_short": ("same model on both sides", "两侧同一模型"),
+    "compare.panel": ("Compare mode", "比较模式"),
+    "compare.panel_desc": (
+        "Two models answer each message side by side: A is the base model, B the model chosen above "
+        "(or the first adapter). Blind hides the names until you vote. Also /compare A B.",
+        "两个模型并排回答每条消息：A 是基础模型，B 是上方选择的模型（或第一个适配器）。"
+        "盲评在投票前隐藏名称。也可输入 /compare A B。",
+    ),
+    "compare.panel_off": ("off", "关闭"),
+    "compare.panel_on": ("side by side", "并排"),
+    "compare.panel_blind": ("blind (vote, then names)", "盲评（先投票，后显示名称）"),
     "compare.one_model": (
         "Compare needs two models, but only `{model}` is served. Serve an adapter ([lora] modules, or put one "
         "in [lora].dir), or name the same model twice to compare it with itself: `/compare {model} {model}`.",

@@ -272,3 +272,36 @@ async def test_a_chat_opened_with_a_bare_command_still_gets_its_stop_button(chat
     await compare_off(chat)
     later = await send_command(chat, "leaderboard", "")
     assert not [e for e, _ in later.events if e == "first_interaction"]  # only while the chat has no turns yet
+
+
+async def test_compare_mode_from_the_settings_panel(chat):
+    from chainlit.config import config
+    from chainlit.context import init_ws_context
+
+    async def confirm(choice: str):
+        n = len(chat.events)
+        init_ws_context(chat.session)
+        await config.code.on_settings_update({"model": BASE, "compare": choice})
+        return chat.screen(n)
+
+    def panel_choice(screen) -> str:
+        [widgets] = [d for e, d in screen.events if e == "chat_settings"][-1:]
+        [widget] = [w for w in widgets if w["id"] == "compare"]
+        return widget["initial"]
+
+    [widgets] = [d for e, d in chat.events if e == "chat_settings"][-1:]
+    [widget] = [w for w in widgets if w["id"] == "compare"]
+    assert [(i["label"], i["value"]) for i in widget["items"]] == [
+        ("off", "off"),
+        ("side by side", "on"),
+        ("blind (vote, then names)", "blind"),
+    ]
+    on = await confirm("on")
+    assert f"**A** `{BASE}` and **B** `{ADAPTER}`" in on.answers[-1] and panel_choice(on) == "on"
+    assert len(sides(await chat.send(f"panel {marker()}"))) == 2
+    blind = await confirm("blind")
+    assert "Blind compare on" in blind.answers[-1] and panel_choice(blind) == "blind"
+    same = await confirm("blind")  # unchanged: nothing said again
+    assert same.answers == []
+    off = await confirm("off")
+    assert "Compare mode off" in off.answers[-1] and panel_choice(off) == "off"
