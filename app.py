@@ -979,6 +979,28 @@ async def cast_vote(pair: compare.Pair, winner: compare.Winner, comment: str) ->
         await cl.Message(content=t("compare.vote_replaced", lang()), author="compare").send()
 
 
+class MaskedStep(cl.Step):
+    """A compare side's progress line (an adapter load, its eviction note): the model names stay hidden in it
+    until the vote, whatever the turn writes into its title and detail."""
+
+    def __init__(self, view: CompareView, **kwargs) -> None:
+        self.view = view
+        super().__init__(**kwargs)
+
+    def _masked(self) -> None:
+        pair, side, lang = self.view.pair, self.view.side, self.view.lang
+        self.name = compare.mask(self.name, pair, side, lang)
+        self.output = compare.mask(self.output or "", pair, side, lang)
+
+    async def send(self):
+        self._masked()
+        return await super().send()
+
+    async def update(self):
+        self._masked()
+        return await super().update()
+
+
 class CompareView(ChatView):
     """One side of a compared turn: its bubble headed "A · model" (or just "A" while blind), its own footer,
     its own error bubble; the chat's model choice is left alone."""
@@ -1001,7 +1023,7 @@ class CompareView(ChatView):
         return compare.title(self.pair, self.side, self.lang) + "\n\n"
 
     def step(self, title: str) -> cl.Step:
-        return cl.Step(name=compare.mask(title, self.pair, self.side, self.lang), type="tool")
+        return MaskedStep(self, name=title, type="tool")
 
     async def new_answer(self, model: str) -> None:
         if self.opened and self.msg is not None:  # the bubble opened for this side, still without text

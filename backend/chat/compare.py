@@ -206,11 +206,11 @@ def shown_model(pair: Pair, side: Side, lang: str) -> str:
 
 
 def mask(text: str, pair: Pair, side: Side, lang: str) -> str:
-    """``text`` with the side's model names replaced while they are hidden (steps, errors)."""
+    """``text`` with the model names replaced by their hidden side labels while hidden (steps, errors)."""
     if pair.revealed:
         return text
-    for s in sorted(pair.sides, key=lambda s: -len(s.model)):
-        text = text.replace(s.model, shown_model(pair, side, lang))
+    for other in sorted(pair.sides, key=lambda s: -len(s.model)):  # "pirate-v2" before "pirate"
+        text = text.replace(other.model, shown_model(pair, other if other.model != side.model else side, lang))
     return text
 
 

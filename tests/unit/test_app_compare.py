@@ -305,3 +305,20 @@ async def test_compare_mode_from_the_settings_panel(chat):
     assert same.answers == []
     off = await confirm("off")
     assert "Compare mode off" in off.answers[-1] and panel_choice(off) == "off"
+
+
+async def test_a_blind_sides_progress_lines_never_name_its_model(chat, ui):
+    """Whatever the turn writes into a step (an adapter load, the adapter it evicted), blind hides the names."""
+    from chainlit.context import init_ws_context
+
+    from backend.chat import compare
+
+    init_ws_context(chat.session)
+    pair = compare.new_pair(compare.CompareMode(BASE, ADAPTER, blind=True), "u", [])
+    side = pair.side("B")
+    n = len(chat.events)
+    async with ui.CompareView("en", pair, side).step(f"Loading adapter {side.model}") as step:
+        step.name = step.output = f"{side.model} loaded; {pair.side('A').model} unloaded to make room"
+    shown = [d for e, d in chat.events[n:] if e in ("new_message", "update_message")]
+    assert shown and all(BASE not in str(d) and ADAPTER not in str(d) for d in shown), shown
+    assert shown[-1]["name"] == "B (hidden) loaded; A (hidden) unloaded to make room"

@@ -62,7 +62,7 @@ def test_blind_pairs_are_shuffled_and_hide_the_names_until_the_vote():
     assert compare.title(pair, a, "en") == "**A**" and compare.author(pair, a) == "A"
     assert compare.shown_model(pair, b, "en") == "B (hidden)"
     assert compare.mask(f"loading adapter {b.model} and {a.model}", pair, b, "en") == (
-        "loading adapter B (hidden) and B (hidden)"
+        "loading adapter B (hidden) and A (hidden)"
     )
     assert compare.side_metadata(pair, a)["qwenchat"]["model"] == ""
     assert "revealed after your vote" in compare.note(pair, "en")
