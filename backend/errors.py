@@ -28,6 +28,7 @@ lives outside this module, next to the only code that raises it (marked below).
     ├── merge.MergeError           (see backend/engine/merge.py) merging a LoRA into its base was refused or failed
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
+    ├── preferences.SystemPromptRefused  (see backend/chat/preferences.py) a system prompt past the 32 KB cap
     └── BackendError               talking to the engine failed
         ├── ServerUnreachable      connection refused / DNS: no connection could be made
         ├── ConnectionLost         the connection broke after it was made (reset, dropped mid-answer,
