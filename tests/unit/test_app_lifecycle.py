@@ -58,6 +58,8 @@ async def test_a_browser_that_leaves_during_chat_start_leaves_no_model_watcher_b
         await real_send_commands()
 
     monkeypatch.setattr(ui, "send_commands", slow_send_commands)
+    await ui.app.start()
+    await asyncio.wait_for(ui.app._warm, 30)  # the start's warm-up waits on the poller too: let it finish first
     subscribers = len(ui.app.poller._subscribers)
     tab = Chat(ui, fake)
     await socket.connection_successful(tab.sid)
