@@ -27,6 +27,7 @@ pytestmark = pytest.mark.e2e
 OWNER, OWNER_PW = "owner", "owner password 1"
 VIEWER, VIEWER_PW = "viewer", "viewer password 2"
 STARTER = "Tell me a fake story"
+LOGO = "<svg xmlns='http://www.w3.org/2000/svg' width='8' height='8'><!-- qwenchat e2e logo --></svg>"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,7 @@ def fake(tmp_path_factory):
 @pytest.fixture(scope="module")
 def live(fake, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e-share")
+    (tmp / "logo.svg").write_text(LOGO)
     viewer_hash = passwords.hash_password(VIEWER_PW, iterations=passwords.MIN_ITERATIONS)
     app = e2e.launch(
         tmp,
@@ -50,6 +52,8 @@ def live(fake, tmp_path_factory):
             "QWENCHAT_UI_USERS": f"{VIEWER}={viewer_hash}",
             "QWENCHAT_UI_NAME": "Pirate Demo",
             "QWENCHAT_UI_ACCENT": "#2563eb",
+            "QWENCHAT_UI_LOGO": str(tmp / "logo.svg"),
+            "QWENCHAT_UI_FAVICON": str(tmp / "logo.svg"),
             "QWENCHAT_LORA_STARTERS": f"fake-adapter={STARTER}",
         },
         wait_engine=False,
@@ -131,6 +135,13 @@ def test_the_welcome_screen_shows_starters_per_adapter_with_the_configured_name_
     assert owner.title() == "Pirate Demo"
     primary = owner.evaluate("getComputedStyle(document.documentElement).getPropertyValue('--primary').trim()")
     assert primary == "221 83% 53%"  # [ui] accent = "#2563eb"
+
+
+def test_the_configured_logo_and_favicon_are_served(owner):
+    for path in ("/favicon", "/logo?theme=dark", "/logo?theme=light"):
+        status, body = api(owner, "GET", path)
+        assert status == 200 and "qwenchat e2e logo" in body, path
+    assert owner.locator("img[src*='/logo']").first.get_attribute("src")  # the welcome screen shows it
 
 
 def test_a_starter_for_an_unserved_adapter_says_so_and_sends_nothing(owner, live, fake):
