@@ -2,7 +2,7 @@
 // text). The app's answer says why (not shared any more, deleted, not the owner: backend/chat/share.py); show that
 // message in a banner. Loaded by status.js (Chainlit takes one custom_js).
 (function () {
-  const SHARE_URL = /\/project\/(share\/[^/?#]+|thread\/share)(\?|$)/;
+  const SHARE_URL = /\/(project\/share\/[^/?#]+|project\/thread\/share|feedback)(\?|$)/;  // + thumbs on a shared chat
   function show(text) {
     let el = document.getElementById("qwenchat-notice");
     if (!el) {

@@ -213,6 +213,8 @@ def test_a_non_owner_can_neither_share_nor_unshare_nor_rate_the_answers(shared, 
     feedback = {"feedback": {"forId": answer["id"], "value": 0, "threadId": thread_id}, "sessionId": "x"}
     status, body = api(viewer, "PUT", "/feedback", feedback)
     assert status == 403 and body["detail"] == t("share.not_owner_feedback", "en")
+    thumbs = viewer.locator(".step[data-step-type='assistant_message'] button:has(svg.lucide-thumbs-up)").first
+    assert thumbs.is_disabled()  # the page offers no rating either; the route refuses a forged one
 
 
 def test_a_share_link_needs_a_login(shared, live):
