@@ -23,7 +23,9 @@ pytestmark = pytest.mark.integration
 
 def run(python: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "QWENCHAT_LOGGING_DIR": str(tmp_path / "logs"), "QWENCHAT_LORA_DIR": str(tmp_path / "lora")}
-    return subprocess.run([python, "-m", "backend", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [python, "-m", "backend", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_a_blind_vote_is_exported_as_a_pair_and_train_demo_data_trains_an_adapter_on_it(tmp_path, test_models):

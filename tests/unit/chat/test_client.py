@@ -833,7 +833,7 @@ def test_every_backend_error_subclass_is_reachable_from_the_client():
 
 
 def test_the_error_tree_in_the_errors_docstring_names_every_class():
-    import backend.chat.preferences  # noqa: F401 - registers SystemPromptRefused, raised only there
+    import backend.chat.preferences
     import backend.engine.merge  # noqa: F401 - registers MergeError, which lives next to its only user
 
     tree = errors.__doc__.split("QwenChatError", 1)[1]
