@@ -900,15 +900,20 @@ async def update_pair(pair: compare.Pair, *, new_note: bool = False) -> None:
     if not any(s.shown for s in pair.sides):
         return
     actions = compare_actions(pair)
+    buttons = compare_state().buttons
     if new_note or pair.note_id is None:
         msg = cl.Message(content=compare.note(pair, lang()), actions=actions, author="compare")
         await msg.send()
         pair.note_id = msg.id
     else:
+        for old in buttons.get(pair.turn_id, []):  # the vote buttons after a vote, the other "continue with"
+            await old.remove()
         msg = cl.Message(content=compare.note(pair, lang()), actions=actions, author="compare", id=pair.note_id)
-        await msg.update()
-        for action in actions:  # Message.update does not send actions
-            await action.send(for_id=pair.note_id)
+        await msg.update()  # sends the new buttons too
+    buttons[pair.turn_id] = actions
+    for turn_id in list(buttons):
+        if turn_id not in compare_state().pairs:
+            del buttons[turn_id]
 
 
 def compare_actions(pair: compare.Pair) -> list[cl.Action]:

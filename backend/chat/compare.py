@@ -301,6 +301,7 @@ class CompareState:
     mode: CompareMode | None = None
     pairs: dict[str, Pair] = field(default_factory=dict)
     views: dict[str, Any] = field(default_factory=dict)  # turn id -> app.py's views of the pair (reveal)
+    buttons: dict[str, list[Any]] = field(default_factory=dict)  # turn id -> the buttons shown under its note
 
     def latest(self, *, blind: bool | None = None) -> Pair | None:
         for pair in reversed(self.pairs.values()):

@@ -104,6 +104,8 @@ async def test_compare_streams_both_models_at_once_each_with_its_own_footer(chat
     n2 = len(chat.events)
     await chat.click(pick)
     assert chat.conversation.turns[-1].model == ADAPTER
+    left = actions(chat.screen(), note)  # the button now offers A, once
+    assert [(x["name"], x["payload"].get("side")) for x in left] == [("compare_pick", "A")], left
     updated = [d for e, d in chat.events[n2:] if e == "update_message" and d.get("name", "").startswith("B")]
     assert updated and updated[-1]["metadata"]["qwenchat"]["compare"]["picked"] is True
 
@@ -201,6 +203,9 @@ async def test_blind_mode_hides_the_names_until_the_vote_then_stores_and_reveals
     note_after = [d for e, d in chat.events[n2:] if e == "update_message" and d.get("name") == "compare"][-1]
     assert f"**A** was `{stored.model_a}`, **B** was `{stored.model_b}`" in note_after["output"]
     assert chat.conversation.turns[-1].model == stored.model_b  # the winner is what the chat continues from
+    # Under the note now: no vote buttons, one "continue with A" (the winner B is picked).
+    left = actions(chat.screen(), note)
+    assert [(x["name"], x["payload"].get("side")) for x in left] == [("compare_pick", "A")], left
 
     board = {s.model: s for s in ui.app.votes.leaderboard()}
     won, lost = board[stored.model_b], board[stored.model_a]
