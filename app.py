@@ -17,7 +17,7 @@ from chainlit.data import get_data_layer
 from chainlit.input_widget import Select, Slider, TextInput
 from chainlit.server import app as http_app
 from chainlit.server import sio
-from chainlit.types import ShareThreadRequest, UpdateFeedbackRequest
+from chainlit.types import DeleteFeedbackRequest, ShareThreadRequest, UpdateFeedbackRequest
 from fastapi import Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
@@ -151,18 +151,52 @@ async def author_of_step(step_id: str) -> tuple[str | None, str]:
         return thread_id, ""
 
 
+async def answer_of_feedback(feedback_id: str) -> str | None:
+    """The answer (step id) an existing feedback row rates, or None when there is no such row."""
+    execute = getattr(get_data_layer(), "execute_sql", None)
+    if execute is None:
+        return None
+    rows = await execute('SELECT "forId" FROM feedbacks WHERE "id" = :id', {"id": feedback_id})
+    return rows[0].get("forId") if isinstance(rows, list) and rows else None
+
+
+async def feedback_refusal(step_ids: list[str | None], user: cl.User | None) -> share.Refusal | None:
+    """Why ``user`` may not write or delete a rating: every answer involved must be in one of their chats."""
+    for step_id in step_ids:
+        thread_id, author = await author_of_step(step_id) if user is not None and step_id else (None, "")
+        refusal = share.feedback_refusal(thread_id, author, user.identifier if user else None)
+        if refusal is not None:
+            logger.warning("feedback on an answer refused (%s)", refusal.key)
+            return refusal
+    return None
+
+
 async def feedback_route(
     request: Request, update: UpdateFeedbackRequest, user: cl.User | None = Depends(get_current_user)
 ) -> Response:
-    """PUT /feedback (thumbs): only on one's own chats; Chainlit's route checks nothing (share.py)."""
-    thread_id, author = await author_of_step(update.feedback.forId) if user is not None else (None, "")
-    refusal = share.feedback_refusal(thread_id, author, user.identifier if user else None)
+    """PUT /feedback (thumbs): only on one's own chats; Chainlit's route checks nothing (share.py). An update
+    names an existing row by id: that row must rate one of the user's answers too (else it would be moved)."""
+    steps: list[str | None] = [update.feedback.forId]
+    if update.feedback.id and (rated := await answer_of_feedback(update.feedback.id)):
+        steps.append(rated)
+    refusal = await feedback_refusal(steps, user)
     if refusal is not None:
-        logger.warning("feedback on an answer refused (%s)", refusal.key)
         return refused(refusal, request)
     from chainlit.server import update_feedback
 
     return await update_feedback(request, update, user)
+
+
+async def delete_feedback_route(
+    request: Request, payload: DeleteFeedbackRequest, user: cl.User | None = Depends(get_current_user)
+) -> Response:
+    """DELETE /feedback: only a rating of one's own answer (Chainlit deletes any row by id)."""
+    refusal = await feedback_refusal([await answer_of_feedback(payload.feedbackId) if user else None], user)
+    if refusal is not None:
+        return refused(refusal, request)
+    from chainlit.server import delete_feedback
+
+    return await delete_feedback(request, payload, user)
 
 
 def brand_file(key: str) -> Response:
@@ -187,6 +221,7 @@ def install_branding_and_sharing() -> None:
             ("/project/share/{thread_id}", shared_thread_route, ["GET"]),
             ("/project/thread/share", share_route, ["PUT"]),
             ("/feedback", feedback_route, ["PUT"]),
+            ("/feedback", delete_feedback_route, ["DELETE"]),
         ]
     if ui_settings.logo:
         routes.append(("/logo", lambda: brand_file("logo"), ["GET"]))

@@ -172,7 +172,7 @@ def shared(owner, live):
     thread.wait_for(timeout=30_000)
     thread_id = thread.get_attribute("id").removeprefix("thread-")
     thread.hover()
-    owner.locator("#thread-options").first.click()
+    thread.locator("#thread-options").click()  # this thread's menu (the first in the page may be another's)
     owner.click("#share-thread")
     dialog = owner.locator("[role=dialog]")
     dialog.locator("button", has_text="Share").first.click()
@@ -202,7 +202,7 @@ def test_a_shared_link_opened_by_another_user_shows_the_chat_read_only(shared, v
     assert status == 200 and body["metadata"] == {"is_shared": True, "shared_at": body["metadata"]["shared_at"]}
 
 
-def test_a_non_owner_can_neither_share_nor_unshare_nor_rate_the_answers(shared, viewer):
+def test_a_non_owner_can_neither_share_nor_unshare_nor_rate_the_answers(shared, viewer, owner):
     thread_id, _ = shared
     for flag in (False, True):
         status, body = api(viewer, "PUT", "/project/thread/share", {"threadId": thread_id, "isShared": flag})
@@ -213,6 +213,18 @@ def test_a_non_owner_can_neither_share_nor_unshare_nor_rate_the_answers(shared, 
     feedback = {"feedback": {"forId": answer["id"], "value": 0, "threadId": thread_id}, "sessionId": "x"}
     status, body = api(viewer, "PUT", "/feedback", feedback)
     assert status == 403 and body["detail"] == t("share.not_owner_feedback", "en")
+    # nor overwrite or delete the owner's own rating by its id (Chainlit's routes check neither)
+    mine = {"feedback": {"forId": answer["id"], "value": 1, "threadId": thread_id}, "sessionId": "x"}
+    status, body = api(owner, "PUT", "/feedback", mine)
+    assert status == 200 and body["feedbackId"], body
+    feedback_id = body["feedbackId"]
+    status, body = api(viewer, "DELETE", "/feedback", {"feedbackId": feedback_id})
+    assert status == 403 and body["detail"] == t("share.not_owner_feedback", "en")
+    moved = {"feedback": {"id": feedback_id, "forId": answer["id"], "value": 0}, "sessionId": "x"}
+    status, body = api(viewer, "PUT", "/feedback", moved)
+    assert status == 403
+    status, body = api(owner, "DELETE", "/feedback", {"feedbackId": feedback_id})  # the owner may
+    assert status == 200, body
     thumbs = viewer.locator(".step[data-step-type='assistant_message'] button:has(svg.lucide-thumbs-up)").first
     assert thumbs.is_disabled()  # the page offers no rating either; the route refuses a forged one
 
