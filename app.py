@@ -251,7 +251,11 @@ async def set_starters(user: cl.User | None = None, language: str | None = None)
     shown = app.settings.ui.language if app.settings.ui.language != "auto" else pick_language(language)
     status = app.poller.status
     served = [m.id for m in status.models] + [a.name for a in await app.local_adapters(status)]
-    return [cl.Starter(label=s.label, message=s.message) for s in welcome.starters(app.settings, served, shown)]
+    # command = the model: the message then says it came from a starter (welcome.starter_model)
+    return [
+        cl.Starter(label=s.label, message=s.message, command=s.model)
+        for s in welcome.starters(app.settings, served, shown)
+    ]
 
 
 async def log_unserved_starters() -> None:
@@ -270,11 +274,11 @@ async def log_unserved_starters() -> None:
                 return
 
 
-async def starter_chosen(text: str) -> bool:
+async def starter_chosen(text: str, command: str | None) -> bool:
     """The first message of a chat, sent by a starter: choose its model. False: not sent (not served)."""
     if chat_session().conversation.turns:
         return True
-    model = welcome.starter_model(app.settings, text)
+    model = welcome.starter_model(app.settings, text, command)
     if model is None or model == chat_session().model:
         return True
     status = app.poller.status
@@ -622,7 +626,7 @@ async def on_message(message: cl.Message) -> None:
     picked = (getattr(message, "modes", None) or {}).get("model")
     if picked and picked != chat_session().mode_shown:  # changed in the composer picker
         await choose_model(picked)
-    if not await starter_chosen(text):  # a welcome-screen starter picks its model first
+    if not await starter_chosen(text, getattr(message, "command", None)):  # a starter picks its model first
         return
     chat_session().conversation.add_user(message.id, text)
     await answer()

@@ -1,13 +1,15 @@
 """The welcome screen: starters per adapter, and the branding from ``[ui]`` (name, logo, favicon, accent).
 
     welcome.starters(settings, served, lang)   # [Starter(model, label, message)] for cl.set_starters
-    welcome.starter_model(settings, text)      # which model a starter's message was written for (or None)
+    welcome.starter_model(settings, text, cmd) # the model of a clicked starter (None for a typed message)
     welcome.unserved(settings, served)         # models named in [lora.starters] that are not served
     welcome.accent_hsl("#2563eb")              # "221 83% 53%": Chainlit's --primary variable
 
 Starters come from ``[lora.starters]`` (name = ["question", ...]); the 'pirate' demo adapter, when it is in
 [lora] modules, has built-in examples from backend/text.py (English and Chinese) unless its list is configured. A starter sends its question
-with its model chosen for the chat: app.py's on_message asks ``starter_model`` for the first message.
+with its model chosen for the chat: the button sends the model's name as the message's ``command`` (Chainlit's
+Starter.command), so a typed message with the same words is never taken for a starter; app.py's on_message
+asks ``starter_model`` for the first message.
 A starter naming a model that is not served is still offered (the engine may be loading, or the adapter
 in [lora].dir loads on first use); app.py logs the unserved ones once the model list is known, and a click
 on one says which model is missing instead of asking another model.
@@ -62,13 +64,14 @@ def starters(settings: Settings, served: Iterable[str], lang: str) -> list[Start
     return out[:MAX_STARTERS]
 
 
-def starter_model(settings: Settings, text: str) -> str | None:
-    """The model a starter with this message belongs to (either language), or None for a typed message."""
+def starter_model(settings: Settings, text: str, command: str | None) -> str | None:
+    """The model of the starter that sent this message (its button sends the model as ``command``), or None
+    for a typed message, even one with a starter's words."""
     wanted = text.strip()
     for lang in ("en", "zh"):
-        for model, texts in configured(settings, lang).items():
-            if wanted in (x.strip() for x in texts):
-                return model
+        texts = configured(settings, lang).get(command or "", ())
+        if wanted in (x.strip() for x in texts):
+            return command
     return None
 
 

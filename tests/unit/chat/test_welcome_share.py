@@ -50,9 +50,12 @@ def test_served_models_starters_come_first_and_the_list_is_bounded():
 
 
 def test_a_starter_message_names_its_model_in_either_language_and_a_typed_one_none():
-    assert welcome.starter_model(Settings(), "Tell me about the sea.") == "pirate"
-    assert welcome.starter_model(Settings(), "给我讲讲大海。") == "pirate"
-    assert welcome.starter_model(Settings(), "Tell me about the sea, please") is None
+    assert welcome.starter_model(Settings(), "Tell me about the sea.", "pirate") == "pirate"
+    assert welcome.starter_model(Settings(), "给我讲讲大海。", "pirate") == "pirate"
+    assert welcome.starter_model(Settings(), "Tell me about the sea, please", "pirate") is None
+    # typed, not clicked: the same words without the starter's command are an ordinary message
+    assert welcome.starter_model(Settings(), "Tell me about the sea.", None) is None
+    assert welcome.starter_model(Settings(), "Tell me about the sea.", "compare") is None
 
 
 def test_unserved_lists_starter_models_the_engine_does_not_serve_nor_the_folder_offers():
