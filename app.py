@@ -9,8 +9,6 @@ import logging
 import time
 
 import chainlit as cl
-import chainlit.message
-import chainlit.step
 from chainlit.auth import get_current_user
 from chainlit.config import config as chainlit_config
 from chainlit.data import get_data_layer
@@ -313,7 +311,9 @@ class _NonBlockingTime:
             pass
 
 
-chainlit.message.time = chainlit.step.time = _NonBlockingTime()
+# By the classes' own globals: the package's name "chainlit.step" is the @step decorator, not the module.
+for _cls in (cl.Message, cl.Step):
+    _cls.__init__.__globals__["time"] = _NonBlockingTime()
 
 # Without login, the page sets a browser cookie that the websocket carries: settings survive a reload.
 if not any(m.cls is preferences.BrowserCookieMiddleware for m in http_app.user_middleware):

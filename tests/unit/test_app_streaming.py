@@ -52,21 +52,26 @@ async def test_stop_mid_stream_sends_what_was_held_and_keeps_it(chat: Chat, fake
     assert chat.conversation.turns[-1].content == partial
 
 
-async def test_chainlit_constructors_no_longer_sleep_on_the_event_loop(ui, monkeypatch):  # noqa: F811 - fixtures
+async def test_chainlit_constructors_no_longer_sleep_on_the_event_loop(chat, monkeypatch):  # noqa: F811 - fixtures
     """Chainlit's Message/Step constructors call time.sleep(0.001) for distinct timestamps; app.py keeps the
     distinct timestamps and drops the blocking sleep (the largest stall under 200 sessions, bench/concurrency.py)."""
     import time
 
-    import chainlit.message
-    import chainlit.step
+    import chainlit as cl
 
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
-    for module in (chainlit.message, chainlit.step):
+    for cls in (cl.Message, cl.Step):  # what their constructors see as "time" (their module's globals)
+        seen = cls.__init__.__globals__["time"]
         before = time.time_ns() // 1000
-        module.time.sleep(0.001)
+        seen.sleep(0.001)
         assert time.time_ns() // 1000 > before  # the microsecond clock moved: the next stamp is later
-        assert module.time.monotonic is time.monotonic  # everything else is the real module
+        assert seen.monotonic is time.monotonic  # everything else is the real module
+    from chainlit.context import init_ws_context
+
+    init_ws_context(chat.session)
+    cl.Message(content="x")  # the real constructors, as the app calls them
+    cl.Step(name="x")
     assert slept == []
 
 
