@@ -283,21 +283,32 @@ class HealthPoller:
     ) -> HealthStatus:
         """Wait until the engine answers (READY, or DEGRADED when ``accept_degraded``) or is DOWN, or
         ``timeout`` seconds pass; return the status at that moment. ``on_progress(elapsed, status)`` is
-        called at once, on every change and every ``progress_every`` seconds (for "loading… 23 s")."""
+        called at once, on every change and every ``progress_every`` seconds (for "loading… 23 s").
+
+        Time while the launcher is still preparing (installing the engine, converting the model: ``phase``)
+        does not count against ``timeout``, which is about the model loading: a first start's install takes
+        minutes and ends in READY or, on failure, DOWN."""
         started = time.monotonic()
+        preparing = 0.0  # seconds spent in a preparation phase, not counted
         done_states = {EngineState.READY, EngineState.DOWN} | ({EngineState.DEGRADED} if accept_degraded else set())
         sub = self.subscribe()
         try:
             status = await sub.__anext__()  # the current status, queued by subscribe()
+            mark = time.monotonic()
             while True:
-                elapsed = time.monotonic() - started
+                now = time.monotonic()
+                if status.phase:
+                    preparing += now - mark
+                mark = now
+                elapsed = now - started
                 if on_progress is not None:
                     result = on_progress(elapsed, status)
                     if inspect.isawaitable(result):
                         await result
-                if status.state in done_states or elapsed >= timeout or self._stopped:
+                counted = elapsed - preparing
+                if status.state in done_states or counted >= timeout or self._stopped:
                     return status
-                wait = min(progress_every, max(0.0, timeout - elapsed))
+                wait = min(progress_every, max(0.0, timeout - counted))
                 try:
                     nxt = await asyncio.wait_for(sub.__anext__(), wait)
                     status = nxt

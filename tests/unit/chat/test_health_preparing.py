@@ -104,3 +104,23 @@ async def test_a_message_sent_while_preparing_waits_and_goes_through_once_ready(
         assert "installing the engine 10 %" in reasons and reasons[-1] == "the model is ready"
     finally:
         await poller.stop()
+
+
+@pytest.mark.asyncio
+async def test_time_spent_preparing_does_not_count_against_the_wait(engine, tmp_path):
+    """[ui] wait_for_ready is about the model loading: a cold start's install (minutes) must not use it up."""
+    status_file = tmp_path / "engine-status.json"
+    preparing(status_file, PHASE_INSTALL_ENGINE, 10, time.time())
+    settings = HealthSettings(**{**FAST.__dict__, "startup_limit": 30.0})
+    poller = HealthPoller(engine.url, KEY, settings, status_file=status_file)
+    await poller.start()
+    try:
+        await until(poller, lambda s: s.phase == PHASE_INSTALL_ENGINE, what="preparing")
+        waiter = asyncio.create_task(poller.wait_until_ready(0.5, progress_every=0.05))
+        await asyncio.sleep(1.2)  # more than the 0.5 s wait, all of it preparing
+        assert not waiter.done()
+        EngineStatus(state=SupervisorState.STARTING, pid=4242, since=time.time()).write(status_file)
+        st = await asyncio.wait_for(waiter, 5)  # the engine is launched: the wait ends (ready, or its 0.5 s)
+        assert st.phase is None
+    finally:
+        await poller.stop()
