@@ -19,11 +19,11 @@ from chainlit.types import DeleteFeedbackRequest, ShareThreadRequest, UpdateFeed
 from fastapi import Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from backend.chat import compare, history, loopstats, preferences, security, share, turn, welcome
+from backend.chat import compare, history, loopstats, metrics, preferences, security, share, turn, welcome
 from backend.chat import export as chat_export
 from backend.chat import service as ui
 from backend.chat.budget import FitResult
-from backend.chat.client import new_request_id
+from backend.chat.client import anomaly_counts, new_request_id
 from backend.chat.coalesce import Coalescer
 from backend.chat.datalayer import GuardedDataLayer
 from backend.chat.login import check_password
@@ -65,6 +65,14 @@ async def on_app_startup() -> None:
     loopstats.start_from_environment()  # benchmarks only: nothing unless QWENCHAT_LOOPSTATS is set
     await app.start()
     STARTUP_TASKS.add(asyncio.create_task(log_unserved_starters()))
+    STARTUP_TASKS.add(asyncio.create_task(count_restarts()))
+
+
+async def count_restarts() -> None:
+    """Every poller snapshot to /metrics, so a restart between two scrapes is still counted."""
+    async with app.poller.subscribe() as statuses:
+        async for status in statuses:
+            metrics.METRICS.observe_engine(status)
 
 
 async def status_route(user: cl.User | None = Depends(get_current_user)) -> dict:
@@ -79,6 +87,26 @@ async def status_route(user: cl.User | None = Depends(get_current_user)) -> dict
 
 http_app.add_api_route("/qwenchat/status", status_route, methods=["GET"])
 # Chainlit serves its SPA from a catch-all route; ours must come first.
+http_app.router.routes.insert(0, http_app.router.routes.pop())
+
+
+def connected_sessions() -> int:
+    """Chainlit's websocket sessions whose browser is connected now (a closed tab's session lingers a while)."""
+    from chainlit.session import ws_sessions_id
+
+    return sum(1 for s in list(ws_sessions_id.values()) if sio.manager.is_connected(s.socket_id, "/"))
+
+
+async def metrics_route(user: cl.User | None = Depends(get_current_user)) -> Response:
+    """Prometheus text format (backend/chat/metrics.py); 401 without a login when [ui].auth is on."""
+    await app.start()
+    text = metrics.METRICS.render(
+        engine=app.poller.status, active_sessions=connected_sessions(), anomalies=anomaly_counts()
+    )
+    return Response(text, media_type=metrics.CONTENT_TYPE)
+
+
+http_app.add_api_route("/metrics", metrics_route, methods=["GET"])
 http_app.router.routes.insert(0, http_app.router.routes.pop())
 
 

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 from ..errors import ConnectionLost, ModelNotFound, PromptTooLong, QwenChatError, ServerStarting, ServerUnreachable
 from ..text import t
+from . import metrics
 from .budget import FitResult
 from .client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
 from .health import EngineState, HealthStatus
@@ -191,17 +192,22 @@ class _Turn:
         rid = new_request_id()
         await view.new_answer(model)
         text, usage, finish, t0 = "", None, None, time.monotonic()
+        ended: str | None = None  # how it ended, for /metrics: "ok" or an error code; None: not counted (retried)
+        first = True
         try:
             if not await self.wait_for_engine():
+                down = service.poller.status.state is EngineState.DOWN
+                ended = metrics.ENGINE_DOWN if down else ServerStarting.code
                 return Outcome.FAILED
             if await service.needs_runtime_load(model):  # e.g. chosen before a restart, restored on reload
                 if not await self.load_adapter(model) and self.fixed_model:
+                    ended = metrics.ADAPTER
                     return Outcome.FAILED  # a compare side: its error is shown, the chat's choice unchanged
                 model = self.model()
                 await view.new_answer(model)  # nothing shown yet: the bubble is by the model that answers
             fitted = await service.fit(conv.messages(self.session.system_prompt))
             # While it streams, the adapter is in use: never the one evicted to make room for another load.
-            with service.adapter_usage.streaming(model):
+            with service.adapter_usage.streaming(model), metrics.METRICS.streaming():
                 async with contextlib.aclosing(
                     service.client.stream(
                         fitted.messages,
@@ -212,6 +218,9 @@ class _Turn:
                     )
                 ) as events:
                     async for ev in events:
+                        if first and isinstance(ev, (TextDelta, ReasoningDelta)):
+                            first = False
+                            metrics.METRICS.first_token(model, time.monotonic() - t0)
                         if isinstance(ev, TextDelta):
                             text += ev.text
                             await view.stream_token(ev.text)
@@ -227,11 +236,16 @@ class _Turn:
                 with contextlib.suppress(Exception):
                     await view.drop_answer()
                 await view.show_error(no_text_message(finish, lang), retry=True)
+                ended = metrics.NO_TEXT
                 return Outcome.FAILED
             served = finish.model if finish and finish.model else model
-            turn_id = await view.show_answer(Reply(text, served, usage, finish, fitted, time.monotonic() - t0))
+            seconds = time.monotonic() - t0
+            turn_id = await view.show_answer(Reply(text, served, usage, finish, fitted, seconds))
             self.record(turn_id, text, served, False)
+            ended = metrics.OK
+            metrics.METRICS.answered(served, seconds)
         except PromptTooLong as exc:
+            ended = exc.code
             last = conv.last_user()
             try:
                 assert last is not None  # the message too long is the newest user turn
@@ -243,6 +257,7 @@ class _Turn:
                 await view.show_error(exc.user_text(lang), trimmed=trimmed)
         except asyncio.CancelledError:
             # Stop button: Chainlit cancels this task; the client closes the upstream request.
+            ended = metrics.STOPPED
             await self.keep_partial(text, model, t("stopped", lang))
             raise
         except (ServerUnreachable, ConnectionLost) as exc:
@@ -251,7 +266,8 @@ class _Turn:
             logger.info("[%s] engine connection failed: %s", rid, exc.code)
             status = await service.status_after_failure()
             if not text and may_wait_again and not status.answering and status.state is not EngineState.DOWN:
-                return Outcome.ENGINE_GONE
+                return Outcome.ENGINE_GONE  # not counted: the next attempt is
+            ended = exc.code
             await self.keep_partial(text, model, t("interrupted", lang))
             why = status.text(lang) if not status.answering else ""
             await view.show_error(
@@ -260,6 +276,7 @@ class _Turn:
         except ModelNotFound as exc:
             # The adapter is gone (unloaded elsewhere, engine restarted): left selected, every later message fails.
             logger.info("[%s] model %r is not served", rid, model)
+            ended = exc.code
             await self.keep_partial(text, model, t("interrupted", lang))
             default = service.default_model(service.poller.status)
             if model == default or self.fixed_model:
@@ -270,10 +287,12 @@ class _Turn:
                 await view.show_error(f"{exc.user_text(lang)}\n\n{t('model_reset', lang, model=default)}", retry=True)
         except QwenChatError as exc:
             logger.info("[%s] answer failed: %s", rid, exc.code)
+            ended = exc.code
             await self.keep_partial(text, model, t("interrupted", lang))
             await view.show_error(exc.user_text(lang), retry=getattr(exc, "retryable", True))
         except Exception:  # a bug in the app, not the engine's fault: say so; the log has the id
             logger.exception("[%s] unexpected failure", rid)
+            ended = metrics.APP_ERROR
             await self.keep_partial(text, model, t("interrupted", lang))
             await view.show_error(t("app_error", lang, rid=rid), retry=True)
         else:
@@ -284,6 +303,8 @@ class _Turn:
                 logger.exception("[%s] could not show the left-out turns", rid)
             return Outcome.ANSWERED
         finally:
+            if ended is not None:
+                metrics.METRICS.outcome(ended)
             with contextlib.suppress(Exception):  # never left streaming after an error or Stop
                 await view.reasoning_done()
         return Outcome.FAILED
