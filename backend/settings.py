@@ -121,7 +121,8 @@ class ServerSettings:
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 8
     cpu_kvcache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # GPU only: one model split over this many GPUs
+    data_parallel_size: int = 1  # GPU only: this many replicas (each on tensor_parallel_size GPUs)
     extra_args: tuple[str, ...] = ()
     startup_timeout: float = 600.0
     restart_attempts: int = 5
@@ -368,6 +369,12 @@ def _validate(s: Settings) -> None:
         "server.tensor_parallel_size",
         s.server.tensor_parallel_size,
         "1 or more GPUs",
+    )
+    need(
+        s.server.data_parallel_size >= 1,
+        "server.data_parallel_size",
+        s.server.data_parallel_size,
+        "1 or more replicas",
     )
     need(
         s.lora.max_lora_rank in VLLM_LORA_RANKS,

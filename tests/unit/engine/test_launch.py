@@ -122,3 +122,63 @@ def test_launch_tests_see_the_test_config_not_the_shipped_one(tmp_path):
     assert shipped.returncode == 0 and shipped.stdout.strip() == "gpu", shipped.stdout + shipped.stderr
     tests = run(["engine-kind"], tmp_path, PATH=with_gpu)
     assert tests.returncode == 0 and tests.stdout.strip() == "cpu", tests.stdout + tests.stderr
+
+
+# ---------------------------------------------------------------- multi-GPU dry runs (issue 13.3)
+
+
+def fake_gpus(tmp_path, count: int, mib: int) -> str:
+    """PATH with a fake `nvidia-smi` listing ``count`` GPUs of ``mib`` MiB each."""
+    bin_dir = tmp_path / f"gpus-{count}"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "nvidia-smi"
+    listing = "".join(f"echo 'GPU {i}: NVIDIA A100-SXM4-80GB (UUID: GPU-{i})'\n" for i in range(count))
+    fake.write_text(f'#!/bin/sh\nif [ "$1" = "-L" ]; then\n{listing}else\necho {mib}\nfi\n')
+    fake.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def test_dry_run_of_the_tensor_parallel_profile_without_the_model_folder(tmp_path):
+    absent = tmp_path / "models" / "Qwen3-4B-Instruct-2507"
+    out = run(["serve", "--dry-run", "--profile", "gpu-tp2"], tmp_path, QWENCHAT_MODEL_PATH=str(absent))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "--tensor-parallel-size 2" in out.stdout and "--data-parallel-size" not in out.stdout
+    assert "the estimates below use the built-in shape of qwen3-4b-instruct-2507" in out.stdout
+    assert "# info: memory per GPU (tensor_parallel_size 2 × data_parallel_size 1 = 2 GPU(s)" in out.stdout
+    assert "weights 3.7 GiB + KV cache 4 × 262144 tokens × 72 KiB = 72.0 GiB → 75.7 GiB per GPU" in out.stdout
+    assert "a real start would stop here" not in out.stdout  # GPU count unknown here: not refused
+
+
+def test_dry_run_of_the_data_parallel_profile_on_a_two_gpu_box(tmp_path):
+    model = tmp_path / "Qwen3-4B-Instruct-2507"
+    model.mkdir()
+    (model / "config.json").write_text(QWEN3_4B_CONFIG)  # no vocab/intermediate: weights come from the files
+    with (model / "model.safetensors").open("wb") as f:
+        f.truncate(8 * 1024**3)  # sparse
+    two = fake_gpus(tmp_path, 2, 81920)
+    out = run(["serve", "--dry-run", "--profile", "gpu-dp2"], tmp_path, QWENCHAT_MODEL_PATH=str(model), PATH=two)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "--data-parallel-size 2" in out.stdout and "--tensor-parallel-size" not in out.stdout
+    assert "weights 8.6 GB from the *.safetensors files): weights 8.0 GiB + KV cache" in out.stdout
+    assert "this machine's GPU: 80.0 GiB × 0.92 = 73.6 GiB; after the weights 65.6 GiB" in out.stdout
+    assert "no GPU on this machine" not in out.stdout and "a real start would stop here" not in out.stdout
+
+
+def test_dry_run_says_a_real_start_stops_when_tp_times_dp_exceeds_the_gpus(tmp_path):
+    one = fake_gpus(tmp_path, 1, 81920)
+    absent = tmp_path / "Qwen3-4B-Instruct-2507"
+    out = run(["serve", "--dry-run", "--profile", "gpu-tp2"], tmp_path, QWENCHAT_MODEL_PATH=str(absent), PATH=one)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (
+        "# a real start would stop here: config error: server.tensor_parallel_size = 2: expected "
+        "tensor_parallel_size × data_parallel_size (2 × 1 = 2 GPUs) within the 1 GPU(s) visible here" in out.stdout
+    )
+
+
+def test_a_cpu_start_with_tensor_parallel_is_refused_before_anything_runs(tmp_path):
+    out = run(["serve"], tmp_path, QWENCHAT_SERVER_TENSOR_PARALLEL_SIZE="2")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "config error: server.tensor_parallel_size = 2: expected 1 on the cpu engine" in out.stdout
+    assert "starting" not in out.stdout and not (tmp_path / "logs" / "engine.log").exists()
+    dry = run(["serve", "--dry-run"], tmp_path, QWENCHAT_SERVER_DATA_PARALLEL_SIZE="2")
+    assert dry.returncode == 0 and "a real start would stop here: config error: server.data_parallel_size" in dry.stdout

@@ -61,3 +61,76 @@ def test_limits_flag_max_model_len_above_the_model_and_kv_cache_too_small():
     levels = {a.level for a in advice}
     assert "error" in levels and "warning" in levels
     assert any("262144" in a.text for a in advice if a.level == "error")
+
+
+# ---------------------------------------------------------------- memory per GPU (issue 13.3)
+
+GIB = 1024**3
+
+
+def qwen_gpu(tp=1, dp=1, util=0.92, seqs=4, path="/nowhere/Qwen3-4B-Instruct-2507"):
+    return Settings(
+        model=ModelSettings(path=path, max_model_len=262144, dtype="bfloat16"),
+        server=ServerSettings(
+            engine="gpu", tensor_parallel_size=tp, data_parallel_size=dp, gpu_memory_utilization=util, max_num_seqs=seqs
+        ),
+    )
+
+
+def test_built_in_qwen3_4b_shape_gives_about_8_gb_of_bf16_weights(tmp_path):
+    s = qwen_gpu()
+    config = preflight.known_config(s)
+    assert config["num_hidden_layers"] == 36 and config["num_key_value_heads"] == 8 and config["head_dim"] == 128
+    assert preflight.param_count(config) == pytest.approx(4.02e9, rel=0.01)  # the model card: 4.0B
+    weights, source = preflight.weights_bytes(s, config, tmp_path / "absent")
+    assert weights == pytest.approx(8.0e9, rel=0.01) and "config.json" in source
+    assert preflight.known_config(Settings()) == {}  # the embedded model: no built-in shape needed
+
+
+def test_tensor_parallel_halves_weights_and_kv_heads_per_gpu(tmp_path):
+    config = preflight.known_config(qwen_gpu())
+    one = preflight.gpu_memory_estimate(qwen_gpu(), config, tmp_path, gpu_bytes=None)
+    two = preflight.gpu_memory_estimate(qwen_gpu(tp=2), config, tmp_path, gpu_bytes=None)
+    assert len(one) == len(two) == 1
+    assert "weights 7.5 GiB + KV cache 4 × 262144 tokens × 144 KiB = 144.0 GiB → 151.5 GiB per GPU" in one[0].text
+    assert "weights 3.7 GiB + KV cache 4 × 262144 tokens × 72 KiB = 72.0 GiB → 75.7 GiB per GPU" in two[0].text
+    assert "tensor_parallel_size 2 × data_parallel_size 1 = 2 GPU(s)" in two[0].text
+    assert "82.3 GiB GPU" in two[0].text  # 75.7 / 0.92
+
+
+def test_data_parallel_keeps_the_whole_model_on_each_gpu(tmp_path):
+    config = preflight.known_config(qwen_gpu())
+    dp2 = preflight.gpu_memory_estimate(qwen_gpu(dp=2), config, tmp_path, gpu_bytes=None)[0].text
+    assert "1 × data_parallel_size 2 = 2 GPU(s)" in dp2 and "weights 7.5 GiB" in dp2 and "151.5 GiB per GPU" in dp2
+
+
+def test_more_tensor_parallel_ranks_than_kv_heads_keep_one_head_each(tmp_path):
+    config = preflight.known_config(qwen_gpu())
+    tp16 = preflight.gpu_memory_estimate(qwen_gpu(tp=16), config, tmp_path, gpu_bytes=None)[0].text
+    assert "× 18 KiB" in tp16  # 2 × 36 layers × 1 head (replicated, not 0.5) × 128 × 2 bytes
+
+
+def test_safetensors_sizes_win_over_the_shape_when_the_folder_has_weights(tmp_path):
+    with (tmp_path / "model-00001-of-00002.safetensors").open("wb") as f:
+        f.truncate(6 * GIB)  # sparse: no disk used
+    with (tmp_path / "model-00002-of-00002.safetensors").open("wb") as f:
+        f.truncate(2 * GIB)
+    s = qwen_gpu(tp=2, path=str(tmp_path))
+    weights, source = preflight.weights_bytes(s, preflight.known_config(qwen_gpu()), tmp_path)
+    assert weights == 8 * GIB and source == "the *.safetensors files"
+    text = preflight.gpu_memory_estimate(s, preflight.known_config(qwen_gpu()), tmp_path, gpu_bytes=None)[0].text
+    assert "weights 4.0 GiB +" in text and "from the *.safetensors files" in text
+
+
+def test_the_machine_s_gpu_memory_says_how_many_full_sequences_fit(tmp_path):
+    config = preflight.known_config(qwen_gpu())
+    a100 = preflight.gpu_memory_estimate(qwen_gpu(tp=2), config, tmp_path, gpu_bytes=80 * GIB)
+    assert a100[1].level == "info"
+    assert "80.0 GiB × 0.92 = 73.6 GiB; after the weights 69.9 GiB of KV cache = 3.9 full-length" in a100[1].text
+    l4 = preflight.gpu_memory_estimate(qwen_gpu(), config, tmp_path, gpu_bytes=24 * GIB)
+    assert l4[1].level == "warning" and "14.6 GiB of KV cache = 0.4 full-length sequence(s)" in l4[1].text
+    assert "raise tensor_parallel_size or lower [model].max_model_len" in l4[1].text
+
+
+def test_no_estimate_without_a_model_shape(tmp_path):
+    assert preflight.gpu_memory_estimate(qwen_gpu(), {}, tmp_path, gpu_bytes=None) == []
