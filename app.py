@@ -10,6 +10,7 @@ import time
 
 import chainlit as cl
 from chainlit.auth import get_current_user
+from chainlit.config import FILES_DIRECTORY
 from chainlit.config import config as chainlit_config
 from chainlit.data import get_data_layer
 from chainlit.input_widget import Select, Slider, TextInput
@@ -513,6 +514,10 @@ async def remember() -> None:
 
 
 async def open_chat() -> None:
+    # Chainlit keeps each session's files (an /export, uploads) under <app root>/.files, and every Chainlit
+    # process deletes that whole folder when it stops: another UI process on the same checkout (a second
+    # port, a test's app) would leave this one unable to attach a file.
+    FILES_DIRECTORY.mkdir(parents=True, exist_ok=True)
     await app.start()
     await send_settings()
     await send_commands()

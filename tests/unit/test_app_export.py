@@ -47,3 +47,23 @@ async def test_export_of_an_empty_chat_says_there_is_nothing_yet(chat: Chat):  #
 async def test_the_chat_offers_the_export_command(chat: Chat):  # noqa: F811
     sent = [d for e, d in chat.events if e == "set_commands"]
     assert "export" in {c["id"] for c in sent[-1]}
+
+
+async def test_export_works_after_another_chainlit_process_removed_the_files_folder(ui, fake):  # noqa: F811
+    """Every Chainlit process deletes <app root>/.files when it stops: another UI on this checkout (a second port,
+    a test's app) would otherwise leave this one unable to attach the export (FileNotFoundError)."""
+    import shutil
+
+    from chainlit.config import FILES_DIRECTORY
+
+    shutil.rmtree(FILES_DIRECTORY, ignore_errors=True)
+    tab = Chat(ui, fake)
+    await tab.start()
+    try:
+        await tab.send(f"hello {marker()}")
+        n = len(tab.events)
+        screen = await send_command(tab, "export", "")
+        assert screen.errors == [] and "This chat as Markdown" in screen.answers[-1]
+        assert exported_file(tab, n)[1].startswith("#")
+    finally:
+        await tab.end()
