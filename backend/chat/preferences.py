@@ -33,6 +33,22 @@ LEGACY_PREFS_FILE = "ui-preferences.json"  # the whole-file JSON of earlier vers
 MAX_PREFS = 500  # remembered browsers/users; the least recently changed are forgotten
 MAX_SYSTEM_PROMPT_BYTES = 32 * 1024  # a system prompt (UTF-8) past this is refused, the previous one kept
 BUSY_TIMEOUT_MS = 5000  # another connection writing: wait this long before "database is locked"
+
+
+@contextlib.contextmanager
+def sqlite_transaction(path: Path) -> Iterator[sqlite3.Connection]:
+    """One transaction on the app's own SQLite file (preferences, votes): WAL, so readers never wait for a
+    writer, and a busy timeout, so two writers wait instead of failing; committed, or rolled back on an error."""
+    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
+    try:
+        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        db.execute("PRAGMA journal_mode = WAL")
+        with db:
+            yield db
+    finally:
+        db.close()
+
+
 # ---------------------------------------------------------------- remembered settings per user or browser
 
 
@@ -156,16 +172,8 @@ class Preferences:
             )
             db.execute("CREATE INDEX IF NOT EXISTS preferences_updated ON preferences (updated)")
 
-    @contextlib.contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000)
-        try:
-            db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            db.execute("PRAGMA journal_mode = WAL")
-            with db:  # one transaction: committed, or rolled back on an error
-                yield db
-        finally:
-            db.close()
+    def _db(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return sqlite_transaction(self.path)
 
     def get(self, key: str | None) -> dict[str, Any]:
         if not key:

@@ -13,15 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from .client import sanitize_text
+from .preferences import sqlite_transaction
 
-BUSY_TIMEOUT_MS = 5000  # another connection writing: wait this long before "database is locked"
 Winner = Literal["a", "b", "tie"]
 WINNERS: tuple[Winner, ...] = ("a", "b", "tie")
 
@@ -65,16 +64,8 @@ class VoteStore:
                 " PRIMARY KEY (thread_id, turn_id))"
             )
 
-    @contextlib.contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000)
-        try:
-            db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            db.execute("PRAGMA journal_mode = WAL")
-            with db:  # one transaction: committed, or rolled back on an error
-                yield db
-        finally:
-            db.close()
+    def _db(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return sqlite_transaction(self.path)
 
     def record(self, vote: Vote) -> bool:
         """Store ``vote``; True when it replaced an earlier vote on the same (thread_id, turn_id) (the last wins)."""
