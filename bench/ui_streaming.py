@@ -40,19 +40,11 @@ from pathlib import Path
 
 from backend.engine import supervisor
 from backend.settings import ROOT
+from tests.e2e.support import CHROMIUM_ARGS
 
 SERVER_MAX_MODEL_LEN = 262_144
 REPLY_RESERVE = 4096  # our app sends max_tokens = [budget].reply_reserve: room for case (a)'s 4,000 tokens
 ANSWER = '.step[data-step-type="assistant_message"] .message-content'
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 
 
 @dataclass(frozen=True)

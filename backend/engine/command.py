@@ -49,15 +49,8 @@ class Command:
 
 
 def gpu_available() -> bool:
-    """True when `nvidia-smi -L` lists at least one GPU."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return False
-    try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+    """True when `nvidia-smi -L` lists at least one GPU that CUDA_VISIBLE_DEVICES leaves visible."""
+    return bool(gpu_count())
 
 
 def gpu_memory_bytes() -> int | None:
