@@ -22,6 +22,7 @@ import re
 import tomllib
 import types
 import typing
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -275,6 +276,35 @@ class LoggingSettings:
         return (p if p.is_absolute() else ROOT / p).resolve()
 
 
+FLEET_POLICIES = ("round_robin", "power_of_two", "cache_aware", "random", "consistent_hash")
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """Several engine replicas behind vLLM's own load balancer (``vllm-router``, in the app environment).
+
+    A fleet is on when it lists at least one replica. The router then listens on ``[server] host:port``
+    (where a single engine would) and the UI talks to it; the replicas are:
+
+    - ``local``: this many replicas launched on this machine, on ports ``[server] port + 1`` … (on a
+      multi-GPU box each takes its own group of ``[server] tensor_parallel_size`` GPUs);
+    - ``remote``: replicas started elsewhere, each an OpenAI base URL (``"http://gpu-b:8000/v1"``); they
+      take the key ``[server] api_key`` (or none), and must serve the same base model and adapters.
+    """
+
+    local: int = 0
+    remote: tuple[str, ...] = ()
+    policy: str = "round_robin"  # vllm-router --policy
+
+    @property
+    def enabled(self) -> bool:
+        return self.local > 0 or bool(self.remote)
+
+    @property
+    def size(self) -> int:
+        return self.local + len(self.remote)
+
+
 @dataclass(frozen=True)
 class Settings:
     model: ModelSettings = field(default_factory=ModelSettings)
@@ -285,6 +315,7 @@ class Settings:
     ui: UISettings = field(default_factory=UISettings)
     health: HealthSettings = field(default_factory=HealthSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    fleet: FleetSettings = field(default_factory=FleetSettings)
     base_url: str = ""  # OPENAI_BASE_URL: external mode when set
     api_key: str = ""  # OPENAI_API_KEY or the launcher's per-launch key
 
@@ -303,6 +334,18 @@ class Settings:
         host = "127.0.0.1" if self.server.host in ("0.0.0.0", "::", "") else self.server.host
         return f"http://{host}:{self.server.port}/v1"
 
+    def replica_url(self, index: int) -> str:
+        """The OpenAI base URL (ends in /v1) of fleet replica ``index``: the local ones first, then the remote."""
+        if index < self.fleet.local:
+            host = "127.0.0.1" if self.server.host in ("0.0.0.0", "::", "") else self.server.host
+            return f"http://{host}:{self.server.port + 1 + index}/v1"
+        return self.fleet.remote[index - self.fleet.local].rstrip("/")
+
+    @property
+    def replica_urls(self) -> tuple[str, ...]:
+        """Every fleet replica's OpenAI base URL; empty without a fleet."""
+        return tuple(self.replica_url(i) for i in range(self.fleet.size))
+
     @property
     def budget_max_model_len(self) -> int:
         return self.budget.max_model_len or self.model.max_model_len
@@ -318,6 +361,7 @@ _SECTION_CLASSES = {
     "ui": UISettings,
     "health": HealthSettings,
     "logging": LoggingSettings,
+    "fleet": FleetSettings,
 }
 
 
@@ -425,6 +469,44 @@ def _validate(s: Settings) -> None:
         s.ui.stream_flush_ms,
         "0 (send every token at once) to 1000 milliseconds",
     )
+    _validate_fleet(s, need)
+
+
+def _validate_fleet(s: Settings, need: Any) -> None:
+    f = s.fleet
+    need(
+        not isinstance(f.local, bool) and isinstance(f.local, int) and 0 <= f.local <= 64,
+        "fleet.local",
+        f.local,
+        "a number of replicas to launch on this machine, 0 to 64",
+    )
+    need(f.policy in FLEET_POLICIES, "fleet.policy", f.policy, "one of " + ", ".join(f'"{p}"' for p in FLEET_POLICIES))
+    for url in f.remote:
+        parts = urllib.parse.urlsplit(url)
+        need(
+            parts.scheme in ("http", "https")
+            and bool(parts.hostname)
+            and not parts.query
+            and not parts.fragment
+            and "," not in url,
+            "fleet.remote",
+            url,
+            'replica base URLs like "http://gpu-b:8000/v1"',
+        )
+    need(len(set(s.replica_urls)) == f.size, "fleet.remote", f.remote, "each replica once (one listed twice)")
+    if f.enabled:
+        need(
+            s.server.data_parallel_size == 1,
+            "server.data_parallel_size",
+            s.server.data_parallel_size,
+            "1 with a [fleet]: the fleet's replicas are the data-parallel copies",
+        )
+        need(
+            not (s.external and f.local),
+            "fleet.local",
+            f.local,
+            "0 with OPENAI_BASE_URL set (a UI-only start launches nothing; list the replicas in fleet.remote)",
+        )
 
 
 BRANDING_IMAGE_SUFFIXES = {"logo": (".png", ".svg", ".jpg", ".jpeg", ".webp"), "favicon": (".png", ".svg", ".ico")}
