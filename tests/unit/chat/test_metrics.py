@@ -1,5 +1,5 @@
-"""GET /metrics: the Prometheus text format, read back with a strict parser of the exposition format
-(prometheus_client is not in the app environment), and what the handlers count into it."""
+"""GET /metrics: the Prometheus text format, read back with Prometheus's own text parser (prometheus_client, a test
+dependency) and a stricter one of the exposition format here, and what the handlers count into it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import re
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from backend.chat import metrics
 from backend.chat.client import reset_anomaly_counts
@@ -60,7 +61,26 @@ def parse(text: str) -> tuple[dict[str, str], Samples]:
     for family, kind in types.items():
         if kind == "histogram":
             check_histogram(family, samples)
+    # Prometheus's own parser reads the same families, types and samples (it is laxer, so both run).
+    theirs: Samples = {}
+    for fam in text_string_to_metric_families(text):
+        ours = fam.name if fam.name in types else fam.name + "_total"  # it names a counter's family without _total
+        assert types.get(ours) == fam.type, f"{fam.name}: {fam.type} vs {types.get(ours)}"
+        for s in fam.samples:
+            theirs[(s.name, _plain(s.labels.items()))] = s.value
+    mine = {(name, _plain((k, _unescape(v)) for k, v in labels)): v for (name, labels), v in samples.items()}
+    assert theirs.keys() == mine.keys()
+    assert all(theirs[k] == v or (math.isnan(v) and math.isnan(theirs[k])) for k, v in mine.items())
     return types, samples
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+
+def _plain(labels: object) -> frozenset[tuple[str, str]]:
+    """Labels as values, with ``le`` as a number (their parser and ours spell 10 and 10.0 alike)."""
+    return frozenset((k, repr(float(v)) if k == "le" else v) for k, v in labels)  # type: ignore[attr-defined]
 
 
 def check_histogram(family: str, samples: Samples) -> None:
