@@ -816,6 +816,24 @@ class ChatClient:
         mapped = self._map(exc, model)
         return f"failed: {mapped.code} ({type(exc).__name__}: {short(exc)})", mapped
 
+    @contextlib.contextmanager
+    def _request(self, model: str, request_id: str | None) -> Iterator[_Request]:
+        """One request's bookkeeping: its state, how it ended (ours raised as is, the rest mapped to
+        ours), and its one log line, whichever way it ended."""
+        st = _Request(request_id or new_request_id(), model)
+        t0 = time.monotonic()
+        outcome = "failed"
+        try:
+            yield st
+            outcome = "done"
+        except BaseException as exc:
+            outcome, err = self._outcome(exc, model)
+            if err is exc:
+                raise
+            raise err from exc
+        finally:
+            self._log_end(st, outcome, time.monotonic() - t0)
+
     async def stream(
         self,
         messages: list[dict[str, Any]],
@@ -831,14 +849,10 @@ class ChatClient:
         also closes the upstream connection.
         """
         s = self.settings
-        st = _Request(request_id or new_request_id(), model)
         body = self._body(messages, model, max_tokens, sampling, stream=True)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         total_at, first_at = t0 + s.total_timeout, t0 + s.first_token_timeout
-        logger.debug(
-            "[%s] POST %s/chat/completions model=%s messages=%d stream", st.rid, self.base_url, model, len(messages)
-        )
 
         async def bounded(awaitable: Any) -> Any:
             """Await under the binding deadline; raise the matching RequestTimeout.
@@ -863,9 +877,15 @@ class ChatClient:
                 raise
 
         response: httpx2.Response | None = None
-        outcome = "failed"
-        try:
+        with self._request(model, request_id) as st:
             try:
+                logger.debug(
+                    "[%s] POST %s/chat/completions model=%s messages=%d stream",
+                    st.rid,
+                    self.base_url,
+                    model,
+                    len(messages),
+                )
                 # The raw response (the SDK still does the request, its retries and status errors): its
                 # body is read below for what it is, not taken to be an event stream.
                 response = await bounded(
@@ -925,20 +945,13 @@ class ChatClient:
                         yield a
                 if st.usage is not None:
                     yield st.usage
-                outcome = "done"
                 yield Finish(st.finish, st.model, tuple(st.tools))
-            except BaseException as exc:
-                outcome, err = self._outcome(exc, model)
-                if err is exc:
-                    raise
-                raise err from exc
-        finally:
-            if response is not None:
-                try:
-                    await response.aclose()  # the engine sees the connection close
-                except Exception as exc:  # noqa: BLE001 - closing must never mask the real outcome
-                    logger.debug("[%s] closing the response failed: %r", st.rid, exc)
-            self._log_end(st, outcome, loop.time() - t0)
+            finally:
+                if response is not None:
+                    try:
+                        await response.aclose()  # the engine sees the connection close
+                    except Exception as exc:  # noqa: BLE001 - closing must never mask the real outcome
+                        logger.debug("[%s] closing the response failed: %r", st.rid, exc)
 
     async def complete(
         self,
@@ -951,12 +964,9 @@ class ChatClient:
     ) -> Answer:
         """One non-streamed answer, bounded by connect_timeout and total_timeout."""
         s = self.settings
-        st = _Request(request_id or new_request_id(), model)
         body = self._body(messages, model, max_tokens, sampling, stream=False)
-        t0 = time.monotonic()
-        outcome = "failed"
         notes: list[Anomaly] = []
-        try:
+        with self._request(model, request_id) as st:
             try:
                 async with asyncio.timeout(s.total_timeout) as cm:
                     response = await self._api.post(
@@ -984,17 +994,7 @@ class ChatClient:
                 raise WebPageResponse(public_url(where), response.status_code, page_title(raw))
             if text.lstrip("\ufeff \t\r\n")[:1] not in ("{", "["):
                 raise _Malformed(f"{public_url(where)} answered with something that is not JSON: {short(text, 200)!r}")
-            data = json.loads(text)
-            answer = self._answer(st, data, notes)
-            outcome = "done"
-            return answer
-        except BaseException as exc:
-            outcome, err = self._outcome(exc, model)
-            if err is exc:
-                raise
-            raise err from exc
-        finally:
-            self._log_end(st, outcome, time.monotonic() - t0)
+            return self._answer(st, json.loads(text), notes)
 
     def _answer(self, st: _Request, data: Any, notes: list[Anomaly]) -> Answer:
         events = _body_events(st, data)
