@@ -71,8 +71,9 @@ def start_sending(page, text: str) -> int:
     return n
 
 
-def wait_both_partial(page, n: int, timeout_ms: int = 180_000) -> list[str]:
-    """Wait until both new sides show answer text while neither has its footer yet; returns what they showed."""
+def wait_both_partial(page, n: int, timeout_ms: int = 180_000) -> list[str] | None:
+    """Wait until both new sides show answer text while neither has its footer yet: what they showed, or None
+    when one side ended before the other began (the moment cannot come for this question)."""
     handle = page.wait_for_function(
         """([n]) => {
             const s = (SIDES)().slice(n);
@@ -86,7 +87,8 @@ def wait_both_partial(page, n: int, timeout_ms: int = 180_000) -> list[str]:
         timeout=timeout_ms,
         polling="raf",
     )
-    return handle.json_value()
+    seen = handle.json_value()
+    return None if seen == "missed" else seen
 
 
 def send_until_both_stream(page, text: str, attempts: int = 3) -> tuple[int, list[str]]:
@@ -96,7 +98,7 @@ def send_until_both_stream(page, text: str, attempts: int = 3) -> tuple[int, lis
     for _ in range(attempts):
         n = start_sending(page, text)
         seen = wait_both_partial(page, n)
-        if seen != "missed":
+        if seen is not None:
             return n, seen
         wait_both_done(page, n)
     pytest.fail(f"in {attempts} tries the two sides never streamed at the same moment")
