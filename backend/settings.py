@@ -174,6 +174,23 @@ class BudgetSettings:
     max_model_len: int = 0  # 0: what /v1/models says (else [model].max_model_len); >0: this, always
 
 
+HISTORY_DB_FORMS = (
+    "a SQLite file path (empty = history.sqlite3 in [logging].dir), sqlite+aiosqlite:///FILE, or "
+    "postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE (postgresql:// means asyncpg)"
+)
+HISTORY_DB_SCHEMES = ("sqlite", "sqlite+aiosqlite", "sqlite+pysqlite", "postgresql", "postgresql+asyncpg")
+
+
+def check_history_db(value: str) -> None:
+    """``[ui].history_db``: a path, or a URL of a kind the history supports (backend/chat/database.py parses it)."""
+    if "://" not in value:
+        return
+    scheme = value.split("://", 1)[0].strip().lower()
+    if scheme not in HISTORY_DB_SCHEMES:
+        # Never the rest of the URL in the message: it may hold a password.
+        raise ConfigError("ui.history_db", scheme + "://…", HISTORY_DB_FORMS)
+
+
 @dataclass(frozen=True)
 class UISettings:
     language: str = "auto"  # auto (browser) | en | zh
@@ -182,7 +199,7 @@ class UISettings:
     auth: bool = False  # password login + chat history in SQLite (backend/history.py)
     username: str = "admin"
     password: str = ""  # or QWENCHAT_UI_PASSWORD (the usual environment override)
-    history_db: str = ""  # empty: history.sqlite3 in [logging].dir
+    history_db: str = ""  # empty: history.sqlite3 in [logging].dir; or a SQLAlchemy URL (SQLite, PostgreSQL)
     # Browser origins allowed to use the UI (HTTP and websocket); empty: only the page's own origin
     # (scheme://host:port of the request's Host header). Set: exactly these, e.g. "https://chat.example.com".
     allowed_origins: tuple[str, ...] = ()
@@ -206,6 +223,7 @@ class UISettings:
             )
         if self.auth and not self.username.strip():
             raise ConfigError("ui.username", self.username, "a user name when [ui].auth is on")
+        check_history_db(self.history_db)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Chat history in Chainlit's data layer: the schema, and turning a stored thread back into a chat.
 
-- ``[ui].auth = true``: password login (``login.py``) and chat history in a SQLite file
-  (``db_path``) read and written by Chainlit's own ``SQLAlchemyDataLayer``. Chainlit creates no
-  tables and its documented DDL lacks ``steps."autoCollapse"`` (Chainlit 2.12 writes it), so
-  ``ensure_schema`` creates them, and adds missing columns to an older file.
+- ``[ui].auth = true``: password login (``login.py``) and chat history in a SQLite file or a PostgreSQL
+  database (``[ui].history_db``, ``database.py``) read and written by Chainlit's own ``SQLAlchemyDataLayer``.
+  Chainlit creates no tables and its documented DDL lacks ``steps."autoCollapse"`` (Chainlit 2.12 writes
+  it), so ``ensure_schema`` creates them (SQLAlchemy, both databases), and adds what an older one lacks.
 - Every answer step carries ``metadata["qwenchat"]`` = the raw answer text and the model that
   produced it; the shown text has a footer appended (``service.footer``) that must never go
   back to the model. ``conversation_from_thread`` rebuilds the ``Conversation`` from those steps.
@@ -19,12 +19,17 @@ import logging
 import os
 import sqlite3
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Boolean, Column, ForeignKey, Index, Integer, MetaData, Table, Text
+from sqlalchemy.dialects.postgresql import ARRAY
+
 from ..settings import Settings
 from .conversation import Conversation
-from .login import accounts_fingerprint, auth_secret, session_secret
+from .database import Database, ensure_tables, failure, from_setting, sqlite_file, store
+from .login import accounts_fingerprint, auth_secret, session_secret, shared_auth_secret
 
 logger = logging.getLogger(__name__)
 
@@ -35,73 +40,101 @@ COMMANDS = ("adapters", "unload", "export", "compare", "leaderboard", "vote")
 # Columns Chainlit 2.12's SQLAlchemyDataLayer reads and writes (chainlit/data/sql_alchemy.py: the keys
 # of Step.to_dict / Message.to_dict / Element.to_dict / Feedback, and the SELECTs). All nullable but
 # the keys: a NOT NULL Chainlit does not always fill would make its INSERT fail, and it only logs that.
-SCHEMA: dict[str, list[tuple[str, str]]] = {
-    "users": [
-        ("id", "TEXT PRIMARY KEY"),
-        ("identifier", "TEXT NOT NULL UNIQUE"),
-        ("metadata", "TEXT"),
-        ("createdAt", "TEXT"),
-    ],
-    "threads": [
-        ("id", "TEXT PRIMARY KEY"),
-        ("createdAt", "TEXT"),
-        ("name", "TEXT"),
-        ("userId", "TEXT REFERENCES users(id) ON DELETE CASCADE"),
-        ("userIdentifier", "TEXT"),
-        ("tags", "TEXT"),
-        ("metadata", "TEXT"),
-    ],
-    "steps": [
-        ("id", "TEXT PRIMARY KEY"),
-        ("name", "TEXT"),
-        ("type", "TEXT"),
-        ("threadId", "TEXT REFERENCES threads(id) ON DELETE CASCADE"),
-        ("parentId", "TEXT"),
-        ("streaming", "BOOLEAN"),
-        ("waitForAnswer", "BOOLEAN"),
-        ("isError", "BOOLEAN"),
-        ("metadata", "TEXT"),
-        ("tags", "TEXT"),
-        ("input", "TEXT"),
-        ("output", "TEXT"),
-        ("createdAt", "TEXT"),
-        ("command", "TEXT"),
-        ("modes", "TEXT"),
-        ("start", "TEXT"),
-        ("end", "TEXT"),
-        ("generation", "TEXT"),
-        ("showInput", "TEXT"),
-        ("language", "TEXT"),
-        ("indent", "INTEGER"),
-        ("defaultOpen", "BOOLEAN"),
-        ("autoCollapse", "BOOLEAN"),
-    ],
-    "elements": [
-        ("id", "TEXT PRIMARY KEY"),
-        ("threadId", "TEXT REFERENCES threads(id) ON DELETE CASCADE"),
-        ("type", "TEXT"),
-        ("url", "TEXT"),
-        ("chainlitKey", "TEXT"),
-        ("name", "TEXT"),
-        ("display", "TEXT"),
-        ("objectKey", "TEXT"),
-        ("size", "TEXT"),
-        ("page", "INTEGER"),
-        ("language", "TEXT"),
-        ("forId", "TEXT"),
-        ("mime", "TEXT"),
-        ("props", "TEXT"),
-        ("autoPlay", "BOOLEAN"),
-        ("playerConfig", "TEXT"),
-    ],
-    "feedbacks": [
-        ("id", "TEXT PRIMARY KEY"),
-        ("forId", "TEXT NOT NULL"),
-        ("threadId", "TEXT"),
-        ("value", "INTEGER NOT NULL"),
-        ("comment", "TEXT"),
-    ],
-}
+# Types that round-trip on SQLite and PostgreSQL alike: Chainlit binds metadata, generation and props as
+# JSON strings (TEXT), timestamps as ISO strings (TEXT), booleans as bool, and thread/step "tags" as a
+# Python list: TEXT[] on PostgreSQL (asyncpg binds a list as an array), JSON text on SQLite (the adapter
+# below). "modes" (a dict) is turned into JSON text by datalayer.GuardedDataLayer before it is bound.
+METADATA = MetaData()
+_TAGS = Text().with_variant(ARRAY(Text()), "postgresql")
+
+
+def _cols(*spec: tuple[str, Any]) -> list[Column[Any]]:
+    return [Column(name, kind) for name, kind in spec]
+
+
+Table(
+    "users",
+    METADATA,
+    Column("id", Text(), primary_key=True),
+    Column("identifier", Text(), nullable=False, unique=True),
+    *_cols(("metadata", Text()), ("createdAt", Text())),
+)
+Table(
+    "threads",
+    METADATA,
+    Column("id", Text(), primary_key=True),
+    Column("createdAt", Text()),
+    Column("name", Text()),
+    Column("userId", Text(), ForeignKey("users.id", ondelete="CASCADE")),
+    *_cols(("userIdentifier", Text()), ("tags", _TAGS), ("metadata", Text())),
+    Index("threads_user", "userId"),
+)
+Table(
+    "steps",
+    METADATA,
+    Column("id", Text(), primary_key=True),
+    Column("name", Text()),
+    Column("type", Text()),
+    Column("threadId", Text(), ForeignKey("threads.id", ondelete="CASCADE")),
+    *_cols(
+        ("parentId", Text()),
+        ("streaming", Boolean()),
+        ("waitForAnswer", Boolean()),
+        ("isError", Boolean()),
+        ("metadata", Text()),
+        ("tags", _TAGS),
+        ("input", Text()),
+        ("output", Text()),
+        ("createdAt", Text()),
+        ("command", Text()),
+        ("modes", Text()),
+        ("start", Text()),
+        ("end", Text()),
+        ("generation", Text()),
+        ("showInput", Text()),
+        ("language", Text()),
+        ("indent", Integer()),
+        ("defaultOpen", Boolean()),
+        ("autoCollapse", Boolean()),
+    ),
+    Index("steps_thread", "threadId"),
+)
+Table(
+    "elements",
+    METADATA,
+    Column("id", Text(), primary_key=True),
+    Column("threadId", Text(), ForeignKey("threads.id", ondelete="CASCADE")),
+    *_cols(
+        ("type", Text()),
+        ("url", Text()),
+        ("chainlitKey", Text()),
+        ("name", Text()),
+        ("display", Text()),
+        ("objectKey", Text()),
+        ("size", Text()),
+        ("page", Integer()),
+        ("language", Text()),
+        ("forId", Text()),
+        ("mime", Text()),
+        ("props", Text()),
+        ("autoPlay", Boolean()),
+        ("playerConfig", Text()),
+    ),
+)
+Table(
+    "feedbacks",
+    METADATA,
+    Column("id", Text(), primary_key=True),
+    Column("forId", Text(), nullable=False),
+    Column("threadId", Text()),
+    Column("value", Integer(), nullable=False),
+    Column("comment", Text()),
+    Index("feedbacks_for", "forId"),  # version 2: Chainlit joins feedbacks on "forId" for every thread it reads
+)
+# Version 1: the tables above without the feedbacks_for index, and no qwenchat_schema row (SQLite only).
+# Version 2: the index, the version row, PostgreSQL.
+SCHEMA_VERSION = 2
+SCHEMA: dict[str, list[str]] = {t.name: [c.name for c in t.columns] for t in METADATA.sorted_tables}
 
 
 def _adapt_json(value: Any) -> str:
@@ -117,33 +150,26 @@ sqlite3.register_adapter(list, _adapt_json)
 # ---------------------------------------------------------------- database and login
 
 
+def database(settings: Settings) -> Database:
+    """``[ui].history_db`` parsed: a SQLite file (default ``history.sqlite3`` in ``[logging].dir``) or PostgreSQL."""
+    return from_setting(settings.ui.history_db, settings.logging.resolved_dir / "history.sqlite3")
+
+
 def db_path(settings: Settings) -> Path:
-    """``[ui].history_db``, or ``history.sqlite3`` in ``[logging].dir``."""
-    if settings.ui.history_db:
-        return Path(settings.ui.history_db).expanduser().resolve()
-    return settings.logging.resolved_dir / "history.sqlite3"
+    """The history's SQLite file; with PostgreSQL, where it would be (``[logging].dir``): local files go there."""
+    db = database(settings)
+    return db.path if db.path is not None else settings.logging.resolved_dir / "history.sqlite3"
 
 
 def database_url(path: Path) -> str:
-    return f"sqlite+aiosqlite:///{path}"
+    return sqlite_file(path).async_url
 
 
-def ensure_schema(path: Path) -> None:
-    """Create the tables Chainlit's SQLAlchemyDataLayer uses; add columns an older file lacks. Idempotent."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(path) as db:
-        for table, columns in SCHEMA.items():
-            cols = ", ".join(f'"{name}" {decl}' for name, decl in columns)
-            db.execute(f'CREATE TABLE IF NOT EXISTS "{table}" ({cols})')
-            have = {row[1] for row in db.execute(f'PRAGMA table_info("{table}")')}
-            for name, decl in columns:
-                if name not in have:  # e.g. a file made from Chainlit's docs: no "autoCollapse"
-                    plain = decl.replace("PRIMARY KEY", "").replace("NOT NULL", "").replace("UNIQUE", "")
-                    plain = plain.split(" REFERENCES")[0].strip()
-                    db.execute(f'ALTER TABLE "{table}" ADD COLUMN "{name}" {plain}')
-                    logger.info("history: added column %s.%s to %s", table, name, path)
-        db.execute('CREATE INDEX IF NOT EXISTS steps_thread ON steps ("threadId")')
-        db.execute('CREATE INDEX IF NOT EXISTS threads_user ON threads ("userId")')
+def ensure_schema(where: Path | Database) -> list[str]:
+    """Create the tables Chainlit's SQLAlchemyDataLayer uses; add what an older database lacks (columns,
+    indexes, the version row). Idempotent, on SQLite and PostgreSQL; returns what it changed."""
+    db = sqlite_file(where) if isinstance(where, Path) else where
+    return ensure_tables(store(db), METADATA, "history", SCHEMA_VERSION)
 
 
 def private_files(path: Path, *, own_folder: bool) -> None:
@@ -156,23 +182,60 @@ def private_files(path: Path, *, own_folder: bool) -> None:
             os.chmod(p, 0o600)
 
 
-def prepare(settings: Settings, env: MutableMapping[str, str] = os.environ) -> str | None:
-    """At app start: with ``[ui].auth``, the tables and the login secret; returns the database URL.
+@dataclass(frozen=True)
+class HistoryStart:
+    """What ``open_history`` found: the data layer's URL, or why there is no history."""
+
+    url: str | None = None  # for Chainlit's SQLAlchemyDataLayer; None = no data layer
+    db: Database | None = None
+    off_reason: str = ""  # set when login is on but the database could not be used (the chat works without)
+
+
+def open_history(settings: Settings, env: MutableMapping[str, str] = os.environ) -> HistoryStart:
+    """At app start: with ``[ui].auth``, the tables and the login secret.
 
     Chainlit reads CHAINLIT_AUTH_SECRET from the environment lazily (after importing app.py), so
-    setting it here, in the UI process, is enough.
+    setting it here, in the UI process, is enough. With PostgreSQL the secret is kept in the database
+    (written once by whichever UI process comes first), so UI processes on other machines share logins.
+    A PostgreSQL database that cannot be reached (refused, wrong password, unknown database) is one log
+    line naming ``ui.history_db`` (the URL without its password) and the cause: login still works, the
+    chat works, nothing is kept.
     """
     if not settings.ui.auth:
-        return None
-    path = db_path(settings)
-    ensure_schema(path)
-    private_files(path, own_folder=path.parent == settings.logging.resolved_dir)
+        return HistoryStart()
+    db = database(settings)
+    base: str | None = None
+    off_reason = ""
+    if db.is_postgres:
+        try:
+            ensure_schema(db)
+            base = shared_auth_secret(store(db), env)
+        except Exception as exc:  # noqa: BLE001 - any failure to reach it: the chat goes on without history
+            off_reason = failure(exc)
+            logger.error(
+                "history: ui.history_db = %s: %s; history is off (chats are not kept), the chat works without it",
+                db.safe,
+                off_reason,
+            )
+    else:
+        path = db.path or db_path(settings)
+        ensure_schema(path)
+        private_files(path, own_folder=path.parent == settings.logging.resolved_dir)
+    if base is None:
+        base = auth_secret(db.path.parent if db.path is not None else settings.logging.resolved_dir, env)
     # Bound to the password: changing it signs everyone out (old tokens no longer verify).
     env["CHAINLIT_AUTH_SECRET"] = session_secret(
-        auth_secret(path.parent, env), settings.ui.username, settings.ui.password + accounts_fingerprint(settings)
+        base, settings.ui.username, settings.ui.password + accounts_fingerprint(settings)
     )
-    logger.info("history: login on for %r, chats kept in %s", settings.ui.username, path)
-    return database_url(path)
+    if off_reason:
+        return HistoryStart(None, db, off_reason)
+    logger.info("history: login on for %r, chats kept in %s", settings.ui.username, db.safe)
+    return HistoryStart(db.async_url, db)
+
+
+def prepare(settings: Settings, env: MutableMapping[str, str] = os.environ) -> str | None:
+    """``open_history``'s data-layer URL (None: no login, or no history)."""
+    return open_history(settings, env).url
 
 
 # ---------------------------------------------------------------- rebuilding a chat from its thread

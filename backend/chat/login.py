@@ -11,8 +11,12 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
+from sqlalchemy import Column, MetaData, Table, Text, text
+from sqlalchemy.engine import Connection
+
 from ..passwords import hash_password, verify_password
 from ..settings import Settings
+from .database import Store, ensure_tables
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +45,29 @@ def auth_secret(folder: Path, env: Mapping[str, str] = os.environ) -> str:
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
     return secret
+
+
+SECRETS = MetaData()
+Table("qwenchat_secrets", SECRETS, Column("name", Text(), primary_key=True), Column("value", Text(), nullable=False))
+
+
+def shared_auth_secret(st: Store, env: Mapping[str, str] = os.environ) -> str:
+    """CHAINLIT_AUTH_SECRET, or one kept in the database (PostgreSQL): the first UI process to start writes
+    it (insert if absent), every other one reads the same, so a login on one UI process is valid on all."""
+    if env.get("CHAINLIT_AUTH_SECRET") and env["CHAINLIT_AUTH_SECRET"] not in _DERIVED:
+        return env["CHAINLIT_AUTH_SECRET"]
+    ensure_tables(st, SECRETS, "secrets", 1)
+
+    def read_or_create(conn: Connection) -> str:
+        conn.execute(
+            text(
+                "INSERT INTO qwenchat_secrets (name, value) VALUES ('chainlit_auth', :v) ON CONFLICT (name) DO NOTHING"
+            ),
+            {"v": secrets.token_urlsafe(48)},
+        )
+        return str(conn.execute(text("SELECT value FROM qwenchat_secrets WHERE name = 'chainlit_auth'")).scalar_one())
+
+    return st.run(read_or_create)
 
 
 def session_secret(base: str, username: str, password: str) -> str:

@@ -1,7 +1,8 @@
 """Remembered settings per signed-in user, or per browser (a cookie) when there is no login.
 
 key = preference_key(user.identifier or None, cookie_header)
-prefs = open_preferences(settings)   # SQLite, one row per key; migrates an old ui-preferences.json once
+prefs = open_preferences(settings)   # one row per key (SQLite, or the PostgreSQL history database: app_store);
+                                     # migrates an old ui-preferences.json once
 prefs.get(key) / prefs.set(key, state)
 check_system_prompt(text)            # raises SystemPromptRefused past MAX_SYSTEM_PROMPT_BYTES
 BrowserCookieMiddleware(asgi_app)    # the page sets the browser cookie the websocket then carries
@@ -20,10 +21,14 @@ from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from typing import Any, ClassVar
 
+from sqlalchemy import Column, Float, Index, MetaData, Table, Text, text
+from sqlalchemy.engine import Connection
+
 from ..errors import QwenChatError
 from ..settings import Settings
-from . import history
+from . import database, history
 from .client import sanitize_text
+from .database import Store
 
 logger = logging.getLogger(__name__)
 
@@ -145,41 +150,76 @@ def _bounded(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def db_path(settings: Settings) -> Path:
-    """Next to the history database when login is on, else in ``[logging].dir``."""
+    """Next to the history database when login is on, else in ``[logging].dir`` (the SQLite file; with a
+    PostgreSQL history the preferences and votes are tables in that database: ``app_store``)."""
     folder = history.db_path(settings).parent if settings.ui.auth else settings.logging.resolved_dir
     return folder / PREFS_DB
 
 
+PREFS_TABLES = MetaData()
+Table(
+    "preferences",
+    PREFS_TABLES,
+    Column("key", Text(), primary_key=True),
+    Column("state", Text(), nullable=False),
+    Column("updated", Float(), nullable=False),
+    Index("preferences_updated", "updated"),
+)
+_CHOSEN: dict[str, Store] = {}
+
+
+def app_store(settings: Settings) -> Store:
+    """Where preferences and votes live: the PostgreSQL history database when ``[ui].history_db`` is one
+    (and login is on), else ``db_path``'s SQLite file. A PostgreSQL database that cannot be reached at the
+    first call falls back to the SQLite file, with one log line (the chat goes on)."""
+    local = database.store(database.sqlite_file(db_path(settings)))
+    db = history.database(settings) if settings.ui.auth else None
+    if db is None or not db.is_postgres:
+        return local
+    if db.async_url not in _CHOSEN:
+        pg = database.store(db)
+        try:
+            database.ensure_tables(pg, PREFS_TABLES, "preferences", 1)
+            _CHOSEN[db.async_url] = pg
+        except Exception as exc:  # noqa: BLE001 - unreachable, wrong password …: remembered locally instead
+            logger.error(
+                "preferences: ui.history_db = %s: %s; settings and votes are kept in %s instead",
+                db.safe,
+                database.failure(exc),
+                PREFS_DB,
+            )
+            _CHOSEN[db.async_url] = local
+    return _CHOSEN[db.async_url]
+
+
 def open_preferences(settings: Settings) -> Preferences:
     """The preferences store for these settings, with an old ``ui-preferences.json`` imported (once)."""
-    prefs = Preferences(db_path(settings))
+    prefs = Preferences(app_store(settings))
     prefs.migrate(settings.logging.resolved_dir / LEGACY_PREFS_FILE)
     return prefs
 
 
 class Preferences:
-    """Settings remembered per key: one SQLite row each (WAL, busy timeout), at most ``MAX_PREFS`` rows.
-
-    Each call opens its own connection (callers run it in a thread: ``asyncio.to_thread``).
+    """Settings remembered per key: one row each, at most ``MAX_PREFS`` rows; SQLite (WAL, busy timeout) or
+    PostgreSQL (``database.Store``). Each call is one transaction (callers run it in ``asyncio.to_thread``).
+    Reads that fail (the database went away) are logged and give no preferences; the chat goes on.
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS preferences (key TEXT PRIMARY KEY, state TEXT NOT NULL, updated REAL NOT NULL)"
-            )
-            db.execute("CREATE INDEX IF NOT EXISTS preferences_updated ON preferences (updated)")
-
-    def _db(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        return sqlite_transaction(self.path)
+    def __init__(self, where: Path | Store) -> None:
+        self.store = where if isinstance(where, Store) else database.store(database.sqlite_file(where))
+        self.path = self.store.db.path  # None on PostgreSQL
+        database.ensure_tables(self.store, PREFS_TABLES, "preferences", 1)
 
     def get(self, key: str | None) -> dict[str, Any]:
         if not key:
             return {}
-        with self._db() as db:
-            row = db.execute("SELECT state FROM preferences WHERE key = ?", (key,)).fetchone()
+        try:
+            row = self.store.run(
+                lambda c: c.execute(text("SELECT state FROM preferences WHERE key = :k"), {"k": key}).first()
+            )
+        except Exception as exc:  # noqa: BLE001 - a database gone away: no remembered settings this time
+            logger.warning("preferences: could not be read (%s)", database.failure(exc))
+            return {}
         try:
             value = json.loads(row[0]) if row else None
         except ValueError:
@@ -196,24 +236,32 @@ class Preferences:
 
     def _write(self, states: Mapping[str, Mapping[str, Any]]) -> None:
         now = time.time()
-        with self._db() as db:
+
+        def write(db: Connection) -> None:
             for i, (key, state) in enumerate(states.items()):
                 # A lone surrogate typed into a field must not make the write fail: stored as U+FFFD.
-                text = sanitize_text(json.dumps(state, ensure_ascii=False))
+                state_text = sanitize_text(json.dumps(state, ensure_ascii=False))
                 db.execute(
-                    "INSERT INTO preferences (key, state, updated) VALUES (?, ?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET state = excluded.state, updated = excluded.updated",
-                    (key, text, now + i * 1e-6),  # several at once (migration) keep their order
+                    text(
+                        "INSERT INTO preferences (key, state, updated) VALUES (:k, :s, :u) "
+                        "ON CONFLICT (key) DO UPDATE SET state = excluded.state, updated = excluded.updated"
+                    ),
+                    {"k": key, "s": state_text, "u": now + i * 1e-6},  # several at once (migration) keep their order
                 )
             db.execute(
-                "DELETE FROM preferences WHERE key NOT IN (SELECT key FROM preferences ORDER BY updated DESC LIMIT ?)",
-                (MAX_PREFS,),
+                text(
+                    "DELETE FROM preferences WHERE key NOT IN "
+                    "(SELECT key FROM preferences ORDER BY updated DESC LIMIT :n)"
+                ),
+                {"n": MAX_PREFS},
             )
+
+        self.store.run(write)
 
     def keys(self) -> list[str]:
         """The remembered keys, oldest first."""
-        with self._db() as db:
-            return [row[0] for row in db.execute("SELECT key FROM preferences ORDER BY updated")]
+        rows = self.store.run(lambda c: c.execute(text("SELECT key FROM preferences ORDER BY updated")).all())
+        return [row[0] for row in rows]
 
     def migrate(self, legacy: Path) -> int:
         """Import ``ui-preferences.json`` (earlier versions' whole-file store) once, then rename it ``.migrated``.
@@ -235,5 +283,5 @@ class Preferences:
         }
         self._write(states)  # the file's order is its recency: the oldest first
         legacy.replace(legacy.with_name(legacy.name + ".migrated"))
-        logger.info("preferences: imported %d from %s into %s", len(states), legacy.name, self.path.name)
+        logger.info("preferences: imported %d from %s into %s", len(states), legacy.name, self.store.db.safe)
         return len(states)

@@ -83,9 +83,9 @@ class Service:
     def votes(self) -> VoteStore:
         """Blind-compare votes, in the remembered-settings file (preferences.db_path); opened on first use."""
         if self._votes is None:
-            from .preferences import db_path
+            from .preferences import app_store
 
-            self._votes = VoteStore(db_path(self.settings))
+            self._votes = VoteStore(app_store(self.settings))
         return self._votes
 
     # ------------------------------------------------------------ health

@@ -1,25 +1,27 @@
 """Blind-compare votes: who won each compared turn, per user and thread; the leaderboard; export input.
 
-store = VoteStore(preferences.db_path(settings))   # the same SQLite file as the remembered settings
+store = VoteStore(preferences.app_store(settings))  # where the remembered settings are (SQLite or PostgreSQL)
 replaced = store.record(Vote(...))                # True: an earlier vote on (thread_id, turn_id) was replaced
 store.leaderboard()                               # [Standing(model, wins, losses, ties)], most wins first
 store.all()                                       # every vote, oldest first (export-feedback reads it)
 
-Each call opens its own connection (callers run it in a thread: ``asyncio.to_thread``).
+Each call is one transaction (callers run it in a thread: ``asyncio.to_thread``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from sqlalchemy import CheckConstraint, Column, Integer, MetaData, Table, Text, text
+from sqlalchemy.engine import Connection
+
+from . import database
 from .client import sanitize_text
-from .preferences import sqlite_transaction
+from .database import Store
 
 Winner = Literal["a", "b", "tie"]
 WINNERS: tuple[Winner, ...] = ("a", "b", "tie")
@@ -48,24 +50,38 @@ class Standing:
     ties: int
 
 
+VOTE_TABLES = MetaData()
+Table(
+    "votes",
+    VOTE_TABLES,
+    Column("thread_id", Text(), primary_key=True),
+    Column("turn_id", Text(), primary_key=True),
+    *(
+        Column(name, Text(), nullable=False)
+        for name in ("user", "prompt", "answer_a", "answer_b", "model_a", "model_b")
+    ),
+    Column("winner", Text(), CheckConstraint("winner IN ('a', 'b', 'tie')"), nullable=False),
+    Column("comment", Text(), nullable=False, server_default=""),
+    Column("created_at", Text(), nullable=False),
+    Column("seq", Integer(), nullable=False, server_default="0"),
+)
+
+
+def _q(name: str) -> str:
+    return '"user"' if name == "user" else name  # a reserved word on PostgreSQL
+
+
+_COLUMNS = '"user", thread_id, turn_id, prompt, answer_a, answer_b, model_a, model_b, winner, comment, created_at'
+
+
 class VoteStore:
-    """One SQLite row per (thread_id, turn_id): a later vote on the same turn replaces the earlier one."""
+    """One row per (thread_id, turn_id): a later vote on the same turn replaces the earlier one. SQLite
+    (a file path) or PostgreSQL (a ``database.Store``: the history database)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS votes ("
-                " thread_id TEXT NOT NULL, turn_id TEXT NOT NULL, user TEXT NOT NULL, prompt TEXT NOT NULL,"
-                " answer_a TEXT NOT NULL, answer_b TEXT NOT NULL, model_a TEXT NOT NULL, model_b TEXT NOT NULL,"
-                " winner TEXT NOT NULL CHECK (winner IN ('a', 'b', 'tie')), comment TEXT NOT NULL DEFAULT '',"
-                " created_at TEXT NOT NULL, seq INTEGER NOT NULL DEFAULT 0,"
-                " PRIMARY KEY (thread_id, turn_id))"
-            )
-
-    def _db(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        return sqlite_transaction(self.path)
+    def __init__(self, where: Path | Store) -> None:
+        self.store = where if isinstance(where, Store) else database.store(database.sqlite_file(where))
+        self.path = self.store.db.path  # None on PostgreSQL
+        database.ensure_tables(self.store, VOTE_TABLES, "votes", 1)
 
     def record(self, vote: Vote) -> bool:
         """Store ``vote``; True when it replaced an earlier vote on the same (thread_id, turn_id) (the last wins)."""
@@ -74,37 +90,42 @@ class VoteStore:
         if not vote.created_at:
             vote = replace(vote, created_at=datetime.now(UTC).isoformat(timespec="milliseconds"))
         s = sanitize_text  # a lone surrogate in an answer (a cut stream) must not make the write fail: U+FFFD
-        row = (
-            s(vote.thread_id),
-            s(vote.turn_id),
-            s(vote.user),
-            s(json.dumps(vote.prompt, ensure_ascii=False)),
-            s(vote.answer_a),
-            s(vote.answer_b),
-            s(vote.model_a),
-            s(vote.model_b),
-            vote.winner,
-            s(vote.comment),
-            vote.created_at,
-        )
-        with self._db() as db:
-            before = db.execute("SELECT 1 FROM votes WHERE thread_id = ? AND turn_id = ?", (row[0], row[1])).fetchone()
-            seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM votes").fetchone()[0]
+        row = {
+            "user": s(vote.user),
+            "thread_id": s(vote.thread_id),
+            "turn_id": s(vote.turn_id),
+            "prompt": s(json.dumps(vote.prompt, ensure_ascii=False)),
+            "answer_a": s(vote.answer_a),
+            "answer_b": s(vote.answer_b),
+            "model_a": s(vote.model_a),
+            "model_b": s(vote.model_b),
+            "winner": vote.winner,
+            "comment": s(vote.comment),
+            "created_at": vote.created_at,
+        }
+
+        def write(db: Connection) -> bool:
+            key = {"t": row["thread_id"], "u": row["turn_id"]}
+            before = db.execute(text("SELECT 1 FROM votes WHERE thread_id = :t AND turn_id = :u"), key).first()
+            seq = db.execute(text("SELECT COALESCE(MAX(seq), 0) + 1 FROM votes")).scalar_one()
+            names = [n for n in row]
+            cols = ", ".join(_q(n) for n in names)
+            updates = ", ".join(f"{_q(n)} = excluded.{_q(n)}" for n in names if n not in ("thread_id", "turn_id"))
             db.execute(
-                "INSERT OR REPLACE INTO votes (thread_id, turn_id, user, prompt, answer_a, answer_b, model_a, model_b,"
-                " winner, comment, created_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (*row, seq),
+                text(
+                    f"INSERT INTO votes ({cols}, seq) VALUES ({', '.join(':' + n for n in names)}, :seq) "
+                    f"ON CONFLICT (thread_id, turn_id) DO UPDATE SET {updates}, seq = excluded.seq"
+                ),
+                {**row, "seq": seq},
             )
-        return before is not None
+            return before is not None
+
+        return self.store.run(write)
 
     def all(self) -> list[Vote]:
         """Every vote, oldest first (a replaced vote counts from its last recording)."""
-        with self._db() as db:
-            rows = db.execute(
-                "SELECT user, thread_id, turn_id, prompt, answer_a, answer_b, model_a, model_b, winner, comment,"
-                " created_at FROM votes ORDER BY seq"
-            ).fetchall()
-        return [_vote(r) for r in rows]
+        rows = self.store.run(lambda db: db.execute(text(f"SELECT {_COLUMNS} FROM votes ORDER BY seq")).all())
+        return [_vote(tuple(r)) for r in rows]
 
     def leaderboard(self) -> list[Standing]:
         """Wins, losses and ties per model, most wins first (then fewest losses, then the name).
