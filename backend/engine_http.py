@@ -158,6 +158,19 @@ def public_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def replica_address(url: str) -> str:
+    """``host:port`` of a fleet replica's URL: how the browser and the logs name it (no credentials, no path)."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return "?"
+    host = parts.hostname or "?"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _route_missing(body: Any) -> bool:
     """FastAPI's own 404 (``{"detail": "Not Found"}``): the route does not exist, no model was looked up."""
     return isinstance(body, dict) and "detail" in body and "error" not in body and "message" not in body

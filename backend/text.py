@@ -626,6 +626,22 @@ CATALOG: dict[str, tuple[str, str]] = {
         "引擎响应缓慢：测试生成超过 {seconds:g} 秒",
     ),
     "health.ready": ("the model is ready", "模型已就绪"),
+    # a fleet (several engine replicas behind a router): {which} lists health.replica_down items joined by "; "
+    "health.replicas_count": ("{ready} of {total} replicas ready", "{total} 个副本中 {ready} 个就绪"),
+    "health.replica_down": ("replica {number} ({address}): {detail}", "副本 {number}（{address}）：{detail}"),
+    "health.replicas_some": (
+        "{ready} of {total} replicas ready; {which}",
+        "{total} 个副本中 {ready} 个就绪；{which}",
+    ),
+    "health.replicas_none": (
+        "no replica is ready ({ready} of {total}); {which}",
+        "没有可用的副本（{total} 个中 {ready} 个就绪）；{which}",
+    ),
+    "health.replicas_unreachable": (
+        "the router answers, but this app reaches none of its {total} replicas directly ({ready} of {total} "
+        "replicas ready here); {which}",
+        "路由器有响应，但本应用无法直接连接其 {total} 个副本中的任何一个（此处 {total} 个中 {ready} 个就绪）；{which}",
+    ),
     "health.probe_timeout": (
         "health 200 but the test generation timed out after {seconds:g} s (the engine may be hung or overloaded)",
         "健康检查为 200，但测试生成在 {seconds:g} 秒内未完成（引擎可能卡住或过载）",

@@ -42,6 +42,8 @@
     if (s.state === "starting" && s.elapsed) text += zh ? ` ${s.elapsed} 秒` : ` ${s.elapsed} s`;
     const reason = zh ? s.reason_zh || s.reason : s.reason;
     if (reason && s.state !== "ready") text += ` · ${reason}`;
+    // a fleet: "3 of 3 replicas ready" (when not all are, the reason already says which are not)
+    if (s.state === "ready" && s.replicas_total) text += ` · ${zh ? s.replicas_text_zh : s.replicas_text}`;
     el.hidden = false;
     el.textContent = text;
     el.dataset.state = s.state;

@@ -25,6 +25,19 @@ States (``EngineState``):
 
 A transition (state or reason) is logged once and pushed to subscribers once; a steady state is
 not re-logged. Reasons are stable texts (no ticking numbers) so they can be compared.
+
+A fleet (``replicas``: each replica's OpenAI base URL; the base URL is then the router in front of them):
+every poll also asks each replica's ``GET /health`` directly, in parallel with the router's (no
+per-message calls); the probe still goes through the router. ``HealthStatus.replicas`` holds each
+replica's view (number, ``host:port``, ready, why not), a replica going down or coming back is logged
+once. On top of the router's state:
+
+    all replicas ready        the router's state (READY: the line adds "3 of 3 replicas ready")
+    some, not all, ready      DEGRADED (the fleet answers, with less capacity): "2 of 3 replicas ready;
+                              replica 3 (gpu-c:8000): connection refused"
+    none ready                DOWN, unless a probe through the router answered in this very poll
+                              (replicas this process cannot reach directly, e.g. a remote fleet behind
+                              its router): then DEGRADED, saying so; probes then run on every poll
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +58,7 @@ from typing import Any
 import aiohttp
 
 from ..contract import PHASE_CONVERT_MODEL, PHASE_INSTALL_ENGINE, EngineStatus, SupervisorState
-from ..engine_http import Route, auth_headers, error_message, status_error
+from ..engine_http import Route, auth_headers, error_message, public_url, replica_address, status_error
 from ..probe import probe_body
 from ..settings import HealthSettings  # re-exported: the [health] section
 from ..text import both, pick_language, t
@@ -75,6 +88,19 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class ReplicaHealth:
+    """One fleet replica as this process sees it (``GET /health`` on the replica itself)."""
+
+    number: int  # 1-based, in [fleet] order (local replicas first)
+    address: str  # host:port: no scheme, credentials or path (it is shown in the browser)
+    ready: bool = False
+    detail: str = ""  # why not ready ("connection refused", "HTTP 503", "no answer within 5 s"); "" when ready
+
+    def to_json(self) -> dict[str, Any]:
+        return {"replica": self.number, "address": self.address, "ready": self.ready, "detail": self.detail}
+
+
+@dataclass(frozen=True)
 class HealthStatus:
     """An immutable snapshot of what the poller knows. ``models`` is the last known list (kept, with
     ``models_stale``, while the engine is down); ``version`` changes only when that list changes."""
@@ -97,6 +123,21 @@ class HealthStatus:
     max_attempts: int | None = None
     log_path: str | None = None
     phase: str | None = None  # the launcher's preparation step while STARTING (contract.PHASE_*), else None
+    replicas: tuple[ReplicaHealth, ...] = ()  # a fleet's replicas as last polled; () without a fleet
+
+    @property
+    def replicas_total(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def replicas_ready(self) -> int:
+        return sum(1 for r in self.replicas if r.ready)
+
+    def replicas_text(self, lang: str | None = "en") -> str:
+        """ "2 of 3 replicas ready" (``""`` without a fleet)."""
+        if not self.replicas:
+            return ""
+        return t("health.replicas_count", lang, ready=self.replicas_ready, total=self.replicas_total)
 
     @property
     def ready(self) -> bool:
@@ -147,6 +188,12 @@ def _parse_models(body: Any) -> tuple[ModelEntry, ...] | None:
     return tuple(out)
 
 
+def _root(base_url: str) -> str:
+    """An engine's root URL from its OpenAI base URL (``…/v1`` or not)."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
 def _error_detail(resp: _Http) -> str:
     msg = " ".join(error_message(resp.body).split())[:160]
     return f"HTTP {resp.status}" + (f": {msg}" if msg else "")
@@ -164,13 +211,18 @@ class HealthPoller:
         api_key: str = "",
         settings: HealthSettings | None = None,
         status_file: str | Path | None = None,
+        replicas: Sequence[str] = (),
     ) -> None:
-        url = base_url.rstrip("/")
-        self.root_url = url[: -len("/v1")] if url.endswith("/v1") else url
+        self.root_url = _root(base_url)
         self.api_url = self.root_url + "/v1"
         self.api_key = api_key
         self.settings = settings or HealthSettings()
         self.status_file = Path(status_file) if status_file else None
+        # a fleet: (number, host:port, root URL) of each replica, polled directly besides the router; a
+        # user:password in a replica's URL is left out (every replica takes the engine key as a bearer token)
+        self.replica_roots = tuple((i + 1, replica_address(u), _root(public_url(u))) for i, u in enumerate(replicas))
+        self._fresh_answer = False  # a probe through the router answered in the poll under way
+        self._replica_view = tuple(ReplicaHealth(n, addr) for n, addr, _ in self.replica_roots)  # published by _set
 
         now = time.time()
         self._status = HealthStatus(
@@ -179,6 +231,7 @@ class HealthPoller:
             reason_zh=t("health.waiting", "zh"),
             since=now,
             checked_at=0.0,
+            replicas=self._replica_view,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -216,7 +269,7 @@ class HealthPoller:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 # no keep-alive: a pooled connection to an engine that restarted would read as "refused"
-                connector=aiohttp.TCPConnector(limit=4, force_close=True),
+                connector=aiohttp.TCPConnector(limit=4 + len(self.replica_roots), force_close=True),
                 headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else None,
             )
         self._task = asyncio.create_task(self._run(), name="qwenchat-health-poller")
@@ -408,7 +461,14 @@ class HealthPoller:
             self._set(EngineState.STARTING, *_supervisor_starting_text(sup), sup=sup, models_ok=False)
             return
 
-        health = await self._get(self.root_url + "/health", s.request_timeout)
+        self._fresh_answer = False
+        if self.replica_roots:  # the replicas' /health at the same time as the router's: one poll's time
+            health, replicas = await asyncio.gather(
+                self._get(self.root_url + "/health", s.request_timeout), self._poll_replicas()
+            )
+            self._note_replicas(replicas)
+        else:
+            health = await self._get(self.root_url + "/health", s.request_timeout)
         health_ok = health.ok and (health.status == 200 or health.status == 404)
         if health.ok and health.status == 404 and not self._health_404_logged:
             self._health_404_logged = True
@@ -487,6 +547,7 @@ class HealthPoller:
         self._last_probe_at = time.monotonic()
         if probe.ok and probe.status == 200 and isinstance(probe.body, dict) and probe.body.get("choices"):
             self._ever_ready = True  # it answered: a later refusal is a crash (DOWN), not "starting"
+            self._fresh_answer = True
             if probe.latency > s.probe_slow:
                 self._answered = (EngineState.DEGRADED, *both("health.slow", seconds=s.probe_slow))
             else:
@@ -507,6 +568,73 @@ class HealthPoller:
             detail = probe.error or _error_detail(probe)
             en, zh = both("health.probe_failed", detail=detail)
         self._set(EngineState.DEGRADED, en, zh, sup=sup, models_ok=True)
+
+    # ------------------------------------------------------------ fleet replicas
+
+    async def _poll_replicas(self) -> tuple[ReplicaHealth, ...]:
+        timeout = self.settings.request_timeout
+        answers = await asyncio.gather(*(self._get(root + "/health", timeout) for _, _, root in self.replica_roots))
+        out = []
+        for (number, address, _), resp in zip(self.replica_roots, answers, strict=True):
+            if resp.ok and resp.status == 200:
+                out.append(ReplicaHealth(number, address, True))
+            elif resp.ok:
+                out.append(ReplicaHealth(number, address, False, _error_detail(resp)))
+            elif resp.error == "refused":
+                out.append(ReplicaHealth(number, address, False, "connection refused"))
+            elif resp.error == "timeout":
+                out.append(ReplicaHealth(number, address, False, f"no answer within {timeout:g} s"))
+            else:  # an aiohttp error: its class only (its text may quote the URL)
+                out.append(ReplicaHealth(number, address, False, resp.error.split(":", 1)[0]))
+        return tuple(out)
+
+    def _note_replicas(self, replicas: tuple[ReplicaHealth, ...]) -> None:
+        """Keep the replicas' view (published with the state it leads to); log each replica that went down or came
+        back (once per change)."""
+        old = {r.number: r for r in self._replica_view}
+        roots = {n: root for n, _, root in self.replica_roots}
+        for r in replicas:
+            before = old.get(r.number)
+            if before is not None and (before.ready, before.detail) == (r.ready, r.detail):
+                continue
+            if r.ready:
+                logger.info("fleet replica %d (%s) is ready", r.number, public_url(roots[r.number]))
+            elif before is not None and (before.ready or before.detail):
+                logger.warning(
+                    "fleet replica %d (%s) is not ready: %s", r.number, public_url(roots[r.number]), r.detail
+                )
+            else:
+                logger.info(
+                    "fleet replica %d (%s) is not ready yet: %s", r.number, public_url(roots[r.number]), r.detail
+                )
+        self._replica_view = replicas
+
+    def _fleet_view(self, state: EngineState, en: str, zh: str) -> tuple[EngineState, str, str]:
+        """The router's answering state (READY/DEGRADED) seen through its replicas (module docstring)."""
+        reps = self._replica_view
+        ready = sum(1 for r in reps if r.ready)
+        if ready == len(reps):
+            return state, en, zh
+        down = [r for r in reps if not r.ready]
+
+        def which(lang: str) -> str:
+            return "; ".join(
+                t("health.replica_down", lang, number=r.number, address=r.address, detail=r.detail or "?") for r in down
+            )
+
+        if ready == 0:
+            self._force_probe = True  # each poll asks the router again: is anything still answering?
+            if self._fresh_answer:
+                key, new_state = "health.replicas_unreachable", EngineState.DEGRADED
+            else:
+                key, new_state = "health.replicas_none", EngineState.DOWN
+        else:
+            key, new_state = "health.replicas_some", EngineState.DEGRADED
+        new_en = t(key, "en", ready=ready, total=len(reps), which=which("en"))
+        new_zh = t(key, "zh", ready=ready, total=len(reps), which=which("zh"))
+        if state is EngineState.DEGRADED and new_state is EngineState.DEGRADED:  # e.g. slow as well: say both
+            new_en, new_zh = f"{new_en} · {en}", f"{new_zh} · {zh}"
+        return new_state, new_en, new_zh
 
     # ------------------------------------------------------------ state bookkeeping
 
@@ -549,6 +677,8 @@ class HealthPoller:
         models_ok: bool,
         latency: float | None = None,
     ) -> None:
+        if self.replica_roots and state in (EngineState.READY, EngineState.DEGRADED):
+            state, en, zh = self._fleet_view(state, en, zh)
         old = self._status
         now = time.time()
         changed = state is not old.state or en != old.reason
@@ -566,9 +696,10 @@ class HealthPoller:
             max_attempts=sup.max_attempts if sup else None,
             log_path=(sup.log_path or None) if sup else None,
             phase=(sup.phase or None) if sup and sup.state is SupervisorState.PREPARING else None,
+            replicas=self._replica_view,
         )
         self._status = new
-        key = (state, en, new.version, new.models_stale, new.attempt)
+        key = (state, en, new.version, new.models_stale, new.attempt, new.replicas)
         notify = key != self._published
         self._published = key
         if changed:
@@ -683,6 +814,7 @@ def get_poller(
     api_key: str = "",
     settings: HealthSettings | None = None,
     status_file: str | Path | None = None,
+    replicas: Sequence[str] = (),
 ) -> HealthPoller:
     """The process's one poller, created on first call (needs a running loop). Later calls return the
     same object; a call naming a different engine URL raises ValueError. A poller left over from a
@@ -693,7 +825,7 @@ def get_poller(
     if p is not None and (p._stopped or (p._loop is not None and (p._loop is not loop or p._loop.is_closed()))):
         p = None
     if p is None:
-        p = HealthPoller(base_url, api_key, settings, status_file)
+        p = HealthPoller(base_url, api_key, settings, status_file, replicas)
         p._loop = loop
         _shared = p
         return p

@@ -93,7 +93,13 @@ class Service:
     @property
     def poller(self) -> HealthPoller:
         if self._poller is None:
-            self._poller = get_poller(self.base_url, self.api_key, self.health_settings, status_file=self.status_file)
+            self._poller = get_poller(
+                self.base_url,
+                self.api_key,
+                self.health_settings,
+                status_file=self.status_file,
+                replicas=self.settings.replica_urls,
+            )
         return self._poller
 
     async def start(self) -> None:
@@ -137,6 +143,13 @@ class Service:
             "anomalies": anomaly_counts(),
             # [ui].language: "en"/"zh" force the badge's language too; "auto" lets the browser decide.
             "lang": self.settings.ui.language,
+            # A fleet ([fleet]): replicas answering their own /health, of how many (0 and 0 without a fleet), each
+            # replica by number and host:port (never its URL's credentials), and the count as the line shows it.
+            "replicas_ready": st.replicas_ready,
+            "replicas_total": st.replicas_total,
+            "replicas": [r.to_json() for r in st.replicas],
+            "replicas_text": st.replicas_text("en"),
+            "replicas_text_zh": st.replicas_text("zh"),
         }
 
     async def status_after_failure(self) -> HealthStatus:

@@ -1,0 +1,164 @@
+"""The shared health poller in front of a fleet: the router (one fake engine) plus each replica's own /health
+(more fake engines, stopped and restarted mid-test)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+import pytest_asyncio
+
+from backend import settings as settings_mod
+from backend.chat import health
+from backend.chat.health import EngineState, HealthPoller
+from backend.chat.service import Service
+from backend.settings import FleetSettings, Settings
+from tests.fakes.vllm_server import FakeEngine
+from tests.unit.chat.test_health import FAST, KEY, until
+
+
+@pytest_asyncio.fixture
+async def fleet():
+    """(router, [replica 1, 2, 3]), all listening."""
+    router = FakeEngine(api_key=KEY)
+    replicas = [FakeEngine(api_key=KEY) for _ in range(3)]
+    for e in (router, *replicas):
+        await e.start()
+    yield router, replicas
+    for e in (router, *replicas):
+        await e.stop()
+
+
+@pytest_asyncio.fixture
+async def poller(fleet):
+    router, replicas = fleet
+    p = HealthPoller(router.url, KEY, FAST, replicas=[r.url for r in replicas])
+    yield p
+    await p.stop()
+
+
+def addr(engine: FakeEngine) -> str:
+    return f"127.0.0.1:{engine.port}"
+
+
+@pytest.mark.asyncio
+async def test_all_replicas_ready_is_ready_with_the_count_and_each_replica_polled_directly_with_the_key(fleet, poller):
+    router, replicas = fleet
+    await poller.start()
+    st = await until(poller, lambda s: s.ready and s.replicas_ready == 3, what="ready, 3 replicas")
+    assert st.replicas_total == 3 and st.reason == "the model is ready"
+    assert st.replicas_text("en") == "3 of 3 replicas ready" and st.replicas_text("zh") == "3 个副本中 3 个就绪"
+    assert [(r.number, r.address, r.ready) for r in st.replicas] == [
+        (i + 1, addr(e), True) for i, e in enumerate(replicas)
+    ]
+    for r in replicas:  # /health only on a replica (the probe goes through the router), with the engine key
+        assert r.seen and {p for p, _ in r.seen} == {"/health"}
+        assert all(auth == f"Bearer {KEY}" for _, auth in r.seen)
+        assert r.probes == 0
+    assert router.probes >= 1
+
+
+@pytest.mark.asyncio
+async def test_one_replica_down_is_degraded_naming_it_and_ready_again_when_it_returns(fleet, poller, caplog):
+    router, replicas = fleet
+    caplog.set_level(logging.INFO, logger="backend.chat.health")
+    await poller.start()
+    await until(poller, lambda s: s.ready and s.replicas_ready == 3, what="all ready")
+
+    await replicas[1].stop()  # kill replica 2
+    st = await until(poller, lambda s: s.state is EngineState.DEGRADED, what="one replica down → degraded")
+    assert st.answering  # messages still go: the router has the other two
+    assert (st.replicas_ready, st.replicas_total) == (2, 3)
+    assert st.reason == f"2 of 3 replicas ready; replica 2 ({addr(replicas[1])}): connection refused"
+    assert st.reason_zh.startswith("3 个副本中 2 个就绪；副本 2") and "connection refused" in st.reason_zh
+    assert [r.ready for r in st.replicas] == [True, False, True]
+    await asyncio.sleep(0.3)  # steady: logged once, not every poll
+    down_logs = [r for r in caplog.records if "replica 2" in r.getMessage() and "not ready" in r.getMessage()]
+    assert len(down_logs) == 1 and down_logs[0].levelno == logging.WARNING
+    assert replicas[1].url.removesuffix("/v1") in down_logs[0].getMessage()  # the log names the whole URL
+
+    await replicas[1].start()
+    st = await until(poller, lambda s: s.ready, what="replica back → ready")
+    assert st.replicas_ready == 3 and st.reason == "the model is ready"
+
+
+@pytest.mark.asyncio
+async def test_no_replica_ready_and_the_router_failing_is_down(fleet, poller):
+    router, replicas = fleet
+    await poller.start()
+    await until(poller, lambda s: s.ready, what="ready")
+    router.probe = "error"
+    for r in replicas:
+        await r.stop()
+    st = await until(poller, lambda s: s.state is EngineState.DOWN, what="no replica → down")
+    assert st.reason.startswith("no replica is ready (0 of 3); replica 1 (") and st.replicas_ready == 0
+    assert st.reason.count("connection refused") == 3
+
+
+@pytest.mark.asyncio
+async def test_replicas_out_of_reach_while_the_router_answers_is_degraded_not_down(fleet, poller):
+    """A remote fleet whose replicas this process cannot reach: the probe through the router still answers."""
+    router, replicas = fleet
+    for r in replicas:
+        await r.stop()
+    await poller.start()
+    st = await until(poller, lambda s: s.state is EngineState.DEGRADED, what="degraded")
+    await asyncio.sleep(0.3)
+    st = poller.status
+    assert st.state is EngineState.DEGRADED and st.answering  # steady, not flapping to DOWN between probes
+    assert "the router answers, but this app reaches none of its 3 replicas directly" in st.reason
+
+
+@pytest.mark.asyncio
+async def test_a_replica_answering_503_is_not_ready_with_the_status_in_the_detail(fleet, poller):
+    router, replicas = fleet
+    replicas[0].health_status = 503
+    await poller.start()
+    st = await until(poller, lambda s: s.state is EngineState.DEGRADED, what="degraded")
+    assert st.replicas[0].detail == "HTTP 503" and "replica 1" in st.reason and "HTTP 503" in st.reason
+
+
+@pytest.mark.asyncio
+async def test_the_status_route_json_carries_the_counts_and_never_a_replica_url_or_its_credentials(fleet):
+    router, replicas = fleet
+    secret_urls = [r.url.replace("http://", "http://user:s3cret@") for r in replicas]
+    settings = settings_mod.replace(
+        Settings(), fleet=FleetSettings(remote=tuple(secret_urls)), base_url=router.url, api_key=KEY
+    )
+    await health.reset_shared()
+    service = Service(settings, health=FAST)
+    try:
+        await service.start()
+        await until(service.poller, lambda s: s.ready and s.replicas_ready == 3, what="ready")
+        await replicas[2].stop()
+        await until(service.poller, lambda s: s.replicas_ready == 2, what="one down")
+        body = service.status_json()
+    finally:
+        await health.reset_shared()
+        if service._warm is not None:
+            service._warm.cancel()
+    assert (body["replicas_ready"], body["replicas_total"]) == (2, 3)
+    assert body["state"] == "degraded" and "2 of 3 replicas ready" in body["reason"]
+    assert body["replicas_text"] == "2 of 3 replicas ready"
+    assert body["replicas"][2] == {
+        "replica": 3,
+        "address": addr(replicas[2]),
+        "ready": False,
+        "detail": "connection refused",
+    }
+    text = repr(body)
+    assert "s3cret" not in text and "user" not in text and KEY not in text and "/v1" not in text
+
+
+@pytest.mark.asyncio
+async def test_without_a_fleet_the_counts_are_zero_and_nothing_else_is_polled(fleet):
+    router, replicas = fleet
+    p = HealthPoller(router.url, KEY, FAST)
+    try:
+        await p.start()
+        st = await until(p, lambda s: s.ready, what="ready")
+    finally:
+        await p.stop()
+    assert (st.replicas_ready, st.replicas_total, st.replicas_text()) == (0, 0, "")
+    assert all(not r.seen for r in replicas)
