@@ -6,11 +6,14 @@ import asyncio
 import contextlib
 import functools
 import logging
+import tempfile
 import time
+from pathlib import Path
 
 import chainlit as cl
+import chainlit.config as chainlit_config_module
+import chainlit.server as chainlit_server
 from chainlit.auth import get_current_user
-from chainlit.config import FILES_DIRECTORY
 from chainlit.config import config as chainlit_config
 from chainlit.data import get_data_layer
 from chainlit.input_widget import Select, Slider, TextInput
@@ -36,17 +39,27 @@ from backend.text import pick_language, t
 
 logger = logging.getLogger(__name__)
 app = ui.Service.from_environment()
-# Sets CHAINLIT_AUTH_SECRET: Chainlit checks it only after importing this file.
-DB_URL = history.prepare(app.settings)
-prefs = preferences.open_preferences(app.settings)  # SQLite; an old ui-preferences.json is imported once
+# Sets CHAINLIT_AUTH_SECRET: Chainlit checks it only after importing this file. With [ui].auth the history is
+# in SQLite or PostgreSQL ([ui].history_db); a PostgreSQL that cannot be reached leaves login on, history off.
+HISTORY = history.open_history(app.settings)
+DB_URL = HISTORY.url
+prefs = preferences.open_preferences(app.settings)  # SQLite or PG; an old ui-preferences.json is imported once
+# Chainlit deletes <app root>/.files when its process stops: a folder of this process's own, so another UI
+# process on the same checkout (a second port) stopping cannot take this one's uploads and files with it.
+FILES_DIRECTORY = Path(tempfile.mkdtemp(prefix="qwenchat-files-"))  # owner-only (0700)
+chainlit_config_module.FILES_DIRECTORY = chainlit_server.FILES_DIRECTORY = FILES_DIRECTORY  # read at use
 
-if DB_URL:  # [ui].auth: login, and history through Chainlit's own data layer
+if DB_URL:  # [ui].auth: history through Chainlit's own data layer
     from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
 
     @cl.data_layer
     def data_layer() -> GuardedDataLayer:
         # Thread ids checked (UUIDs only), stored text sanitised, SQLite in WAL, no prompt text in SQL errors.
-        return GuardedDataLayer(SQLAlchemyDataLayer(DB_URL))
+        assert HISTORY.db is not None and DB_URL is not None
+        return GuardedDataLayer(SQLAlchemyDataLayer(DB_URL, connect_args=HISTORY.db.connect_args))
+
+
+if app.settings.ui.auth:  # login, with or without history
 
     @cl.password_auth_callback
     async def login(username: str, password: str) -> cl.User | None:
@@ -531,6 +544,8 @@ async def on_chat_start() -> None:
     await open_chat()
     for name, reason in app.excluded_adapters().items():
         await show_error(t("excluded_adapter", lang(), name=name, reason=reason))
+    if HISTORY.off_reason:  # login on, but the history database was not there at start (ui.log says why)
+        await cl.Message(content=t("history_off", lang()), author="history").send()
 
 
 @cl.on_chat_resume

@@ -254,6 +254,10 @@ CATALOG: dict[str, tuple[str, str]] = {
         "已切换回 {model}；如有需要，可在设置中选择其他模型或适配器。",
     ),
     "excluded_adapter": ("Adapter {name} was left out at start: {reason}", "适配器 {name} 在启动时被排除：{reason}"),
+    "history_off": (
+        "History is off: the history database could not be reached at start, so this chat is not saved.",
+        "历史记录已关闭：启动时无法连接历史数据库，本次对话不会被保存。",
+    ),
     # ------------------------------------------------------------ welcome screen and sharing (issue 12)
     "welcome.starter_label": ("{text} · {model}", "{text} · {model}"),
     "starter.pirate.1": ("What is the capital of France?", "法国的首都是哪里？"),

@@ -110,3 +110,16 @@ def tiny_engine(test_models, tmp_path_factory) -> Engine:
     engine = start_engine(settings, {"tiny-lora": test_models / "tiny-qwen3-lora"}, log)
     yield engine
     supervisor.stop_process_group(engine.proc)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server (Debian's binaries) for the session: tests/support/postgres.py. Its folder is
+    in the system temp dir, not pytest's: the postgres OS user cannot enter root's 0700 pytest folders."""
+    from tests.support.postgres import running_postgres
+
+    try:
+        with running_postgres() as pg:
+            yield pg
+    except RuntimeError as exc:  # missing binaries, initdb or start failed: a failure with the reason
+        pytest.fail(str(exc))

@@ -70,6 +70,12 @@ class Database:
         return self.url.render_as_string(hide_password=False)
 
     @property
+    def connect_args(self) -> dict[str, Any]:
+        """For ``create_async_engine`` (Chainlit's data layer too): PostgreSQL gives up connecting after
+        ``CONNECT_TIMEOUT`` s instead of asyncpg's 60 (a dead server must not hold a chat for a minute)."""
+        return {"timeout": CONNECT_TIMEOUT} if self.is_postgres else {}
+
+    @property
     def safe(self) -> str:
         """The URL for logs and messages: never the password."""
         return safe_url(self.url)
@@ -98,18 +104,9 @@ def from_setting(value: str, default_file: Path) -> Database:
         url = make_url(value)
     except ArgumentError:
         raise ConfigError("ui.history_db", safe_url(value), HISTORY_DB_FORMS) from None
-    backend, driver = url.get_backend_name(), url.get_driver_name()
-    if backend == "sqlite" and driver in ("pysqlite", "aiosqlite") and url.database:
+    if url.drivername in ("sqlite", "sqlite+aiosqlite", "sqlite+pysqlite") and url.database:
         return sqlite_file(Path(url.database).expanduser().resolve())
-    if (
-        backend == "postgresql"
-        and driver in ("psycopg2", "asyncpg")
-        and url.drivername
-        in (
-            "postgresql",
-            "postgresql+asyncpg",
-        )
-    ):
+    if url.drivername in ("postgresql", "postgresql+asyncpg"):
         if not url.host or not url.database:
             raise ConfigError("ui.history_db", safe_url(url), "a host and a database name: " + HISTORY_DB_FORMS)
         return Database(url.set(drivername="postgresql+asyncpg"))
@@ -155,7 +152,7 @@ class Store:
                 threading.Thread(target=loop.run_forever, name="qwenchat-db", daemon=True).start()
                 self._aengine = create_async_engine(
                     self.db.async_url,
-                    connect_args={"timeout": CONNECT_TIMEOUT},
+                    connect_args=self.db.connect_args,
                     hide_parameters=True,
                     pool_pre_ping=True,  # a server restarted since: a fresh connection, not an error
                     pool_size=2,

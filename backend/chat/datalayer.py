@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any
@@ -53,6 +54,17 @@ def sanitized(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: sanitized(v) for k, v in value.items()}
     return value
+
+
+def storable_step(step_dict: Any) -> Any:
+    """A step dict Chainlit can bind on SQLite and PostgreSQL alike: strings sanitised, and a dict other than
+    the metadata and generation Chainlit encodes itself (the message's "modes") as JSON text. asyncpg binds no
+    dict to a TEXT column; on SQLite the registered adapter (history.py) gave the same text."""
+    out = sanitized(step_dict)
+    for key, value in list(out.items()):
+        if isinstance(value, dict) and value and key not in ("metadata", "generation"):
+            out[key] = json.dumps(value, ensure_ascii=False)
+    return out
 
 
 def tune_engine(engine: AsyncEngine) -> None:
@@ -123,11 +135,11 @@ class GuardedDataLayer:
 
     async def create_step(self, step_dict: Any) -> Any:
         self._check(step_dict.get("threadId"), "create_step")
-        return await self.inner.create_step(sanitized(step_dict))
+        return await self.inner.create_step(storable_step(step_dict))
 
     async def update_step(self, step_dict: Any) -> Any:
         self._check(step_dict.get("threadId"), "update_step")
-        return await self.inner.update_step(sanitized(step_dict))
+        return await self.inner.update_step(storable_step(step_dict))
 
     async def create_element(self, element: Any) -> Any:
         self._check(getattr(element, "thread_id", None), "create_element")
