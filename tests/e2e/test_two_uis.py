@@ -1,0 +1,112 @@
+"""End to end: two UI processes on one PostgreSQL database behave like one app — in real Chromium.
+
+Two real app processes (`python -m backend serve`, different ports, different log folders as on two machines)
+in external mode against the fake OpenAI server, both with ``[ui] history_db`` = one database on the session's
+real PostgreSQL (tests/support/postgres.py). Log in on A and chat; open B (the login is valid there: the
+login secret is in the database), resume the same thread from B's history sidebar and continue; A shows the
+continued thread after a reload.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e import support as e2e
+from tests.e2e.test_history import PASSWORD, USER, launch, log_in, requests_seen, user_messages
+from tests.fakes.openai_server import expected_text
+
+pytestmark = pytest.mark.e2e
+
+FULL = expected_text(8).strip()
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    with e2e.fake_server(tmp_path_factory.mktemp("fakeserver-two-uis")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def uis(fake, postgres, tmp_path_factory):
+    url = postgres.create_database("two_uis")
+    env = {
+        "QWENCHAT_UI_AUTH": "true",
+        "QWENCHAT_UI_USERNAME": USER,
+        "QWENCHAT_UI_PASSWORD": PASSWORD,
+        "QWENCHAT_UI_HISTORY_DB": url,
+    }
+    a = launch(fake, tmp_path_factory.mktemp("ui-a"), **env)
+    try:
+        b = launch(fake, tmp_path_factory.mktemp("ui-b"), **env)
+    except BaseException:
+        e2e.stop(a)
+        raise
+    yield a, b
+    e2e.stop(b)
+    e2e.stop(a)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=e2e.chromium_path(), args=e2e.CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def test_a_thread_started_on_one_ui_is_resumed_and_continued_on_the_other(uis, fake, postgres, browser):
+    a, b = uis
+    for ui in (a, b):
+        log = ui.log_with("chats kept in", "ui")
+        assert "chats kept in postgresql+asyncpg://qwenchat:***@127.0.0.1:" in log
+        assert postgres.password not in log and postgres.password not in ui.log()
+
+    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(60_000)
+    page_a = context.new_page()
+    log_in(page_a, a.url)
+    e2e.wait_ready_ui(page_a, timeout_ms=60_000)
+    first, second = "two uis one: capital?", "two uis two: continued on B"
+    answer = e2e.send(page_a, first, timeout_ms=60_000)
+    assert answer.startswith(FULL) and "fake-qwen ·" in answer
+    page_a.wait_for_url("**/thread/*")
+    thread_url_a = page_a.url
+    thread_id = thread_url_a.rsplit("/", 1)[-1]
+
+    # B on another port: the browser sends the same login cookie, and B accepts it (one secret, in the database)
+    page_b = context.new_page()
+    page_b.goto(b.url)
+    e2e.wait_ready_ui(page_b, timeout_ms=60_000)
+    assert page_b.locator("#email").count() == 0, "B asked for a login: the login secret is not shared"
+    thread = page_b.locator(f"#thread-{thread_id}")
+    thread.wait_for(timeout=30_000)  # B's history sidebar lists the chat made on A
+    assert "two uis one" in thread.inner_text()
+    thread.click()
+    page_b.wait_for_function("() => document.querySelectorAll('.step[data-step-type=\"user_message\"]').length >= 1")
+    e2e.wait_ready_ui(page_b, timeout_ms=60_000)
+    assert [m.strip() for m in user_messages(page_b)] == [first]
+    assert e2e.assistant_messages(page_b)[0].startswith(FULL)
+    n = len(requests_seen(fake))
+    answer = e2e.send(page_b, second, timeout_ms=60_000)
+    assert answer.startswith(FULL) and "fake-qwen ·" in answer
+    [req] = requests_seen(fake)[n:]
+    # B sent A's turn along: both user messages and A's raw answer (no footer)
+    assert req["message_chars"] == len(first) + len(expected_text(8)) + len(second), req
+    assert page_b.url.endswith(thread_id)  # the same thread, not a new one
+
+    page_a.goto(thread_url_a)  # A again, after a reload: the thread as B left it
+    e2e.wait_ready_ui(page_a, timeout_ms=60_000)
+    page_a.wait_for_function("() => document.querySelectorAll('.step[data-step-type=\"user_message\"]').length >= 2")
+    assert [m.strip() for m in user_messages(page_a)] == [first, second]
+    shown = e2e.assistant_messages(page_a)
+    assert len(shown) == 2 and all(s.startswith(FULL) for s in shown)
+    rows = postgres.psql(
+        f"SELECT count(*) FROM steps WHERE \"threadId\" = '{thread_id}' AND type = 'user_message'", "two_uis"
+    )
+    assert rows.strip() == "2"
+    for ui in (a, b):  # Chainlit's data layer only logs a failed INSERT: none may have failed on PostgreSQL
+        log = ui.log("ui")
+        assert "Traceback" not in log and "An error occurred" not in log and "unexpected error" not in log
+    context.close()
