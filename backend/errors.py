@@ -24,7 +24,8 @@ lives outside this module, next to the only code that raises it (marked below).
     │   ├── AdapterFileRefused     a runtime load with a symlink or a pickled weights file
     │   ├── AdapterStatic          /unload of an adapter served from the start ([lora].modules)
     │   ├── AdapterAnswering       /unload of an adapter an answer streams from
-    │   └── AdapterSlotsBusy       every runtime adapter slot is answering: nothing can be evicted
+    │   ├── AdapterSlotsBusy       every runtime adapter slot is answering: nothing can be evicted
+    │   └── AdapterFleetPartial    a runtime load/unload sent to every fleet replica failed on some of them
     ├── merge.MergeError           (see backend/engine/merge.py) merging a LoRA into its base was refused or failed
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
@@ -55,7 +56,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .text import t
+from .text import pick_language, t
 
 
 class QwenChatError(Exception):
@@ -266,6 +267,39 @@ class AdapterSlotsBusy(AdapterError):
     def __init__(self, name: str, slots: int, setting: str) -> None:
         self.name, self.slots, self.setting = name, slots, setting
         super().__init__()
+
+
+class AdapterFleetPartial(AdapterError):
+    """A runtime load or unload, sent to every fleet replica, failed on some of them (``adapters/runtime.py``).
+
+    ``failures_en``/``_zh`` name each failed replica (number, host:port) and why; ``after_en``/``_zh`` say what
+    was done about the others (the load undone, the unload undone, or what is left uneven). Plain strings, so
+    ``hide_error_paths`` can take server paths out of them like any other error's parameters.
+    """
+
+    code = "adapter_fleet_partial"
+    text_key = "error.adapter_fleet_load"
+    TEXTS: ClassVar[dict[str, str]] = {"load": "error.adapter_fleet_load", "unload": "error.adapter_fleet_unload"}
+
+    def __init__(
+        self,
+        name: str,
+        action: str,
+        failed: tuple[int, ...],
+        failures_en: str,
+        failures_zh: str,
+        after_en: str,
+        after_zh: str,
+    ) -> None:
+        self.name, self.action, self.failed = name, action, failed
+        self.failures_en, self.failures_zh, self.after_en, self.after_zh = failures_en, failures_zh, after_en, after_zh
+        super().__init__()
+
+    def user_text(self, lang: str | None = "en") -> str:
+        zh = pick_language(lang) == "zh"
+        failures, after = (self.failures_zh, self.after_zh) if zh else (self.failures_en, self.after_en)
+        text = t(self.TEXTS.get(self.action, self.text_key), lang, name=self.name, failures=failures)
+        return f"{text}{'' if zh else ' '}{after}".strip()
 
 
 # ---------------------------------------------------------------- budget

@@ -357,6 +357,36 @@ CATALOG: dict[str, tuple[str, str]] = {
         "adapter {name!r} is answering right now ({answers} answer(s) streaming, maybe in another chat); try /unload again when they have finished.",
         "适配器 {name!r} 正在回答（{answers} 个回答正在生成，可能在其他对话中）；请等它们结束后再次 /unload。",
     ),
+    # a fleet: a runtime load/unload goes to every replica (adapters/runtime.py); {failures} lists
+    # error.adapter_fleet.replica items joined by "; ", {replicas} is "1, 3"
+    "error.adapter_fleet_load": (
+        "could not load adapter {name!r} on every replica of the fleet: {failures}.",
+        "无法在集群的每个副本上加载适配器 {name!r}：{failures}。",
+    ),
+    "error.adapter_fleet_unload": (
+        "could not unload adapter {name!r} from every replica of the fleet: {failures}.",
+        "无法从集群的每个副本上卸载适配器 {name!r}：{failures}。",
+    ),
+    "error.adapter_fleet.replica": ("replica {number} ({address}): {reason}", "副本 {number}（{address}）：{reason}"),
+    "error.adapter_fleet.load_undone": (
+        "It was unloaded again from replicas {replicas}, where it had loaded, so every replica serves the same "
+        "models; fix the cause and choose it again.",
+        "已在加载成功的副本 {replicas} 上重新卸载，所有副本提供的模型保持一致；请排除原因后再次选择。",
+    ),
+    "error.adapter_fleet.unload_undone": (
+        "It was loaded back on replicas {replicas}, where it had unloaded, so every replica still serves it; "
+        "try /unload again later.",
+        "已在卸载成功的副本 {replicas} 上重新加载，所有副本仍提供该适配器；请稍后再次 /unload。",
+    ),
+    "error.adapter_fleet.unload_uneven": (
+        "It is gone from replicas {replicas} only (it cannot be loaded back from here): answers with it may fail "
+        "until /unload succeeds on every replica.",
+        "它仅从副本 {replicas} 上移除（无法从此处重新加载）：在每个副本都卸载成功之前，使用它的回答可能失败。",
+    ),
+    "error.adapter_fleet.undo_failed": (
+        "Undoing it failed on {failures}: those replicas differ from the others until you retry or restart the fleet.",
+        "在 {failures} 上撤销失败：在重试或重启集群之前，这些副本与其他副本不一致。",
+    ),
     "error.adapter_slots_busy": (
         "cannot load {name!r} now: all {slots} adapter slots are answering right now ({setting}); try again in a moment.",
         "暂时无法加载 {name!r}：全部 {slots} 个适配器槽位正在回答（{setting}）；请稍后再试。",

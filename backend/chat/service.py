@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract
-from ..engine_http import short
+from ..engine_http import public_url, short
 from ..errors import (
     AdapterAnswering,
     AdapterSlotsBusy,
@@ -61,6 +61,9 @@ class Service:
         self.settings = settings
         self.base_url = settings.engine_base_url
         self.api_key = settings.api_key
+        # A fleet: each replica's base URL (no user:password: the engine key goes as a bearer token). A runtime
+        # adapter load or unload goes to every one of them; through the router it would reach one replica only.
+        self.replica_urls = tuple(public_url(u) for u in settings.replica_urls)
         self.status_file = status_file
         self.health_settings = health or settings.health
         self.client = ChatClient(self.base_url, self.api_key, settings.client)
@@ -272,9 +275,14 @@ class Service:
                 if lora.max_cpu_loras and len(loaded) >= lora.max_cpu_loras:
                     evicted = await self._evict_for(name, loaded)
                     loaded.remove(evicted)
-                await runtime.load_adapter(
-                    self.base_url, self.api_key, name, diagnosis.path, loaded=loaded, limit=lora.max_cpu_loras
-                )
+                if self.replica_urls:
+                    await runtime.load_on_replicas(
+                        self.replica_urls, self.api_key, name, diagnosis.path, loaded=loaded, limit=lora.max_cpu_loras
+                    )
+                else:
+                    await runtime.load_adapter(
+                        self.base_url, self.api_key, name, diagnosis.path, loaded=loaded, limit=lora.max_cpu_loras
+                    )
             except QwenChatError as exc:
                 self._shown(exc)
                 raise
@@ -284,7 +292,6 @@ class Service:
 
     async def _evict_for(self, name: str, loaded: list[str]) -> str:
         """Unload the least recently used runtime adapter nothing streams from; its name (under the load lock)."""
-        from ..adapters import runtime
         from ..errors import AdapterLimitReached
 
         lora = self.settings.lora
@@ -298,7 +305,7 @@ class Service:
             raise AdapterSlotsBusy(name=name, slots=len(runtime_loaded), setting="[lora].max_cpu_loras")
         logger.info("adapter slots full (%d): unloading %s, the least recently used, for %s", len(loaded), victim, name)
         try:
-            await runtime.unload_adapter(self.base_url, self.api_key, victim)
+            await self._unload_everywhere(victim)
         except ModelNotFound:
             pass  # gone already (unloaded elsewhere): the slot is free all the same
         self.adapter_usage.forget(victim)
@@ -306,8 +313,6 @@ class Service:
 
     async def unload(self, name: str, status: HealthStatus) -> None:
         """Unload a runtime adapter: not the base model, not a static adapter, not one answering right now."""
-        from ..adapters import runtime
-
         if not any(m.id == name for m in status.adapters):
             raise ModelNotFound(name, "not a served adapter")
         if name in self.static_adapters():
@@ -317,12 +322,27 @@ class Service:
             raise AdapterAnswering(name, answers)
         async with self._load_lock:  # not while a load is choosing which adapter to evict
             try:
-                await runtime.unload_adapter(self.base_url, self.api_key, name)
+                await self._unload_everywhere(name)
             except QwenChatError as exc:
                 self._shown(exc)
                 raise
             self.adapter_usage.forget(name)
             await self.poller.refresh()
+
+    async def _unload_everywhere(self, name: str) -> None:
+        """Unload from the engine; in a fleet from every replica (loaded back on all if some refuse)."""
+        from ..adapters import folder, runtime
+
+        if not self.replica_urls:
+            await runtime.unload_adapter(self.base_url, self.api_key, name)
+            return
+        try:  # where a partial unload loads it back from: the folder it was loaded from at runtime
+            reload_path: Path | None = folder.resolve_adapter(self.settings.lora.resolved_dir, name)
+        except QwenChatError:
+            reload_path = None
+        if reload_path is not None and not reload_path.is_dir():
+            reload_path = None
+        await runtime.unload_on_replicas(self.replica_urls, self.api_key, name, reload_path=reload_path)
 
     def adapters_overview(self, status: HealthStatus, local: list[LocalAdapter], lang: str) -> str:
         """Markdown list for the /adapters command: served adapters, then loadable ones."""

@@ -277,6 +277,11 @@ class FakeServer:
         self._runner: web.AppRunner | None = None
         self._closing = False
         self._writers: set[web.StreamResponse] = set()
+        # runtime LoRA (vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING): name -> path, listed by /v1/models
+        self.runtime_adapters: dict[str, str] = {}
+        self.lora_calls: list[tuple[str, dict[str, Any], str]] = []  # (path, body, Authorization header)
+        self.lora_fault: int | None = None  # every (un)load answers this HTTP status with vLLM's error body
+        self.lineage = True  # False: /v1/models without parent/root, as behind LiteLLM or a router
 
     # ------------------------------------------------------------ lifecycle
 
@@ -286,6 +291,8 @@ class FakeServer:
         app.router.add_get("/version", self._version)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/load_lora_adapter", self._load_lora)
+        app.router.add_post("/v1/unload_lora_adapter", self._unload_lora)
         app.router.add_get("/fake/requests", self._requests)
         app.router.add_post("/fake/reset", self._reset)
         app.router.add_post("/fake/mode", self._set_mode)
@@ -346,13 +353,13 @@ class FakeServer:
         now = int(time.time())
 
         def card(mid: str, root: str, parent: str | None, max_len: int | None) -> dict[str, Any]:
+            lineage = {"root": root, "parent": parent} if self.lineage else {}
             return {
                 "id": mid,
                 "object": "model",
                 "created": now,
                 "owned_by": "vllm",
-                "root": root,
-                "parent": parent,
+                **lineage,
                 "max_model_len": max_len,
                 "permission": [],
             }
@@ -363,9 +370,43 @@ class FakeServer:
                 "data": [
                     card(self.model, f"/models/{self.model}", None, self.max_model_len),
                     card(self.adapter, f"/adapters/{self.adapter}", self.model, None),
+                    *(card(n, p, self.model, None) for n, p in self.runtime_adapters.items()),
                 ],
             }
         )
+
+    async def _load_lora(self, request: web.Request) -> web.Response:
+        """vLLM's /v1/load_lora_adapter: plain-text success, 400 when loaded already (``lora_fault``: that status)."""
+        body = await request.json()
+        self.lora_calls.append((request.path, body, request.headers.get("Authorization", "")))
+        name = body.get("lora_name")
+        if self.lora_fault:
+            msg = f"fake LoRA fault {self.lora_fault} loading {name}"
+            return web.json_response(
+                vllm_error(msg, _STATUS_TYPES.get(self.lora_fault, "Error"), self.lora_fault), status=self.lora_fault
+            )
+        if name in self.runtime_adapters or name == self.adapter:
+            msg = f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True."
+            return web.json_response(vllm_error(msg, "BadRequestError", 400), status=400)
+        self.runtime_adapters[name] = str(body.get("lora_path"))
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def _unload_lora(self, request: web.Request) -> web.Response:
+        """vLLM's /v1/unload_lora_adapter: 404 for a name it does not have."""
+        body = await request.json()
+        self.lora_calls.append((request.path, body, request.headers.get("Authorization", "")))
+        name = body.get("lora_name")
+        if self.lora_fault:
+            msg = f"fake LoRA fault {self.lora_fault} unloading {name}"
+            return web.json_response(
+                vllm_error(msg, _STATUS_TYPES.get(self.lora_fault, "Error"), self.lora_fault), status=self.lora_fault
+            )
+        if name not in self.runtime_adapters:
+            return web.json_response(
+                vllm_error(f"The lora adapter '{name}' cannot be found.", "NotFoundError", 404), status=404
+            )
+        del self.runtime_adapters[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def _requests(self, request: web.Request) -> web.Response:
         return web.json_response([r.to_json() for r in self.records])
@@ -395,7 +436,7 @@ class FakeServer:
                     if found:
                         return found.group(1)
                     break
-        if model in (self.model, self.adapter):
+        if model in (self.model, self.adapter) or model in self.runtime_adapters:
             return self.default_mode
         return None
 
