@@ -116,7 +116,7 @@ class Service:
         the chat template, and the SDK client's first request (its lazy imports and the connection).
         A failure is logged; the first message then loads what it needs itself, as before."""
         try:
-            if not self.settings.external:  # a local tokenizer needs no server: load it while vLLM loads
+            if self.tokenizer_source()[0] is not None:  # a local tokenizer needs no server: load it while vLLM loads
                 await self.counter()
             status = await self.poller.wait_until_ready(self.health_settings.startup_limit)
             if not status.answering:
@@ -369,13 +369,29 @@ class Service:
             self.settings.budget.max_model_len or self.poller.status.max_model_len or self.settings.model.max_model_len
         )
 
+    def tokenizer_source(self) -> tuple[Path | None, str]:
+        """(tokenizer folder, server for /tokenize) the counter is chosen from.
+
+        Launched engine: the model folder it serves, else the engine's /tokenize. A launched fleet: the folder
+        only (its replicas serve that folder), never /tokenize through the router, which reaches whichever
+        replica it picks. External mode: the server's /tokenize; behind a router ([fleet] remote listed) a
+        [model] path holding a tokenizer is preferred, its /tokenize still the fallback.
+        """
+        s = self.settings
+        if not s.external:
+            return s.model.resolved_path, "" if s.fleet.enabled else self.base_url
+        if s.fleet.enabled and not s.model.is_embedded and counters.has_tokenizer(s.model.resolved_path):
+            return s.model.resolved_path, self.base_url
+        return None, self.base_url
+
     async def counter(self) -> counters.TokenCounter:
         async with self._counter_lock:
             if self._counter is None:
                 s = self.settings
+                folder, server = self.tokenizer_source()
                 self._counter = await counters.open_counter(
-                    tokenizer_dir=None if s.external else s.model.resolved_path,
-                    base_url=self.base_url,
+                    tokenizer_dir=folder,
+                    base_url=server,
                     model=self.default_model(self.poller.status),
                     api_key=self.api_key,
                     client=s.client,
