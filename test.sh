@@ -29,6 +29,17 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
   "${SUDO[@]}" apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq chromium >/dev/null
 fi
+# The history-on-PostgreSQL tests start Debian's server themselves (tests/support/postgres.py: a temporary
+# data folder, a free port); they need its binaries, not a running cluster.
+if ! compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null; then
+  qc_say "installing Debian postgresql for the history tests ..."
+  if [ "$(id -u)" = 0 ]; then SUDO=()
+  elif sudo -n true 2>/dev/null; then SUDO=(sudo -n)
+  else qc_say "the history tests need Debian's postgresql: run 'sudo apt-get install postgresql' once, then ./test.sh"; exit 2
+  fi
+  "${SUDO[@]}" apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq postgresql >/dev/null
+fi
 
 APP="$(qc_test_env)"
 ENGINE="$(qc_engine_env cpu)"
