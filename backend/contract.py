@@ -9,6 +9,8 @@
     env QWENCHAT_ENGINE_PYTHON   start.sh, test.sh →   launch.engine_python (and merge, __main__)
     <log dir>/engine-status.json supervisor        →   health poller, every poll: EngineStatus.read
     <log dir>/adapters-excluded.json launch.serve  →   service.excluded_adapters: {name: diagnosis}
+    <log dir>/engine-status-replica-<i>.json  fleet  →   (with a [fleet]: local replica i's supervisor; the main
+                                                         status file then describes vllm-router)
 
 With an external engine (OPENAI_BASE_URL) there is no supervisor: no status file, no
 QWENCHAT_STATUS_FILE, no API key from the launcher. The UI also inherits the launcher's whole
@@ -59,6 +61,16 @@ logger = logging.getLogger(__name__)
 STATUS_FILE_NAME = "engine-status.json"
 #: In the log folder; written by launch.serve ({adapter: diagnosis}), read by service.excluded_adapters.
 EXCLUDED_ADAPTERS_FILE_NAME = "adapters-excluded.json"
+
+#: In the log folder, with a [fleet]: local replica ``index``'s supervisor status (an EngineStatus, like the
+#: main file, which then describes the router). Written by engine/fleet.py; the UI polls replicas over HTTP
+#: (Settings.replica_urls) and may read these for the cause of a restart.
+REPLICA_STATUS_FILE_NAME = "engine-status-replica-{index}.json"
+
+
+def replica_status_file_name(index: int) -> str:
+    return REPLICA_STATUS_FILE_NAME.format(index=index)
+
 
 #: Set by launch.serve when it supervises an engine; read by service.from_environment (status file path).
 ENV_STATUS_FILE = "QWENCHAT_STATUS_FILE"

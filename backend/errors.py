@@ -15,6 +15,9 @@ lives outside this module, next to the only code that raises it (marked below).
     │   ├── PortInUse              a port we must bind is taken
     │   ├── ExposureRefused        the UI would be reachable from other machines without login
     │   ├── EngineUnavailable      the requested engine cannot run here (e.g. GPU forced, no GPU)
+    │   ├── ReplicaNotOpenAI       a [fleet] remote replica is not an OpenAI server (HTML, 404, not JSON)
+    │   ├── ReplicaKeyRefused      a [fleet] remote replica refused the engine key
+    │   ├── FleetModelsDiffer      the fleet's replicas serve different base models
     │   └── EngineStartFailed      vLLM exited or never became healthy
     ├── AdapterError               a LoRA adapter cannot be used
     │   ├── AdapterRejected        the adapter doctor found errors
@@ -156,6 +159,39 @@ class EngineStartFailed(PreflightError):
 
     def __init__(self, reason: str, log_path: str = "", tail: str = "") -> None:
         self.reason, self.log_path, self.tail = reason, log_path, tail
+        super().__init__()
+
+
+class ReplicaNotOpenAI(PreflightError):
+    """A ``[fleet] remote`` replica answered GET /v1/models with something that is not an OpenAI model list."""
+
+    code = "replica_not_openai"
+    text_key = "error.replica_not_openai"
+
+    def __init__(self, url: str, problem: str) -> None:
+        self.url, self.problem = url, problem
+        super().__init__()
+
+
+class ReplicaKeyRefused(PreflightError):
+    """A ``[fleet] remote`` replica refused the engine key (401/403)."""
+
+    code = "replica_key_refused"
+    text_key = "error.replica_key_refused"
+
+    def __init__(self, url: str, status: int) -> None:
+        self.url, self.status = url, status
+        super().__init__()
+
+
+class FleetModelsDiffer(PreflightError):
+    """The fleet's replicas serve different base models (``replicas``: who serves what)."""
+
+    code = "fleet_models_differ"
+    text_key = "error.fleet_models_differ"
+
+    def __init__(self, replicas: str) -> None:
+        self.replicas = replicas
         super().__init__()
 
 

@@ -320,6 +320,40 @@ CATALOG: dict[str, tuple[str, str]] = {
         "the engine failed to start: {reason}. Log: {log_path}\n{tail}",
         "引擎启动失败：{reason}。日志：{log_path}\n{tail}",
     ),
+    "error.replica_not_openai": (
+        "fleet.remote: the replica {url} is not an OpenAI-compatible server: {problem}. List replicas by their "
+        'OpenAI base URL, e.g. "http://gpu-b:8000/v1" (vLLM\'s, ending in /v1).',
+        "fleet.remote：副本 {url} 不是 OpenAI 兼容服务器：{problem}。请用副本的 OpenAI 基础地址列出副本，"
+        '例如 "http://gpu-b:8000/v1"（vLLM 的地址，以 /v1 结尾）。',
+    ),
+    "error.replica_key_refused": (
+        "fleet.remote: the replica {url} refused the engine key (HTTP {status}); every replica takes the same key: "
+        "set [server] api_key (or QWENCHAT_SERVER_API_KEY) to the key the remote replicas were started with.",
+        "fleet.remote：副本 {url} 拒绝了引擎密钥（HTTP {status}）；所有副本使用同一个密钥："
+        "请把 [server] api_key（或 QWENCHAT_SERVER_API_KEY）设为远程副本启动时使用的密钥。",
+    ),
+    "error.fleet_models_differ": (
+        "the fleet's replicas serve different base models: {replicas}. A router sends each message to any "
+        "replica, so they must all serve the same model: fix fleet.remote or [model].",
+        "集群中的副本提供不同的基础模型：{replicas}。路由器会把每条消息发往任意副本，因此它们必须提供同一个模型："
+        "请修改 fleet.remote 或 [model]。",
+    ),
+    "fleet.replica_unreachable": (
+        "fleet.remote: the replica {url} does not answer now; starting without it (the router sends it "
+        "requests once it answers, and the status line counts it as not ready until then)",
+        "fleet.remote：副本 {url} 当前无响应；先在没有它的情况下启动（它恢复响应后路由器会向它转发请求，"
+        "在此之前状态栏将其计为未就绪）",
+    ),
+    "fleet.replica_lacks_adapters": (
+        "fleet.remote: the replica {url} does not serve the adapter(s) {names} of [lora] modules: a message for "
+        "one of them routed there fails with 'model not found'; serve the same --lora-modules on every replica",
+        "fleet.remote：副本 {url} 未提供 [lora] modules 中的适配器 {names}：发往这些适配器的消息若被路由到该副本，"
+        "将因“找不到模型”而失败；请在每个副本上使用相同的 --lora-modules",
+    ),
+    "fleet.local_replicas": (
+        "the {n} local replica(s) ({first} …)",
+        "{n} 个本地副本（{first} …）",
+    ),
     "error.adapter_rejected": ("adapter {name!r} was not loaded: {detail}", "适配器 {name!r} 未加载：{detail}"),
     "error.adapter_path_refused": (
         "adapter {name!r} refused: only folders directly inside {folder} can be loaded.",

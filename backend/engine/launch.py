@@ -28,7 +28,7 @@ from .. import contract
 from ..errors import QwenChatError
 from ..probe import OneTokenProbe
 from ..settings import Settings
-from . import command, prepare_bg
+from . import command, fleet, prepare_bg
 from .preflight import (
     check_exposure,
     check_limits,
@@ -128,8 +128,27 @@ def dry_run(settings: Settings) -> int:
             adapters=adapters,
             chat_template=template,
         )
-        print("# engine")
-        print(cmd.render())
+        if settings.fleet.enabled:
+            has_gpus = engine == "gpu" and has_gpu
+            try:
+                plan = fleet.plan(
+                    settings,
+                    engine=engine,
+                    python=engine_python(),
+                    api_key="<per-launch key>",
+                    adapters=adapters,
+                    chat_template=template,
+                    cpus=fleet.usable_cpus(),
+                    gpu_ids=fleet.visible_gpu_ids(command.gpu_count()) if has_gpus else None,
+                )
+                if engine == "gpu" and not has_gpus and settings.fleet.local:
+                    print("# note: GPUs numbered from 0 (none visible here)")
+                print("\n".join(fleet.describe(settings, plan, engine)))
+            except QwenChatError as exc:
+                print(f"# a real start would stop here: {exc.user_text('en')}")
+        else:
+            print("# engine")
+            print(cmd.render())
         config = model_config(model_dir)
         if not (model_dir / "config.json").exists():
             print(f"# note: {model_dir} has no config.json here; a real start stops at that check")
@@ -165,6 +184,10 @@ def preflight(settings: Settings, engine: str, *, ui_started: bool = False) -> N
         check_model_dir(settings.model.resolved_path)
         command.check_parallel(settings, engine=engine, gpus=command.gpu_count() if engine == "gpu" else None)
         check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
+        if settings.fleet.enabled:
+            fleet.check_ports(settings)
+            if engine == "gpu" and settings.fleet.local:
+                fleet.gpu_groups(settings, fleet.visible_gpu_ids(command.gpu_count()))
         config = model_config(settings.model.resolved_path)
         advices = check_limits(settings, config, engine=engine, available_bytes=engine_memory(settings, engine))
         if engine == "gpu":
@@ -177,6 +200,10 @@ def preflight(settings: Settings, engine: str, *, ui_started: bool = False) -> N
 
                 raise ConfigError("model.max_model_len", settings.model.max_model_len, advice.text)
             say(f"{advice.level}: {advice.text}")
+    if settings.fleet.remote:  # the key the remote replicas take is the configured one (or OPENAI_API_KEY)
+        key = settings.api_key if settings.external else settings.server.api_key
+        for warning in fleet.check_remote(settings, key):
+            say(f"warning: {warning}")
     if not ui_started:
         check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
 
@@ -258,6 +285,28 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
             say("stopped")
 
 
+def _single_supervisor(
+    settings: Settings, cmd: command.Command, log_dir: Path, status_path: Path, api_key: str
+) -> Supervisor:
+    """The one engine's supervisor (no [fleet])."""
+    return Supervisor(
+        cmd,
+        log_path=log_dir / "engine.log",
+        status_path=status_path,
+        health_url=settings.engine_base_url.removesuffix("/v1") + "/health",
+        attempts=settings.server.restart_attempts,
+        window_s=settings.server.restart_window_min * 60,
+        startup_timeout=settings.server.startup_timeout,
+        # the hang watchdog: its own one-token probe (the UI's poller only reports, it cannot restart)
+        probe=OneTokenProbe(
+            settings.engine_base_url, api_key, settings.model.name, timeout=settings.health.probe_timeout
+        ),
+        probe_every=settings.health.probe_every,
+        probe_timeout=settings.health.probe_timeout,
+        restart_after_failed_probes=settings.health.restart_after_failed_probes,
+    )
+
+
 async def serve(settings: Settings, *, prepare: bool = False) -> int:
     t0 = time.monotonic()
     log_dir = settings.logging.resolved_dir
@@ -269,6 +318,8 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
     )
     if not settings.external:  # before any build: a tp/dp the machine cannot run stops at once
         command.check_parallel(settings, engine=engine, gpus=command.gpu_count() if engine == "gpu" else None)
+        if engine == "gpu" and settings.fleet.local:  # each local replica needs its own tp GPUs
+            fleet.gpu_groups(settings, fleet.visible_gpu_ids(command.gpu_count()))
     early: _Early | None = None
     if prepare and prepare_bg.needs_preparing(settings):
         prepared = await _prepare_first(settings, engine, log_dir, t0)
@@ -285,7 +336,7 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
     excluded_path = log_dir / contract.EXCLUDED_ADAPTERS_FILE_NAME
     excluded_path.unlink(missing_ok=True)  # only this launch's verdicts reach the UI
     ui_env = ui_environment(engine, log_dir)
-    supervisor = None
+    supervisor: Supervisor | fleet.Fleet | None = None
     if not settings.external:
         api_key = early.api_key if early else (settings.server.api_key or secrets.token_urlsafe(24))
         adapters, excluded = static_adapters(settings)
@@ -298,25 +349,33 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
         cmd = command.build_engine_command(
             settings, engine=engine, python=engine_python(), api_key=api_key, adapters=adapters, chat_template=template
         )
-        supervisor = Supervisor(
-            cmd,
-            log_path=log_dir / "engine.log",
-            status_path=status_path,
-            health_url=settings.engine_base_url.removesuffix("/v1") + "/health",
-            attempts=settings.server.restart_attempts,
-            window_s=settings.server.restart_window_min * 60,
-            startup_timeout=settings.server.startup_timeout,
-            # the hang watchdog: its own one-token probe (the UI's poller only reports, it cannot restart)
-            probe=OneTokenProbe(
-                settings.engine_base_url, api_key, settings.model.name, timeout=settings.health.probe_timeout
-            ),
-            probe_every=settings.health.probe_every,
-            probe_timeout=settings.health.probe_timeout,
-            restart_after_failed_probes=settings.health.restart_after_failed_probes,
-        )
+        if settings.fleet.enabled:
+            plan = fleet.plan(
+                settings,
+                engine=engine,
+                python=engine_python(),
+                api_key=api_key,
+                adapters=adapters,
+                chat_template=template,
+                cpus=fleet.usable_cpus(),
+                gpu_ids=fleet.visible_gpu_ids(command.gpu_count()) if engine == "gpu" else None,
+            )
+            for i in range(settings.fleet.local):  # an older launch's replica files must not describe this one
+                (log_dir / contract.replica_status_file_name(i)).unlink(missing_ok=True)
+            supervisor = fleet.build_fleet(settings, plan, api_key=api_key, log_dir=log_dir, status_path=status_path)
+        else:
+            supervisor = _single_supervisor(settings, cmd, log_dir, status_path, api_key)
         ui_env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
-        say(f"engine ({engine}) starting: {settings.model.name} from {settings.model.resolved_path}")
-        say(f"engine log: {log_dir / 'engine.log'}")
+        if settings.fleet.enabled:
+            remote = f" + {len(settings.fleet.remote)} remote" if settings.fleet.remote else ""
+            say(
+                f"engine fleet ({engine}): {settings.fleet.local} local replica(s) of {settings.model.name}{remote} "
+                f"behind vllm-router at {settings.engine_base_url} (policy {settings.fleet.policy})"
+            )
+            say(f"replica logs: {log_dir}/engine-replica-<i>.log; router log: {log_dir / 'router.log'}")
+        else:
+            say(f"engine ({engine}) starting: {settings.model.name} from {settings.model.resolved_path}")
+            say(f"engine log: {log_dir / 'engine.log'}")
     ui_cmd = command.build_ui_command(settings, python=sys.executable)
     ui_cmd = command.Command(ui_cmd.argv, {**ui_cmd.env, **ui_env}, ui_cmd.unset)
     ui_proc = early.ui_proc if early else start_process(ui_cmd, log_dir / "ui.log")
