@@ -143,6 +143,9 @@ class LoraSettings:
     # Welcome-screen starters per model: name = ["question", ...] (an adapter's or the base model's name).
     # The 'pirate' demo adapter has built-in ones (en + zh) unless listed here; pirate = [] removes them.
     starters: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: types.MappingProxyType({}))
+    # Lineage where the server in front hides it (LiteLLM, a router: no `parent` in /v1/models):
+    # adapter name = base model name, e.g. {pirate = "smollm2-135m-instruct"}. vLLM's own `parent` wins.
+    parents: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({}))
 
     @property
     def resolved_dir(self) -> Path:
@@ -457,6 +460,19 @@ def _validate(s: Settings) -> None:
             "lora.modules",
             name,
             "adapter names without '/' or a leading '.'",
+        )
+    for adapter, parent in s.lora.parents.items():
+        need(
+            bool(adapter.strip()) and bool(parent.strip()) and adapter != parent,
+            f"lora.parents.{adapter}",
+            parent,
+            'the name of the base model this adapter was trained on, e.g. pirate = "smollm2-135m-instruct"',
+        )
+        need(
+            parent not in s.lora.parents,
+            f"lora.parents.{adapter}",
+            parent,
+            f"a base model's name ({parent!r} is listed as an adapter itself)",
         )
     for key in ("connect_timeout", "first_token_timeout", "idle_timeout", "total_timeout"):
         v = getattr(s.client, key)

@@ -30,6 +30,10 @@ CATALOG: dict[str, tuple[str, str]] = {
         "基础模型或 LoRA 适配器；对下一条回答生效。",
     ),
     "base": ("base model", "基础模型"),
+    "lineage_unknown": (
+        "base model or adapter: the server does not say; declare it in [lora] parents",
+        "基础模型还是适配器：服务器未说明；请在 [lora] parents 中声明",
+    ),
     "not_loaded": ("not loaded: loads on first use", "未加载：首次使用时加载"),
     "stale": ("last known list; the engine is not answering", "上次已知的列表；引擎当前无响应"),
     "system_prompt": ("System prompt", "系统提示"),

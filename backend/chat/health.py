@@ -50,7 +50,7 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,16 +75,25 @@ class EngineState(enum.StrEnum):
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One entry of /v1/models: the base model (``parent`` None) or a LoRA adapter."""
+    """One entry of /v1/models: the base model (``parent`` None) or a LoRA adapter.
+
+    ``lineage_unknown``: the server hides lineage (no ``parent`` field at all: LiteLLM, a router), [lora] parents
+    does not name this model, and it is not the one base model we can tell: base or adapter, nobody says.
+    """
 
     id: str
     parent: str | None = None
     root: str | None = None
     max_model_len: int | None = None
+    lineage_unknown: bool = False
 
     @property
     def is_adapter(self) -> bool:
         return self.parent is not None
+
+    @property
+    def is_base(self) -> bool:
+        return self.parent is None and not self.lineage_unknown
 
 
 @dataclass(frozen=True)
@@ -168,10 +177,14 @@ class _Http:
     latency: float = 0.0
 
 
-def _parse_models(body: Any) -> tuple[ModelEntry, ...] | None:
+def _parse_models(
+    body: Any, parents: Mapping[str, str] | None = None, base_name: str = ""
+) -> tuple[ModelEntry, ...] | None:
+    """The model list, with lineage from [lora] parents (``parents``) where the server gives none."""
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list):
         return None
+    shown = any(isinstance(item, dict) and "parent" in item for item in data)  # vLLM: "parent": null on the base
     out = []
     for item in data:
         if not isinstance(item, dict) or not isinstance(item.get("id"), str):
@@ -185,7 +198,34 @@ def _parse_models(body: Any) -> tuple[ModelEntry, ...] | None:
                 max_model_len=mml if isinstance(mml, int) and not isinstance(mml, bool) else None,
             )
         )
-    return tuple(out)
+    return _with_lineage(tuple(out), shown, parents or {}, base_name)
+
+
+def _with_lineage(
+    models: tuple[ModelEntry, ...], shown: bool, parents: Mapping[str, str], base_name: str
+) -> tuple[ModelEntry, ...]:
+    """[lora] parents where the list gives no parent; then, if the server shows no lineage at all and several
+    models are left without a parent, only those known to be bases (a declared parent, or [model]'s name) stay
+    bases: the others are ``lineage_unknown`` (the picker labels them neutrally, never "base model")."""
+    models = tuple(
+        dataclasses.replace(m, parent=parents[m.id])
+        if m.parent is None and parents.get(m.id) not in (None, m.id)
+        else m
+        for m in models
+    )
+    rest = [m for m in models if m.parent is None]
+    if shown or len(rest) <= 1:
+        return models
+    named = set(parents.values()) | ({base_name} if base_name else set())
+    return tuple(
+        dataclasses.replace(m, lineage_unknown=True) if m.parent is None and m.id not in named else m for m in models
+    )
+
+
+def _base_of(models: tuple[ModelEntry, ...]) -> ModelEntry | None:
+    """The base model: the first known one, else (lineage hidden and undeclared) the first that is no adapter,
+    for the probe and as the chat's default model."""
+    return next((m for m in models if m.is_base), None) or next((m for m in models if m.parent is None), None)
 
 
 def _root(base_url: str) -> str:
@@ -212,8 +252,14 @@ class HealthPoller:
         settings: HealthSettings | None = None,
         status_file: str | Path | None = None,
         replicas: Sequence[str] = (),
+        *,
+        parents: Mapping[str, str] | None = None,
+        base_name: str = "",
     ) -> None:
         self.root_url = _root(base_url)
+        # lineage where the server hides it: [lora] parents, and [model]'s name as the base (see _with_lineage)
+        self.parents = dict(parents or {})
+        self.base_name = base_name
         self.api_url = self.root_url + "/v1"
         self.api_key = api_key
         self.settings = settings or HealthSettings()
@@ -509,11 +555,15 @@ class HealthPoller:
             return
 
         models_resp = await self._get(self.api_url + "/models", s.request_timeout)
-        models = _parse_models(models_resp.body) if models_resp.ok and models_resp.status == 200 else None
+        models = (
+            _parse_models(models_resp.body, self.parents, self.base_name)
+            if models_resp.ok and models_resp.status == 200
+            else None
+        )
         if models_resp.ok and models_resp.status in (401, 403):
             self._set(EngineState.DOWN, *_refused(models_resp, Route.MODELS), sup=sup, models_ok=False)
             return
-        base = next((m for m in models or () if m.parent is None), None)
+        base = _base_of(models or ())
         if base is None:
             if self._ever_ready:
                 detail = models_resp.error or (
@@ -657,7 +707,7 @@ class HealthPoller:
     def _update_models(self, models: tuple[ModelEntry, ...]) -> None:
         old = self._status
         if models != old.models:
-            base = next((m for m in models if m.parent is None), None)
+            base = _base_of(models)
             self._status = dataclasses.replace(
                 old,
                 models=models,
@@ -815,6 +865,9 @@ def get_poller(
     settings: HealthSettings | None = None,
     status_file: str | Path | None = None,
     replicas: Sequence[str] = (),
+    *,
+    parents: Mapping[str, str] | None = None,
+    base_name: str = "",
 ) -> HealthPoller:
     """The process's one poller, created on first call (needs a running loop). Later calls return the
     same object; a call naming a different engine URL raises ValueError. A poller left over from a
@@ -825,7 +878,7 @@ def get_poller(
     if p is not None and (p._stopped or (p._loop is not None and (p._loop is not loop or p._loop.is_closed()))):
         p = None
     if p is None:
-        p = HealthPoller(base_url, api_key, settings, status_file, replicas)
+        p = HealthPoller(base_url, api_key, settings, status_file, replicas, parents=parents, base_name=base_name)
         p._loop = loop
         _shared = p
         return p

@@ -102,6 +102,8 @@ class Service:
                 self.health_settings,
                 status_file=self.status_file,
                 replicas=self.settings.replica_urls,
+                parents=self.settings.lora.parents,
+                base_name=self.settings.model.name,
             )
         return self._poller
 
@@ -346,7 +348,10 @@ class Service:
 
     def adapters_overview(self, status: HealthStatus, local: list[LocalAdapter], lang: str) -> str:
         """Markdown list for the /adapters command: served adapters, then loadable ones."""
-        lines = [f"**{t('base', lang)}**: `{self.default_model(status)}`"]
+        lines = []
+        if any(m.is_base for m in status.models) or not status.models:  # else no model is known to be the base
+            lines.append(f"**{t('base', lang)}**: `{self.default_model(status)}`")
+        lines += [f"- `{m.id}` ({t('lineage_unknown', lang)})" for m in status.models if m.lineage_unknown]
         for m in status.adapters:
             rank = self.adapter_rank(m.root)
             lines.append(f"- `{m.id}` (LoRA{f' r{rank}' if rank else ''})")
@@ -430,8 +435,11 @@ def model_options(
     """Dropdown items, label → model id: the base first, then served adapters, then loadable ones."""
     items: dict[str, str] = {}
     for m in status.models:
-        if not m.is_adapter:
+        if m.is_base:
             items[f"{m.id} ({t('base', lang)})"] = m.id
+    for m in status.models:  # the server hides lineage and [lora] parents does not say: no claim either way
+        if m.lineage_unknown:
+            items[m.id] = m.id
     for m in status.adapters:
         rank = rank_of(m.root)
         items[f"{m.id} (LoRA{f' r{rank}' if rank else ''})"] = m.id

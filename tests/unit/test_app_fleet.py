@@ -1,0 +1,147 @@
+"""The Chainlit handlers in front of a fleet (UI-only: OPENAI_BASE_URL = the router, [fleet] remote = its replicas),
+as the user sees them: the status route's replica counts, /unload sent to every replica with a partial failure named,
+and the picker's labels when the server in front hides lineage (LiteLLM, a router).
+
+The router and the replicas are ``tests.fakes.openai_server`` instances; the router's /v1/models has no ``parent``
+fields. Driven like tests/unit/test_app_handlers.py (its ``Chat`` stands in for a browser tab)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import pytest_asyncio
+
+from backend.settings import ROOT
+from tests.fakes.openai_server import FakeServer
+from tests.unit.test_app_handlers import Chat, send_command, wait_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def fleet():
+    """(router, [replica 1, replica 2]): the router hides lineage; all three list the same models."""
+    router = await FakeServer(model="fake-qwen").start()
+    router.lineage = False
+    replicas = [await FakeServer(model="fake-qwen").start() for _ in range(2)]
+    yield router, replicas
+    for s in (router, *replicas):
+        await s.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def ui(fleet, tmp_path_factory):
+    from backend.chat import health
+
+    router, replicas = fleet
+    lora_dir = tmp_path_factory.mktemp("lora-dir")
+    (lora_dir / "poet").mkdir()  # where a partial /unload loads "poet" back from
+    env = {
+        "OPENAI_BASE_URL": router.base_url,
+        "OPENAI_API_KEY": "fleet-key",
+        "QWENCHAT_FLEET_REMOTE": " ".join(r.base_url for r in replicas),
+        "QWENCHAT_MODEL_SERVED_MODEL_NAME": "fake-qwen",
+        "QWENCHAT_LORA_PARENTS": "fake-adapter=fake-qwen,poet=fake-qwen",
+        "QWENCHAT_LORA_DIR": str(lora_dir),
+        "QWENCHAT_UI_LANGUAGE": "en",
+        "QWENCHAT_UI_WAIT_FOR_READY": "20",
+        "QWENCHAT_HEALTH_POLL_READY": "0.2",
+        "QWENCHAT_HEALTH_POLL_STARTING": "0.2",
+        "QWENCHAT_LOGGING_DIR": str(tmp_path_factory.mktemp("logs")),
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        mp.setenv("QWENCHAT_CONFIG", str(ROOT / "tests" / "config.toml"))
+        for key in ("QWENCHAT_STATUS_FILE", "QWENCHAT_LOG_DIR", "QWENCHAT_PROFILE"):
+            mp.delenv(key, raising=False)
+        await health.reset_shared()
+        sys.modules.pop("app", None)
+        module = importlib.import_module("app")
+        assert module.app.settings.fleet.size == 2
+        yield module
+        await module.app.poller.stop()
+        await module.app.client.aclose()
+        await health.reset_shared()
+        sys.modules.pop("app", None)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def chat(ui, fleet):
+    c = Chat(ui, fleet[0])
+    await c.start()
+    yield c
+    await c.end()
+
+
+def labels(chat) -> dict[str, str]:
+    """The picker in the settings panel as last sent: model id -> label."""
+    [model] = [w for w in [d for e, d in chat.events if e == "chat_settings"][-1] if w["id"] == "model"]
+    return {item["value"]: item["label"] for item in model["items"]}
+
+
+async def test_the_picker_claims_base_model_only_for_the_base_when_the_server_hides_lineage(chat, fleet, ui):
+    router, _ = fleet
+    router.runtime_adapters["mystery"] = "/x"  # listed by the server, named nowhere in the config
+    await ui.app.poller.refresh()
+    await chat.send("hello")  # a new model list: the panel is sent again
+    await wait_for(lambda: "mystery" in labels(chat), 5, "the panel listing 'mystery'")
+    shown = labels(chat)
+    assert shown["fake-qwen"] == "fake-qwen (base model)"  # [model] served_model_name
+    assert shown["fake-adapter"].startswith("fake-adapter (LoRA")  # [lora] parents
+    assert shown["mystery"] == "mystery"  # neither: no claim
+    assert sum("base model" in label for label in shown.values()) == 1
+    screen = await send_command(chat, "adapters", "")
+    assert (
+        "`mystery` (base model or adapter: the server does not say; declare it in [lora] parents)"
+        in (screen.answers[-1])
+    )
+    del router.runtime_adapters["mystery"]
+    await ui.app.poller.refresh()
+
+
+async def test_the_status_route_counts_the_replicas(chat, ui):
+    body = await ui.status_route()
+    assert (body["replicas_ready"], body["replicas_total"]) == (2, 2) and body["state"] == "ready"
+    assert body["replicas_text"] == "2 of 2 replicas ready"
+
+
+async def test_unload_refused_by_one_replica_names_it_and_keeps_the_adapter_on_every_replica(chat, fleet, ui):
+    router, replicas = fleet
+    for s in (router, *replicas):
+        s.runtime_adapters["poet"] = "/srv/poet"
+    await ui.app.poller.refresh()
+    replicas[1].lora_fault = 500
+    try:
+        screen = await send_command(chat, "unload", "poet")
+    finally:
+        replicas[1].lora_fault = None
+    [error] = screen.errors
+    assert error.startswith("could not unload adapter 'poet' from every replica of the fleet: replica 2 (")
+    assert f"127.0.0.1:{replicas[1].port}" in error and "HTTP 500" in error
+    assert "loaded back on replicas 1," in error
+    assert str(ui.app.settings.lora.resolved_dir) not in error and "fleet-key" not in error
+    assert all("poet" in r.runtime_adapters for r in replicas)  # uniform: still on both
+    assert replicas[0].lora_calls[-1][2] == "Bearer fleet-key"
+
+    screen = await send_command(chat, "unload", "poet")  # now every replica agrees
+    assert not screen.errors and all("poet" not in r.runtime_adapters for r in replicas)
+    assert (await chat.send("still there?")).answers
+
+
+async def test_a_replica_killed_mid_conversation_shows_1_of_2_and_the_chat_goes_on(chat, fleet, ui):
+    router, replicas = fleet
+    port = replicas[1].port
+    await replicas[1].stop()
+    try:
+        await wait_for(lambda: ui.app.poller.status.replicas_ready == 1, 10, "1 of 2 replicas ready")
+        body = await ui.status_route()
+        assert (body["replicas_ready"], body["replicas_total"], body["state"]) == (1, 2, "degraded")
+        assert body["reason"].startswith(f"1 of 2 replicas ready; replica 2 (127.0.0.1:{port}): connection refused")
+        assert (await chat.send("and now?")).answers  # degraded still answers
+    finally:
+        replicas[1].port = port
+        await replicas[1].start()
+    await wait_for(lambda: ui.app.poller.status.replicas_ready == 2, 10, "both replicas back")
