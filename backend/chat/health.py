@@ -38,6 +38,9 @@ once. On top of the router's state:
     none ready                DOWN, unless a probe through the router answered in this very poll
                               (replicas this process cannot reach directly, e.g. a remote fleet behind
                               its router): then DEGRADED, saying so; probes then run on every poll
+
+vllm-router answers its own ``/health`` with 503 as soon as one replica is unhealthy: with a replica ready here,
+that 503 is not the engine being down (the probe through the router decides).
 """
 
 from __future__ import annotations
@@ -516,6 +519,9 @@ class HealthPoller:
         else:
             health = await self._get(self.root_url + "/health", s.request_timeout)
         health_ok = health.ok and (health.status == 200 or health.status == 404)
+        if self.replica_roots and health.ok and health.status == 503 and any(r.ready for r in self._replica_view):
+            # vllm-router's /health is 503 as soon as one replica is unhealthy; it still routes to the others
+            health_ok = True
         if health.ok and health.status == 404 and not self._health_404_logged:
             self._health_404_logged = True
             logger.info("%s/health is not served (404); readiness from /v1/models and the probe only", self.root_url)

@@ -162,3 +162,24 @@ async def test_without_a_fleet_the_counts_are_zero_and_nothing_else_is_polled(fl
         await p.stop()
     assert (st.replicas_ready, st.replicas_total, st.replicas_text()) == (0, 0, "")
     assert all(not r.seen for r in replicas)
+
+
+@pytest.mark.asyncio
+async def test_the_routers_503_while_one_replica_is_down_is_degraded_not_down(fleet, poller):
+    """vllm-router answers /health 503 as soon as one worker is unhealthy, and still routes to the others."""
+    router, replicas = fleet
+    await poller.start()
+    await until(poller, lambda s: s.ready, what="ready")
+    await replicas[0].stop()
+    router.health_status = 503
+    st = await until(poller, lambda s: s.replicas_ready == 2 and s.checked_at > 0, what="replica 1 down")
+    await asyncio.sleep(0.3)
+    st = poller.status
+    assert st.state is EngineState.DEGRADED and st.answering, st
+    assert st.reason.startswith("2 of 3 replicas ready; replica 1 (")
+
+    for r in replicas[1:]:  # all gone: the 503 is the engine being down
+        await r.stop()
+    router.probe = "error"
+    st = await until(poller, lambda s: s.state is EngineState.DOWN, what="down")
+    assert st.replicas_ready == 0
