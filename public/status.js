@@ -3,7 +3,7 @@
   const browserZh = (navigator.language || "").toLowerCase().startsWith("zh");
   const LABELS = {
     en: { preparing: "preparing", starting: "model loading", ready: "ready", degraded: "degraded", down: "engine down", offline: "UI offline" },
-    zh: { preparing: "准备中", starting: "模型加载中", ready: "就绪", degraded: "响应缓慢", down: "引擎不可用", offline: "界面未连接" },
+    zh: { preparing: "准备中", starting: "模型加载中", ready: "就绪", degraded: "服务降级", down: "引擎不可用", offline: "界面未连接" },
   };
   let zh = browserZh; // until the server says which language [ui].language forces
   function badge() {
