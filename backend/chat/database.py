@@ -127,7 +127,7 @@ class Store:
         self._engine: Engine | None = None
         if not db.is_postgres:
             self._engine = create_engine(f"sqlite:///{db.path}", poolclass=NullPool, hide_parameters=True)
-            event.listen(self._engine, "connect", _sqlite_pragmas)
+            event.listen(self._engine, "connect", sqlite_pragmas)
 
     def run(self, fn: Callable[[Connection], T]) -> T:
         """``fn(conn)`` in one transaction: committed, or rolled back on an error (which is raised)."""
@@ -170,7 +170,9 @@ class Store:
             self._loop = self._aengine = None
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_connection: Any, _record: Any = None) -> None:
+    """On each new SQLite connection (sync here, aiosqlite in Chainlit's data layer): WAL, so readers never wait
+    for a writer, and a busy timeout, so two writers wait instead of failing."""
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")

@@ -23,10 +23,10 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .client import sanitize_text
+from .database import sqlite_pragmas
 
 logger = logging.getLogger(__name__)
 
-BUSY_TIMEOUT_MS = 5000
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
@@ -76,14 +76,7 @@ def tune_engine(engine: AsyncEngine) -> None:
     if sync.dialect.name != "sqlite":
         return
 
-    @event.listens_for(sync, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        finally:
-            cursor.close()
+    event.listen(sync, "connect", sqlite_pragmas)
 
 
 class GuardedDataLayer:

@@ -4,7 +4,7 @@
   line, in TRL's conversational preference format (what ``DPOTrainer`` reads):
   ``{"prompt": [messages], "chosen": [{"role": "assistant", ...}], "rejected": [...], "chosen_model", "rejected_model"}``.
   A tie is no pair: it is counted in the summary.
-- Thumbs-up answers (Chainlit's ``feedbacks`` table in the history database, ``value = 1``; the feedback is
+- Thumbs-up answers (Chainlit's ``feedbacks`` table in the history database, SQLite or PostgreSQL, ``value = 1``; the feedback is
   on the ``on_message`` run step, the answer is its ``assistant_message`` child) become chat examples,
   ``{"messages": [system?, ..., user, assistant], "model": ...}``: the conversation up to that answer,
   rebuilt like a resumed chat (``history.conversation_from_thread``). Cut answers are left out.
@@ -14,17 +14,18 @@ Both are what ``train-demo --data`` reads (``backend/training_data.py``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Connection, text
+
 from ..settings import Settings
 from . import history, preferences
+from .database import Database, sqlite_file, store
 from .votes import Vote, VoteStore
 
 
@@ -76,57 +77,55 @@ def preference_pairs(votes: Iterable[Vote]) -> tuple[list[dict[str, Any]], int]:
     return pairs, ties
 
 
-@contextlib.contextmanager
-def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
-    db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=5)
-    db.row_factory = sqlite3.Row
-    try:
-        yield db
-    finally:
-        db.close()
-
-
-def thumbs_up_examples(history_db: Path) -> tuple[list[dict[str, Any]], int]:
-    """Chat examples for every thumbs-up answer in the history database, and the number of cut ones left out."""
-    if not history_db.is_file():
+def thumbs_up_examples(db: Path | Database) -> tuple[list[dict[str, Any]], int]:
+    """Chat examples for every thumbs-up answer in the history database (a SQLite file, or PostgreSQL), and
+    the number of cut ones left out."""
+    if isinstance(db, Path):
+        db = sqlite_file(db)
+    if db.path is not None and not db.path.is_file():
         return [], 0
+    return store(db).run(_thumbs_up)
+
+
+def _thumbs_up(conn: Connection) -> tuple[list[dict[str, Any]], int]:
     examples: list[dict[str, Any]] = []
     cut = 0
-    with _read_only(history_db) as db:
-        liked = db.execute(
+    liked = conn.execute(
+        text(
             'SELECT f."forId" AS run_id, s."threadId" AS thread_id FROM feedbacks f '
             'JOIN steps s ON s."id" = f."forId" WHERE f."value" = 1 ORDER BY s."createdAt"'
-        ).fetchall()
-        for row in liked:
-            steps = [
-                dict(r)
-                for r in db.execute(
-                    'SELECT * FROM steps WHERE "threadId" = ? ORDER BY "createdAt", "start"', (row["thread_id"],)
-                )
-            ]
-            answers = [
-                s
-                for s in steps
-                if s.get("parentId") == row["run_id"]
-                and s.get("type") == "assistant_message"
-                and "raw" in history._json_dict(s.get("metadata")).get(history.META_KEY, {})
-            ]
-            if not answers:
-                continue  # thumbs on a command's reply or an error bubble: not a model answer
-            answer = answers[-1]
-            upto = steps[: steps.index(answer) + 1]
-            conv = history.conversation_from_thread({"steps": upto})
-            last = conv.turns[-1] if conv.turns else None
-            if last is None or last.id != str(answer["id"]) or not last.content.strip():
-                continue
-            if last.interrupted:
-                cut += 1
-                continue
-            thread = db.execute('SELECT metadata FROM threads WHERE "id" = ?', (row["thread_id"],)).fetchone()
-            state = history.state_from_thread({"metadata": thread["metadata"] if thread else None})
-            messages = conv.messages(str(state.get("system_prompt") or ""))
-            if messages and messages[-1]["role"] == "assistant" and any(m["role"] == "user" for m in messages):
-                examples.append({"messages": messages, "model": last.model})
+        )
+    ).all()
+    for row in liked:
+        steps = [
+            dict(r._mapping)
+            for r in conn.execute(
+                text('SELECT * FROM steps WHERE "threadId" = :t ORDER BY "createdAt", "start"'), {"t": row.thread_id}
+            )
+        ]
+        answers = [
+            s
+            for s in steps
+            if s.get("parentId") == row.run_id
+            and s.get("type") == "assistant_message"
+            and "raw" in history._json_dict(s.get("metadata")).get(history.META_KEY, {})
+        ]
+        if not answers:
+            continue  # thumbs on a command's reply or an error bubble: not a model answer
+        answer = answers[-1]
+        upto = steps[: steps.index(answer) + 1]
+        conv = history.conversation_from_thread({"steps": upto})
+        last = conv.turns[-1] if conv.turns else None
+        if last is None or last.id != str(answer["id"]) or not last.content.strip():
+            continue
+        if last.interrupted:
+            cut += 1
+            continue
+        thread = conn.execute(text('SELECT metadata FROM threads WHERE "id" = :t'), {"t": row.thread_id}).first()
+        state = history.state_from_thread({"metadata": thread.metadata if thread else None})
+        messages = conv.messages(str(state.get("system_prompt") or ""))
+        if messages and messages[-1]["role"] == "assistant" and any(m["role"] == "user" for m in messages):
+            examples.append({"messages": messages, "model": last.model})
     return examples, cut
 
 
@@ -145,10 +144,12 @@ def export_feedback(settings: Settings, out: Path, chat_out: Path) -> ExportSumm
 
     No decided vote: NothingToExport, and ``out`` is not written (the thumbs-up examples still are).
     """
-    votes_file = preferences.db_path(settings)
-    votes = VoteStore(votes_file).all() if votes_file.is_file() else []
+    db = history.database(settings) if settings.ui.auth else None
+    # The votes: tables in a PostgreSQL history, else the preferences file (not created by an export).
+    has_votes = (db is not None and db.is_postgres) or preferences.db_path(settings).is_file()
+    votes = VoteStore(preferences.app_store(settings)).all() if has_votes else []
     pairs, ties = preference_pairs(votes)
-    examples, cut = thumbs_up_examples(history.db_path(settings)) if settings.ui.auth else ([], 0)
+    examples, cut = thumbs_up_examples(db) if db is not None else ([], 0)
     if examples:
         _write_jsonl(chat_out, examples)
     if not pairs:

@@ -10,13 +10,11 @@ BrowserCookieMiddleware(asgi_app)    # the page sets the browser cookie the webs
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import secrets
-import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from typing import Any, ClassVar
@@ -37,21 +35,6 @@ PREFS_DB = "preferences.sqlite3"
 LEGACY_PREFS_FILE = "ui-preferences.json"  # the whole-file JSON of earlier versions, imported once
 MAX_PREFS = 500  # remembered browsers/users; the least recently changed are forgotten
 MAX_SYSTEM_PROMPT_BYTES = 32 * 1024  # a system prompt (UTF-8) past this is refused, the previous one kept
-BUSY_TIMEOUT_MS = 5000  # another connection writing: wait this long before "database is locked"
-
-
-@contextlib.contextmanager
-def sqlite_transaction(path: Path) -> Iterator[sqlite3.Connection]:
-    """One transaction on the app's own SQLite file (preferences, votes): WAL, so readers never wait for a
-    writer, and a busy timeout, so two writers wait instead of failing; committed, or rolled back on an error."""
-    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
-    try:
-        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        db.execute("PRAGMA journal_mode = WAL")
-        with db:
-            yield db
-    finally:
-        db.close()
 
 
 # ---------------------------------------------------------------- remembered settings per user or browser

@@ -228,6 +228,25 @@ def test_preferences_and_votes_live_in_the_postgresql_database(postgres, tmp_pat
     assert not (tmp_path / "logs" / preferences.PREFS_DB).exists()  # nothing local
 
 
+@pytest.mark.asyncio
+async def test_export_feedback_reads_votes_and_thumbs_up_answers_from_postgresql(postgres, tmp_path):
+    from backend.chat import feedback_export
+    from tests.unit.chat.test_feedback_export import LIKED_EXAMPLES, store_liked_chat
+
+    settings = pg_settings(tmp_path, fresh(postgres).async_url)
+    await store_liked_chat(settings)
+    VoteStore(preferences.app_store(settings)).record(
+        Vote("admin", "t1", "u1", [{"role": "user", "content": "q"}], "plain", "arr", "base", "pirate", "b")
+    )
+    out, chat_out = tmp_path / "pairs.jsonl", tmp_path / "chat.jsonl"
+    summary = await asyncio.to_thread(feedback_export.export_feedback, settings, out, chat_out)
+    assert (summary.pairs, summary.chat_examples, summary.cut_left_out) == (1, 1, 1)
+    assert [json.loads(line) for line in chat_out.read_text().splitlines()] == LIKED_EXAMPLES
+    [pair] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (pair["chosen_model"], pair["chosen"][0]["content"]) == ("pirate", "arr")
+    assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").glob("*.sqlite3"))  # nothing local
+
+
 def test_two_ui_processes_on_one_database_share_the_login_secret(postgres, tmp_path):
     db = fresh(postgres)
     env_a: dict[str, str] = {}

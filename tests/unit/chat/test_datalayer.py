@@ -9,7 +9,7 @@ import pytest_asyncio
 from sqlalchemy import event, text
 from sqlalchemy.exc import IntegrityError
 
-from backend.chat import datalayer, history
+from backend.chat import database, datalayer, history
 
 pytestmark = pytest.mark.asyncio
 
@@ -44,7 +44,7 @@ async def new_thread(dl) -> str:
 async def test_sqlite_runs_in_wal_with_a_busy_timeout_on_every_connection(layer):
     async with layer.engine.connect() as conn:
         assert (await conn.execute(text("PRAGMA journal_mode"))).scalar() == "wal"
-        assert (await conn.execute(text("PRAGMA busy_timeout"))).scalar() == datalayer.BUSY_TIMEOUT_MS
+        assert (await conn.execute(text("PRAGMA busy_timeout"))).scalar() == database.BUSY_TIMEOUT_MS
     thread_id = await new_thread(layer)  # Chainlit's own statements run on such connections
     assert (await layer.get_thread(thread_id))["name"] == "chat"
 

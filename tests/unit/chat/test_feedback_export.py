@@ -42,9 +42,9 @@ async def store_liked_chat(settings: Settings) -> str:
     from chainlit.types import Feedback
     from chainlit.user import User
 
-    path = history.db_path(settings)
-    history.ensure_schema(path)
-    dl = datalayer.GuardedDataLayer(SQLAlchemyDataLayer(history.database_url(path)))
+    db = history.database(settings)  # the SQLite file, or PostgreSQL (tests/integration/test_postgres_history.py)
+    history.ensure_schema(db)
+    dl = datalayer.GuardedDataLayer(SQLAlchemyDataLayer(db.async_url))
     try:
         user = await dl.create_user(User(identifier="admin"))
         thread_id = str(uuid.uuid4())
@@ -106,24 +106,27 @@ async def test_thumbs_up_answers_stored_by_chainlits_data_layer_become_chat_exam
     await store_liked_chat(settings)
     examples, cut = feedback_export.thumbs_up_examples(history.db_path(settings))
     assert cut == 1  # the thumbs-up on the cut third answer is left out
-    assert examples == [
-        {
-            "messages": [
-                {"role": "system", "content": "be a pirate"},
-                {"role": "user", "content": "capital of France?"},
-                {"role": "assistant", "content": "Paris."},  # raw text: no footer
-                {"role": "user", "content": "and of Spain?"},
-                {"role": "assistant", "content": "Arr, Madrid be the port!"},
-            ],
-            "model": "pirate",
-        }
-    ]
+    assert examples == LIKED_EXAMPLES
     import sqlite3
 
     with sqlite3.connect(history.db_path(settings)) as db:  # the thumbs down is stored too, comment made storable
         assert db.execute("SELECT value, comment FROM feedbacks WHERE value = 0").fetchall() == [
             (0, "too plain \ufffd")
         ]
+
+
+LIKED_EXAMPLES = [
+    {
+        "messages": [
+            {"role": "system", "content": "be a pirate"},
+            {"role": "user", "content": "capital of France?"},
+            {"role": "assistant", "content": "Paris."},  # raw text: no footer
+            {"role": "user", "content": "and of Spain?"},
+            {"role": "assistant", "content": "Arr, Madrid be the port!"},
+        ],
+        "model": "pirate",
+    }
+]
 
 
 @pytest.mark.asyncio
