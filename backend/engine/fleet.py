@@ -498,6 +498,7 @@ def build_fleet(
                 probe_every=h.probe_every,
                 probe_timeout=h.probe_timeout,
                 restart_after_failed_probes=h.restart_after_failed_probes,
+                name=f"replica {i}",
             )
         )
     router = Supervisor(
@@ -508,6 +509,7 @@ def build_fleet(
         attempts=s.restart_attempts,
         window_s=s.restart_window_min * 60,
         startup_timeout=s.startup_timeout + 60,  # it listens once a replica is ready
+        name="router",
     )
     return Fleet(replicas, router)
 

