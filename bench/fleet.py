@@ -1,0 +1,215 @@
+"""Benchmark: aggregate output tokens/s at N concurrent chats, two vLLM-CPU replicas behind vllm-router against one
+replica, measured in the same run. Not a test: it prints what it measured, no thresholds.
+
+    python -m bench.fleet [--chats 8] [--tokens 128] [--rounds 5] [--baseline replica|single]
+
+Needs the engine environment (``QWENCHAT_ENGINE_PYTHON``) and the embedded model (``./start.sh`` builds it), or
+``--model DIR --served NAME``. The fleet is launched with the product's own commands (``backend.engine.fleet``:
+each replica on its share of the cores, the router in front, no key on the router); the baseline is
+
+- ``replica`` (default): replica 0 of the same fleet, addressed directly (its sibling idles meanwhile), i.e. one
+  replica with the fleet's share of the machine;
+- ``single``: one more engine with the single-engine command (vLLM-CPU's own core binding), as ``./start.sh``
+  launches it without a ``[fleet]``.
+
+Rounds alternate (fleet, baseline, fleet, baseline …) so a change in the machine's load hits both alike. Each
+round: N streaming chats at once of exactly ``--tokens`` tokens (``ignore_eos``); tokens/s = N × tokens / wall time.
+Printed: median and min-max per side, and the median of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import platform
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.engine import QUESTION, _spread
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _free_block(n: int) -> int:
+    import socket
+
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    sys.exit(f"no {n} consecutive free ports")
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with _NO_PROXY.open(url, timeout=3) as resp:
+            return resp.status, resp.read()
+    except OSError:
+        return 0, b""
+
+
+def _wait(what: str, check, procs, logs: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        for name, proc in procs:
+            if proc.poll() is not None:
+                from backend.engine import supervisor
+
+                sys.exit(f"{name} exited:\n{supervisor.read_tail(logs / f'{name}.log', 4000)}")
+        if time.monotonic() > deadline:
+            sys.exit(f"{what}: not within {timeout:.0f} s; logs in {logs}")
+        time.sleep(1)
+
+
+async def _round(client, model: str, n: int, tokens: int) -> float:
+    async def one() -> int:
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": QUESTION}],
+            max_tokens=tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True, "min_tokens": tokens},
+        )
+        generated = 0
+        async for chunk in stream:
+            if chunk.usage:
+                generated = chunk.usage.completion_tokens
+        return generated
+
+    start = time.perf_counter()
+    got = await asyncio.gather(*(one() for _ in range(n)))
+    elapsed = time.perf_counter() - start
+    if any(g != tokens for g in got):
+        raise RuntimeError(f"expected {tokens} tokens per chat, got {got}")
+    return n * tokens / elapsed
+
+
+async def _measure(sides: dict[str, str], key: str, model: str, chats: int, tokens: int, rounds: int):
+    from openai import AsyncOpenAI
+
+    clients = {name: AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=900) for name, url in sides.items()}
+    try:
+        for client in clients.values():  # warm-up: every replica behind the router gets a first request
+            await _round(client, model, chats, 4)
+        out: dict[str, list[float]] = {name: [] for name in clients}
+        for r in range(rounds):
+            for name, client in clients.items():
+                rate = await _round(client, model, chats, tokens)
+                out[name].append(rate)
+                print(f"  round {r + 1}: {name:<28} {rate:8.1f} tokens/s", flush=True)
+        return out
+    finally:
+        for client in clients.values():
+            await client.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chats", type=int, default=8, help="concurrent chats per round (default 8)")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens generated per chat (default 128)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--baseline", choices=("replica", "single"), default="replica")
+    ap.add_argument("--model", default="", help="model folder (default: the embedded model)")
+    ap.add_argument("--served", default="", help="its served name (with --model)")
+    ap.add_argument("--engine-python", default=os.environ.get("QWENCHAT_ENGINE_PYTHON", ""))
+    a = ap.parse_args()
+    if not a.engine_python:
+        sys.exit("set QWENCHAT_ENGINE_PYTHON (or --engine-python) to the engine environment's python")
+
+    from backend.engine import command, fleet, supervisor
+    from backend.engine.launch import chat_template_for, static_adapters
+    from backend.settings import FleetSettings, ModelSettings, ServerSettings, Settings
+
+    port = _free_block(5)
+    model = ModelSettings(path=a.model, served_model_name=a.served) if a.model else ModelSettings()
+    settings = Settings(
+        model=model,
+        server=ServerSettings(port=port, max_num_seqs=a.chats),
+        fleet=FleetSettings(local=2),
+    )
+    if not (settings.model.resolved_path / "config.json").exists():
+        sys.exit(f"no model at {settings.model.resolved_path}: run ./start.sh once (it builds the embedded model)")
+    logs = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
+    key = secrets.token_hex(16)
+    adapters, _ = static_adapters(settings, check=False)
+    template = chat_template_for(settings, logs)
+    plan = fleet.plan(
+        settings,
+        engine="cpu",
+        python=a.engine_python,
+        api_key=key,
+        adapters=adapters,
+        chat_template=template,
+        cpus=fleet.usable_cpus(),
+    )
+    procs = [
+        (f"replica-{i}", supervisor.start_process(cmd, logs / f"replica-{i}.log"))
+        for i, cmd in enumerate(plan.replicas)
+    ]
+    single_url = ""
+    if a.baseline == "single":
+        single = dataclasses.replace(settings, server=dataclasses.replace(settings.server, port=port + 4))
+        cmd = command.build_engine_command(
+            single, engine="cpu", python=a.engine_python, api_key=key, adapters=adapters, chat_template=template
+        )
+        procs.append(("single", supervisor.start_process(cmd, logs / "single.log")))
+        single_url = single.engine_base_url
+    procs.append(("router", supervisor.start_process(plan.router, logs / "router.log")))
+    try:
+        router = settings.engine_base_url.removesuffix("/v1")
+
+        def all_ready() -> bool:
+            status, body = _get(router + "/readiness")
+            ready = status == 200 and json.loads(body or b"{}").get("healthy_workers") == 2
+            return ready and (not single_url or _get(single_url.removesuffix("/v1") + "/health")[0] == 200)
+
+        t0 = time.perf_counter()
+        _wait("the fleet (and the baseline) ready", all_ready, procs, logs)
+        print(f"ready after {time.perf_counter() - t0:.0f} s; logs in {logs}")
+        binds = ", ".join(c.env.get("VLLM_CPU_OMP_THREADS_BIND", "?") for c in plan.replicas)
+        base_name = "1 replica (replica 0 direct)" if a.baseline == "replica" else "1 engine (single command)"
+        sides = {
+            "2 replicas behind router": settings.engine_base_url,
+            base_name: single_url or settings.replica_url(0),
+        }
+        load = os.getloadavg()[0]
+        figures = asyncio.run(_measure(sides, key, settings.model.name, a.chats, a.tokens, a.rounds))
+    finally:
+        for _, proc in reversed(procs):
+            supervisor.stop_process_group(proc)
+
+    print(
+        f"machine: {platform.machine()}, {len(fleet.usable_cpus())} usable CPUs (replica cores: {binds}), load "
+        f"{load:.2f} before / {os.getloadavg()[0]:.2f} after; model {settings.model.name}; {a.chats} concurrent "
+        f"chats x {a.tokens} tokens, greedy, ignore_eos; {a.rounds} rounds, alternating"
+    )
+    print(f"{'setup':<30}{'tokens/s median (min-max)':>30}")
+    for name, values in figures.items():
+        print(f"{name:<30}{_spread(values):>30}")
+    names = list(figures)
+    ratios = [f / b for f, b in zip(figures[names[0]], figures[names[1]], strict=True)]
+    print(
+        f"fleet / one: {statistics.median(ratios):.2f}x median of per-round ratios "
+        f"({min(ratios):.2f}-{max(ratios):.2f})"
+    )
+
+
+if __name__ == "__main__":
+    main()
