@@ -284,6 +284,7 @@ def test_kill_9_of_one_replica_mid_conversation_the_other_answers_and_the_launch
         30,
     )
     assert st["replicas_total"] == 2 and st["replicas_text"] == "1 of 2 replicas ready"
+    print(f"\n[fleet] the UI during the outage: {st['state']}: {st.get('reason')}")
 
     # the launcher restarts the dead replica (the same supervisor as a single engine: attempt 1, the cause)
     restarting = wait_for(f"replica {v} restarting", lambda: (s := fleet.replica_status(v)).attempt == 1 and s, 30)
@@ -306,3 +307,22 @@ def test_kill_9_of_one_replica_mid_conversation_the_other_answers_and_the_launch
         1,
     )
     print(f"\n[fleet] kill -9 of replica {v}: back in rotation {t_back:.1f} s later; the stream it served: {result}")
+
+
+def test_kill_9_of_the_router_is_restarted_by_the_launcher_and_chat_resumes(fleet):
+    main = fleet.app.log_dir / contract.STATUS_FILE_NAME
+    before = contract.EngineStatus.read(main)
+    assert before is not None and before.state == contract.SupervisorState.RUNNING and before.pid
+    os.kill(before.pid, signal.SIGKILL)
+    wait_for(
+        "the router restarted",
+        lambda: (
+            (s := contract.EngineStatus.read(main))
+            and s.state == contract.SupervisorState.RUNNING
+            and s.pid != before.pid
+            and s.attempt == (before.attempt or 0) + 1
+        ),
+        120,
+    )
+    assert chat(fleet.router, "tiny-qwen3", "Still there?")["choices"][0]["message"]["content"]
+    assert all(fleet.replica_status(i).pid for i in range(2))  # the replicas were left alone
