@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import threading
 import time
 import urllib.error
@@ -27,33 +26,13 @@ import pytest
 from backend import contract
 from tests.conftest import need_env
 from tests.e2e import support as e2e
+from tests.support.ports import free_block
 from tests.support.socket_client import Session
 
 pytestmark = pytest.mark.integration
 
 KEY = e2e.ENGINE_KEY
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_block(n: int) -> int:
-    """A port p with p … p+n-1 all free now (the router, the replicas, the router's metrics)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 class Fleet:

@@ -407,3 +407,34 @@ async def test_the_fleet_is_ready_when_the_router_is_and_failed_when_a_replica_f
     assert f.failed is r1.failed and not f.ever_ready
     f.stop()
     await asyncio.wait_for(task, 1)
+
+
+def test_a_replica_port_in_use_is_named_before_anything_starts():
+    import socket
+
+    from backend.errors import PortInUse
+    from tests.support.ports import free_block
+
+    port = free_block(4)  # the router's, two replicas', the metrics'
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 2))  # replica 1's
+        taken.listen()
+        s = Settings(server=ServerSettings(port=port), fleet=FleetSettings(local=2))
+        with pytest.raises(PortInUse) as exc:
+            fleet.check_ports(s)
+    assert f"port {port + 2} on 127.0.0.1 is already in use" in exc.value.user_text("en")
+    assert "fleet replica 1 listens on [server].port + 2" in exc.value.user_text("en")
+
+
+def test_each_replica_and_the_router_get_their_own_supervisor_log_and_status_file(tmp_path):
+    s = cpu_fleet(2)
+    p = fleet.plan(s, engine="cpu", python="p", api_key="k", adapters={}, cpus=[0, 1], router="/r/vllm-router")
+    f = fleet.build_fleet(s, p, api_key="k", log_dir=tmp_path, status_path=tmp_path / "engine-status.json")
+    assert [r.name for r in f.replicas] == ["replica 0", "replica 1"]
+    assert [r.health_url for r in f.replicas] == ["http://127.0.0.1:9101/health", "http://127.0.0.1:9102/health"]
+    assert [r.status_path.name for r in f.replicas] == ["engine-status-replica-0.json", "engine-status-replica-1.json"]
+    assert [r.log_path.name for r in f.replicas] == ["engine-replica-0.log", "engine-replica-1.log"]
+    assert all(r.probe is not None and r.probe.base_url == s.replica_url(i) for i, r in enumerate(f.replicas))
+    assert f.router.name == "router" and f.router.probe is None  # a hung replica is its own supervisor's to restart
+    assert f.router.health_url == "http://127.0.0.1:9100/liveness"  # /health is 503 while any replica is down
+    assert f.router.status_path.name == "engine-status.json" and f.router.cmd is p.router
