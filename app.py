@@ -527,9 +527,8 @@ async def remember() -> None:
 
 
 async def open_chat() -> None:
-    # Chainlit keeps each session's files (an /export, uploads) under <app root>/.files, and every Chainlit
-    # process deletes that whole folder when it stops: another UI process on the same checkout (a second
-    # port, a test's app) would leave this one unable to attach a file.
+    # Each session's files (an /export, uploads) go under this process's own FILES_DIRECTORY (see the top);
+    # made again should something have removed it since (a temp-folder cleaner), or a file could not be attached.
     FILES_DIRECTORY.mkdir(parents=True, exist_ok=True)
     await app.start()
     await send_settings()

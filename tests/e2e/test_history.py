@@ -73,16 +73,6 @@ def launch(fake: str, tmp, **env: str) -> e2e.LiveApp:
         time.sleep(0.5)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=e2e.chromium_path(), args=e2e.CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
-
-
 def new_page(browser):
     context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
     page = context.new_page()

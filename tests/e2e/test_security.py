@@ -16,7 +16,6 @@ import contextlib
 import http.server
 import json
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,11 +24,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e import support as e2e
+from tests.e2e.test_history import PASSWORD, USER, launch  # the app against the fake server, ready
 from tests.fakes.openai_server import expected_text
 
 pytestmark = pytest.mark.e2e
-
-USER, PASSWORD = "demo", "correct horse battery"
 
 
 class Listener:
@@ -76,47 +74,6 @@ class Listener:
 def fake(tmp_path_factory):
     with e2e.fake_server(tmp_path_factory.mktemp("fakeserver")) as url:
         yield url
-
-
-def login_cookies(url: str) -> str:
-    form = urllib.parse.urlencode({"username": USER, "password": PASSWORD}).encode()
-    with urllib.request.urlopen(urllib.request.Request(url + "/login", data=form), timeout=5) as resp:
-        return "; ".join(c.split(";")[0] for c in resp.headers.get_all("set-cookie") or [])
-
-
-def launch(fake: str, tmp, **env: str) -> e2e.LiveApp:
-    auth = env.get("QWENCHAT_UI_AUTH") == "true"
-    app = e2e.launch(
-        tmp,
-        {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en", **env},
-        wait_engine=False,
-        timeout=120,
-    )
-    deadline = time.monotonic() + 60
-    state: dict = {}
-    while time.monotonic() < deadline:
-        try:
-            headers = {"Cookie": login_cookies(app.url)} if auth else {}
-            req = urllib.request.Request(app.url + "/qwenchat/status", headers=headers)
-            with urllib.request.urlopen(req, timeout=5) as resp:
-                state = json.loads(resp.read())
-            if state.get("state") == "ready":
-                return app
-        except OSError as exc:
-            state = {"unavailable": str(exc)}
-        time.sleep(0.5)
-    e2e.stop(app)
-    pytest.fail(f"the UI is not ready against {fake}/v1: {state}\n{app.log('ui')[-3000:]}")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=e2e.chromium_path(), args=e2e.CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
 
 
 @contextlib.contextmanager

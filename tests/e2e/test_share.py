@@ -63,16 +63,6 @@ def live(fake, tmp_path_factory):
     e2e.stop(app)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=e2e.chromium_path(), args=e2e.CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
-
-
 def logged_in(browser, live, user: str, password: str, locale: str = "en-US"):
     context = browser.new_context(locale=locale, viewport={"width": 1280, "height": 900})
     page = context.new_page()

@@ -46,16 +46,6 @@ def uis(fake, postgres, tmp_path_factory):
     e2e.stop(a)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=e2e.chromium_path(), args=e2e.CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
-
-
 def test_a_thread_started_on_one_ui_is_resumed_and_continued_on_the_other(uis, fake, postgres, browser):
     a, b = uis
     for ui in (a, b):
