@@ -177,6 +177,33 @@ def test_a_load_through_the_router_is_refused_without_the_key_reaching_a_replica
     assert exc.value.code == 401
 
 
+def model_ids(base: str) -> set[str]:
+    req = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {KEY}"})
+    with _NO_PROXY.open(req, timeout=30) as resp:
+        return {m["id"] for m in json.loads(resp.read())["data"]}
+
+
+def test_a_runtime_load_from_the_ui_reaches_both_replicas_and_an_unload_leaves_both(fleet):
+    """What the UI does for a runtime adapter in a fleet (backend/adapters/runtime.py: every replica directly, with
+    the key), against the real replicas: after the load each one serves it and every routed request finds it."""
+    from backend.adapters.runtime import load_on_replicas, unload_on_replicas
+
+    lora = Path(need_env("QWENCHAT_TEST_MODELS")) / "tiny-qwen3-lora"
+    asyncio.run(load_on_replicas(fleet.replicas, KEY, "rt-lora", lora))
+    try:
+        assert all("rt-lora" in model_ids(r) for r in fleet.replicas)
+        routed = [chat(fleet.router, "rt-lora", "Tell me a story.", max_tokens=12) for _ in range(4)]
+        assert all(a["model"] == "rt-lora" for a in routed)  # round robin: both replicas answered with it
+        static = chat(fleet.router, "tiny-lora", "Tell me a story.", max_tokens=12)
+        assert {a["choices"][0]["message"]["content"] for a in routed} == {static["choices"][0]["message"]["content"]}
+    finally:
+        asyncio.run(unload_on_replicas(fleet.replicas, KEY, "rt-lora"))
+    assert not any("rt-lora" in model_ids(r) for r in fleet.replicas)
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        chat(fleet.router, "rt-lora")
+    assert exc.value.code == 404
+
+
 def stream_in_thread(base: str, result: dict) -> threading.Thread:
     """A long streamed answer through the router, read in a thread: what arrived and how it ended."""
 
