@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from backend.engine import command
-from backend.engine.supervisor import start_process
+from backend.engine.supervisor import settle_log, start_process
 from backend.errors import ConfigError, EngineUnavailable
 from backend.settings import ROOT, LoraSettings, ServerSettings, Settings, load_settings
 
@@ -110,6 +110,7 @@ def test_processes_do_not_inherit_variables_that_would_misroute_them(monkeypatch
     cmd = command.Command(("/bin/sh", "-c", "echo CI=${CI:-unset}"), {}, unset=("CI",))
     proc = start_process(cmd, tmp_path / "out.log")
     proc.wait(10)
+    settle_log(proc)  # the pump lags the pipe by a moment (a loaded machine once read the log before it)
     assert "CI=unset" in (tmp_path / "out.log").read_text()
 
 
