@@ -430,8 +430,9 @@ async def test_an_engine_that_only_ever_answered_slowly_is_down_when_it_crashes_
 @pytest.mark.asyncio
 async def test_after_health_fails_a_ready_state_is_not_replayed_without_a_new_probe(engine):
     """Between probes the last answer is replayed, but not across an outage: the engine must answer again."""
+    # Generous timeouts: the outage is a refused connection (at once); a busy machine once took 0.3 s for /health.
     settings = HealthSettings(
-        poll_starting=0.05, poll_ready=0.05, probe_every=30, probe_timeout=0.4, probe_slow=0.3, request_timeout=0.3
+        poll_starting=0.05, poll_ready=0.05, probe_every=30, probe_timeout=3, probe_slow=2, request_timeout=2
     )
     poller = HealthPoller(engine.url, KEY, settings)
     await engine.start()
