@@ -204,6 +204,15 @@ class Metrics:
         for state in EngineState:
             sample("qwenchat_engine_state", 1 if engine.state is state else 0, state=state.value)
 
+        if engine.replicas:  # a [fleet]: each replica as the poller last saw it (its own /health)
+            head(
+                "qwenchat_replica_ready",
+                "gauge",
+                "A fleet's replicas as the UI sees them: 1 if the replica answers its own /health, else 0.",
+            )
+            for r in engine.replicas:
+                sample("qwenchat_replica_ready", 1 if r.ready else 0, replica=str(r.number), address=r.address)
+
         head(
             "qwenchat_engine_restart_attempt",
             "gauge",

@@ -166,6 +166,25 @@ async def test_restarts_are_counted_by_cause_from_the_attempts_the_poller_sees()
     assert value(samples, "qwenchat_engine_restart_attempt") is None  # external: no attempt
 
 
+async def test_a_fleets_replicas_are_one_gauge_each_and_none_without_a_fleet():
+    from backend.chat.health import ReplicaHealth
+
+    m = metrics.Metrics()
+    fleet = HealthStatus(
+        state=EngineState.DEGRADED,
+        replicas=(
+            ReplicaHealth(1, "127.0.0.1:8001", True),
+            ReplicaHealth(2, "gpu-b:8000", False, "connection refused"),
+        ),
+    )
+    types, samples = parse(m.render(engine=fleet, active_sessions=0, anomalies={}))
+    assert types["qwenchat_replica_ready"] == "gauge"
+    ready = {dict(k[1])["address"]: v for k, v in samples.items() if k[0] == "qwenchat_replica_ready"}
+    assert ready == {"127.0.0.1:8001": 1, "gpu-b:8000": 0}
+    types, _ = parse(m.render(engine=HealthStatus(), active_sessions=0, anomalies={}))
+    assert "qwenchat_replica_ready" not in types
+
+
 # ---------------------------------------------------------------- through the handlers
 
 
