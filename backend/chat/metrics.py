@@ -2,7 +2,7 @@
 
     metrics.METRICS.first_token(model, seconds)      # turn.py: the first streamed token of an answer
     metrics.METRICS.answered(model, seconds)         # turn.py: an answer shown whole
-    metrics.METRICS.outcome("ok" | error code)       # turn.py: how each answer ended
+    metrics.METRICS.outcome("ok" | error code, model)   # turn.py: how each answer ended, by the model asked
     with metrics.METRICS.streaming(): ...            # turn.py: an answer streaming now
     metrics.METRICS.observe_engine(status)           # app.py: every poller snapshot (restarts by cause)
     text = metrics.METRICS.render(engine=status, active_sessions=n, anomalies=client.anomaly_counts())
@@ -83,7 +83,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._first_token: dict[str, _Histogram] = {}
         self._answer: dict[str, _Histogram] = {}
-        self._outcomes: Counter[str] = Counter()
+        self._outcomes: Counter[tuple[str, str]] = Counter()  # (model, outcome)
         self._streaming = 0
         self._restarts: Counter[str] = Counter()
         self._last_attempt = 0
@@ -98,9 +98,9 @@ class Metrics:
         with self._lock:
             self._answer.setdefault(model, _Histogram(ANSWER_BUCKETS)).observe(seconds)
 
-    def outcome(self, outcome: str) -> None:
+    def outcome(self, outcome: str, model: str) -> None:
         with self._lock:
-            self._outcomes[outcome] += 1
+            self._outcomes[(model, outcome)] += 1
 
     @contextmanager
     def streaming(self) -> Iterator[None]:
@@ -172,10 +172,11 @@ class Metrics:
             head(
                 "qwenchat_answers_total",
                 "counter",
-                "Answers by outcome: ok, or the error code (errors.py), stopped, no_text, app_error, engine_down.",
+                "Answers by the model asked and outcome: ok, or the error code (errors.py), stopped, no_text, "
+                "app_error, engine_down.",
             )
-            for outcome in sorted(self._outcomes):
-                sample("qwenchat_answers_total", self._outcomes[outcome], outcome=outcome)
+            for model, outcome in sorted(self._outcomes):
+                sample("qwenchat_answers_total", self._outcomes[(model, outcome)], model=model, outcome=outcome)
 
             head("qwenchat_streaming_answers", "gauge", "Answers streaming now.")
             sample("qwenchat_streaming_answers", self._streaming)

@@ -304,7 +304,7 @@ class _Turn:
             return Outcome.ANSWERED
         finally:
             if ended is not None:
-                metrics.METRICS.outcome(ended)
+                metrics.METRICS.outcome(ended, model)
             with contextlib.suppress(Exception):  # never left streaming after an error or Stop
                 await view.reasoning_done()
         return Outcome.FAILED

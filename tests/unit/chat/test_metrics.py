@@ -114,7 +114,7 @@ async def test_the_text_parses_and_holds_every_family_with_its_type():
     m.first_token("pirate", 0.3)
     m.first_token("pirate", 400.0)  # above the last bucket: only +Inf
     m.answered('we"ird\\model\n', 2.0)  # label values are escaped
-    m.outcome("ok")
+    m.outcome("ok", "pirate")
     status = HealthStatus(state=EngineState.DEGRADED, attempt=2, cause="oom_cpu")
     types, samples = parse(m.render(engine=status, active_sessions=3, anomalies={"json_body": 2}))
     assert types == {
@@ -133,6 +133,7 @@ async def test_the_text_parses_and_holds_every_family_with_its_type():
     assert value(samples, "qwenchat_first_token_seconds_bucket", model="pirate", le="+Inf") == 2
     assert value(samples, "qwenchat_first_token_seconds_sum", model="pirate") == pytest.approx(400.3)
     assert value(samples, "qwenchat_answer_seconds_count", model='we\\"ird\\\\model\\n') == 1
+    assert value(samples, "qwenchat_answers_total", model="pirate", outcome="ok") == 1
     assert value(samples, "qwenchat_stream_anomalies_total", kind="json_body") == 2
     assert value(samples, "qwenchat_active_sessions") == 3
     assert {s.value: value(samples, "qwenchat_engine_state", state=s.value) for s in EngineState} == {
@@ -197,9 +198,9 @@ async def test_one_ok_and_one_faulted_answer_are_counted(ui, chat):  # noqa: F81
     assert faulted.errors and not faulted.answers
 
     samples = scrape(ui)
-    answers = {dict(k[1])["outcome"]: v for k, v in samples.items() if k[0] == "qwenchat_answers_total"}
-    assert answers == {"ok": 1, "engine_error": 1}
     model = ui.app.default_model(ui.app.poller.status)  # what the fake server serves: "fake-qwen"
+    answers = {tuple(sorted(k[1])): v for k, v in samples.items() if k[0] == "qwenchat_answers_total"}
+    assert answers == {(("model", model), ("outcome", "ok")): 1, (("model", model), ("outcome", "engine_error")): 1}
     assert value(samples, "qwenchat_first_token_seconds_count", model=model) == 1  # the faulted one had no token
     assert value(samples, "qwenchat_answer_seconds_count", model=model) == 1
     assert value(samples, "qwenchat_streaming_answers") == 0
@@ -215,7 +216,8 @@ async def test_a_streaming_answer_shows_in_the_gauge_and_stop_is_its_outcome(ui,
         await asyncio.wait_for(task, 20)
     samples = scrape(ui)
     assert value(samples, "qwenchat_streaming_answers") == 0
-    assert value(samples, "qwenchat_answers_total", outcome="stopped") == 1
+    model = ui.app.default_model(ui.app.poller.status)
+    assert value(samples, "qwenchat_answers_total", model=model, outcome="stopped") == 1
 
 
 async def test_stream_anomalies_come_from_the_client_counters(ui, chat):  # noqa: F811
