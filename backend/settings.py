@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import ipaddress
 import os
 import re
 import tomllib
@@ -207,6 +208,9 @@ class UISettings:
     # (scheme://host:port of the request's Host header). Set: exactly these, e.g. "https://chat.example.com".
     allowed_origins: tuple[str, ...] = ()
     public: bool = False  # true: allow a non-loopback ui_host without login (anyone reaching the port chats)
+    # Reverse proxies in front of the UI (addresses or networks, "10.0.0.5", "10.0.0.0/24"): from these peers only,
+    # X-Forwarded-For / X-Forwarded-Proto name the client and the scheme (login throttle, origin check).
+    trusted_proxies: tuple[str, ...] = ()
     stream_flush_ms: float = 40.0  # answer text reaches the browser at most this often (ms); 0 = every token
     # More login accounts besides username/password, name = "password hash" (python -m backend hash-password):
     # each has its own chats and can open the chats others share with a link.
@@ -497,6 +501,13 @@ def _validate(s: Settings) -> None:
             "no path",
         )
     _validate_branding(s, need)
+    for proxy in s.ui.trusted_proxies:
+        need(
+            _is_address_or_network(proxy),
+            "ui.trusted_proxies",
+            proxy,
+            'addresses or networks of the reverse proxies in front of the UI, like "10.0.0.5" or "10.0.0.0/24"',
+        )
     need(
         0 <= s.ui.stream_flush_ms <= 1000,
         "ui.stream_flush_ms",
@@ -504,6 +515,14 @@ def _validate(s: Settings) -> None:
         "0 (send every token at once) to 1000 milliseconds",
     )
     _validate_fleet(s, need)
+
+
+def _is_address_or_network(value: str) -> bool:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return False
+    return True
 
 
 def _validate_fleet(s: Settings, need: Any) -> None:

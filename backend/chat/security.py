@@ -10,7 +10,9 @@
   before it is accepted), or, when ``[ui] allowed_origins`` is set, one not in that list. Chainlit's
   socket server has no origin check of its own, so this middleware wraps the socket.io mount too.
   Requests without ``Origin`` (scripts, curl) pass on to the normal login rules. ``X-Forwarded-*``
-  headers are not trusted: behind a TLS proxy, list the public origin in ``allowed_origins``.
+  headers are believed only from ``[ui] trusted_proxies`` (uvicorn applies them before this middleware;
+  the launcher sets its ``FORWARDED_ALLOW_IPS``, empty by default): behind a TLS proxy, list the public
+  origin in ``allowed_origins``.
   Each refused origin is logged once (with the origin).
 - **Host (DNS rebinding).** A page on ``http://evil.example:8080`` whose name the attacker points at
   127.0.0.1 is same-origin with itself: its requests carry ``Host: evil.example:8080`` and, for a plain
@@ -21,10 +23,11 @@
   ``data:``: a model answer with ``![x](http://elsewhere/?secret)`` cannot make the browser call out),
   ``frame-ancestors 'none'`` (+ ``X-Frame-Options``), ``X-Content-Type-Options: nosniff`` and a
   same-origin referrer policy.
-- **Login throttle.** ``POST /login`` is counted per client address: after ``free`` failures each further
-  attempt must wait, the wait doubling (``base_delay`` … ``max_delay``); an attempt that comes too early is
-  refused at once with 429, ``Retry-After`` and a clear message (no sleeping: nothing is held open, the
-  event loop and open chats are not slowed). A successful login clears the address.
+- **Login throttle.** ``POST /login`` is counted per client address (from a trusted proxy, the client its
+  X-Forwarded-For names; else the peer): after ``free`` failures each further attempt must wait, the wait
+  doubling (``base_delay`` … ``max_delay``); an attempt that comes too early is refused at once with 429,
+  ``Retry-After`` and a clear message (no sleeping: nothing is held open, the event loop and open chats are
+  not slowed). A successful login clears the address.
 
 A plain ASGI class like ``preferences.BrowserCookieMiddleware`` (Starlette's BaseHTTPMiddleware does not
 see websockets). No Chainlit import: ``install`` only touches the Starlette app's middleware list.
@@ -98,7 +101,7 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
 
 
 def own_origin(scope: dict[str, Any]) -> str | None:
-    """The origin the request was sent to: its scheme and its Host header (X-Forwarded-* is not trusted)."""
+    """The origin the request was sent to: its scheme (X-Forwarded-Proto only from a trusted proxy) and its Host."""
     host = _header(scope, b"host")
     if not host:
         return None

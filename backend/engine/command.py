@@ -227,5 +227,8 @@ def build_ui_command(settings: Settings, *, python: str) -> Command:
         "--port",
         str(settings.server.ui_port),
     )
+    # uvicorn believes X-Forwarded-For/-Proto (the client's address, the scheme) only from these peers; its default
+    # is loopback, which would let any local process pick its own address for the login throttle.
+    env = {"CHAINLIT_APP_ROOT": str(ROOT), "FORWARDED_ALLOW_IPS": ",".join(settings.ui.trusted_proxies)}
     # CI=true puts `chainlit run` in CI mode, which overwrites OPENAI_API_KEY with a fake key.
-    return Command(argv, {"CHAINLIT_APP_ROOT": str(ROOT)}, unset=("CI",))
+    return Command(argv, env, unset=("CI",))

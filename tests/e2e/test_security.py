@@ -236,3 +236,40 @@ def test_two_thousand_failed_logins_are_throttled_while_an_open_chat_keeps_strea
     log = auth_app.log_with("login refused: an unknown user name", "ui")
     assert "login refused: an unknown user name" in log
     assert "guess-user-" not in log and "guess-" not in log  # what was typed is never logged
+
+
+def login_status(url: str, password: str, forwarded_for: str | None = None) -> int:
+    form = urllib.parse.urlencode({"username": USER, "password": password}).encode()
+    headers = {"X-Forwarded-For": forwarded_for} if forwarded_for else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + "/login", data=form, headers=headers), timeout=5):
+            return 200
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_a_forwarded_for_header_from_an_untrusted_peer_does_not_escape_the_throttle(auth_app):
+    """Once this address waits, naming another client in X-Forwarded-For changes nothing (uvicorn would believe it
+    from loopback by default; [ui] trusted_proxies is empty, so from nobody)."""
+    tries = [login_status(auth_app.url, "wrong") for _ in range(8)]  # throttled already after the flood above
+    assert tries[-1] == 429, tries
+    assert login_status(auth_app.url, "wrong", forwarded_for="203.0.113.7") == 429
+    assert login_status(auth_app.url, PASSWORD, forwarded_for="198.51.100.9") == 429
+
+
+def test_behind_a_trusted_proxy_each_forwarded_client_is_throttled_on_its_own(fake, tmp_path_factory):
+    app = launch(
+        fake,
+        tmp_path_factory.mktemp("e2e-security-proxy"),
+        QWENCHAT_UI_AUTH="true",
+        QWENCHAT_UI_USERNAME=USER,
+        QWENCHAT_UI_PASSWORD=PASSWORD,
+        QWENCHAT_UI_TRUSTED_PROXIES="127.0.0.1",  # this test plays the proxy
+    )
+    try:
+        first = [login_status(app.url, "wrong", forwarded_for="203.0.113.1") for _ in range(8)]
+        assert first[:5] == [401] * 5 and 429 in first[5:], first  # this client waits now …
+        assert login_status(app.url, "wrong", forwarded_for="203.0.113.2") == 401  # … another one does not
+        assert login_status(app.url, PASSWORD, forwarded_for="203.0.113.3") == 200
+    finally:
+        e2e.stop(app)

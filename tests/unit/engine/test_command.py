@@ -70,6 +70,16 @@ def test_ui_command_runs_chainlit_headless_on_the_ui_port():
     assert "--headless" in cmd.argv and argv_value(list(cmd.argv), "--port") == "8765"
 
 
+def test_the_ui_believes_forwarded_headers_only_from_the_configured_proxies():
+    """uvicorn's own default trusts loopback: any local process could then pick its address for the throttle."""
+    assert command.build_ui_command(Settings(), python="p").env["FORWARDED_ALLOW_IPS"] == ""
+    s = load_settings(ROOT / "config.toml", env={"QWENCHAT_UI_TRUSTED_PROXIES": "10.0.0.5 10.1.0.0/16"})
+    assert command.build_ui_command(s, python="p").env["FORWARDED_ALLOW_IPS"] == "10.0.0.5,10.1.0.0/16"
+    with pytest.raises(ConfigError) as exc:
+        load_settings(ROOT / "config.toml", env={"QWENCHAT_UI_TRUSTED_PROXIES": "nginx.local"})
+    assert "ui.trusted_proxies" in str(exc.value) and "nginx.local" in str(exc.value)
+
+
 @pytest.mark.parametrize(
     "requested, has_gpu, expected",
     [
