@@ -1,4 +1,5 @@
-"""Chainlit handlers: chat start/resume, settings, message, stop, actions. Logic lives in backend/."""
+"""Chainlit handlers: chat start/resume, settings, message, stop, actions. Logic lives in backend/; our routes
+and the renderers (ChatView, the compare views) in webui/."""
 
 from __future__ import annotations
 
@@ -13,29 +14,33 @@ from pathlib import Path
 import chainlit as cl
 import chainlit.config as chainlit_config_module
 import chainlit.server as chainlit_server
-from chainlit.auth import get_current_user
-from chainlit.config import config as chainlit_config
 from chainlit.data import get_data_layer
 from chainlit.input_widget import Select, Slider, TextInput
 from chainlit.server import app as http_app
 from chainlit.server import sio
-from chainlit.types import DeleteFeedbackRequest, ShareThreadRequest, UpdateFeedbackRequest
-from fastapi import Depends, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
 
 from backend.chat import compare, history, loopstats, metrics, preferences, security, share, turn, welcome
 from backend.chat import export as chat_export
 from backend.chat import service as ui
-from backend.chat.budget import FitResult
-from backend.chat.client import anomaly_counts, new_request_id
-from backend.chat.coalesce import Coalescer
+from backend.chat.client import new_request_id
 from backend.chat.datalayer import GuardedDataLayer
 from backend.chat.login import check_password
 from backend.chat.session import ChatSession
-from backend.chat.turn import Outcome, Reply
+from backend.chat.turn import Outcome
 from backend.errors import QwenChatError
-from backend.settings import ROOT, resolve_path
 from backend.text import pick_language, t
+from webui.compare_view import (
+    COMPARE_COMMANDS,
+    CompareView,
+    compare_commands,
+    compare_state,
+    compare_widget,
+    pair_of,
+    panel_choice,
+    update_pair,
+)
+from webui.routes import Routes, install_routes
+from webui.views import ChatView, show_error
 
 logger = logging.getLogger(__name__)
 app = ui.Service.from_environment()
@@ -89,193 +94,11 @@ async def count_restarts() -> None:
             metrics.METRICS.observe_engine(status)
 
 
-async def status_route(user: cl.User | None = Depends(get_current_user)) -> dict:
-    """Polled by public/status.js: the engine state line shown at all times.
-
-    With [ui].auth it names models, adapters and failure paths: Chainlit's own dependency answers
-    401 without a login (and returns None when login is off).
-    """
-    await app.start()
-    return app.status_json()
-
-
-http_app.add_api_route("/qwenchat/status", status_route, methods=["GET"])
-# Chainlit serves its SPA from a catch-all route; ours must come first.
-http_app.router.routes.insert(0, http_app.router.routes.pop())
-
-
-def connected_sessions() -> int:
-    """Chainlit's websocket sessions whose browser is connected now (a closed tab's session lingers a while)."""
-    from chainlit.session import ws_sessions_id
-
-    return sum(1 for s in list(ws_sessions_id.values()) if sio.manager.is_connected(s.socket_id, "/"))
-
-
-async def metrics_route(user: cl.User | None = Depends(get_current_user)) -> Response:
-    """Prometheus text format (backend/chat/metrics.py); 401 without a login when [ui].auth is on."""
-    await app.start()
-    text = metrics.METRICS.render(
-        engine=app.poller.status, active_sessions=connected_sessions(), anomalies=anomaly_counts()
-    )
-    return Response(text, media_type=metrics.CONTENT_TYPE)
-
-
-http_app.add_api_route("/metrics", metrics_route, methods=["GET"])
-http_app.router.routes.insert(0, http_app.router.routes.pop())
-
-
-# ---------------------------------------------------------------- sharing, welcome screen, branding (issue 12)
-
-
-def http_lang(request: Request) -> str:
-    """The language of an HTTP answer's message: [ui].language, else the browser's Accept-Language."""
-    if app.settings.ui.language != "auto":
-        return app.settings.ui.language
-    return pick_language((request.headers.get("accept-language") or "").split(",")[0])
-
-
-def refused(refusal: share.Refusal, request: Request) -> JSONResponse:
-    """Chainlit's page shows ``detail`` in its "Failed to load thread" toast."""
-    return JSONResponse({"detail": t(refusal.key, http_lang(request))}, status_code=refusal.status)
-
-
-async def shared_thread_route(
-    request: Request, thread_id: str, user: cl.User | None = Depends(get_current_user)
-) -> Response:
-    """GET /project/share/{id} (Chainlit's shared-thread page): logged-in viewers, shared threads only,
-    a clear refusal otherwise (backend/chat/share.py); the owner's settings are not sent along."""
-    layer = get_data_layer()
-    thread = await layer.get_thread(thread_id) if layer is not None and user is not None else None
-    refusal = share.view_refusal(thread, user.identifier if user else None)
-    if refusal is not None or thread is None:
-        return refused(refusal or share.GONE, request)
-    meta = share.thread_metadata(thread)
-    thread["metadata"] = {k: meta[k] for k in ("is_shared", "shared_at") if k in meta}
-    return JSONResponse(content=thread)
-
-
-async def share_route(
-    request: Request, payload: ShareThreadRequest, user: cl.User | None = Depends(get_current_user)
-) -> Response:
-    """PUT /project/thread/share: only the owner shares or unshares (403 and a message for anyone else)."""
-    layer = get_data_layer()
-    author = ""
-    if layer is not None and user is not None:
-        try:
-            author = await layer.get_thread_author(payload.threadId)
-        except ValueError:  # SQLAlchemyDataLayer: no such thread
-            author = ""
-    refusal = share.share_refusal(payload.threadId, author, user.identifier if user else None)
-    if refusal is not None:
-        what = "sharing" if payload.isShared else "unsharing"
-        logger.warning("share: %s of a thread refused (%s)", what, refusal.key)
-        return refused(refusal, request)
-    from chainlit.server import share_thread
-
-    return await share_thread(request, payload, user)
-
-
-async def author_of_step(step_id: str) -> tuple[str | None, str]:
-    """The thread of an answer and its author ("" when there is none)."""
-    layer = get_data_layer()
-    execute = getattr(layer, "execute_sql", None)
-    if layer is None or execute is None:
-        return None, ""
-    rows = await execute('SELECT "threadId" FROM steps WHERE "id" = :id', {"id": step_id})
-    thread_id = rows[0].get("threadId") if isinstance(rows, list) and rows else None
-    if not thread_id:
-        return None, ""
-    try:
-        return thread_id, await layer.get_thread_author(thread_id)
-    except ValueError:
-        return thread_id, ""
-
-
-async def answer_of_feedback(feedback_id: str) -> str | None:
-    """The answer (step id) an existing feedback row rates, or None when there is no such row."""
-    execute = getattr(get_data_layer(), "execute_sql", None)
-    if execute is None:
-        return None
-    rows = await execute('SELECT "forId" FROM feedbacks WHERE "id" = :id', {"id": feedback_id})
-    return rows[0].get("forId") if isinstance(rows, list) and rows else None
-
-
-async def feedback_refusal(step_ids: list[str | None], user: cl.User | None) -> share.Refusal | None:
-    """Why ``user`` may not write or delete a rating: every answer involved must be in one of their chats."""
-    for step_id in step_ids:
-        thread_id, author = await author_of_step(step_id) if user is not None and step_id else (None, "")
-        refusal = share.feedback_refusal(thread_id, author, user.identifier if user else None)
-        if refusal is not None:
-            logger.warning("feedback on an answer refused (%s)", refusal.key)
-            return refusal
-    return None
-
-
-async def feedback_route(
-    request: Request, update: UpdateFeedbackRequest, user: cl.User | None = Depends(get_current_user)
-) -> Response:
-    """PUT /feedback (thumbs): only on one's own chats; Chainlit's route checks nothing (share.py). An update
-    names an existing row by id: that row must rate one of the user's answers too (else it would be moved)."""
-    steps: list[str | None] = [update.feedback.forId]
-    if update.feedback.id and (rated := await answer_of_feedback(update.feedback.id)):
-        steps.append(rated)
-    refusal = await feedback_refusal(steps, user)
-    if refusal is not None:
-        return refused(refusal, request)
-    from chainlit.server import update_feedback
-
-    return await update_feedback(request, update, user)
-
-
-async def delete_feedback_route(
-    request: Request, payload: DeleteFeedbackRequest, user: cl.User | None = Depends(get_current_user)
-) -> Response:
-    """DELETE /feedback: only a rating of one's own answer (Chainlit deletes any row by id)."""
-    refusal = await feedback_refusal([await answer_of_feedback(payload.feedbackId) if user else None], user)
-    if refusal is not None:
-        return refused(refusal, request)
-    from chainlit.server import delete_feedback
-
-    return await delete_feedback(request, payload, user)
-
-
-def brand_file(key: str) -> Response:
-    """[ui].logo / [ui].favicon (validated at start: an existing image file)."""
-    return FileResponse(resolve_path(getattr(app.settings.ui, key)))
-
-
-async def theme_css_route() -> Response:
-    """public/style.css plus the [ui].accent colour as Chainlit's theme variables."""
-    css = (ROOT / "public" / "style.css").read_text(encoding="utf-8")
-    return Response(css + welcome.theme_css(app.settings.ui.accent), media_type="text/css")
-
-
-def install_branding_and_sharing() -> None:
-    """Routes of ours in front of Chainlit's catch-all and its own share/logo/favicon routes."""
-    ui_settings = app.settings.ui
-    chainlit_config.ui.name = ui_settings.name
-    routes: list[tuple[str, object, list[str]]] = []
-    if DB_URL:  # sharing needs the history (and so the login)
-        chainlit_config.features.allow_thread_sharing = True
-        routes += [
-            ("/project/share/{thread_id}", shared_thread_route, ["GET"]),
-            ("/project/thread/share", share_route, ["PUT"]),
-            ("/feedback", feedback_route, ["PUT"]),
-            ("/feedback", delete_feedback_route, ["DELETE"]),
-        ]
-    if ui_settings.logo:
-        routes.append(("/logo", lambda: brand_file("logo"), ["GET"]))
-    if ui_settings.favicon:
-        routes.append(("/favicon", lambda: brand_file("favicon"), ["GET"]))
-    if ui_settings.accent:
-        chainlit_config.ui.custom_css = "/qwenchat/style.css"
-        routes.append(("/qwenchat/style.css", theme_css_route, ["GET"]))
-    for path, endpoint, methods in routes:
-        http_app.add_api_route(path, endpoint, methods=methods)  # type: ignore[arg-type]
-        http_app.router.routes.insert(0, http_app.router.routes.pop())
-
-
-install_branding_and_sharing()
+# Our routes (status, /metrics, sharing, feedback owner checks, branding) in front of Chainlit's, bound to this
+# import's Service; a later import (tests) replaces them (webui/routes.py).
+ROUTES = Routes(app, sharing=bool(DB_URL))
+status_route, metrics_route = ROUTES.status, ROUTES.metrics
+install_routes(http_app, ROUTES)
 
 if DB_URL:
 
@@ -442,7 +265,7 @@ async def _send_settings() -> None:
             Slider(id="top_p", label=t("top_p", lang()), initial=sampling["top_p"], min=0.05, max=1, step=0.05),
             Slider(id="top_k", label=t("top_k", lang()), initial=sampling["top_k"], min=-1, max=100, step=1),
             Slider(id="min_p", label=t("min_p", lang()), initial=sampling["min_p"], min=0, max=1, step=0.01),
-            compare_widget(),
+            compare_widget(lang()),
         ]
     ).send()
     # The same choice as a picker in the composer (Chainlit Modes): visible without opening the panel.
@@ -594,7 +417,7 @@ async def choose_model(model: str) -> None:
     chat = chat_session()
     chat.model = model
     if model not in {m.id for m in app.poller.status.models}:
-        await turn.load_adapter(chat, app, ChatView(lang()), model)  # re-sends the settings
+        await turn.load_adapter(chat, app, ChatView(lang(), HOST), model)  # re-sends the settings
     else:  # no "Loading adapter" step for a served one; keep panel and composer in step
         await send_settings()
 
@@ -606,7 +429,7 @@ async def send_commands() -> None:
             {"id": "adapters", "description": t("cmd_adapters", lang()), "icon": "layers", "button": False},
             {"id": "unload", "description": t("cmd_unload", lang()), "icon": "circle-minus", "button": False},
             {"id": "export", "description": t("cmd_export", lang()), "icon": "download", "button": False},
-            *compare_commands(),
+            *compare_commands(lang()),
         ]
     )
 
@@ -752,15 +575,8 @@ async def answer() -> None:
     if compare_state().mode is not None:  # compare mode: two models answer side by side
         await answer_compared()
         return
-    if await turn.answer(chat_session(), app, ChatView(lang())) is Outcome.ANSWERED:
+    if await turn.answer(chat_session(), app, ChatView(lang(), HOST)) is Outcome.ANSWERED:
         await remember()
-
-
-async def show_error(text: str, actions: list[cl.Action] | None = None) -> None:
-    """An error bubble, with buttons if any (Chainlit 2.12's cl.ErrorMessage takes no actions)."""
-    msg = cl.Message(content=text, actions=actions or [])
-    msg.is_error = True
-    await msg.send()
 
 
 def latest_turn_id() -> str | None:
@@ -769,129 +585,23 @@ def latest_turn_id() -> str | None:
     return last.id if last else None
 
 
-class ChatView:
-    """A turn as Chainlit shows it: the answer bubble, its reasoning step, tool steps, error bubbles."""
+class Host:
+    """The renderers' way back into this file (webui/views.py ViewHost): names looked up when they are needed."""
 
-    def __init__(self, lang: str) -> None:
-        self.lang = lang
-        self.msg: cl.Message | None = None  # the answer bubble, from new_answer on
-        self.reasoning: cl.Step | None = None
-        # Tokens reach the browser in batches (one socket message and re-render each): [ui].stream_flush_ms.
-        self.out = Coalescer(self._emit, app.settings.ui.stream_flush_ms / 1000)
+    def flush_seconds(self) -> float:
+        return app.settings.ui.stream_flush_ms / 1000
 
-    def step(self, title: str) -> cl.Step:
-        return cl.Step(name=title, type="tool")
+    def latest_turn_id(self) -> str | None:
+        return latest_turn_id()
 
-    async def new_answer(self, model: str) -> None:
-        await self.flushed()
-        self.msg, self.reasoning = cl.Message(content="", author=model), None
-        self.out = Coalescer(self._emit, app.settings.ui.stream_flush_ms / 1000)  # its first token at once
-
-    async def stream_token(self, token: str) -> None:
-        await self.out.add("answer", token)
-
-    async def stream_reasoning(self, token: str) -> None:
-        await self.out.add("reasoning", token)
-
-    async def _emit(self, kind: str, text: str) -> None:
-        """The coalescer's sink: one batch of answer or reasoning text to the browser."""
-        if kind == "answer":
-            await self.msg.stream_token(text)
-            return
-        if self.reasoning is None:
-            self.reasoning = cl.Step(name=t("reasoning", self.lang), type="llm", default_open=False)
-            await self.reasoning.send()
-        await self.reasoning.stream_token(text)
-
-    async def flushed(self) -> None:
-        """Send what the coalescer holds: before the answer is finalised, cut, removed or an error shown."""
-        try:
-            await self.out.aclose()
-        except Exception:  # the bubble may be gone (websocket); the final send sets the whole text anyway
-            logger.debug("could not flush the streamed text", exc_info=True)
-
-    async def reasoning_done(self) -> None:
-        await self.flushed()
-        if self.reasoning is not None:
-            await self.reasoning.update()
-
-    async def show_answer(self, reply: Reply) -> str:
-        await self.flushed()
-        self.msg.author = reply.model
-        self.msg.content = ui.close_fence(reply.text) + ui.footer(
-            reply.model, reply.usage, reply.fitted, reply.seconds, self.lang, reply.finish
-        )
-        self.msg.metadata = history.answer_metadata(reply.text, reply.model)  # the history keeps no footer
-        await self.msg.send()
-        return self.msg.id
-
-    async def keep_partial(self, text: str, model: str, why: str) -> str:
-        await self.flushed()
-        self.msg.content = ui.close_fence(text) + ui.interrupted_marker(why, model)
-        self.msg.metadata = history.answer_metadata(text, model, interrupted=True)
-        await self.msg.send()
-        return self.msg.id
-
-    async def drop_answer(self) -> None:
-        await self.flushed()
-        await self.msg.remove()
-
-    async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
-        await self.flushed()
-        actions = []
-        if retry:
-            actions.append(
-                cl.Action(
-                    name="retry", payload={"turn": latest_turn_id()}, label=t("retry", self.lang), icon="rotate-ccw"
-                )
-            )
-        if trimmed is not None:
-            actions.append(
-                cl.Action(
-                    name="send_trimmed",
-                    payload={"turn": latest_turn_id(), "text": trimmed},
-                    label=t("send_trimmed", self.lang),
-                    icon="scissors",
-                )
-            )
-        await show_error(text, actions)
-
-    async def model_changed(self) -> None:
+    async def send_settings(self) -> None:
         await send_settings()
 
-    async def left_out(self, fitted: FitResult) -> None:
-        await show_left_out(fitted)
 
-
-async def show_left_out(fitted: FitResult) -> None:
-    """Which earlier turns were not sent (the context meter says how many)."""
-    if fitted is None or not fitted.dropped:
-        return
-    lines = [f"- #{d.index + 1}: {d.preview}" for d in fitted.dropped]
-    async with cl.Step(name=t("left_out_title", lang()), type="tool", default_open=False) as step:
-        step.output = "\n".join(lines)
+HOST = Host()
 
 
 # ---------------------------------------------------------------- compare mode (backend/chat/compare.py)
-
-COMPARE_KEY = "compare"  # the chat's CompareState, beside its ChatSession
-COMPARE_COMMANDS = ("compare", "leaderboard", "vote")
-
-
-def compare_state() -> compare.CompareState:
-    state = cl.user_session.get(COMPARE_KEY)
-    if not isinstance(state, compare.CompareState):  # a resumed thread's copy holds None: compare is off
-        state = compare.CompareState()
-        cl.user_session.set(COMPARE_KEY, state)
-    return state
-
-
-def compare_commands() -> list[dict]:
-    return [
-        {"id": "compare", "description": t("cmd_compare", lang()), "icon": "columns-2", "button": False},
-        {"id": "leaderboard", "description": t("cmd_leaderboard", lang()), "icon": "trophy", "button": False},
-        {"id": "vote", "description": t("cmd_vote", lang()), "icon": "vote", "button": False},
-    ]
 
 
 async def run_compare_command(command: str, text: str) -> None:
@@ -913,25 +623,9 @@ async def run_compare_command(command: str, text: str) -> None:
         await set_compare(text)
 
 
-def compare_widget() -> Select:
-    """The settings panel's way into compare mode: off, side by side (the base vs the model chosen above), blind."""
-    mode = compare_state().mode
-    current = "off" if mode is None else "blind" if mode.blind else "on"
-    items = {t(f"compare.panel_{v}", lang()): v for v in ("off", "on", "blind")}
-    return Select(
-        id="compare",
-        label=t("compare.panel", lang()),
-        items=items,
-        initial_value=current,
-        description=t("compare.panel_desc", lang()),
-    )
-
-
 async def choose_compare(choice: object) -> None:
     """The panel's compare choice, when it changed: the same as typing /compare, /compare blind, /compare off."""
-    mode = compare_state().mode
-    current = "off" if mode is None else "blind" if mode.blind else "on"
-    if choice not in ("off", "on", "blind") or choice == current:
+    if choice not in ("off", "on", "blind") or choice == panel_choice():
         return
     await set_compare({"off": "off", "on": "", "blind": "blind"}[str(choice)])
     await send_settings()  # the panel shows what is on (a refusal leaves it as it was)
@@ -962,7 +656,7 @@ async def answer_compared() -> None:
     if mode is None or last is None:
         return
     pair = compare.new_pair(mode, last.id, chat.conversation.messages(chat.system_prompt))
-    views = {side.label: CompareView(lang(), pair, side) for side in pair.sides}
+    views = {side.label: CompareView(lang(), HOST, pair, side) for side in pair.sides}
     compare.remember(state.pairs, pair)
     state.views[pair.turn_id] = views
     for old in list(state.views):
@@ -974,64 +668,15 @@ async def answer_compared() -> None:
         await compare.run(pair, chat, app, views)
     finally:
         with contextlib.suppress(Exception):  # after Stop too: the picked side is marked in the stored messages
-            await update_pair(pair, new_note=True)
+            await update_pair(pair, lang(), new_note=True)
     if any(s.outcome is Outcome.ANSWERED for s in pair.sides):
         await remember()
-
-
-async def update_pair(pair: compare.Pair, *, new_note: bool = False) -> None:
-    """Re-show both sides (names revealed or not, which one is picked) and the note with its buttons."""
-    for view in compare_state().views.get(pair.turn_id, {}).values():
-        await view.refresh()
-    if not any(s.shown for s in pair.sides):
-        return
-    actions = compare_actions(pair)
-    buttons = compare_state().buttons
-    if new_note or pair.note_id is None:
-        msg = cl.Message(content=compare.note(pair, lang()), actions=actions, author="compare")
-        await msg.send()
-        pair.note_id = msg.id
-    else:
-        for old in buttons.get(pair.turn_id, []):  # the vote buttons after a vote, the other "continue with"
-            await old.remove()
-        msg = cl.Message(content=compare.note(pair, lang()), actions=actions, author="compare", id=pair.note_id)
-        await msg.update()  # sends the new buttons too
-    buttons[pair.turn_id] = actions
-    for turn_id in list(buttons):
-        if turn_id not in compare_state().pairs:
-            del buttons[turn_id]
-
-
-def compare_actions(pair: compare.Pair) -> list[cl.Action]:
-    payload = {"turn": pair.turn_id}
-    if pair.blind and not pair.revealed:
-        return [
-            cl.Action(name="compare_vote", payload={**payload, "winner": w}, label=t(f"compare.vote_{w}", lang()))
-            for w in ("a", "b", "tie")
-        ]
-    return [
-        cl.Action(
-            name="compare_pick",
-            payload={**payload, "side": side.label},
-            label=t("compare.continue", lang(), side=side.label),
-        )
-        for i, side in enumerate(pair.sides)
-        if i != pair.picked and side.shown and side.text
-    ]
-
-
-async def pair_of(action: cl.Action) -> compare.Pair | None:
-    await action.remove()
-    pair = compare_state().pairs.get((action.payload or {}).get("turn", ""))
-    if pair is None:
-        await show_error(t("old_button", lang()))
-    return pair
 
 
 @cl.action_callback("compare_vote")
 @guarded
 async def on_compare_vote(action: cl.Action) -> None:
-    pair = await pair_of(action)
+    pair = await pair_of(action, lang())
     if pair is not None:
         await cast_vote(pair, action.payload["winner"], "")
 
@@ -1039,13 +684,13 @@ async def on_compare_vote(action: cl.Action) -> None:
 @cl.action_callback("compare_pick")
 @guarded
 async def on_compare_pick(action: cl.Action) -> None:
-    pair = await pair_of(action)
+    pair = await pair_of(action, lang())
     if pair is None:
         return
     if not compare.pick(pair, action.payload["side"], chat_session().conversation):
         await show_error(t("compare.moved_on", lang()))
         return
-    await update_pair(pair)
+    await update_pair(pair, lang())
 
 
 def voter() -> str:
@@ -1065,125 +710,6 @@ async def cast_vote(pair: compare.Pair, winner: compare.Winner, comment: str) ->
         await show_error(t("compare.vote_failed", lang(), detail=type(exc).__name__))
         return
     compare.apply_vote(pair, winner, chat_session().conversation)
-    await update_pair(pair)
+    await update_pair(pair, lang())
     if replaced:
         await cl.Message(content=t("compare.vote_replaced", lang()), author="compare").send()
-
-
-class MaskedStep(cl.Step):
-    """A compare side's progress line (an adapter load, its eviction note): the model names stay hidden in it
-    until the vote, whatever the turn writes into its title and detail."""
-
-    def __init__(self, view: CompareView, **kwargs) -> None:
-        self.view = view
-        super().__init__(**kwargs)
-
-    def _masked(self) -> None:
-        pair, side, lang = self.view.pair, self.view.side, self.view.lang
-        self.name = compare.mask(self.name, pair, side, lang)
-        self.output = compare.mask(self.output or "", pair, side, lang)
-
-    async def send(self):
-        self._masked()
-        return await super().send()
-
-    async def update(self):
-        self._masked()
-        return await super().update()
-
-
-class CompareView(ChatView):
-    """One side of a compared turn: its bubble headed "A · model" (or just "A" while blind), its own footer,
-    its own error bubble; the chat's model choice is left alone."""
-
-    def __init__(self, lang: str, pair: compare.Pair, side: compare.Side) -> None:
-        super().__init__(lang)
-        self.pair, self.side = pair, side
-        self.reply: Reply | None = None
-        self.cut: tuple[str, str] | None = None  # (text, why) of an answer kept cut
-        self.headed = False
-        self.opened = False  # the bubble is on screen with its heading, no answer text yet
-
-    async def open(self) -> None:
-        """Show the side's bubble, headed, before its first token: A stays above B whichever answers first."""
-        self.msg = cl.Message(content="", author=compare.author(self.pair, self.side))
-        await self.msg.stream_token(self.heading())  # a streaming bubble, as any answer is (not a sent one)
-        self.opened = self.headed = True
-
-    def heading(self) -> str:
-        return compare.title(self.pair, self.side, self.lang) + "\n\n"
-
-    def step(self, title: str) -> cl.Step:
-        return MaskedStep(self, name=title, type="tool")
-
-    async def new_answer(self, model: str) -> None:
-        if self.opened and self.msg is not None:  # the bubble opened for this side, still without text
-            await self.flushed()
-            self.reasoning = None
-            self.out = Coalescer(self._emit, app.settings.ui.stream_flush_ms / 1000)
-            self.msg.content, self.headed = self.heading(), True
-            return
-        await super().new_answer(model)
-        self.msg.author = compare.author(self.pair, self.side)
-        self.headed = False
-
-    async def _emit(self, kind: str, text: str) -> None:
-        if kind == "answer" and not self.headed:  # the side's heading arrives with its first text
-            self.headed = True
-            text = self.heading() + text
-        await super()._emit(kind, text)
-
-    def render(self) -> str:
-        pair, side, lang = self.pair, self.side, self.lang
-        head = self.heading()
-        shown = compare.shown_model(pair, side, lang)
-        if self.reply is not None:
-            r = self.reply
-            return head + ui.close_fence(r.text) + ui.footer(shown, r.usage, r.fitted, r.seconds, lang, r.finish)
-        text, why = self.cut or ("", "")
-        return head + ui.close_fence(text) + ui.interrupted_marker(why, shown)
-
-    async def drop_answer(self) -> None:
-        self.opened = False  # a retry within the turn (the engine came back) opens a new bubble
-        await super().drop_answer()
-
-    async def show_answer(self, reply: Reply) -> str:
-        await self.flushed()
-        self.reply = reply
-        self.side.text, self.side.model = reply.text, reply.model
-        self.msg.author = compare.author(self.pair, self.side)
-        self.msg.content = self.render()
-        self.msg.metadata = compare.side_metadata(self.pair, self.side)
-        await self.msg.send()
-        return self.msg.id
-
-    async def keep_partial(self, text: str, model: str, why: str) -> str:
-        await self.flushed()
-        self.cut = (text, why)
-        self.side.text, self.side.interrupted = text, True
-        self.msg.content = self.render()
-        self.msg.metadata = compare.side_metadata(self.pair, self.side)
-        await self.msg.send()
-        return self.msg.id
-
-    async def refresh(self) -> None:
-        """After a vote or a pick: names, footer and the picked mark in the stored metadata."""
-        if self.msg is None or (self.reply is None and self.cut is None):
-            return
-        self.msg.author = compare.author(self.pair, self.side)
-        self.msg.content = self.render()
-        self.msg.metadata = compare.side_metadata(self.pair, self.side)
-        await self.msg.update()
-
-    async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
-        label = compare.author(self.pair, self.side)
-        await super().show_error(
-            f"**{label}**: {compare.mask(text, self.pair, self.side, self.lang)}", retry=retry, trimmed=trimmed
-        )
-
-    async def model_changed(self) -> None:
-        """A compare side never changes the chat's model choice."""
-
-    async def left_out(self, fitted: FitResult) -> None:
-        if self.side is self.pair.sides[0]:  # both were sent the same history: list it once
-            await show_left_out(fitted)

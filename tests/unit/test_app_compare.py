@@ -322,7 +322,7 @@ async def test_a_blind_sides_progress_lines_never_name_its_model(chat, ui):
     pair = compare.new_pair(compare.CompareMode(BASE, ADAPTER, blind=True), "u", [])
     side = pair.side("B")
     n = len(chat.events)
-    async with ui.CompareView("en", pair, side).step(f"Loading adapter {side.model}") as step:
+    async with ui.CompareView("en", ui.HOST, pair, side).step(f"Loading adapter {side.model}") as step:
         step.name = step.output = f"{side.model} loaded; {pair.side('A').model} unloaded to make room"
     shown = [d for e, d in chat.events[n:] if e in ("new_message", "update_message")]
     assert shown and all(BASE not in str(d) and ADAPTER not in str(d) for d in shown), shown

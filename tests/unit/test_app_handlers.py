@@ -839,10 +839,10 @@ async def test_a_command_message_is_marked_so_a_resumed_chat_leaves_it_out(chat)
 
 
 async def test_a_failure_after_the_answer_was_shown_records_it_once_and_unmarked(chat, ui, monkeypatch):
-    async def broken_left_out(fitted):
+    async def broken_left_out(fitted, lang):
         raise RuntimeError("left-out note failed")
 
-    monkeypatch.setattr(ui, "show_left_out", broken_left_out)
+    monkeypatch.setattr("webui.views.show_left_out", broken_left_out)
     m = marker()
     screen = await chat.send(f"question {m}")
     assert screen.errors == [] and len(screen.answers) == 1 and "⚠" not in screen.answers[0]
@@ -854,11 +854,11 @@ async def test_a_failure_after_the_answer_was_shown_records_it_once_and_unmarked
 async def test_stop_after_the_answer_was_shown_does_not_record_it_twice(chat, ui, monkeypatch):
     reached = asyncio.Event()
 
-    async def slow_left_out(fitted):
+    async def slow_left_out(fitted, lang):
         reached.set()
         await asyncio.sleep(30)
 
-    monkeypatch.setattr(ui, "show_left_out", slow_left_out)
+    monkeypatch.setattr("webui.views.show_left_out", slow_left_out)
     task = chat.start_sending(f"question {marker()}")
     await asyncio.wait_for(reached.wait(), 20)
     await chat.stop()

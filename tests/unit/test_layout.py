@@ -1,4 +1,5 @@
-"""The layout is the architecture: the chat side never imports the engine side; backend/ never imports Chainlit."""
+"""The layout is the architecture: the chat side (backend/chat, webui/) never imports the engine side; backend/
+never imports Chainlit or webui/."""
 
 from __future__ import annotations
 
@@ -43,7 +44,31 @@ def test_the_chat_side_never_imports_the_engine_side(path):
 @pytest.mark.parametrize("path", _modules(""), ids=lambda p: str(p.relative_to(BACKEND)))
 def test_backend_never_imports_chainlit(path):
     chainlit = sorted(m for m in _imports(path) if m == "chainlit" or m.startswith("chainlit."))
-    assert not chainlit, f"{path.relative_to(BACKEND.parent)} imports {chainlit}: app.py is the only Chainlit code"
+    assert not chainlit, (
+        f"{path.relative_to(BACKEND.parent)} imports {chainlit}: app.py and webui/ are the Chainlit code"
+    )
+
+
+@pytest.mark.parametrize("path", _modules(""), ids=lambda p: str(p.relative_to(BACKEND)))
+def test_backend_never_imports_the_web_ui(path):
+    webui = sorted(m for m in _imports(path) if m == "webui" or m.startswith("webui."))
+    assert not webui, f"{path.relative_to(BACKEND.parent)} imports {webui}: webui/ renders what backend/ reports"
+
+
+WEBUI = sorted((BACKEND.parent / "webui").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", WEBUI, ids=lambda p: p.name)
+def test_the_web_ui_never_imports_the_engine_side(path):
+    """webui/ runs in the Chainlit process, as backend/chat does."""
+    engine = sorted(m for m in _imports(path) if m == "backend.engine" or m.startswith("backend.engine."))
+    assert not engine, (
+        f"{path.relative_to(BACKEND.parent)} imports {engine}: the Chainlit process must not need the launcher"
+    )
+
+
+def test_the_web_ui_package_is_scanned():
+    assert {p.name for p in WEBUI} >= {"__init__.py", "routes.py", "views.py", "compare_view.py"}
 
 
 SHARED = [

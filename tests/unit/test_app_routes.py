@@ -1,0 +1,98 @@
+"""Our HTTP routes (webui/routes.py) as app.py installs them: in front of Chainlit's, once each, bound to the
+Service of the latest import of app.py (tests import it afresh; webui/ stays imported)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from types import ModuleType
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from backend.chat import welcome
+from backend.settings import ROOT
+from tests.fakes.openai_server import FakeServer
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+RED, GREEN = "#dc2626", "#16a34a"
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def fake():
+    async with FakeServer() as srv:
+        yield srv
+
+
+@contextlib.asynccontextmanager
+async def imported_app(fake: FakeServer, tmp_path, **ui: str) -> AsyncIterator[ModuleType]:
+    """app.py imported afresh with these [ui] settings (QWENCHAT_UI_*), against the fake server."""
+    from backend.chat import health
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QWENCHAT_CONFIG", str(ROOT / "tests" / "config.toml"))
+        mp.setenv("OPENAI_BASE_URL", fake.base_url)
+        mp.setenv("OPENAI_API_KEY", "test")
+        mp.setenv("QWENCHAT_LOGGING_DIR", str(tmp_path))
+        for key in ("QWENCHAT_STATUS_FILE", "QWENCHAT_LOG_DIR", "QWENCHAT_PROFILE"):
+            mp.delenv(key, raising=False)
+        for key, value in ui.items():
+            mp.setenv(f"QWENCHAT_UI_{key.upper()}", value)
+        await health.reset_shared()
+        sys.modules.pop("app", None)
+        module = importlib.import_module("app")
+        try:
+            yield module
+        finally:
+            await module.app.poller.stop()
+            await module.app.client.aclose()
+            await health.reset_shared()
+            sys.modules.pop("app", None)
+
+
+def ours(http_app) -> list:
+    from webui.routes import Routes
+
+    return [
+        r for r in http_app.router.routes if isinstance(getattr(getattr(r, "endpoint", None), "__self__", None), Routes)
+    ]
+
+
+async def get(path: str) -> httpx.Response:
+    from chainlit.server import app as http_app
+
+    transport = httpx.ASGITransport(app=http_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080") as client:
+        return await client.get(path)
+
+
+async def test_a_second_import_replaces_the_routes_bound_to_the_first_service(fake, tmp_path):
+    from chainlit.server import app as http_app
+
+    logo = tmp_path / "logo.svg"
+    logo.write_text("<svg xmlns='http://www.w3.org/2000/svg'/>")
+    async with imported_app(fake, tmp_path, accent=RED, logo=str(logo), language="en") as first:
+        assert welcome.accent_hsl(RED) in (await get("/qwenchat/style.css")).text
+        assert (await get("/logo")).text == logo.read_text()
+        assert (await get("/qwenchat/status")).json()["lang"] == "en"
+        assert {r.endpoint.__self__.service for r in ours(http_app)} == {first.app}
+    async with imported_app(fake, tmp_path, accent=GREEN, language="zh") as second:
+        routes = ours(http_app)
+        assert {r.endpoint.__self__.service for r in routes} == {second.app}  # none left bound to the first
+        counts = Counter((r.path, tuple(sorted(r.methods))) for r in routes)
+        assert counts == {
+            ("/qwenchat/status", ("GET",)): 1,
+            ("/metrics", ("GET",)): 1,
+            ("/qwenchat/style.css", ("GET",)): 1,
+        }
+        css = (await get("/qwenchat/style.css")).text
+        assert welcome.accent_hsl(GREEN) in css and welcome.accent_hsl(RED) not in css
+        assert (await get("/qwenchat/status")).json()["lang"] == "zh"
+        assert (await get("/logo")).text != logo.read_text()  # Chainlit's own /logo again
+        # ours come before Chainlit's routes (its SPA catch-all last of all)
+        assert [id(r) for r in http_app.router.routes[: len(routes)]] == [id(r) for r in routes]

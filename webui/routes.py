@@ -1,0 +1,216 @@
+"""Our HTTP routes in front of Chainlit's: status, /metrics, sharing, feedback owner checks, branding.
+
+``Routes`` binds them to one Service; ``install_routes`` puts them before Chainlit's catch-all and its own share,
+feedback, logo and favicon routes, replacing the routes of an earlier install (a test imports app.py afresh
+with a new Service: no route may stay bound to the old one).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import chainlit as cl
+from chainlit.auth import get_current_user
+from chainlit.config import config as chainlit_config
+from chainlit.data import get_data_layer
+from chainlit.server import sio
+from chainlit.types import DeleteFeedbackRequest, ShareThreadRequest, UpdateFeedbackRequest
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+
+from backend.chat import metrics, share, welcome
+from backend.chat.client import anomaly_counts
+from backend.chat.service import Service
+from backend.settings import ROOT, resolve_path
+from backend.text import pick_language, t
+
+logger = logging.getLogger(__name__)
+
+
+def connected_sessions() -> int:
+    """Chainlit's websocket sessions whose browser is connected now (a closed tab's session lingers a while)."""
+    from chainlit.session import ws_sessions_id
+
+    return sum(1 for s in list(ws_sessions_id.values()) if sio.manager.is_connected(s.socket_id, "/"))
+
+
+async def author_of_step(step_id: str) -> tuple[str | None, str]:
+    """The thread of an answer and its author ("" when there is none)."""
+    layer = get_data_layer()
+    execute = getattr(layer, "execute_sql", None)
+    if layer is None or execute is None:
+        return None, ""
+    rows = await execute('SELECT "threadId" FROM steps WHERE "id" = :id', {"id": step_id})
+    thread_id = rows[0].get("threadId") if isinstance(rows, list) and rows else None
+    if not thread_id:
+        return None, ""
+    try:
+        return thread_id, await layer.get_thread_author(thread_id)
+    except ValueError:
+        return thread_id, ""
+
+
+async def answer_of_feedback(feedback_id: str) -> str | None:
+    """The answer (step id) an existing feedback row rates, or None when there is no such row."""
+    execute = getattr(get_data_layer(), "execute_sql", None)
+    if execute is None:
+        return None
+    rows = await execute('SELECT "forId" FROM feedbacks WHERE "id" = :id', {"id": feedback_id})
+    found = rows[0].get("forId") if isinstance(rows, list) and rows else None
+    return str(found) if found else None
+
+
+async def feedback_refusal(step_ids: list[str | None], user: cl.User | None) -> share.Refusal | None:
+    """Why ``user`` may not write or delete a rating: every answer involved must be in one of their chats."""
+    for step_id in step_ids:
+        thread_id, author = await author_of_step(step_id) if user is not None and step_id else (None, "")
+        refusal = share.feedback_refusal(thread_id, author, user.identifier if user else None)
+        if refusal is not None:
+            logger.warning("feedback on an answer refused (%s)", refusal.key)
+            return refusal
+    return None
+
+
+class Routes:
+    """The endpoints, bound to this import of app.py's Service. ``sharing``: the history is on ([ui].auth)."""
+
+    def __init__(self, service: Service, *, sharing: bool) -> None:
+        self.service, self.sharing = service, sharing
+
+    async def status(self, user: cl.User | None = Depends(get_current_user)) -> dict[str, Any]:
+        """Polled by public/status.js: the engine state line shown at all times.
+
+        With [ui].auth it names models, adapters and failure paths: Chainlit's own dependency answers
+        401 without a login (and returns None when login is off).
+        """
+        await self.service.start()
+        return self.service.status_json()
+
+    async def metrics(self, user: cl.User | None = Depends(get_current_user)) -> Response:
+        """Prometheus text format (backend/chat/metrics.py); 401 without a login when [ui].auth is on."""
+        await self.service.start()
+        text = metrics.METRICS.render(
+            engine=self.service.poller.status, active_sessions=connected_sessions(), anomalies=anomaly_counts()
+        )
+        return Response(text, media_type=metrics.CONTENT_TYPE)
+
+    def http_lang(self, request: Request) -> str:
+        """The language of an HTTP answer's message: [ui].language, else the browser's Accept-Language."""
+        if self.service.settings.ui.language != "auto":
+            return self.service.settings.ui.language
+        return pick_language((request.headers.get("accept-language") or "").split(",")[0])
+
+    def refused(self, refusal: share.Refusal, request: Request) -> JSONResponse:
+        """Chainlit's page shows ``detail`` in its "Failed to load thread" toast."""
+        return JSONResponse({"detail": t(refusal.key, self.http_lang(request))}, status_code=refusal.status)
+
+    async def shared_thread(
+        self, request: Request, thread_id: str, user: cl.User | None = Depends(get_current_user)
+    ) -> Response:
+        """GET /project/share/{id} (Chainlit's shared-thread page): logged-in viewers, shared threads only,
+        a clear refusal otherwise (backend/chat/share.py); the owner's settings are not sent along."""
+        layer = get_data_layer()
+        thread = await layer.get_thread(thread_id) if layer is not None and user is not None else None
+        refusal = share.view_refusal(thread, user.identifier if user else None)
+        if refusal is not None or thread is None:
+            return self.refused(refusal or share.GONE, request)
+        meta = share.thread_metadata(thread)
+        thread["metadata"] = {k: meta[k] for k in ("is_shared", "shared_at") if k in meta}
+        return JSONResponse(content=thread)
+
+    async def share(
+        self, request: Request, payload: ShareThreadRequest, user: cl.User | None = Depends(get_current_user)
+    ) -> Response:
+        """PUT /project/thread/share: only the owner shares or unshares (403 and a message for anyone else)."""
+        layer = get_data_layer()
+        author = ""
+        if layer is not None and user is not None:
+            try:
+                author = await layer.get_thread_author(payload.threadId)
+            except ValueError:  # SQLAlchemyDataLayer: no such thread
+                author = ""
+        refusal = share.share_refusal(payload.threadId, author, user.identifier if user else None)
+        if refusal is not None:
+            what = "sharing" if payload.isShared else "unsharing"
+            logger.warning("share: %s of a thread refused (%s)", what, refusal.key)
+            return self.refused(refusal, request)
+        from chainlit.server import share_thread
+
+        response: Response = await share_thread(request, payload, user)
+        return response
+
+    async def feedback(
+        self, request: Request, update: UpdateFeedbackRequest, user: cl.User | None = Depends(get_current_user)
+    ) -> Response:
+        """PUT /feedback (thumbs): only on one's own chats; Chainlit's route checks nothing (share.py). An update
+        names an existing row by id: that row must rate one of the user's answers too (else it would be moved)."""
+        steps: list[str | None] = [update.feedback.forId]
+        if update.feedback.id and (rated := await answer_of_feedback(update.feedback.id)):
+            steps.append(rated)
+        refusal = await feedback_refusal(steps, user)
+        if refusal is not None:
+            return self.refused(refusal, request)
+        from chainlit.server import update_feedback
+
+        response: Response = await update_feedback(request, update, user)
+        return response
+
+    async def delete_feedback(
+        self, request: Request, payload: DeleteFeedbackRequest, user: cl.User | None = Depends(get_current_user)
+    ) -> Response:
+        """DELETE /feedback: only a rating of one's own answer (Chainlit deletes any row by id)."""
+        refusal = await feedback_refusal([await answer_of_feedback(payload.feedbackId) if user else None], user)
+        if refusal is not None:
+            return self.refused(refusal, request)
+        from chainlit.server import delete_feedback
+
+        response: Response = await delete_feedback(request, payload, user)
+        return response
+
+    def logo(self) -> Response:
+        """[ui].logo (validated at start: an existing image file)."""
+        return FileResponse(resolve_path(self.service.settings.ui.logo))
+
+    def favicon(self) -> Response:
+        """[ui].favicon (validated at start: an existing image file)."""
+        return FileResponse(resolve_path(self.service.settings.ui.favicon))
+
+    async def theme_css(self) -> Response:
+        """public/style.css plus the [ui].accent colour as Chainlit's theme variables."""
+        css = (ROOT / "public" / "style.css").read_text(encoding="utf-8")
+        return Response(css + welcome.theme_css(self.service.settings.ui.accent), media_type="text/css")
+
+
+def _ours(route: object) -> bool:
+    return isinstance(getattr(getattr(route, "endpoint", None), "__self__", None), Routes)
+
+
+def install_routes(http_app: FastAPI, routes: Routes) -> None:
+    """Our routes in front of Chainlit's catch-all (its SPA) and its own share/feedback/logo/favicon routes;
+    those of an earlier install (an earlier import of app.py, another Service) are taken out first."""
+    http_app.router.routes[:] = [r for r in http_app.router.routes if not _ours(r)]
+    ui_settings = routes.service.settings.ui
+    chainlit_config.ui.name = ui_settings.name
+    table: list[tuple[str, object, list[str]]] = [
+        ("/qwenchat/status", routes.status, ["GET"]),
+        ("/metrics", routes.metrics, ["GET"]),
+    ]
+    if routes.sharing:  # sharing needs the history (and so the login)
+        chainlit_config.features.allow_thread_sharing = True
+        table += [
+            ("/project/share/{thread_id}", routes.shared_thread, ["GET"]),
+            ("/project/thread/share", routes.share, ["PUT"]),
+            ("/feedback", routes.feedback, ["PUT"]),
+            ("/feedback", routes.delete_feedback, ["DELETE"]),
+        ]
+    if ui_settings.logo:
+        table.append(("/logo", routes.logo, ["GET"]))
+    if ui_settings.favicon:
+        table.append(("/favicon", routes.favicon, ["GET"]))
+    if ui_settings.accent:
+        chainlit_config.ui.custom_css = "/qwenchat/style.css"
+        table.append(("/qwenchat/style.css", routes.theme_css, ["GET"]))
+    for path, endpoint, methods in table:
+        http_app.add_api_route(path, endpoint, methods=methods)  # type: ignore[arg-type]
+        http_app.router.routes.insert(0, http_app.router.routes.pop())

@@ -1,0 +1,155 @@
+"""ChatView: a turn as Chainlit shows it (the renderer backend/chat/turn.py drives), and the bubbles it needs."""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import chainlit as cl
+
+from backend.chat import history
+from backend.chat import service as ui
+from backend.chat.budget import FitResult
+from backend.chat.coalesce import Coalescer
+from backend.chat.turn import Reply
+from backend.text import t
+
+logger = logging.getLogger(__name__)
+
+
+class ViewHost(Protocol):
+    """What a view asks of app.py, at the moment it asks (app.py is imported afresh with a new Service)."""
+
+    def flush_seconds(self) -> float:
+        """[ui].stream_flush_ms in seconds: how long streamed tokens are held to go out in one batch."""
+        ...
+
+    def latest_turn_id(self) -> str | None:
+        """The chat's latest user turn, named by Retry and "send trimmed" buttons."""
+        ...
+
+    async def send_settings(self) -> None:
+        """Re-send the settings panel and the composer's model picker."""
+        ...
+
+
+async def show_error(text: str, actions: list[cl.Action] | None = None) -> None:
+    """An error bubble, with buttons if any (Chainlit 2.12's cl.ErrorMessage takes no actions)."""
+    msg = cl.Message(content=text, actions=actions or [])
+    msg.is_error = True
+    await msg.send()
+
+
+async def show_left_out(fitted: FitResult | None, lang: str) -> None:
+    """Which earlier turns were not sent (the context meter says how many)."""
+    if fitted is None or not fitted.dropped:
+        return
+    lines = [f"- #{d.index + 1}: {d.preview}" for d in fitted.dropped]
+    async with cl.Step(name=t("left_out_title", lang), type="tool", default_open=False) as step:
+        step.output = "\n".join(lines)
+
+
+class ChatView:
+    """A turn as Chainlit shows it: the answer bubble, its reasoning step, tool steps, error bubbles."""
+
+    def __init__(self, lang: str, host: ViewHost) -> None:
+        self.lang, self.host = lang, host
+        self.msg: cl.Message | None = None  # the answer bubble, from new_answer on
+        self.reasoning: cl.Step | None = None
+        # Tokens reach the browser in batches (one socket message and re-render each): [ui].stream_flush_ms.
+        self.out = Coalescer(self._emit, host.flush_seconds())
+
+    @property
+    def bubble(self) -> cl.Message:
+        """The answer bubble; turn.py opens it (new_answer) before it streams, finalises or cuts an answer."""
+        if self.msg is None:
+            raise RuntimeError("no answer bubble: new_answer was not called")
+        return self.msg
+
+    def step(self, title: str) -> cl.Step:
+        return cl.Step(name=title, type="tool")
+
+    async def new_answer(self, model: str) -> None:
+        await self.flushed()
+        self.msg, self.reasoning = cl.Message(content="", author=model), None
+        self.out = Coalescer(self._emit, self.host.flush_seconds())  # its first token at once
+
+    async def stream_token(self, token: str) -> None:
+        await self.out.add("answer", token)
+
+    async def stream_reasoning(self, token: str) -> None:
+        await self.out.add("reasoning", token)
+
+    async def _emit(self, kind: str, text: str) -> None:
+        """The coalescer's sink: one batch of answer or reasoning text to the browser."""
+        if kind == "answer":
+            await self.bubble.stream_token(text)
+            return
+        if self.reasoning is None:
+            self.reasoning = cl.Step(name=t("reasoning", self.lang), type="llm", default_open=False)
+            await self.reasoning.send()
+        await self.reasoning.stream_token(text)
+
+    async def flushed(self) -> None:
+        """Send what the coalescer holds: before the answer is finalised, cut, removed or an error shown."""
+        try:
+            await self.out.aclose()
+        except Exception:  # the bubble may be gone (websocket); the final send sets the whole text anyway
+            logger.debug("could not flush the streamed text", exc_info=True)
+
+    async def reasoning_done(self) -> None:
+        await self.flushed()
+        if self.reasoning is not None:
+            await self.reasoning.update()
+
+    async def show_answer(self, reply: Reply) -> str:
+        await self.flushed()
+        msg = self.bubble
+        msg.author = reply.model
+        msg.content = ui.close_fence(reply.text) + ui.footer(
+            reply.model, reply.usage, reply.fitted, reply.seconds, self.lang, reply.finish
+        )
+        msg.metadata = history.answer_metadata(reply.text, reply.model)  # the history keeps no footer
+        await msg.send()
+        return msg.id
+
+    async def keep_partial(self, text: str, model: str, why: str) -> str:
+        await self.flushed()
+        msg = self.bubble
+        msg.content = ui.close_fence(text) + ui.interrupted_marker(why, model)
+        msg.metadata = history.answer_metadata(text, model, interrupted=True)
+        await msg.send()
+        return msg.id
+
+    async def drop_answer(self) -> None:
+        await self.flushed()
+        await self.bubble.remove()
+
+    async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
+        await self.flushed()
+        actions = []
+        if retry:
+            actions.append(
+                cl.Action(
+                    name="retry",
+                    payload={"turn": self.host.latest_turn_id()},
+                    label=t("retry", self.lang),
+                    icon="rotate-ccw",
+                )
+            )
+        if trimmed is not None:
+            actions.append(
+                cl.Action(
+                    name="send_trimmed",
+                    payload={"turn": self.host.latest_turn_id(), "text": trimmed},
+                    label=t("send_trimmed", self.lang),
+                    icon="scissors",
+                )
+            )
+        await show_error(text, actions)
+
+    async def model_changed(self) -> None:
+        await self.host.send_settings()
+
+    async def left_out(self, fitted: FitResult) -> None:
+        await show_left_out(fitted, self.lang)
