@@ -20,7 +20,8 @@
   ``*.localhost``, 127.0.0.0/8, ``[::1]``) and the hosts of ``[ui] allowed_origins`` are served; any
   other ``Host`` is refused (403, logged once).
 - **Headers.** Every HTTP answer gets a Content-Security-Policy (images only from the app itself or
-  ``data:``: a model answer with ``![x](http://elsewhere/?secret)`` cannot make the browser call out),
+  ``data:``: a model answer with ``![x](http://elsewhere/?secret)`` cannot make the browser call out; of
+  inline scripts only a page's own, by their SHA-256, not 'unsafe-inline'),
   ``frame-ancestors 'none'`` (+ ``X-Frame-Options``), ``X-Content-Type-Options: nosniff`` and a
   same-origin referrer policy.
 - **Login throttle.** ``POST /login`` is counted per client address (from a trusted proxy, the client its
@@ -35,9 +36,12 @@ see websockets). No Chainlit import: ``install`` only touches the Starlette app'
 
 from __future__ import annotations
 
+import base64
+import gzip
 import hashlib
 import json
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -52,33 +56,69 @@ logger = logging.getLogger(__name__)
 LOGIN_PATH = "/login"
 MAX_LOGGED_ORIGINS = 1000  # refused origins remembered for "logged once"; then logging stops growing
 
-#: What Chainlit 2.12's single-page app needs, and no more. Its index.html inlines two small scripts and
-#: links Google Fonts and KaTeX's stylesheet (jsdelivr); the socket.io client connects to the page's own
-#: origin ('self' covers ws:/wss: to it in current browsers). Images: the app's own (avatars, logo,
-#: elements) and data:/blob: URLs, nothing remote.
-CONTENT_SECURITY_POLICY = "; ".join(
-    [
-        "default-src 'self'",
-        "script-src 'self' 'unsafe-inline'",
-        "style-src 'self' 'unsafe-inline' https://fonts.googleapis.com https://cdn.jsdelivr.net",
-        "font-src 'self' data: https://fonts.gstatic.com https://cdn.jsdelivr.net",
-        "img-src 'self' data: blob:",
-        "media-src 'self' data: blob:",
-        "connect-src 'self'",
-        "worker-src 'self' blob:",
-        "frame-src 'self'",
-        "object-src 'none'",
-        "base-uri 'self'",
-        "form-action 'self'",
-        "frame-ancestors 'none'",
-    ]
+#: What Chainlit 2.12's single-page app needs, and no more. Its index.html inlines two small scripts (one holds
+#: the theme and transports Chainlit injects): an HTML page gets the hashes of its own inline scripts in
+#: ``script-src`` (``csp_for``), so no other inline script runs (no 'unsafe-inline'). It links Google Fonts and
+#: KaTeX's stylesheet (jsdelivr); the socket.io client connects to the page's own origin ('self' covers ws:/wss:
+#: to it in current browsers). Images: the app's own (avatars, logo, elements) and data:/blob: URLs, nothing remote.
+_POLICY = (
+    "default-src 'self'",
+    "{script_src}",
+    "style-src 'self' 'unsafe-inline' https://fonts.googleapis.com https://cdn.jsdelivr.net",
+    "font-src 'self' data: https://fonts.gstatic.com https://cdn.jsdelivr.net",
+    "img-src 'self' data: blob:",
+    "media-src 'self' data: blob:",
+    "connect-src 'self'",
+    "worker-src 'self' blob:",
+    "frame-src 'self'",
+    "object-src 'none'",
+    "base-uri 'self'",
+    "form-action 'self'",
+    "frame-ancestors 'none'",
 )
+_INLINE_SCRIPT = re.compile(rb"<script\b(?![^>]*\bsrc\s*=)[^>]*>(.*?)</script\s*>", re.S | re.I)
+MAX_HASHED_PAGE = 1 << 20  # bytes of an HTML page read for its inline scripts; a bigger one gets none allowed
+
+
+def csp_for(html: bytes | None = None) -> bytes:
+    """The Content-Security-Policy of an answer: for an HTML page, its own inline scripts allowed by their
+    SHA-256 (CSP level 2); nothing inline otherwise."""
+    hashes = sorted(
+        {
+            "'sha256-" + base64.b64encode(hashlib.sha256(body).digest()).decode() + "'"
+            for body in _INLINE_SCRIPT.findall(html or b"")
+        }
+    )
+    return "; ".join(_POLICY).format(script_src=" ".join(["script-src 'self'", *hashes])).encode()
+
+
+CONTENT_SECURITY_POLICY = csp_for().decode()  # of every answer that is not an HTML page
 SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"same-origin"),
 )
+
+
+def _header_of(message: dict[str, Any], name: bytes) -> str:
+    """A header of an ASGI response start message, lower-cased ("" when absent)."""
+    for key, value in message.get("headers") or []:
+        if key.lower() == name:
+            return bytes(value).decode("latin-1").strip().lower()
+    return ""
+
+
+def _decoded(body: bytes, encoding: str) -> bytes:
+    """An HTML body as sent (Chainlit gzips pages); b"" when it cannot be read (then no inline script runs)."""
+    if encoding in ("", "identity"):
+        return body
+    if encoding == "gzip":
+        try:
+            return gzip.decompress(body)
+        except (OSError, EOFError):
+            return b""
+    return b""
 
 
 def host_name(host_header: str) -> str:
@@ -295,12 +335,39 @@ class WebSecurityMiddleware:
         await _plain(send, 403, body, [(b"content-type", b"text/plain; charset=utf-8")])
 
     def _with_headers(self, send: Any) -> Any:
+        """``send`` with the security headers added; an HTML page is held until its body is whole (up to
+        ``MAX_HASHED_PAGE``) so its policy can name the hashes of its inline scripts."""
+        held: dict[str, Any] = {}
+        body: list[bytes] = []
+
+        def start(message: dict[str, Any], html: bytes | None) -> dict[str, Any]:
+            headers = list(message.get("headers") or [])
+            have = {k.lower() for k, _ in headers}
+            policy = csp_for(html) if html is not None else CONTENT_SECURITY_POLICY.encode()
+            headers += [
+                (k, policy if k == b"content-security-policy" else v) for k, v in SECURITY_HEADERS if k not in have
+            ]
+            return {**message, "headers": headers}
+
         async def send_with_headers(message: dict[str, Any]) -> None:
-            if message.get("type") == "http.response.start":
-                headers = list(message.get("headers") or [])
-                have = {k.lower() for k, _ in headers}
-                headers += [(k, v) for k, v in SECURITY_HEADERS if k not in have]
-                message = {**message, "headers": headers}
+            kind = message.get("type")
+            if kind == "http.response.start":
+                if _header_of(message, b"content-type").startswith("text/html"):
+                    held["start"] = message  # sent with the body, once its inline scripts are known
+                    return
+                message = start(message, None)
+            elif kind == "http.response.body" and "start" in held:
+                body.append(message.get("body", b""))
+                more = message.get("more_body", False)
+                size = sum(map(len, body))
+                if more and size <= MAX_HASHED_PAGE:
+                    return
+                page = b"".join(body)
+                html = (
+                    _decoded(page, _header_of(held["start"], b"content-encoding")) if size <= MAX_HASHED_PAGE else b""
+                )
+                await send(start(held.pop("start"), html))
+                message = {**message, "body": page}
             await send(message)
 
         return send_with_headers

@@ -157,6 +157,8 @@ def test_the_apps_own_page_chats_and_loads_no_remote_image_from_an_answer(open_a
         assert all("img-src" in v or "fonts.g" in v or "jsdelivr" in v for v in violations), violations
         headers = page.request.get(open_app.url + "/").headers
         assert "img-src 'self' data: blob:" in headers["content-security-policy"]
+        script_src = next(d for d in headers["content-security-policy"].split("; ") if d.startswith("script-src"))
+        assert "'sha256-" in script_src and "unsafe-inline" not in script_src  # Chainlit's own inline scripts only
         assert (
             headers["x-content-type-options"] == "nosniff"
             and "frame-ancestors 'none'" in (headers["content-security-policy"])

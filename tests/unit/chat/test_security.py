@@ -228,6 +228,57 @@ async def test_every_http_answer_carries_the_security_headers():
     assert h[b"x-content-type-options"] == b"nosniff" and h[b"x-frame-options"] == b"DENY"
 
 
+class Page:
+    """An ASGI app answering one HTML page (gzipped, in chunks, as Chainlit sends its index.html)."""
+
+    def __init__(self, html: bytes, *, gzipped: bool = True, chunk: int = 40) -> None:
+        import gzip
+
+        self.body = gzip.compress(html) if gzipped else html
+        self.gzipped, self.chunk = gzipped, chunk
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = [(b"content-type", b"text/html; charset=utf-8")]
+        if self.gzipped:
+            headers.append((b"content-encoding", b"gzip"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        parts = [self.body[i : i + self.chunk] for i in range(0, len(self.body), self.chunk)] or [b""]
+        for i, part in enumerate(parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < len(parts) - 1})
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("gzipped", [True, False])
+async def test_a_page_runs_only_its_own_inline_scripts_by_their_hashes(gzipped):
+    import base64
+    import hashlib
+
+    html = (
+        b"<html><head><script>\n  const global = globalThis;\n</script>"
+        b'<script type="module" crossorigin src="/assets/index.js"></script>'
+        b"<SCRIPT>window.theme = {};</SCRIPT></head><body></body></html>"
+    )
+    page = Page(html, gzipped=gzipped)
+    sent = await call(security.WebSecurityMiddleware(page), scope_of(origin="http://127.0.0.1:8080"))
+    csp = headers_of(sent)[b"content-security-policy"].decode()
+    script_src = next(d for d in csp.split("; ") if d.startswith("script-src"))
+    expected = sorted(
+        "'sha256-" + base64.b64encode(hashlib.sha256(s).digest()).decode() + "'"
+        for s in (b"\n  const global = globalThis;\n", b"window.theme = {};")
+    )
+    assert script_src == " ".join(["script-src 'self'", *expected])  # no 'unsafe-inline': nothing else inline runs
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == page.body  # the page itself goes out unchanged
+
+
+@pytest.mark.asyncio
+async def test_answers_that_are_not_pages_allow_no_inline_script():
+    sent = await call(security.WebSecurityMiddleware(Inner()), scope_of(origin="http://127.0.0.1:8080"))
+    assert "script-src 'self';" in headers_of(sent)[b"content-security-policy"].decode()  # "ok" has no script
+    assert "unsafe-inline" not in next(
+        d for d in headers_of(sent)[b"content-security-policy"].decode().split("; ") if d.startswith("script-src")
+    )
+
+
 def test_install_adds_one_middleware_and_narrows_chainlits_cors():
     from starlette.applications import Starlette
     from starlette.middleware.cors import CORSMiddleware
