@@ -701,6 +701,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     # a fleet (several engine replicas behind a router): {which} lists health.replica_down items joined by "; "
     "health.replicas_count": ("{ready} of {total} replicas ready", "{total} 个副本中 {ready} 个就绪"),
     "health.replica_down": ("replica {number} ({address}): {detail}", "副本 {number}（{address}）：{detail}"),
+    "health.replica_refused": ("connection refused", "连接被拒绝"),
+    "health.replica_timeout": ("no answer within {seconds:g} s", "{seconds:g} 秒内无响应"),
     "health.replicas_some": (
         "{ready} of {total} replicas ready; {which}",
         "{total} 个副本中 {ready} 个就绪；{which}",

@@ -107,6 +107,10 @@ class ReplicaHealth:
     address: str  # host:port: no scheme, credentials or path (it is shown in the browser)
     ready: bool = False
     detail: str = ""  # why not ready ("connection refused", "HTTP 503", "no answer within 5 s"); "" when ready
+    detail_zh: str = ""  # the same in Chinese ("" = as ``detail``: a server's own words are not translated)
+
+    def detail_in(self, lang: str) -> str:
+        return (self.detail_zh or self.detail) if lang == "zh" else self.detail
 
     def to_json(self) -> dict[str, Any]:
         return {"replica": self.number, "address": self.address, "ready": self.ready, "detail": self.detail}
@@ -637,9 +641,9 @@ class HealthPoller:
             elif resp.ok:
                 out.append(ReplicaHealth(number, address, False, _error_detail(resp)))
             elif resp.error == "refused":
-                out.append(ReplicaHealth(number, address, False, "connection refused"))
+                out.append(ReplicaHealth(number, address, False, *both("health.replica_refused")))
             elif resp.error == "timeout":
-                out.append(ReplicaHealth(number, address, False, f"no answer within {timeout:g} s"))
+                out.append(ReplicaHealth(number, address, False, *both("health.replica_timeout", seconds=timeout)))
             else:  # an aiohttp error: its class only (its text may quote the URL)
                 out.append(ReplicaHealth(number, address, False, resp.error.split(":", 1)[0]))
         return tuple(out)
@@ -675,7 +679,8 @@ class HealthPoller:
 
         def which(lang: str) -> str:
             return "; ".join(
-                t("health.replica_down", lang, number=r.number, address=r.address, detail=r.detail or "?") for r in down
+                t("health.replica_down", lang, number=r.number, address=r.address, detail=r.detail_in(lang) or "?")
+                for r in down
             )
 
         if ready == 0:

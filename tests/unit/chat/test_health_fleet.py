@@ -71,7 +71,7 @@ async def test_one_replica_down_is_degraded_naming_it_and_ready_again_when_it_re
     assert st.answering  # messages still go: the router has the other two
     assert (st.replicas_ready, st.replicas_total) == (2, 3)
     assert st.reason == f"2 of 3 replicas ready; replica 2 ({addr(replicas[1])}): connection refused"
-    assert st.reason_zh.startswith("3 个副本中 2 个就绪；副本 2") and "connection refused" in st.reason_zh
+    assert st.reason_zh == f"3 个副本中 2 个就绪；副本 2（{addr(replicas[1])}）：连接被拒绝"  # all in Chinese
     assert [r.ready for r in st.replicas] == [True, False, True]
     await asyncio.sleep(0.3)  # steady: logged once, not every poll
     down_logs = [r for r in caplog.records if "replica 2" in r.getMessage() and "not ready" in r.getMessage()]
