@@ -36,7 +36,7 @@ from pathlib import Path
 QUESTION = "Write a short story about a lighthouse keeper and a storm."
 
 
-def _spread(values: list[float]) -> str:
+def spread(values: list[float]) -> str:
     return f"{statistics.median(values):8.1f}  ({min(values):.1f}-{max(values):.1f})"
 
 
@@ -93,7 +93,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _vllm_round(client, model: str, n: int, tokens: int) -> tuple[float, list[float]]:
+async def vllm_round(client, model: str, n: int, tokens: int) -> tuple[float, list[float]]:
     """n concurrent chats; (aggregate tokens/s, time to first token of each)."""
 
     async def one(start: float) -> tuple[float, int]:
@@ -126,13 +126,13 @@ async def _vllm_measure(base_url: str, key: str, models: list[str], tokens: int,
 
     client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
     for model in models:  # warm-up: first requests compile/allocate, and load the adapter's weights
-        await _vllm_round(client, model, 1, 4)
+        await vllm_round(client, model, 1, 4)
     out: dict[str, dict[int, dict[str, list[float]]]] = {}
     for model in models:
         for n in conc:
             tps, ttft = [], []
             for _ in range(runs):
-                rate, firsts = await _vllm_round(client, model, n, tokens)
+                rate, firsts = await vllm_round(client, model, n, tokens)
                 tps.append(rate)
                 ttft.append(statistics.median(firsts))
             out.setdefault(model, {})[n] = {"tps": tps, "ttft": ttft}
@@ -220,7 +220,7 @@ def main() -> None:
     rows += [("transformers", base, n, hf[n]) for n in a.concurrency]
     for engine, model, n, fig in rows:
         ttft = statistics.median(fig["ttft"]) * 1000
-        print(f"{engine:<14}{model:<24}{n:>6}  {_spread(fig['tps']):>28}  {ttft:>15.0f}")
+        print(f"{engine:<14}{model:<24}{n:>6}  {spread(fig['tps']):>28}  {ttft:>15.0f}")
     top = max(a.concurrency)
     ratio = statistics.median(vllm[base][top]["tps"]) / statistics.median(hf[top]["tps"])
     one = statistics.median(vllm[base][1]["tps"]) / statistics.median(hf[1]["tps"]) if 1 in hf else float("nan")

@@ -33,7 +33,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.engine import QUESTION, _spread
+from bench.engine import spread, vllm_round
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -76,42 +76,17 @@ def _wait(what: str, check, procs, logs: Path, timeout: float = 600) -> None:
         time.sleep(1)
 
 
-async def _round(client, model: str, n: int, tokens: int) -> float:
-    async def one() -> int:
-        stream = await client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": QUESTION}],
-            max_tokens=tokens,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True, "min_tokens": tokens},
-        )
-        generated = 0
-        async for chunk in stream:
-            if chunk.usage:
-                generated = chunk.usage.completion_tokens
-        return generated
-
-    start = time.perf_counter()
-    got = await asyncio.gather(*(one() for _ in range(n)))
-    elapsed = time.perf_counter() - start
-    if any(g != tokens for g in got):
-        raise RuntimeError(f"expected {tokens} tokens per chat, got {got}")
-    return n * tokens / elapsed
-
-
 async def _measure(sides: dict[str, str], key: str, model: str, chats: int, tokens: int, rounds: int):
     from openai import AsyncOpenAI
 
     clients = {name: AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=900) for name, url in sides.items()}
     try:
         for client in clients.values():  # warm-up: every replica behind the router gets a first request
-            await _round(client, model, chats, 4)
+            await vllm_round(client, model, chats, 4)
         out: dict[str, list[float]] = {name: [] for name in clients}
         for r in range(rounds):
             for name, client in clients.items():
-                rate = await _round(client, model, chats, tokens)
+                rate, _ = await vllm_round(client, model, chats, tokens)
                 out[name].append(rate)
                 print(f"  round {r + 1}: {name:<28} {rate:8.1f} tokens/s", flush=True)
         return out
@@ -202,7 +177,7 @@ def main() -> None:
     )
     print(f"{'setup':<30}{'tokens/s median (min-max)':>30}")
     for name, values in figures.items():
-        print(f"{name:<30}{_spread(values):>30}")
+        print(f"{name:<30}{spread(values):>30}")
     names = list(figures)
     ratios = [f / b for f, b in zip(figures[names[0]], figures[names[1]], strict=True)]
     print(
