@@ -12,7 +12,7 @@ side failing never hides the other: each side's turn catches its own errors. The
 the picked side (the first side, A, until the user picks another or votes for it); both answers stay in the
 chat (their message metadata says side, model, picked).
 
-No Chainlit here (app.py renders).
+No Chainlit here (webui/compare_view.py renders).
 """
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ class CompareState:
 
     mode: CompareMode | None = None
     pairs: dict[str, Pair] = field(default_factory=dict)
-    views: dict[str, Any] = field(default_factory=dict)  # turn id -> app.py's views of the pair (reveal)
+    views: dict[str, Any] = field(default_factory=dict)  # turn id -> the pair's views (webui/compare_view.py; reveal)
     buttons: dict[str, list[Any]] = field(default_factory=dict)  # turn id -> the buttons shown under its note
 
     def latest(self, *, blind: bool | None = None) -> Pair | None:
