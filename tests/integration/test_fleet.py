@@ -10,6 +10,7 @@ replicas meanwhile.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import http.client
 import json
 import os
@@ -254,6 +255,16 @@ def running(base: str) -> float:
 
 def test_kill_9_of_one_replica_mid_conversation_the_other_answers_and_the_launcher_restarts_it(fleet):
     assert chat(fleet.router, "tiny-qwen3", "First message.")["choices"]
+    # the UI open in Chromium all along: its status line must say it during the outage
+    with e2e.browser_page(fleet.app.url) as page:
+        page.wait_for_function(BADGE_SAYS, arg="2 of 2 replicas ready", timeout=60_000)
+        outage(fleet, page)
+
+
+BADGE_SAYS = "(text) => (document.getElementById('qwenchat-status')?.textContent || '').includes(text)"
+
+
+def outage(fleet, page) -> None:
     result: dict = {}
     th = stream_in_thread(fleet.router, result)
     wait_for("the streamed answer began", lambda: result.get("chunks", 0) >= 3 or result.get("ended"), 60, 0.05)
@@ -280,7 +291,8 @@ def test_kill_9_of_one_replica_mid_conversation_the_other_answers_and_the_launch
         async with Session(fleet.app.url) as s:
             return await s.send("A message in the UI after the kill", timeout=120)
 
-    turn = asyncio.run(ui_turn())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # sync Playwright owns this thread's event loop
+        turn = pool.submit(asyncio.run, ui_turn()).result()
     assert turn.answered and not turn.errors, turn.summary()
 
     # the UI counts the replicas
@@ -290,6 +302,8 @@ def test_kill_9_of_one_replica_mid_conversation_the_other_answers_and_the_launch
         30,
     )
     assert st["replicas_total"] == 2 and st["replicas_text"] == "1 of 2 replicas ready"
+    page.wait_for_function(BADGE_SAYS, arg="1 of 2 replicas ready", timeout=20_000)  # what the user sees
+    print(f"\n[fleet] the status line during the outage: {page.inner_text('#qwenchat-status')}")
     print(f"\n[fleet] the UI during the outage: {st['state']}: {st.get('reason')}")
 
     # the launcher restarts the dead replica (the same supervisor as a single engine: attempt 1, the cause)
