@@ -699,6 +699,13 @@ CATALOG: dict[str, tuple[str, str]] = {
     ),
     "health.ready": ("the model is ready", "模型已就绪"),
     # a fleet (several engine replicas behind a router): {which} lists health.replica_down items joined by "; "
+    # the status line's state words (public/status.js shows them; status_json sends both languages)
+    "status.preparing": ("preparing", "准备中"),
+    "status.starting": ("model loading", "模型加载中"),
+    "status.ready": ("ready", "就绪"),
+    "status.degraded": ("degraded", "服务降级"),
+    "status.down": ("engine down", "引擎不可用"),
+    "status.offline": ("UI offline", "界面未连接"),  # shown by the page itself when this server does not answer
     "health.replicas_count": ("{ready} of {total} replicas ready", "{total} 个副本中 {ready} 个就绪"),
     "health.replica_down": ("replica {number} ({address}): {detail}", "副本 {number}（{address}）：{detail}"),
     "health.replica_refused": ("connection refused", "连接被拒绝"),

@@ -1,10 +1,9 @@
 // Always-visible engine status line: polls /qwenchat/status (the app's shared health poller).
 (function () {
   const browserZh = (navigator.language || "").toLowerCase().startsWith("zh");
-  const LABELS = {
-    en: { preparing: "preparing", starting: "model loading", ready: "ready", degraded: "degraded", down: "engine down", offline: "UI offline" },
-    zh: { preparing: "准备中", starting: "模型加载中", ready: "就绪", degraded: "服务降级", down: "引擎不可用", offline: "界面未连接" },
-  };
+  // Every word comes from the server (backend/text.py, with each status); the page keeps the "offline" word it
+  // was last sent, for when the server stops answering. Only before any answer does it use these two.
+  let offline = { en: "UI offline", zh: "界面未连接" };
   let zh = browserZh; // until the server says which language [ui].language forces
   function badge() {
     let el = document.getElementById("qwenchat-status");
@@ -25,7 +24,7 @@
       if (r.ok) s = await r.json();
     } catch (e) {
       el.hidden = false;
-      el.textContent = "● " + LABELS[zh ? "zh" : "en"].offline;
+      el.textContent = "● " + offline[zh ? "zh" : "en"];
       el.dataset.state = "offline";
       return;
     }
@@ -36,9 +35,9 @@
       return;
     }
     zh = s.lang === "zh" || ((!s.lang || s.lang === "auto") && browserZh);
-    const labels = LABELS[zh ? "zh" : "en"];
-    // s.phase: the launcher is still installing the engine or converting the model (the reason says which)
-    let text = `● ${s.model} — ${labels[s.phase ? "preparing" : s.state] || s.state}`;
+    if (s.offline_label) offline = { en: s.offline_label, zh: s.offline_label_zh || s.offline_label };
+    // s.label: the state's word ("preparing" while the launcher installs the engine or converts the model)
+    let text = `● ${s.model} — ${(zh ? s.label_zh : s.label) || s.state}`;
     if (s.state === "starting" && s.elapsed) text += zh ? ` ${s.elapsed} 秒` : ` ${s.elapsed} s`;
     const reason = zh ? s.reason_zh || s.reason : s.reason;
     if (reason && s.state !== "ready") text += ` · ${reason}`;

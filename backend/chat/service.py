@@ -148,6 +148,12 @@ class Service:
             "anomalies": anomaly_counts(),
             # [ui].language: "en"/"zh" force the badge's language too; "auto" lets the browser decide.
             "lang": self.settings.ui.language,
+            # The line's state word in both languages (backend/text.py), and the one the page shows by itself when
+            # this server stops answering (it keeps the last it was sent).
+            "label": t("status.preparing" if st.phase else f"status.{st.state.value}", "en"),
+            "label_zh": t("status.preparing" if st.phase else f"status.{st.state.value}", "zh"),
+            "offline_label": t("status.offline", "en"),
+            "offline_label_zh": t("status.offline", "zh"),
             # A fleet ([fleet]): replicas answering their own /health, of how many (0 and 0 without a fleet), each
             # replica by number and host:port (never its URL's credentials), and the count as the line shows it.
             "replicas_ready": st.replicas_ready,

@@ -469,6 +469,25 @@ async def test_a_json_body_to_a_streaming_request_is_shown_whole_and_counted(cha
     assert ui.app.status_json()["anomalies"]["json_body"] == before + 1
 
 
+async def test_the_status_line_gets_its_words_in_both_languages_from_the_catalog(chat, ui):
+    import dataclasses
+
+    from backend.chat.health import EngineState
+
+    st = ui.app.status_json()
+    assert (st["state"], st["label"], st["label_zh"]) == ("ready", "ready", "就绪")
+    assert (st["offline_label"], st["offline_label_zh"]) == ("UI offline", "界面未连接")
+    poller = ui.app.poller
+    real = poller.status
+    try:  # while the launcher installs the engine the word is "preparing", whatever the state
+        poller._status = dataclasses.replace(real, state=EngineState.STARTING, phase="install_engine")
+        assert (ui.app.status_json()["label"], ui.app.status_json()["label_zh"]) == ("preparing", "准备中")
+        poller._status = dataclasses.replace(real, state=EngineState.DOWN)
+        assert ui.app.status_json()["label_zh"] == "引擎不可用"
+    finally:
+        poller._status = real
+
+
 async def test_reasoning_is_shown_in_its_own_step_not_in_the_answer(chat):
     screen = await chat.send(f"[[fault:think-inline]] {marker()}")
     assert [s["output"] for s in screen.steps_named("Reasoning")] == ["reasoning"]
