@@ -6,6 +6,7 @@
 #   ./start.sh --engine cpu|gpu     override the engine detection ([server].engine)
 #   ./start.sh --dry-run            print the vLLM and Chainlit commands, launch nothing
 #   OPENAI_BASE_URL=http://host:8000/v1 ./start.sh    UI only, against an existing server
+#   QWENCHAT_FLEET_LOCAL=2 ./start.sh                 two engine replicas behind vllm-router ([fleet] in config.toml)
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/env.sh
@@ -19,7 +20,7 @@ while [ $# -gt 0 ]; do
     --profile) need_value "$@"; export QWENCHAT_PROFILE="$2"; shift 2 ;;
     --profile=*) export QWENCHAT_PROFILE="${1#*=}"; shift ;;
     --dry-run) args+=(--dry-run); shift ;;
-    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) qc_say "unknown option: $1 (see ./start.sh --help)"; exit 2 ;;
   esac
 done
