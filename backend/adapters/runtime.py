@@ -85,6 +85,12 @@ def _url_of(client_or_base_url: Any) -> str:
     )
 
 
+def _check_limit(name: str, loaded: Collection[str], limit: int) -> None:
+    """[lora].max_cpu_loras: vLLM never refuses for capacity (its CPU cache evicts silently), so we do."""
+    if limit and name not in loaded and len(loaded) >= limit:
+        raise AdapterLimitReached(name=name, loaded=len(loaded), limit=limit, setting="[lora].max_cpu_loras")
+
+
 async def load_adapter(
     client_or_base_url: Any,
     api_key: str | None,
@@ -101,8 +107,7 @@ async def load_adapter(
     itself never refuses for capacity (its CPU cache evicts silently), so the limit is enforced here.
     Raises AdapterRuntimeDisabled, AdapterLimitReached, AdapterRejected, or a BackendError subclass.
     """
-    if limit and name not in loaded and len(loaded) >= limit:
-        raise AdapterLimitReached(name=name, loaded=len(loaded), limit=limit, setting="[lora].max_cpu_loras")
+    _check_limit(name, loaded, limit)
     text, _ = await _load(client_or_base_url, api_key, name, path, timeout)
     return text
 
@@ -220,8 +225,7 @@ async def load_on_replicas(
     timeout: float = 120.0,
 ) -> None:
     """Load ``name`` on every replica (their OpenAI base URLs), or on none: see the module docstring."""
-    if limit and name not in loaded and len(loaded) >= limit:
-        raise AdapterLimitReached(name=name, loaded=len(loaded), limit=limit, setting="[lora].max_cpu_loras")
+    _check_limit(name, loaded, limit)
     fresh: set[int] = set()
 
     async def one(index: int) -> None:
@@ -300,8 +304,7 @@ async def load_adapter_from_folder(
     """Allow-list + doctor (in a thread) + load: what the dropdown calls for an adapter not yet served."""
     import asyncio
 
-    if limit and name not in loaded and len(loaded) >= limit:
-        raise AdapterLimitReached(name=name, loaded=len(loaded), limit=limit, setting="[lora].max_cpu_loras")
+    _check_limit(name, loaded, limit)
     diagnosis = await asyncio.to_thread(
         prepare_runtime_load, folder, name, base_dir, max_rank, base_aliases=tuple(base_aliases)
     )

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Column, MetaData, Table, event, inspect, text
+from sqlalchemy import Column, Integer, MetaData, Table, Text, event, inspect, text
 from sqlalchemy.engine import URL, Connection, Engine, create_engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -186,6 +186,11 @@ def _store(url: str) -> Store:
     return Store(Database(make_url(url)))
 
 
+def store_at(where: Path | Store) -> Store:
+    """A store given as itself, or as a SQLite file's path (preferences, votes)."""
+    return where if isinstance(where, Store) else store(sqlite_file(where))
+
+
 def store(db: Database) -> Store:
     """One store per database in this process (PostgreSQL: one pool, one loop thread)."""
     if not db.is_postgres and db.path is not None:
@@ -246,21 +251,9 @@ def _schema_table() -> Table:
     return Table(
         SCHEMA_TABLE,
         MetaData(),
-        Column("name", _text(), primary_key=True),
-        Column("version", _int(), nullable=False),
+        Column("name", Text(), primary_key=True),
+        Column("version", Integer(), nullable=False),
     )
-
-
-def _text() -> Any:
-    from sqlalchemy import Text
-
-    return Text()
-
-
-def _int() -> Any:
-    from sqlalchemy import Integer
-
-    return Integer()
 
 
 def _add_column(conn: Connection, table: Table, col: Column[Any]) -> str:

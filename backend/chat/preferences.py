@@ -189,7 +189,7 @@ class Preferences:
     """
 
     def __init__(self, where: Path | Store) -> None:
-        self.store = where if isinstance(where, Store) else database.store(database.sqlite_file(where))
+        self.store = database.store_at(where)
         self.path = self.store.db.path  # None on PostgreSQL
         database.ensure_tables(self.store, PREFS_TABLES, "preferences", 1)
 

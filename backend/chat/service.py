@@ -132,6 +132,7 @@ class Service:
     def status_json(self) -> dict[str, Any]:
         """For the always-visible status line (public/status.js polls it)."""
         st = self.poller.status
+        word = "status.preparing" if st.phase else f"status.{st.state.value}"  # the state's word on the line
         return {
             "state": st.state.value,
             "reason": st.reason,
@@ -150,8 +151,8 @@ class Service:
             "lang": self.settings.ui.language,
             # The line's state word in both languages (backend/text.py), and the one the page shows by itself when
             # this server stops answering (it keeps the last it was sent).
-            "label": t("status.preparing" if st.phase else f"status.{st.state.value}", "en"),
-            "label_zh": t("status.preparing" if st.phase else f"status.{st.state.value}", "zh"),
+            "label": t(word, "en"),
+            "label_zh": t(word, "zh"),
             "offline_label": t("status.offline", "en"),
             "offline_label_zh": t("status.offline", "zh"),
             # A fleet ([fleet]): replicas answering their own /health, of how many (0 and 0 without a fleet), each

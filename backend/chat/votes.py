@@ -79,7 +79,7 @@ class VoteStore:
     (a file path) or PostgreSQL (a ``database.Store``: the history database)."""
 
     def __init__(self, where: Path | Store) -> None:
-        self.store = where if isinstance(where, Store) else database.store(database.sqlite_file(where))
+        self.store = database.store_at(where)
         self.path = self.store.db.path  # None on PostgreSQL
         database.ensure_tables(self.store, VOTE_TABLES, "votes", 1)
 

@@ -120,26 +120,16 @@ def dry_run(settings: Settings) -> int:
         for name, text in excluded.items():
             print(f"# adapter {name!r} would be left out: {text}")
         template = Path("<log dir>/chatml-fallback.jinja") if command.needs_chat_template(model_dir) else None
-        cmd = command.build_engine_command(
-            settings,
-            engine=engine,
-            python=engine_python(),
-            api_key="<per-launch key>",
-            adapters=adapters,
-            chat_template=template,
-        )
         if settings.fleet.enabled:
             has_gpus = engine == "gpu" and has_gpu
             try:
-                plan = fleet.plan(
+                plan = _fleet_plan(
                     settings,
-                    engine=engine,
-                    python=engine_python(),
+                    engine,
                     api_key="<per-launch key>",
                     adapters=adapters,
                     chat_template=template,
-                    cpus=fleet.usable_cpus(),
-                    gpu_ids=fleet.visible_gpu_ids(command.gpu_count()) if has_gpus else None,
+                    gpus=has_gpus,
                 )
                 if engine == "gpu" and not has_gpus and settings.fleet.local:
                     print("# note: GPUs numbered from 0 (none visible here)")
@@ -147,6 +137,14 @@ def dry_run(settings: Settings) -> int:
             except QwenChatError as exc:
                 print(f"# a real start would stop here: {exc.user_text('en')}")
         else:
+            cmd = command.build_engine_command(
+                settings,
+                engine=engine,
+                python=engine_python(),
+                api_key="<per-launch key>",
+                adapters=adapters,
+                chat_template=template,
+            )
             print("# engine")
             print(cmd.render())
         config = model_config(model_dir)
@@ -285,6 +283,29 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
             say("stopped")
 
 
+def _fleet_plan(
+    settings: Settings,
+    engine: str,
+    *,
+    api_key: str,
+    adapters: dict[str, Path],
+    chat_template: Path | None,
+    gpus: bool,
+) -> fleet.Plan:
+    """The fleet's commands on this machine: its usable cores, and its visible GPUs when ``gpus`` (else numbered
+    from 0, as a dry run elsewhere shows them)."""
+    return fleet.plan(
+        settings,
+        engine=engine,
+        python=engine_python(),
+        api_key=api_key,
+        adapters=adapters,
+        chat_template=chat_template,
+        cpus=fleet.usable_cpus(),
+        gpu_ids=fleet.visible_gpu_ids(command.gpu_count()) if gpus else None,
+    )
+
+
 def _single_supervisor(
     settings: Settings, cmd: command.Command, log_dir: Path, status_path: Path, api_key: str
 ) -> Supervisor:
@@ -346,24 +367,22 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
         template = chat_template_for(settings, log_dir)
         if template:
             say(f"{settings.model.resolved_path} has no chat template; serving it with the ChatML fallback")
-        cmd = command.build_engine_command(
-            settings, engine=engine, python=engine_python(), api_key=api_key, adapters=adapters, chat_template=template
-        )
         if settings.fleet.enabled:
-            plan = fleet.plan(
+            plan = _fleet_plan(
+                settings, engine, api_key=api_key, adapters=adapters, chat_template=template, gpus=engine == "gpu"
+            )
+            for i in range(settings.fleet.local):  # an older launch's replica files must not describe this one
+                (log_dir / contract.replica_status_file_name(i)).unlink(missing_ok=True)
+            supervisor = fleet.build_fleet(settings, plan, api_key=api_key, log_dir=log_dir, status_path=status_path)
+        else:
+            cmd = command.build_engine_command(
                 settings,
                 engine=engine,
                 python=engine_python(),
                 api_key=api_key,
                 adapters=adapters,
                 chat_template=template,
-                cpus=fleet.usable_cpus(),
-                gpu_ids=fleet.visible_gpu_ids(command.gpu_count()) if engine == "gpu" else None,
             )
-            for i in range(settings.fleet.local):  # an older launch's replica files must not describe this one
-                (log_dir / contract.replica_status_file_name(i)).unlink(missing_ok=True)
-            supervisor = fleet.build_fleet(settings, plan, api_key=api_key, log_dir=log_dir, status_path=status_path)
-        else:
             supervisor = _single_supervisor(settings, cmd, log_dir, status_path, api_key)
         ui_env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
         if settings.fleet.enabled:
