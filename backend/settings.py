@@ -185,6 +185,9 @@ HISTORY_DB_FORMS = (
 HISTORY_DB_SCHEMES = ("sqlite", "sqlite+aiosqlite", "sqlite+pysqlite", "postgresql", "postgresql+asyncpg")
 
 
+MAX_HISTORY_WAIT = 600.0  # [ui].history_wait: ten minutes at most (the launcher waits this long for the UI too)
+
+
 def check_history_db(value: str) -> None:
     """``[ui].history_db``: a path, or a URL of a kind the history supports (backend/chat/database.py parses it)."""
     if "://" not in value:
@@ -204,6 +207,9 @@ class UISettings:
     username: str = "admin"
     password: str = ""  # or QWENCHAT_UI_PASSWORD (the usual environment override)
     history_db: str = ""  # empty: history.sqlite3 in [logging].dir; or a SQLAlchemy URL (SQLite, PostgreSQL)
+    # At start, how long (s) a PostgreSQL that refuses connections, does not answer or is starting up is waited for
+    # (one started alongside the UI); then the UI starts without history. 0: do not wait.
+    history_wait: float = 30.0
     # Browser origins allowed to use the UI (HTTP and websocket); empty: only the page's own origin
     # (scheme://host:port of the request's Host header). Set: exactly these, e.g. "https://chat.example.com".
     allowed_origins: tuple[str, ...] = ()
@@ -231,6 +237,8 @@ class UISettings:
         if self.auth and not self.username.strip():
             raise ConfigError("ui.username", self.username, "a user name when [ui].auth is on")
         check_history_db(self.history_db)
+        if not 0 <= self.history_wait <= MAX_HISTORY_WAIT:
+            raise ConfigError("ui.history_wait", self.history_wait, f"seconds from 0 to {MAX_HISTORY_WAIT:g}")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@
     store.run(lambda conn: conn.execute(...))   # one transaction; SQLAlchemy Core on a sync Connection
     database.ensure_tables(store, metadata, "history", version)  # create / upgrade, idempotent, race-free
     database.failure(exc)                    # "connection refused" / "authentication failed" / ... for a log line
+    database.transient(exc)                  # True: refused, no answer, starting up (worth waiting for)
 
 SQLite runs on SQLAlchemy's sync pysqlite engine (one connection per call, WAL, busy timeout), as the raw
 sqlite3 code did before. PostgreSQL has only an async driver here (asyncpg, which Chainlit's data layer uses
@@ -41,6 +42,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 5000  # SQLite: another connection writing: wait this long before "database is locked"
 CONNECT_TIMEOUT = 5.0  # PostgreSQL: seconds to connect (asyncpg's own default is 60)
+STARTING_UP = "57P03"  # PostgreSQL's SQLSTATE for "the database system is starting up" (cannot_connect_now)
 CALL_TIMEOUT = 30.0  # PostgreSQL: a sync call waits at most this long for its transaction
 SCHEMA_TABLE = "qwenchat_schema"  # one row per schema (name, version)
 _LOCK_KEY = 0x7177656E63686174  # "qwenchat": pg_advisory_xact_lock key around the DDL
@@ -266,15 +268,34 @@ def _add_column(conn: Connection, table: Table, col: Column[Any]) -> str:
 # ---------------------------------------------------------------- what failed, for one clear log line
 
 
-def failure(exc: BaseException) -> str:
-    """What went wrong reaching the database, in a few words (never the URL or its password)."""
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The exception and what caused it (SQLAlchemy's ``orig``, ``__cause__``, ``__context__``), at most 10."""
     seen: list[BaseException] = []
     cur: BaseException | None = exc
     while cur is not None and cur not in seen and len(seen) < 10:
         seen.append(cur)
         cur = getattr(cur, "orig", None) or cur.__cause__ or cur.__context__
+    return seen
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure that waiting may cure: the server refuses connections, does not answer, or says it is starting
+    up (SQLSTATE 57P03), as a PostgreSQL started alongside the UI does for a few seconds. Not a wrong password, an
+    unknown database or any other answer the server gave."""
+    seen = _causes(exc)
+    sqlstates = {getattr(e, "sqlstate", None) for e in seen} - {None}
+    if sqlstates:
+        return sqlstates == {STARTING_UP}
+    return any(isinstance(e, OSError) for e in seen)  # refused, unreachable, DNS, timeouts (TimeoutError is one)
+
+
+def failure(exc: BaseException) -> str:
+    """What went wrong reaching the database, in a few words (never the URL or its password)."""
+    seen = _causes(exc)
     names = {type(e).__name__ for e in seen}
     sqlstates = {getattr(e, "sqlstate", None) for e in seen}
+    if STARTING_UP in sqlstates:
+        return "the server is starting up"
     if "InvalidPasswordError" in names or "28P01" in sqlstates:
         return "authentication failed (wrong user name or password)"
     if "InvalidAuthorizationSpecificationError" in names or "28000" in sqlstates:

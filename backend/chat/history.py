@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +29,12 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from ..settings import Settings
 from .conversation import Conversation
-from .database import Database, ensure_tables, failure, from_setting, sqlite_file, store
+from .database import Database, ensure_tables, failure, from_setting, sqlite_file, store, transient
 from .login import accounts_fingerprint, auth_secret, session_secret, shared_auth_secret
 
 logger = logging.getLogger(__name__)
 
+WAIT_STEP = 1.0  # s between attempts while waiting for a PostgreSQL that is not there yet ([ui].history_wait)
 META_KEY = "qwenchat"  # our key inside Chainlit's step and thread metadata
 # Composer commands (app.py): talk to the app, never to the model.
 COMMANDS = ("adapters", "unload", "export", "compare", "leaderboard", "vote")
@@ -197,9 +199,11 @@ def open_history(settings: Settings, env: MutableMapping[str, str] = os.environ)
     Chainlit reads CHAINLIT_AUTH_SECRET from the environment lazily (after importing app.py), so
     setting it here, in the UI process, is enough. With PostgreSQL the secret is kept in the database
     (written once by whichever UI process comes first), so UI processes on other machines share logins.
-    A PostgreSQL database that cannot be reached (refused, wrong password, unknown database) is one log
-    line naming ``ui.history_db`` (the URL without its password) and the cause: login still works, the
-    chat works, nothing is kept.
+    A PostgreSQL that refuses connections, does not answer or is starting up is waited for up to
+    ``[ui].history_wait`` s (one log line when the wait starts, one when it answers). One that cannot be used
+    (still not there after the wait, a wrong password, an unknown database) is one log line naming
+    ``ui.history_db`` (the URL without its password) and the cause: login still works, the chat works, nothing
+    is kept.
     """
     if not settings.ui.auth:
         return HistoryStart()
@@ -207,16 +211,37 @@ def open_history(settings: Settings, env: MutableMapping[str, str] = os.environ)
     base: str | None = None
     off_reason = ""
     if db.is_postgres:
-        try:
-            ensure_schema(db)
-            base = shared_auth_secret(store(db), env)
-        except Exception as exc:  # noqa: BLE001 - any failure to reach it: the chat goes on without history
-            off_reason = failure(exc)
-            logger.error(
-                "history: ui.history_db = %s: %s; history is off (chats are not kept), the chat works without it",
-                db.safe,
-                off_reason,
-            )
+        started = time.monotonic()
+        deadline, said = started + settings.ui.history_wait, False
+        while True:
+            try:
+                ensure_schema(db)
+                base = shared_auth_secret(store(db), env)
+                off_reason = ""
+                if said:
+                    logger.info("history: %s answered after %.0f s", db.safe, time.monotonic() - started)
+                break
+            except Exception as exc:  # noqa: BLE001 - any failure to reach it: the chat goes on without history
+                off_reason = failure(exc)
+                if transient(exc) and time.monotonic() < deadline:  # starting alongside the UI: give it time
+                    if not said:
+                        logger.warning(
+                            "history: ui.history_db = %s: %s; waiting up to %g s for it (ui.history_wait)",
+                            db.safe,
+                            off_reason,
+                            settings.ui.history_wait,
+                        )
+                        said = True
+                    time.sleep(max(0.0, min(WAIT_STEP, deadline - time.monotonic())))
+                    continue
+                waited = f" (waited {time.monotonic() - started:.0f} s)" if said else ""
+                logger.error(
+                    "history: ui.history_db = %s: %s%s; history is off (chats are not kept), the chat works without it",
+                    db.safe,
+                    off_reason,
+                    waited,
+                )
+                break
     else:
         path = db.path or db_path(settings)
         ensure_schema(path)

@@ -219,6 +219,12 @@ async def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], timeou
     return False
 
 
+def ui_start_timeout(settings: Settings) -> float:
+    """How long the UI's port is waited for: a minute, plus the wait for a PostgreSQL history that is not
+    there yet ([ui].history_wait: the UI waits for it before listening)."""
+    return 60.0 + (settings.ui.history_wait if settings.ui.auth else 0.0)
+
+
 def ui_environment(engine: str, log_dir: Path) -> dict[str, str]:
     """The UI process's part of the contract that does not depend on an engine process."""
     # The UI talks to the engine on loopback: never through an http_proxy from the environment.
@@ -255,7 +261,7 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
     work = asyncio.create_task(preparer.run())
     early: _Early | None = None
     try:
-        if not await _wait_port(settings.server.ui_host, settings.server.ui_port, ui_proc, 60):
+        if not await _wait_port(settings.server.ui_host, settings.server.ui_port, ui_proc, ui_start_timeout(settings)):
             say(f"the UI did not start; see {log_dir / 'ui.log'}:")
             print(read_tail(log_dir / "ui.log", 4000), file=sys.stderr)
             return 1
@@ -406,7 +412,7 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
     rc = 0
     try:
         url = f"http://{settings.server.ui_host}:{settings.server.ui_port}"
-        if await _wait_port(settings.server.ui_host, settings.server.ui_port, ui_proc, 60):
+        if await _wait_port(settings.server.ui_host, settings.server.ui_port, ui_proc, ui_start_timeout(settings)):
             if early is None:  # else said before the preparation
                 say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url}")
         else:

@@ -10,14 +10,19 @@ password, and the app's start goes on without history.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
 import subprocess
 import sys
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from backend.chat import database, history, preferences
 from backend.chat.datalayer import GuardedDataLayer
@@ -36,9 +41,10 @@ def fresh(postgres) -> database.Database:
     return database.from_setting(url, Path("/unused"))
 
 
-def pg_settings(tmp_path: Path, url: str) -> Settings:
+def pg_settings(tmp_path: Path, url: str, wait: float = 30.0) -> Settings:
     return Settings(
-        ui=UISettings(auth=True, password="pw", history_db=url), logging=LoggingSettings(dir=str(tmp_path / "logs"))
+        ui=UISettings(auth=True, password="pw", history_db=url, history_wait=wait),
+        logging=LoggingSettings(dir=str(tmp_path / "logs")),
     )
 
 
@@ -271,8 +277,10 @@ def bad_urls(postgres) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.parametrize("case", ["refused", "wrong password", "unknown database"])
 def test_an_unusable_database_is_one_clear_line_and_the_start_goes_on_without_history(postgres, tmp_path, caplog, case):
+    """A refused connection is waited for ([ui] history_wait, 1 s here), then given up; a wrong password or an
+    unknown database is an answer from the server: no waiting."""
     url, cause = bad_urls(postgres)[case]
-    settings = pg_settings(tmp_path, url)
+    settings = pg_settings(tmp_path, url, wait=1.0)
     env: dict[str, str] = {}
     with caplog.at_level(logging.INFO):
         started = history.open_history(settings, env)
@@ -282,6 +290,8 @@ def test_an_unusable_database_is_one_clear_line_and_the_start_goes_on_without_hi
     lines = [r.getMessage() for r in caplog.records if r.name == "backend.chat.history"]
     [line] = [m for m in lines if "history is off" in m]
     assert "ui.history_db" in line and cause in line and "127.0.0.1:" in line and "***" in line
+    waits = [m for m in lines if "waiting up to 1 s" in m]
+    assert (len(waits), "(waited " in line) == ((1, True) if case == "refused" else (0, False)), lines
     assert postgres.password not in caplog.text and "not-the-password" not in caplog.text
     prefs.set("user:admin", {"model": "pirate"})  # remembered settings fall back to the local file
     assert prefs.get("user:admin") == {"model": "pirate"} and prefs.store.db.path is not None
@@ -309,3 +319,58 @@ async def test_postgresql_going_away_later_is_logged_and_the_calls_return(postgr
     prefs.store = database.Store(gone)  # the database went away: the next read cannot connect
     assert await asyncio.to_thread(prefs.get, "user:admin") == {}
     assert "preferences: could not be read" in caplog.text
+
+
+@contextlib.contextmanager
+def late_forwarder(port: int, target: int, after: float) -> Iterator[None]:
+    """After ``after`` s, listen on ``port`` and pass each connection through to ``target`` (the session's real
+    server): a PostgreSQL that comes up a few seconds after the UI, as one started alongside it does."""
+    stop = threading.Event()
+
+    def pipe(a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := a.recv(65536):
+                b.sendall(data)
+        with contextlib.suppress(OSError):
+            b.shutdown(socket.SHUT_WR)
+
+    def serve() -> None:
+        if stop.wait(after):
+            return
+        with socket.create_server(("127.0.0.1", port)) as server:
+            server.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    client, _ = server.accept()
+                except TimeoutError:
+                    continue
+                upstream = socket.create_connection(("127.0.0.1", target))
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_a_database_that_comes_up_after_the_ui_is_waited_for_and_the_history_is_on(postgres, tmp_path, caplog):
+    """[ui] history_wait: the database refuses connections for the first 3 s (nothing listens on its port yet),
+    then answers: the start waits for it, says so once, and history is on, in that database."""
+    port = free_port()
+    db = fresh(postgres)
+    url = db.url.set(port=port).render_as_string(hide_password=False)
+    env: dict[str, str] = {}
+    with late_forwarder(port, postgres.port, after=3.0), caplog.at_level(logging.INFO):
+        started = history.open_history(pg_settings(tmp_path, url, wait=60.0), env)
+        assert started.url is not None and not started.off_reason  # history on
+        assert database.store(started.db).run(lambda c: c.execute(text("SELECT count(*) FROM threads")).scalar()) == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "backend.chat.history"]
+    [waiting] = [m for m in lines if "waiting up to 60 s" in m]
+    assert "connection refused" in waiting and f"127.0.0.1:{port}" in waiting and "***" in waiting
+    assert any("answered after" in m for m in lines), lines
+    assert not any("history is off" in m for m in lines), lines
+    assert postgres.password not in caplog.text

@@ -182,3 +182,14 @@ def test_a_cpu_start_with_tensor_parallel_is_refused_before_anything_runs(tmp_pa
     assert "starting" not in out.stdout and not (tmp_path / "logs" / "engine.log").exists()
     dry = run(["serve", "--dry-run"], tmp_path, QWENCHAT_SERVER_DATA_PARALLEL_SIZE="2")
     assert dry.returncode == 0 and "a real start would stop here: config error: server.data_parallel_size" in dry.stdout
+
+
+def test_the_ui_port_is_waited_for_as_long_as_the_ui_waits_for_its_database():
+    """[ui] history_wait: the UI listens only once its PostgreSQL answered or the wait ran out; the launcher's
+    wait for the UI's port covers it (else a database starting alongside would fail the whole start)."""
+    from backend.engine.launch import ui_start_timeout
+    from backend.settings import Settings, UISettings
+
+    assert ui_start_timeout(Settings()) == 60.0  # no login, no history: nothing to wait for
+    slow_db = UISettings(auth=True, password="pw", history_db="postgresql://u:p@db:5432/h", history_wait=120)
+    assert ui_start_timeout(Settings(ui=slow_db)) == 180.0
