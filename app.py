@@ -7,9 +7,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-import tempfile
 import time
-from pathlib import Path
 
 import chainlit as cl
 import chainlit.config as chainlit_config_module
@@ -19,7 +17,7 @@ from chainlit.input_widget import Select, Slider, TextInput
 from chainlit.server import app as http_app
 from chainlit.server import sio
 
-from backend.chat import compare, history, loopstats, metrics, preferences, security, share, turn, welcome
+from backend.chat import compare, files, history, loopstats, metrics, preferences, security, share, turn, welcome
 from backend.chat import export as chat_export
 from backend.chat import service as ui
 from backend.chat.client import new_request_id
@@ -51,7 +49,7 @@ DB_URL = HISTORY.url
 prefs = preferences.open_preferences(app.settings)  # SQLite or PG; an old ui-preferences.json is imported once
 # Chainlit deletes <app root>/.files when its process stops: a folder of this process's own, so another UI
 # process on the same checkout (a second port) stopping cannot take this one's uploads and files with it.
-FILES_DIRECTORY = Path(tempfile.mkdtemp(prefix="qwenchat-files-"))  # owner-only (0700)
+FILES_DIRECTORY = files.own_directory()  # owner-only (0700); also removes those of killed UI processes
 chainlit_config_module.FILES_DIRECTORY = chainlit_server.FILES_DIRECTORY = FILES_DIRECTORY  # read at use
 
 if DB_URL:  # [ui].auth: history through Chainlit's own data layer
