@@ -372,11 +372,13 @@ async def test_the_probe_tells_an_answer_from_no_reply_and_an_http_error_is_an_a
         start_new_session=True,
         stdin=subprocess.DEVNULL,
     )
-    probe = OneTokenProbe(f"http://127.0.0.1:{port}/v1", "k", "fake", timeout=1)
-    wrong_route = OneTokenProbe(f"http://127.0.0.1:{port}/nowhere", "k", "fake", timeout=1)
+    # generous where an answer is expected (a loaded machine may take more than a second), short where none comes
+    probe = OneTokenProbe(f"http://127.0.0.1:{port}/v1", "k", "fake", timeout=30)
+    hung = OneTokenProbe(f"http://127.0.0.1:{port}/v1", "k", "fake", timeout=1)
+    wrong_route = OneTokenProbe(f"http://127.0.0.1:{port}/nowhere", "k", "fake", timeout=30)
     try:
         assert engine.stdout is not None and b"listening" in engine.stdout.readline()
-        first, second = await probe(), await probe()
+        first, second = await probe(), await hung()
         assert (first.answered, first.status) == (True, 200)
         assert (second.answered, second.status, second.error) == (False, None, "timeout")  # it hangs from now on
         # an HTTP error is an engine that answers (with its own problem), not a hang
@@ -384,5 +386,6 @@ async def test_the_probe_tells_an_answer_from_no_reply_and_an_http_error_is_an_a
         assert (third.answered, third.status) == (True, 404)
     finally:
         await probe.aclose()
+        await hung.aclose()
         await wrong_route.aclose()
         supervisor.stop_process_group(engine, grace=2)
