@@ -26,8 +26,10 @@ from tests.support.supervision import Running, group_members, launches, wait_gro
 
 # ---------------------------------------------------------------- a fake engine: restart policy in seconds
 
-# argv: port, mode, life. "serve": /health 200 for `life` s, then an ERROR line and exit 3
-# ("sigkill": then SIGKILL itself);
+# argv: port, mode, life. "serve": /health 200 for `life` s from the first /health request (the supervisor has seen
+# it up: counted from there, not from listening, since the supervisor polls /health every second and a busy machine
+# could let a short life end before any poll saw it, which is a first start that failed), then an ERROR line and
+# exit 3 ("sigkill": then SIGKILL itself);
 # "exit": an ERROR line and exit 3 at once; "hang": never listens. Every mode first forks a
 # `sleep` into its own process group, as vLLM forks its EngineCore: the supervisor must reap it.
 FAKE_ENGINE = r"""
@@ -39,14 +41,17 @@ if mode == "exit":
     sys.exit(3)
 if mode == "hang":
     time.sleep(300)
+seen = threading.Event()
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        seen.set()
     def log_message(self, *args):
         pass
 srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), Health)
 threading.Thread(target=srv.serve_forever, daemon=True).start()
 print("INFO 11-29 19:53:00 [api_server.py:1] fake engine listening", flush=True)
+seen.wait()
 time.sleep(life)
 print("ERROR 11-29 19:53:26 [core.py:1] RuntimeError: the fake engine crashed", flush=True)
 if mode == "sigkill":  # as the OOM killer would; the ERROR line above must not be taken for the cause
