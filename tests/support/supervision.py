@@ -124,11 +124,21 @@ class Running:
             try:
                 self.future.result(timeout=30)
             finally:
-                time.sleep(0.2)  # let the watcher see the final status
                 self._watching = False
                 self.loop.call_soon_threadsafe(self.loop.stop)
                 self.thread.join(timeout=10)
                 self.watcher.join(timeout=5)
+                self._record_final()
+
+    def _record_final(self) -> None:
+        """The status run() left, recorded by reading the file once the watcher is gone: a watcher given "a moment"
+        to see it may not have been scheduled at all in that moment on a loaded machine."""
+        try:
+            final = json.loads(self.sup.status_path.read_text())
+        except (OSError, ValueError):
+            return
+        if not self.seen or self.seen[-1][1] != final:
+            self.seen.append((time.monotonic(), final))
 
 
 def launches(log_path: Path) -> int:
