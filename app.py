@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import chainlit as cl
 import chainlit.config as chainlit_config_module
@@ -364,6 +365,8 @@ async def on_chat_start() -> None:
     await open_chat()
     for name, reason in app.excluded_adapters().items():
         await show_error(t("excluded_adapter", lang(), name=name, reason=reason))
+    for note in app.partial_adapters(lang()):  # a fleet: adapters some ready replicas lack, so not offered
+        await show_error(note)
     if HISTORY.off_reason:  # login on, but the history database was not there at start (ui.log says why)
         await cl.Message(content=t("history_off", lang()), author="history").send()
 
@@ -540,6 +543,14 @@ async def turn_of(action: cl.Action):
 async def on_retry(action: cl.Action) -> None:
     if await turn_of(action) is None:
         return
+    side = (action.payload or {}).get("side")  # a compare side's error: retry that side only, keep the other's answer
+    pair = compare_state().pairs.get((action.payload or {}).get("turn", "")) if side else None
+    if pair is not None and side in compare.LABELS:
+        if pair.vote is not None:
+            await show_error(t("compare.voted_no_retry", lang()))
+            return
+        await answer_as_task(functools.partial(retry_compared_side, pair, side))
+        return
     chat_session().conversation.drop_answers_after_last_user()
     await answer_as_task()
 
@@ -554,12 +565,11 @@ async def on_send_trimmed(action: cl.Action) -> None:
     await answer_as_task()
 
 
-async def answer_as_task() -> None:
-    """Answer as the session's current task, like a typed message, so the Stop button shows and works.
-
-    Action callbacks run inside Chainlit's HTTP request, not the message task Stop cancels.
+async def answer_as_task(work: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Answer (or do ``work``) as the session's current task, like a typed message, so the Stop button shows and
+    works. Action callbacks run inside Chainlit's HTTP request, not the message task Stop cancels.
     """
-    task = asyncio.create_task(answer())
+    task = asyncio.create_task((work or answer)())
     cl.context.session.current_task = task
     await cl.context.emitter.task_start()
     try:
@@ -668,6 +678,27 @@ async def answer_compared() -> None:
         with contextlib.suppress(Exception):  # after Stop too: the picked side is marked in the stored messages
             await update_pair(pair, lang(), new_note=True)
     if any(s.outcome is Outcome.ANSWERED for s in pair.sides):
+        await remember()
+
+
+async def retry_compared_side(pair: compare.Pair, label: str) -> None:
+    """A compare side's Retry: that side answers the pair's turn again in a new bubble; the other side's answer,
+    and which answer the chat continues from (if it is on screen), are kept."""
+    state = compare_state()
+    side = pair.side(label)
+    side.text, side.message_id, side.interrupted, side.shown, side.outcome = "", None, False, False, None
+    for old in state.buttons.pop(pair.turn_id, []):  # the pair's note is sent again below, with current buttons
+        with contextlib.suppress(Exception):
+            await old.remove()
+    view = CompareView(lang(), HOST, pair, side)
+    state.views.setdefault(pair.turn_id, {})[label] = view
+    await view.open()
+    try:
+        await compare.run(pair, chat_session(), app, {label: view}, only=label)
+    finally:
+        with contextlib.suppress(Exception):
+            await update_pair(pair, lang(), new_note=True)
+    if side.outcome is Outcome.ANSWERED:
         await remember()
 
 

@@ -175,6 +175,10 @@ CATALOG: dict[str, tuple[str, str]] = {
         "The vote could not be stored ({detail}); the names stay hidden. Try again.",
         "投票未能保存（{detail}）；名称仍保持隐藏。请重试。",
     ),
+    "compare.voted_no_retry": (
+        "This comparison has a vote already: its answers stay as voted on. Send the message again to compare anew.",
+        "此次比较已投票：答案保持投票时的样子。重新发送消息以再次比较。",
+    ),
     "compare.moved_on": (
         "The chat has moved on since this comparison: it can no longer continue from it.",
         "此次比较之后对话已继续：无法再从它继续。",
@@ -486,6 +490,11 @@ CATALOG: dict[str, tuple[str, str]] = {
         "the model server does not serve {model!r}; pick another model or adapter from the list.",
         "模型服务器没有提供 {model!r}；请从列表中选择其他模型或适配器。",
     ),
+    "error.model_partial": (
+        "{model!r} is not served by every replica of the fleet (missing on {replicas}), so it is not offered until "
+        "it is; pick another model or adapter from the list.",
+        "{model!r} 并非由集群中的每个副本提供（{replicas}上缺少），在此之前不提供；请从列表中选择其他模型或适配器。",
+    ),
     "error.auth_failed": (
         "the model server refused the API key (HTTP {status}); check OPENAI_API_KEY or [server].api_key.",
         "模型服务器拒绝了 API 密钥（HTTP {status}）；请检查 OPENAI_API_KEY 或 [server].api_key。",
@@ -722,6 +731,19 @@ CATALOG: dict[str, tuple[str, str]] = {
         "the router answers, but this app reaches none of its {total} replicas directly ({ready} of {total} "
         "replicas ready here); {which}",
         "路由器有响应，但本应用无法直接连接其 {total} 个副本中的任何一个（此处 {total} 个中 {ready} 个就绪）；{which}",
+    ),
+    # a fleet: models some ready replicas serve but not all (not offered); {replicas} joins health.replica_named
+    "health.replica_named": ("replica {number} ({address})", "副本 {number}（{address}）"),
+    "health.list_sep": (", ", "、"),
+    "health.item_sep": ("; ", "；"),
+    "health.partial_model": (
+        "{model} not offered: not served by {replicas}",
+        "{model} 未提供：{replicas}未加载它",
+    ),
+    "partial_adapter": (
+        "Adapter {name} is not offered for now: not every replica of the fleet serves it (missing on {replicas}). "
+        "It is offered again once every ready replica serves it.",
+        "适配器 {name} 暂不提供：集群中并非每个副本都加载了它（{replicas}上缺少）。待所有就绪副本都加载后会重新提供。",
     ),
     "health.probe_timeout": (
         "health 200 but the test generation timed out after {seconds:g} s (the engine may be hung or overloaded)",

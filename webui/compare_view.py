@@ -218,6 +218,10 @@ class CompareView(ChatView):
             f"**{label}**: {compare.mask(text, self.pair, self.side, self.lang)}", retry=retry, trimmed=trimmed
         )
 
+    def retry_payload(self) -> dict[str, Any]:
+        """A side's Retry runs that side again (app.py retry_compared_side), not both."""
+        return {**super().retry_payload(), "side": self.side.label}
+
     async def model_changed(self) -> None:
         """A compare side never changes the chat's model choice."""
 

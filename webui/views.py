@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 import chainlit as cl
 
@@ -132,7 +132,7 @@ class ChatView:
             actions.append(
                 cl.Action(
                     name="retry",
-                    payload={"turn": self.host.latest_turn_id()},
+                    payload=self.retry_payload(),
                     label=t("retry", self.lang),
                     icon="rotate-ccw",
                 )
@@ -147,6 +147,10 @@ class ChatView:
                 )
             )
         await show_error(text, actions)
+
+    def retry_payload(self) -> dict[str, Any]:
+        """What this answer's Retry button carries: the user turn it answers (an older turn's button is refused)."""
+        return {"turn": self.host.latest_turn_id()}
 
     async def model_changed(self) -> None:
         await self.host.send_settings()

@@ -142,15 +142,27 @@ def new_pair(mode: CompareMode, turn_id: str, prompt: list[dict[str, str]], rng:
     return Pair(turn_id, prompt, sides, mode.blind, revealed=not mode.blind)
 
 
-async def run(pair: Pair, session: ChatSession, service: Service, views: Mapping[str, Renderer]) -> None:
+async def run(
+    pair: Pair, session: ChatSession, service: Service, views: Mapping[str, Renderer], *, only: str | None = None
+) -> None:
     """Both sides answer at once, each through its own renderer. Stop (cancelling this) stops both; each keeps
-    what it showed. The picked answer joins the conversation however it ends (``settle``)."""
+    what it showed. The picked answer joins the conversation however it ends (``settle``).
+
+    ``only``: that side answers again (its Retry); the other keeps its answer, and stays picked if it was picked
+    and is on screen."""
+    kept = pair.sides[pair.picked]
+    last = session.conversation.last_user()
+    if only is not None and last is not None and last.id == pair.turn_id:
+        session.conversation.drop_answers_after_last_user()  # the side is asked what it was asked the first time
     try:
         async with asyncio.TaskGroup() as group:
             for side in pair.sides:
-                group.create_task(_side(side, session, service, views[side.label]), name=f"compare-{side.label}")
+                if only is None or side.label == only:
+                    task = _side(side, session, service, views[side.label])
+                    group.create_task(task, name=f"compare-{side.label}")
     finally:
-        pair.picked = default_pick(pair)
+        keep = only is not None and kept.label != only and kept.shown and bool(kept.text)
+        pair.picked = pair.sides.index(kept) if keep else default_pick(pair)
         settle(pair, session.conversation)
 
 

@@ -143,6 +143,47 @@ async def test_one_side_failing_shows_its_error_while_the_other_completes(chat):
     await compare_off(chat)
 
 
+async def test_retry_on_a_failed_side_runs_that_side_again_and_keeps_the_others_answer(chat):
+    """Nothing the user saw is lost: B's Retry asks B's model again, in a new B bubble; A is not asked again, its
+    answer stays the one the chat continues from, and the new note offers continuing with B."""
+    await compare_on(chat)
+    m = marker()
+    # the adapter fails mid-stream on the first two requests of this spec (A's and B's count together; the fake
+    # server counts attempts per spec string, so no other test uses it): B only
+    screen = await chat.send(f"[[fault:error-mid:model={ADAPTER}:fail=2]] retry b {m}")
+    [error] = [x for x in screen.messages if x.get("isError")]
+    assert error["output"].startswith(f"**B · {ADAPTER}**:")
+    [retry] = [a for a in actions(screen, error) if a["name"] == "retry"]
+    assert retry["payload"]["side"] == "B"
+
+    again = await chat.click(retry)
+    assert again.errors == [], again.errors
+    first, second, third = chat.received(m)
+    assert sorted([first.model, second.model]) == sorted([BASE, ADAPTER]) and third.model == ADAPTER  # B only
+    assert third.messages == first.messages  # the same turn, without B's cut answer
+    shown = sides(again)
+    before = sides(screen)["A"]
+    assert (shown["A"]["id"], shown["A"]["output"]) == (before["id"], before["output"])  # A's bubble, as it was
+    assert shown["B"]["output"].startswith(f"**B** · `{ADAPTER}`\n\n{expected_text(8)}")
+    assert chat.conversation.turns[-1].model == BASE  # A's answer, still picked
+    [note] = notes(again)
+    assert [(a["name"], a["payload"]["side"]) for a in actions(again, note)] == [("compare_pick", "B")]
+    await compare_off(chat)
+
+
+async def test_retry_on_a_side_of_a_pair_already_voted_on_is_refused_clearly(chat):
+    await compare_on(chat, "blind")
+    m = marker()
+    screen = await chat.send(f"[[fault:error-mid:model={ADAPTER}]] voted {m}")
+    [retry] = [a for x in screen.messages if x.get("isError") for a in actions(screen, x) if a["name"] == "retry"]
+    voted = await send_command(chat, "vote", "tie")
+    assert voted.errors == [], voted.errors
+    refused = await chat.click(retry)
+    assert any("has a vote already" in e for e in refused.errors), refused.errors
+    assert len(chat.received(m)) == 2  # nobody was asked again
+    await compare_off(chat)
+
+
 async def test_stop_during_a_compare_stops_both_and_keeps_both_partials(chat, fake):
     await compare_on(chat)
     m = marker()
