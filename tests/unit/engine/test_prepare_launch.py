@@ -187,7 +187,7 @@ def test_the_ui_answers_before_the_engine_environment_exists_and_shows_each_step
         ui = f"http://127.0.0.1:{env['QWENCHAT_SERVER_UI_PORT']}/"
         wait_for(lambda: get(ui)[0] == 200, 90, "the UI to answer", proc, out)
         assert not engine_env.exists()  # the UI answers while the engine environment is still being installed
-        assert (fake / "install-started").exists()
+        wait_for(lambda: (fake / "install-started").exists(), 60, "the install to start", proc, out)  # behind the UI
 
         # the install's progress: the status file, the UI's status (both languages), the terminal
         pct = prepare_bg.PipProgress.COLLECTED * COLLECTED_BEFORE_WAIT // prepare_bg.lock_count("cpu")
@@ -195,7 +195,7 @@ def test_the_ui_answers_before_the_engine_environment_exists_and_shows_each_step
         assert prepare_bg.PipProgress.INSTALLED - prepare_bg.PipProgress.COLLECTED == 45  # the install's share
         st = wait_for(
             lambda: (s := ui_status(env)) and s.get("reason") == f"installing the engine {pct} %" and s,
-            20,
+            60,
             "the install's percentage in the UI",
             proc,
             out,
@@ -208,15 +208,15 @@ def test_the_ui_answers_before_the_engine_environment_exists_and_shows_each_step
 
         (fake / "go-install").touch()
         installing = f"installing the engine {prepare_bg.PipProgress.COLLECTED} %"
-        wait_for(lambda: (s := ui_status(env)) and s.get("reason") == installing, 20, installing, proc, out)
+        wait_for(lambda: (s := ui_status(env)) and s.get("reason") == installing, 60, installing, proc, out)
         (fake / "go-unpack").touch()
         total = prepare_bg.lock_count("cpu")
         unpacked = f"installing the engine {prepare_bg.PipProgress.COLLECTED + 45 * UNPACKED // total} %"
-        wait_for(lambda: (s := ui_status(env)) and s.get("reason") == unpacked, 20, unpacked, proc, out)
+        wait_for(lambda: (s := ui_status(env)) and s.get("reason") == unpacked, 60, unpacked, proc, out)
         (fake / "go-finish").touch()
         st = wait_for(
             lambda: (s := ui_status(env)) and s.get("phase") == contract.PHASE_CONVERT_MODEL and s,
-            20,
+            60,
             "converting the model",
             proc,
             out,
@@ -276,7 +276,7 @@ def test_ctrl_c_during_the_install_stops_the_install_and_the_ui(tmp_path):
     try:
         wait_for(lambda: get(f"http://127.0.0.1:{env['QWENCHAT_SERVER_UI_PORT']}/")[0] == 200, 90, "UI", proc, out)
         install_pid = int(
-            wait_for(lambda: (fake / "install.pid").exists() and (fake / "install.pid").read_text(), 10, "pid")
+            wait_for(lambda: (fake / "install.pid").exists() and (fake / "install.pid").read_text(), 60, "pid")
         )
         assert pid_alive(install_pid)
         os.kill(proc.pid, signal.SIGINT)
