@@ -16,6 +16,7 @@ import urllib.request
 
 import pytest
 
+from backend.probe import PROBE_MESSAGES, probe_body
 from tests.e2e import support as e2e
 from tests.fakes.openai_server import expected_text
 
@@ -31,9 +32,21 @@ def fake(tmp_path_factory):
         yield url
 
 
+def is_probe(record: dict) -> bool:
+    """The UI's health probe (backend/probe.py: one token, not streamed, "ping"), not a chat request."""
+    return (
+        not record["stream"]
+        and record["max_tokens"] == probe_body("")["max_tokens"]
+        and record["message_chars"] == sum(len(m["content"]) for m in PROBE_MESSAGES)
+    )
+
+
 def requests_seen(fake: str) -> list[dict]:
+    """The chat requests the fake server got, oldest first. The health probes are left out: the UI's poller sends
+    one every [health] probe_every s, at any moment, so with them the last request (or the count of new ones
+    around a message) would depend on when the poller last probed."""
     with urllib.request.urlopen(fake + "/fake/requests", timeout=5) as resp:
-        return json.loads(resp.read())
+        return [r for r in json.loads(resp.read()) if not is_probe(r)]
 
 
 def status_of(app: e2e.LiveApp, login: bool) -> dict:
@@ -122,8 +135,10 @@ def page(live, browser):
 
 def test_a_wrong_password_is_refused_with_a_message_and_no_chat(live, browser):
     pg = new_page(browser)
-    log_in(pg, live.url, password="wrong")
-    pg.wait_for_timeout(1500)
+    # the login's answer, not a fixed wait: on a busy machine it can come after any wait that is "long enough"
+    with pg.expect_response(lambda r: r.url.endswith("/login") and r.request.method == "POST") as answer:
+        log_in(pg, live.url, password="wrong")
+    assert answer.value.status == 401
     assert pg.locator("#chat-input").count() == 0 and pg.locator("#email").is_visible()
     assert "Traceback" not in pg.content()
     pg.context.close()

@@ -118,8 +118,14 @@ def owner(browser, live):
     page.context.close()
 
 
+def starter_labels(page) -> list[str]:
+    """The welcome screen's starters, once shown (they come from their own request, not with the status line)."""
+    page.locator("#starters button").first.wait_for()
+    return page.locator("#starters button").all_inner_texts()
+
+
 def test_the_welcome_screen_shows_starters_per_adapter_with_the_configured_name_and_accent(owner, live):
-    labels = owner.locator("#starters button").all_inner_texts()
+    labels = starter_labels(owner)
     assert f"{STARTER} · fake-adapter" in labels  # [lora.starters] fake-adapter = [...]
     assert "What is the capital of France? · pirate" in labels  # the demo adapter's built-in starters
     assert owner.title() == "Pirate Demo"
@@ -185,6 +191,7 @@ def test_a_shared_link_opened_by_another_user_shows_the_chat_read_only(shared, v
     assert viewer.locator(f"li#thread-{thread_id}").count() == 0  # not in the viewer's history: no menu
     viewer.goto(link)
     viewer.locator(".step", has_text=STARTER).first.wait_for()
+    viewer.locator('.step[data-step-type="assistant_message"]').first.wait_for()  # may render after the question
     answers = e2e.assistant_messages(viewer)
     assert any("fake-adapter ·" in a for a in answers)
     assert viewer.locator("#chat-input").count() == 0  # no composer: read-only
@@ -257,7 +264,7 @@ def test_a_deleted_chats_link_says_it_no_longer_exists(shared, owner, viewer):
 def test_the_welcome_screen_share_refusals_and_compare_labels_are_chinese_in_a_zh_cn_browser(browser, live, fake):
     page = logged_in(browser, live, OWNER, OWNER_PW, locale="zh-CN")
     try:
-        labels = page.locator("#starters button").all_inner_texts()
+        labels = starter_labels(page)
         assert "法国的首都是哪里？ · pirate" in labels
         text = click_starter(page, "法国的首都是哪里？")
         assert "未发送任何内容" in text and "“pirate”" in text
