@@ -47,8 +47,6 @@ def canonical_origin(value: str) -> str | None:
     Only http/https with a host and nothing after it (no path, query, user or fragment) is an origin:
     "localhost:8080" (no scheme) or "http://x/app" are not.
     """
-    import urllib.parse
-
     try:
         parts = urllib.parse.urlsplit(value.strip())
         port = parts.port
@@ -61,6 +59,24 @@ def canonical_origin(value: str) -> str | None:
         return None
     port = port or (443 if parts.scheme == "https" else 80)
     return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def http_base_url(value: str, *, bare: bool = False) -> bool:
+    """An http(s) URL with a host and, if given, a port from 1 to 65535 (an engine's or a replica's base URL).
+    ``bare``: no query, fragment or comma either (vllm-router takes the replicas as one comma-separated list)."""
+    try:
+        parts = urllib.parse.urlsplit(value.strip())
+        port = parts.port
+    except ValueError:  # a port that is not a number or out of range, a broken [IPv6] host
+        return False
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        return False
+    return not bare or not (parts.query or parts.fragment or "," in value)
+
+
+def without_password(url: str) -> str:
+    """``url`` for a message: a ``user:password@`` in it shown as ``***@``."""
+    return re.sub(r"//[^/@]*@", "//***@", url)
 
 
 def is_loopback(host: str) -> bool:
@@ -403,6 +419,13 @@ def _validate(s: Settings) -> None:
         if not ok:
             raise ConfigError(key, value, expected)
 
+    if s.base_url:
+        need(
+            http_base_url(s.base_url),
+            "OPENAI_BASE_URL",
+            without_password(s.base_url),
+            'the OpenAI-compatible server\'s base URL, http:// or https://, like "http://gpu-box:8000/v1"',
+        )
     need(s.model.max_model_len > 0, "model.max_model_len", s.model.max_model_len, "a positive number of tokens")
     need(0 <= s.model.temperature <= 2, "model.temperature", s.model.temperature, "a number from 0 to 2")
     need(0 < s.model.top_p <= 1, "model.top_p", s.model.top_p, "a number in (0, 1]")
@@ -543,15 +566,10 @@ def _validate_fleet(s: Settings, need: Any) -> None:
     )
     need(f.policy in FLEET_POLICIES, "fleet.policy", f.policy, "one of " + ", ".join(f'"{p}"' for p in FLEET_POLICIES))
     for url in f.remote:
-        parts = urllib.parse.urlsplit(url)
         need(
-            parts.scheme in ("http", "https")
-            and bool(parts.hostname)
-            and not parts.query
-            and not parts.fragment
-            and "," not in url,
+            http_base_url(url, bare=True),
             "fleet.remote",
-            url,
+            without_password(url),
             'replica base URLs like "http://gpu-b:8000/v1"',
         )
     need(len(set(s.replica_urls)) == f.size, "fleet.remote", f.remote, "each replica once (one listed twice)")

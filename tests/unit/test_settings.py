@@ -121,3 +121,25 @@ def test_launcher_key_wins_over_a_stray_openai_key_when_not_external(tmp_path):
 
 def test_a_relative_model_path_is_relative_to_the_repository_folder():
     assert ModelSettings(path="models/x").resolved_path == (ROOT / "models" / "x").resolve()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["localhost:8000/v1", "ftp://gpu-box/v1", "http://gpu-box:99999/v1", "http://gpu-box:abc/v1", "http://[::1/v1"],
+)
+def test_a_bad_openai_base_url_or_replica_url_names_the_setting_and_hides_a_password(tmp_path, url):
+    """A base URL the client could never use is a config error at start, not a puzzling failure at the first
+    message; a password in it is not printed."""
+    secret = url.replace("//", "//bob:s3cret@", 1) if "//" in url else url
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, ""), env={"OPENAI_BASE_URL": secret})
+    assert "OPENAI_BASE_URL" in str(info.value) and "s3cret" not in str(info.value)
+    remote = f'[fleet]\nremote = ["{secret}"]\n'
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, remote), env={})
+    assert "fleet.remote" in str(info.value) and "s3cret" not in str(info.value)
+
+
+def test_good_base_urls_pass(tmp_path):
+    for url in ("https://api.example.com/openai/v1", "http://[::1]:8000/v1", "http://bob:pw@gpu-box/v1"):
+        assert load_settings(write(tmp_path, ""), env={"OPENAI_BASE_URL": url}).engine_base_url == url
