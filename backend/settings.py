@@ -75,8 +75,8 @@ def http_base_url(value: str, *, bare: bool = False) -> bool:
 
 
 def without_password(url: str) -> str:
-    """``url`` for a message: a ``user:password@`` in it shown as ``***@``."""
-    return re.sub(r"//[^/@]*@", "//***@", url)
+    """``url`` for a message: the password of a ``user:password@`` in it shown as ``***``."""
+    return re.sub(r"//([^/@:]*):[^/@]*@", r"//\1:***@", url)
 
 
 def is_loopback(host: str) -> bool:
@@ -212,6 +212,12 @@ def check_history_db(value: str) -> None:
     if scheme not in HISTORY_DB_SCHEMES:
         # Never the rest of the URL in the message: it may hold a password.
         raise ConfigError("ui.history_db", scheme + "://…", HISTORY_DB_FORMS)
+    try:
+        port = urllib.parse.urlsplit(value.strip()).port
+    except ValueError:  # not a number, out of range, a broken [IPv6] host
+        port = 0
+    if port == 0:
+        raise ConfigError("ui.history_db", without_password(value), "a port from 1 to 65535: " + HISTORY_DB_FORMS)
 
 
 @dataclass(frozen=True)

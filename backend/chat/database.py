@@ -35,7 +35,7 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from ..errors import ConfigError
-from ..settings import HISTORY_DB_FORMS
+from ..settings import HISTORY_DB_FORMS, without_password
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +86,8 @@ class Database:
 def safe_url(url: URL | str) -> str:
     try:
         parsed = url if isinstance(url, URL) else make_url(url)
-    except ArgumentError:
-        return "(not a URL)"
+    except (ArgumentError, ValueError):
+        return without_password(str(url)) if "://" in str(url) else "(not a URL)"
     return parsed.render_as_string(hide_password=True)
 
 
@@ -104,8 +104,11 @@ def from_setting(value: str, default_file: Path) -> Database:
         return sqlite_file(Path(value).expanduser().resolve())
     try:
         url = make_url(value)
-    except ArgumentError:
+        port = url.port
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise ConfigError("ui.history_db", safe_url(value), HISTORY_DB_FORMS) from None
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError("ui.history_db", safe_url(url), "a port from 1 to 65535: " + HISTORY_DB_FORMS)
     if url.drivername in ("sqlite", "sqlite+aiosqlite", "sqlite+pysqlite") and url.database:
         return sqlite_file(Path(url.database).expanduser().resolve())
     if url.drivername in ("postgresql", "postgresql+asyncpg"):

@@ -143,3 +143,12 @@ def test_a_bad_openai_base_url_or_replica_url_names_the_setting_and_hides_a_pass
 def test_good_base_urls_pass(tmp_path):
     for url in ("https://api.example.com/openai/v1", "http://[::1]:8000/v1", "http://bob:pw@gpu-box/v1"):
         assert load_settings(write(tmp_path, ""), env={"OPENAI_BASE_URL": url}).engine_base_url == url
+
+
+@pytest.mark.parametrize("url", ["postgresql://qw:s3cret@db:99999/h", "postgresql+asyncpg://qw:s3cret@db:abc/h"])
+def test_a_history_db_url_with_a_bad_port_is_refused_at_start_without_its_password(tmp_path, url):
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, f'[ui]\nauth = true\npassword = "pw"\nhistory_db = "{url}"\n'), env={})
+    message = str(info.value)
+    assert "ui.history_db" in message and "port from 1 to 65535" in message
+    assert "s3cret" not in message and "qw:***@db" in message

@@ -57,3 +57,14 @@ def test_a_server_answer_inside_an_os_error_chain_is_not_transient():
     except asyncpg.InvalidPasswordError as exc:
         exc.__context__ = ConnectionResetError(104, "reset")
         assert not database.transient(exc) and "authentication failed" in database.failure(exc)
+
+
+@pytest.mark.parametrize("url", ["postgresql://qw:s3cret@db:99999/h", "postgresql+asyncpg://qw:s3cret@db:abc/h"])
+def test_a_url_with_a_bad_port_is_a_config_error_without_its_password(url):
+    from pathlib import Path
+
+    from backend.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        database.from_setting(url, Path("/unused"))
+    assert "ui.history_db" in str(info.value) and "s3cret" not in str(info.value)
