@@ -811,10 +811,12 @@ async def test_the_settings_panel_and_the_composer_picker_agree_when_a_choice_la
 
     real_send = cl.ChatSettings.send
     calls = []
+    in_flight = asyncio.Event()
 
     async def slow_first_send(self):
         calls.append(1)
         if len(calls) == 1:  # the first update (the watcher's) is slow to reach the browser
+            in_flight.set()
             await asyncio.sleep(0.3)
         return await real_send(self)
 
@@ -825,7 +827,7 @@ async def test_the_settings_panel_and_the_composer_picker_agree_when_a_choice_la
     user_session(chat).model = "fake-qwen"
     n = len(chat.events)
     watcher_update = asyncio.create_task(ui.send_settings())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(in_flight.wait(), 10)  # not a fixed 0.05 s: the update may take longer to get there
     await ui.choose_model("fake-adapter")  # the user picks while that update is in flight
     await watcher_update
 
