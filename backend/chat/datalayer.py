@@ -68,12 +68,17 @@ def storable_step(step_dict: Any) -> Any:
 
 
 def tune_engine(engine: AsyncEngine) -> None:
-    """SQLite: WAL + busy timeout on each new connection; never statement parameters in errors or logs."""
+    """Never statement parameters in errors or logs. PostgreSQL: a pooled connection is checked before use (a
+    server restarted since, or a proxy that dropped it, costs a reconnect, not a lost write). SQLite: WAL + busy
+    timeout on each new connection."""
     sync = engine.sync_engine
     # Read by SQLAlchemy whenever it logs a statement or wraps a DBAPI error (Engine.hide_parameters);
     # Chainlit builds the engine itself and takes no engine options.
     sync.hide_parameters = True
     if sync.dialect.name != "sqlite":
+        # create_engine(pool_pre_ping=True) sets this attribute of the pool; Chainlit's create_async_engine call
+        # takes no pool options. Pool.recreate() (after a disconnect) copies it.
+        sync.pool._pre_ping = True
         return
 
     event.listen(sync, "connect", sqlite_pragmas)

@@ -321,51 +321,75 @@ async def test_postgresql_going_away_later_is_logged_and_the_calls_return(postgr
     assert "preferences: could not be read" in caplog.text
 
 
-@contextlib.contextmanager
-def late_forwarder(port: int, target: int, after: float) -> Iterator[None]:
-    """After ``after`` s, listen on ``port`` and pass each connection through to ``target`` (the session's real
-    server): a PostgreSQL that comes up a few seconds after the UI, as one started alongside it does."""
-    stop = threading.Event()
+class Forwarder:
+    """A TCP pass-through to the session's real server on a port of its own, that can be cut (every connection
+    dropped, nothing listening: as a PostgreSQL restart or a proxy failover looks to the client) and restored."""
 
-    def pipe(a: socket.socket, b: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := a.recv(65536):
-                b.sendall(data)
-        with contextlib.suppress(OSError):
-            b.shutdown(socket.SHUT_WR)
+    def __init__(self, target: int) -> None:
+        self.port, self.target = free_port(), target
+        self.open: list[socket.socket] = []
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
 
-    def serve() -> None:
-        if stop.wait(after):
+    def start(self, after: float = 0.0) -> None:
+        """Listen (after ``after`` s: a server that comes up a little after the UI)."""
+        self.stopping.clear()
+        self.thread = threading.Thread(target=self._serve, args=(after,), daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(10)
+        for s in self.open:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self.open = []
+
+    def _serve(self, after: float) -> None:
+        if self.stopping.wait(after):
             return
-        with socket.create_server(("127.0.0.1", port)) as server:
+        with socket.create_server(("127.0.0.1", self.port)) as server:
             server.settimeout(0.2)
-            while not stop.is_set():
+            while not self.stopping.is_set():
                 try:
                     client, _ = server.accept()
                 except TimeoutError:
                     continue
-                upstream = socket.create_connection(("127.0.0.1", target))
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+                self.open += [client, upstream]
                 for a, b in ((client, upstream), (upstream, client)):
-                    threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+                    threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := a.recv(65536):
+            b.sendall(data)
+    with contextlib.suppress(OSError):
+        b.shutdown(socket.SHUT_WR)
+
+
+@contextlib.contextmanager
+def forwarded(postgres, after: float = 0.0) -> Iterator[tuple[Forwarder, database.Database]]:
+    """A fresh database on the session's server, reached through a Forwarder."""
+    db = fresh(postgres)
+    forwarder = Forwarder(postgres.port)
+    forwarder.start(after)
     try:
-        yield
+        yield forwarder, database.from_setting(db.url.set(port=forwarder.port).render_as_string(False), Path("/u"))
     finally:
-        stop.set()
-        thread.join(10)
+        forwarder.stop()
 
 
 def test_a_database_that_comes_up_after_the_ui_is_waited_for_and_the_history_is_on(postgres, tmp_path, caplog):
     """[ui] history_wait: the database refuses connections for the first 3 s (nothing listens on its port yet),
     then answers: the start waits for it, says so once, and history is on, in that database."""
-    port = free_port()
-    db = fresh(postgres)
-    url = db.url.set(port=port).render_as_string(hide_password=False)
     env: dict[str, str] = {}
-    with late_forwarder(port, postgres.port, after=3.0), caplog.at_level(logging.INFO):
-        started = history.open_history(pg_settings(tmp_path, url, wait=60.0), env)
+    with forwarded(postgres, after=3.0) as (forwarder, db), caplog.at_level(logging.INFO):
+        port = forwarder.port
+        started = history.open_history(pg_settings(tmp_path, db.url.render_as_string(False), wait=60.0), env)
         assert started.url is not None and not started.off_reason  # history on
         assert database.store(started.db).run(lambda c: c.execute(text("SELECT count(*) FROM threads")).scalar()) == 0
     lines = [r.getMessage() for r in caplog.records if r.name == "backend.chat.history"]
@@ -374,3 +398,31 @@ def test_a_database_that_comes_up_after_the_ui_is_waited_for_and_the_history_is_
     assert any("answered after" in m for m in lines), lines
     assert not any("history is off" in m for m in lines), lines
     assert postgres.password not in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_postgresql_restart_between_two_answers_loses_neither(postgres, caplog):
+    """Every connection dropped while the chat is idle (a restart, a proxy failover): the next answer is stored, at
+    the first try (a pooled connection is checked before use), and nothing is logged as failed."""
+    from chainlit.context import init_http_context
+    from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
+
+    with forwarded(postgres) as (forwarder, db):
+        history.ensure_schema(db)
+        layer = GuardedDataLayer(SQLAlchemyDataLayer(db.async_url, connect_args=db.connect_args))
+        try:
+            thread_id = str(uuid.uuid4())
+            init_http_context(thread_id=thread_id)
+            await layer.update_thread(thread_id, name="before the restart")
+            first = {"id": str(uuid.uuid4()), "threadId": thread_id, "type": "assistant_message", "output": "one"}
+            await layer.create_step({**first, "name": "a", "createdAt": "2026-01-01T00:00:00Z"})
+            forwarder.stop()  # the server goes away with every open connection, and comes back
+            forwarder.start()
+            with caplog.at_level(logging.WARNING):
+                second = {**first, "id": str(uuid.uuid4()), "output": "two", "createdAt": "2026-01-01T00:00:01Z"}
+                await layer.create_step({**second, "name": "a"})
+                thread = await layer.get_thread(thread_id)
+        finally:
+            await layer.close()
+    assert thread is not None and [s["output"] for s in thread["steps"]] == ["one", "two"]
+    assert "error occurred" not in caplog.text, caplog.text
