@@ -7,6 +7,7 @@ a skipped integration test is how real-engine coverage silently disappears.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from backend.engine import command, supervisor
+from backend.engine.log_diagnosis import ATTEMPT_MARKER
 from backend.settings import ClientSettings, LoggingSettings, LoraSettings, ModelSettings, ServerSettings, Settings
 
 
@@ -56,11 +58,20 @@ class Engine:
         return self.settings.model.name
 
 
+class PortTaken(Exception):
+    """vLLM could not listen: its port, free when it was chosen, was taken before vLLM bound it."""
+
+
 def wait_healthy(url: str, proc, timeout: float, log_path: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"vLLM exited with {proc.returncode}:\n{supervisor.read_tail(log_path, 6000)}")
+            supervisor.settle_log(proc)
+            tail = supervisor.read_tail(log_path, 6000)
+            said = f"vLLM exited with {proc.returncode}:\n{tail}"
+            if "already in use" in tail[tail.rfind(ATTEMPT_MARKER) :]:
+                raise PortTaken(said)
+            pytest.fail(said)
         try:
             if urllib.request.urlopen(url, timeout=2).status == 200:
                 return
@@ -72,14 +83,23 @@ def wait_healthy(url: str, proc, timeout: float, log_path: Path) -> None:
 def start_engine(
     settings: Settings, adapters: dict[str, Path], log_path: Path, api_key: str = "test-key", wait: bool = True
 ) -> Engine:
-    cmd = command.build_engine_command(
-        settings, engine="cpu", python=need_env("QWENCHAT_ENGINE_PYTHON"), api_key=api_key, adapters=adapters
-    )
-    proc = supervisor.start_process(cmd, log_path)
-    engine = Engine(settings, proc, log_path, api_key)
-    if wait:
-        wait_healthy(settings.engine_base_url.removesuffix("/v1") + "/health", proc, 300, log_path)
-    return engine
+    said = ""
+    for _ in range(3):  # another port when the chosen one was taken before vLLM bound it (a parallel test run)
+        cmd = command.build_engine_command(
+            settings, engine="cpu", python=need_env("QWENCHAT_ENGINE_PYTHON"), api_key=api_key, adapters=adapters
+        )
+        proc = supervisor.start_process(cmd, log_path)
+        engine = Engine(settings, proc, log_path, api_key)
+        if not wait:
+            return engine
+        try:
+            wait_healthy(settings.engine_base_url.removesuffix("/v1") + "/health", proc, 300, log_path)
+            return engine
+        except PortTaken as exc:
+            said = str(exc)
+            supervisor.stop_process_group(proc)
+            settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, port=free_port()))
+    pytest.fail(said)
 
 
 def tiny_settings(

@@ -52,8 +52,29 @@ class LiveApp:
         return log
 
 
+PORT_TAKEN = "already in use"  # what the launcher's preflight, vLLM's diagnosis and uvicorn say of a taken port
+
+
 def launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool = True, timeout: float = 300) -> LiveApp:
-    """Start the product the way start.sh does (after bootstrap), on free ports, logs in ``tmp``."""
+    """Start the product the way start.sh does (after bootstrap), on free ports, logs in ``tmp``.
+
+    A port found free is only free until it is bound: another process (a parallel test run on the same machine)
+    may take it in between. When the launch fails for that reason alone, it is tried again on other ports."""
+    ours = "QWENCHAT_SERVER_PORT" not in env_overrides and "QWENCHAT_SERVER_UI_PORT" not in env_overrides
+    said = ""
+    for _ in range(3 if ours else 1):
+        try:
+            return _launch(tmp, env_overrides, wait_engine=wait_engine, timeout=timeout)
+        except PortTaken as exc:
+            said = str(exc)
+    pytest.fail(said)
+
+
+class PortTaken(Exception):
+    """The launch failed because a port it was given was taken meanwhile."""
+
+
+def _launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool, timeout: float) -> LiveApp:
     from tests.conftest import free_port, need_env
 
     ui_port, engine_port = free_port(), free_port()
@@ -84,7 +105,11 @@ def launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool = True
     marker = "engine ready" if wait_engine else "UI ready"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"serve exited with {proc.returncode}:\n{app.log()}\n{app.log('engine')[-4000:]}")
+            said = f"serve exited with {proc.returncode}:\n{app.log()}\n{app.log('engine')[-4000:]}"
+            if PORT_TAKEN in app.log() + app.log("ui") + app.log("engine"):
+                stop(app)  # whatever of it is left
+                raise PortTaken(said)
+            pytest.fail(said)
         if marker in app.log():
             return app
         time.sleep(0.5)
@@ -168,26 +193,38 @@ def fake_server(tmp: Path):
     """`python -m tests.fakes.openai_server` in its own process on a free port; yields its root URL."""
     from tests.conftest import free_port
 
-    port = free_port()
     out = tmp / "fake.out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes.openai_server", "--port", str(port)],
-        cwd=str(ROOT),
-        stdout=out.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    for _ in range(3):  # a port found free may be taken before the server binds it: then another port
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fakes.openai_server", "--port", str(port)],
+            cwd=str(ROOT),
+            stdout=out.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        url = f"http://127.0.0.1:{port}"
+        if _answers(url + "/health", proc, 60):
+            break
+        supervisor.stop_process_group(proc, grace=5)
+        if PORT_TAKEN not in out.read_text():
+            pytest.fail(f"the fake server did not start:\n{out.read_text()}")
+    else:
+        pytest.fail(f"the fake server found no free port in 3 tries:\n{out.read_text()}")
     try:
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the fake server did not start:\n{out.read_text()}")
-                time.sleep(0.2)
         yield url
     finally:
         supervisor.stop_process_group(proc, grace=5)
+
+
+def _answers(url: str, proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether ``url`` answers (polled until ``timeout`` s have passed or ``proc`` has exited)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return True
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
