@@ -358,6 +358,10 @@ CATALOG: dict[str, tuple[str, str]] = {
         "fleet.remote：副本 {url} 未提供 [lora] modules 中的适配器 {names}：发往这些适配器的消息若被路由到该副本，"
         "将因“找不到模型”而失败；请在每个副本上使用相同的 --lora-modules",
     ),
+    "fleet.model_setting": (
+        "[model] (the model this UI expects and counts tokens with)",
+        "[model]（此界面预期并用于计算令牌的模型）",
+    ),
     "fleet.local_replicas": (
         "the {n} local replica(s) ({first} …)",
         "{n} 个本地副本（{first} …）",

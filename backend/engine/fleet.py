@@ -382,8 +382,9 @@ def remote_models(
 
 
 def check_remote(settings: Settings, key: str, *, fetch: Fetch = _fetch) -> list[str]:
-    """Every remote replica: an OpenAI server, the key accepted, the same base model as the others (and as the
-    local replicas' ``[model]``). Raises ReplicaNotOpenAI / ReplicaKeyRefused / FleetModelsDiffer; returns the
+    """Every remote replica: an OpenAI server, the key accepted, the same base model as the others and as
+    ``[model]`` (the local replicas', or, in the launcher's fleet of remote replicas only, what the UI expects; not
+    in external mode, where the server names the model). Raises ReplicaNotOpenAI / ReplicaKeyRefused / FleetModelsDiffer; returns the
     warnings to print (a replica not reachable now, a static adapter a replica does not serve)."""
     f = settings.fleet
     if not f.remote:
@@ -401,6 +402,8 @@ def check_remote(settings: Settings, key: str, *, fetch: Fetch = _fetch) -> list
     served: dict[str, tuple[str, ...]] = {}
     if f.local:
         served[t("fleet.local_replicas", "en", n=f.local, first=settings.replica_url(0))] = (settings.model.name,)
+    elif not settings.external:  # the launcher's fleet of remote replicas: the UI expects [model], counts with it
+        served[t("fleet.model_setting", "en")] = (settings.model.name,)
     for r in found:
         served[r.url] = r.bases
     if len({frozenset(b) for b in served.values()}) > 1:

@@ -4,6 +4,7 @@ and the preflight of remote replicas against real local HTTP servers (the fault 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -438,3 +439,17 @@ def test_each_replica_and_the_router_get_their_own_supervisor_log_and_status_fil
     assert f.router.name == "router" and f.router.probe is None  # a hung replica is its own supervisor's to restart
     assert f.router.health_url == "http://127.0.0.1:9100/liveness"  # /health is 503 while any replica is down
     assert f.router.status_path.name == "engine-status.json" and f.router.cmd is p.router
+
+
+@pytest.mark.asyncio
+async def test_a_launched_fleet_of_remote_replicas_only_is_checked_against_model_too():
+    """No local replica, but the launcher starts the router and the UI: [model] is the model the UI expects (and
+    counts tokens with), so a remote replica serving another is refused; in external mode the server's word wins."""
+    async with FakeServer(model="qwen-b") as b:
+        with pytest.raises(FleetModelsDiffer) as exc:
+            await check(remote_fleet(b.base_url, model="qwen-a"))
+        external = dataclasses.replace(remote_fleet(b.base_url, model="qwen-a"), base_url="http://router:8000/v1")
+        assert await check(external) == []
+    text = exc.value.user_text("en")
+    assert "[model] (the model this UI expects and counts tokens with) serves 'qwen-a'" in text
+    assert f"{b.base_url} serves 'qwen-b'" in text
