@@ -220,24 +220,27 @@ def guarded(handler):
     return run
 
 
-async def send_settings() -> None:
+async def send_settings() -> str:
     """The settings panel: model/adapter dropdown (live from the poller) and sampling.
 
     One at a time per chat: between setting "model" and sending the composer's modes, a second
     call (the watcher, a choice) would otherwise send the other model as the picker's default.
     """
     async with chat_session().settings_lock:
-        await _send_settings()
+        return await _send_settings()
 
 
-async def _send_settings() -> None:
+async def _send_settings() -> str:
+    """Returns the chosen model it had to drop because some fleet replicas lack it ("" if none)."""
     state, status = chat_session(), app.poller.status
+    told = ""
     options = ui.model_options(status, await app.local_adapters(status), lang(), app.adapter_rank)
     if not options:  # no model listed yet (engine loading): Select refuses an empty list
         options = {app.default_model(status): app.default_model(status)}
     chosen = state.model or app.default_model(status)
     if chosen not in options.values():
         if status.models:  # gone from the engine
+            told = chosen if status.lacking(chosen) else ""  # a fleet: only some ready replicas serve it
             chosen = app.default_model(status)
         else:  # nothing listed yet (loading): keep a remembered choice
             options[chosen] = chosen
@@ -281,6 +284,9 @@ async def _send_settings() -> None:
             )
         ]
     )
+    if told:  # the chat's model is no longer offered: say why, not just switch
+        await show_error(app.partial_reset_text(told, chosen, lang()))
+    return told
 
 
 async def watch_models() -> None:
@@ -348,24 +354,25 @@ async def remember() -> None:
         logger.exception("could not remember the chat settings")
 
 
-async def open_chat() -> None:
+async def open_chat() -> str:
     # Each session's files (an /export, uploads) go under this process's own FILES_DIRECTORY (see the top);
     # made again should something have removed it since (a temp-folder cleaner), or a file could not be attached.
     FILES_DIRECTORY.mkdir(parents=True, exist_ok=True)
     await app.start()
-    await send_settings()
+    told = await send_settings()
     await send_commands()
     ensure_watcher()
+    return told
 
 
 @cl.on_chat_start
 async def on_chat_start() -> None:
     chat_session()
     restore(await asyncio.to_thread(prefs.get, preference_key()))
-    await open_chat()
+    told = await open_chat()
     for name, reason in app.excluded_adapters().items():
         await show_error(t("excluded_adapter", lang(), name=name, reason=reason))
-    for note in app.partial_adapters(lang()):  # a fleet: adapters some ready replicas lack, so not offered
+    for note in app.partial_adapters(lang(), skip=told):  # a fleet: adapters some ready replicas lack, not offered
         await show_error(note)
     if HISTORY.off_reason:  # login on, but the history database was not there at start (ui.log says why)
         await cl.Message(content=t("history_off", lang()), author="history").send()

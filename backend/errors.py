@@ -46,6 +46,7 @@ lives outside this module, next to the only code that raises it (marked below).
         │   └── TotalTimeout
         ├── ContextOverflow        400 with param input_tokens / max_tokens
         ├── ModelNotFound          404 about the model (param "model"): unknown model or adapter
+        │   └── ModelPartial       a fleet: served by some ready replicas, not all (so not offered)
         ├── AuthenticationFailed   401 / 403: the API key was refused
         ├── RequestRejected        any other 4xx (incl. a 404 for a wrong route): refused as sent
         ├── Overloaded             429 / 503
@@ -481,6 +482,18 @@ class ModelNotFound(BackendError):
     def __init__(self, model: str = "", detail: str = "") -> None:
         self.model = model
         super().__init__(detail)
+
+
+class ModelPartial(ModelNotFound):
+    """A fleet: some ready replicas serve this model and some do not, so it is not offered (the router could send
+    the request to one lacking it). ``replicas`` names those (number and host:port)."""
+
+    code = "model_partial"
+    text_key = "error.model_partial"
+
+    def __init__(self, model: str = "", replicas: str = "") -> None:
+        self.replicas = replicas
+        super().__init__(model)
 
 
 class AuthenticationFailed(BackendError):

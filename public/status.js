@@ -43,6 +43,9 @@
     if (reason && s.state !== "ready") text += ` · ${reason}`;
     // a fleet: "3 of 3 replicas ready" (when not all are, the reason already says which are not)
     if (s.state === "ready" && s.replicas_total) text += ` · ${zh ? s.replicas_text_zh : s.replicas_text}`;
+    // a fleet: adapters some ready replicas lack, so not offered ("pirate not offered: not served by replica 2 (…)")
+    const partial = zh ? s.partial_text_zh || s.partial_text : s.partial_text;
+    if (partial) text += ` · ${partial}`;
     el.hidden = false;
     el.textContent = text;
     el.dataset.state = s.state;

@@ -27,10 +27,22 @@ A transition (state or reason) is logged once and pushed to subscribers once; a 
 not re-logged. Reasons are stable texts (no ticking numbers) so they can be compared.
 
 A fleet (``replicas``: each replica's OpenAI base URL; the base URL is then the router in front of them):
-every poll also asks each replica's ``GET /health`` directly, in parallel with the router's (no
-per-message calls); the probe still goes through the router. ``HealthStatus.replicas`` holds each
-replica's view (number, ``host:port``, ready, why not), a replica going down or coming back is logged
-once. On top of the router's state:
+every poll also asks each replica's ``GET /health`` and ``GET /v1/models`` directly, in parallel with the
+router's /health (no per-message calls); the probe still goes through the router. ``HealthStatus.replicas``
+holds each replica's view (number, ``host:port``, ready, why not), a replica going down or coming back is
+logged once.
+
+The model list in a fleet is what EVERY ready replica whose list was read serves (by id; lineage from the
+replicas' own ``parent`` fields and [lora] parents; the smallest ``max_model_len`` any states), not the
+router's ``/v1/models``, which vllm-router forwards to one worker: that list would flap with the worker asked
+when one lacks an adapter (a remote replica started without it, a local one restarted without the adapters
+loaded at runtime), and fails for a moment right after a replica dies. A model only some ready replicas serve
+is not offered (not in ``models``); ``HealthStatus.partial_models`` names it with the replicas lacking it
+(logged once per change, published to subscribers). A replica that is not ready does not count. When no
+replica's list could be read (replicas out of this process's reach, a key they refuse), the router's list is
+used, as without a fleet.
+
+On top of the router's state:
 
     all replicas ready        the router's state (READY: the line adds "3 of 3 replicas ready")
     some, not all, ready      DEGRADED (the fleet answers, with less capacity): "2 of 3 replicas ready;
@@ -140,6 +152,9 @@ class HealthStatus:
     log_path: str | None = None
     phase: str | None = None  # the launcher's preparation step while STARTING (contract.PHASE_*), else None
     replicas: tuple[ReplicaHealth, ...] = ()  # a fleet's replicas as last polled; () without a fleet
+    # a fleet: models some ready replicas serve but not all, each with the numbers of the ready replicas lacking
+    # it (not in ``models``: not offered until every ready replica serves it); () without a fleet
+    partial_models: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def replicas_total(self) -> int:
@@ -154,6 +169,24 @@ class HealthStatus:
         if not self.replicas:
             return ""
         return t("health.replicas_count", lang, ready=self.replicas_ready, total=self.replicas_total)
+
+    def lacking(self, model: str) -> tuple[int, ...]:
+        """The numbers of the ready replicas that do not serve ``model`` while others do; () if none (or no fleet)."""
+        return next((numbers for name, numbers in self.partial_models if name == model), ())
+
+    def replicas_named(self, numbers: Sequence[int], lang: str | None = "en") -> str:
+        """ "replica 2 (gpu-b:8000), replica 3 (gpu-c:8000)": no scheme, path or credentials."""
+        addresses = {r.number: r.address for r in self.replicas}
+        return t("health.list_sep", lang).join(
+            t("health.replica_named", lang, number=n, address=addresses.get(n, "?")) for n in numbers
+        )
+
+    def partial_text(self, lang: str | None = "en") -> str:
+        """The status line's note on models not served by every ready replica (``""`` when there are none)."""
+        return t("health.item_sep", lang).join(
+            t("health.partial_model", lang, model=name, replicas=self.replicas_named(numbers, lang))
+            for name, numbers in self.partial_models
+        )
 
     @property
     def ready(self) -> bool:
@@ -233,6 +266,27 @@ def _base_of(models: tuple[ModelEntry, ...]) -> ModelEntry | None:
     """The base model: the first known one, else (lineage hidden and undeclared) the first that is no adapter,
     for the probe and as the chat's default model."""
     return next((m for m in models if m.is_base), None) or next((m for m in models if m.parent is None), None)
+
+
+def _fleet_models(
+    lists: Mapping[int, tuple[ModelEntry, ...]],
+) -> tuple[tuple[ModelEntry, ...], tuple[tuple[str, tuple[int, ...]], ...]]:
+    """(the models every listed replica serves, in the first replica's order, each with the smallest
+    ``max_model_len`` any of them states; each model only some serve, with the numbers of those lacking it)."""
+    numbers = sorted(lists)
+    ids = {n: {m.id for m in lists[n]} for n in numbers}
+    common = set.intersection(*ids.values())
+
+    def smallest_len(model: ModelEntry) -> ModelEntry:
+        lens = [e.max_model_len for n in numbers for e in lists[n] if e.id == model.id and e.max_model_len is not None]
+        return dataclasses.replace(model, max_model_len=min(lens)) if lens else model
+
+    models = tuple(smallest_len(m) for m in lists[numbers[0]] if m.id in common)
+    seen: dict[str, None] = {}  # every listed id, in replica order
+    for n in numbers:
+        seen.update((m.id, None) for m in lists[n])
+    partial = tuple((name, tuple(n for n in numbers if name not in ids[n])) for name in seen if name not in common)
+    return models, partial
 
 
 def _root(base_url: str) -> str:
@@ -515,8 +569,9 @@ class HealthPoller:
             return
 
         self._fresh_answer = False
-        if self.replica_roots:  # the replicas' /health at the same time as the router's: one poll's time
-            health, replicas = await asyncio.gather(
+        replica_lists: dict[int, tuple[ModelEntry, ...]] = {}
+        if self.replica_roots:  # the replicas' /health and /v1/models at the same time as the router's: one poll's time
+            health, (replicas, replica_lists) = await asyncio.gather(
                 self._get(self.root_url + "/health", s.request_timeout), self._poll_replicas()
             )
             self._note_replicas(replicas)
@@ -564,12 +619,18 @@ class HealthPoller:
                 self._starting_or_timed_out(*both("health.loading"), sup)
             return
 
-        models_resp = await self._get(self.api_url + "/models", s.request_timeout)
-        models = (
-            _parse_models(models_resp.body, self.parents, self.base_name)
-            if models_resp.ok and models_resp.status == 200
-            else None
-        )
+        partial: tuple[tuple[str, tuple[int, ...]], ...] = ()
+        if replica_lists:  # a fleet: what every ready replica serves (the router's list is one replica's)
+            models: tuple[ModelEntry, ...] | None
+            models, partial = _fleet_models(replica_lists)
+            models_resp = _Http(ok=True, status=200)
+        else:  # no fleet, or no replica's list could be read from here: the router's
+            models_resp = await self._get(self.api_url + "/models", s.request_timeout)
+            models = (
+                _parse_models(models_resp.body, self.parents, self.base_name)
+                if models_resp.ok and models_resp.status == 200
+                else None
+            )
         if models_resp.ok and models_resp.status in (401, 403):
             self._set(EngineState.DOWN, *_refused(models_resp, Route.MODELS), sup=sup, models_ok=False)
             return
@@ -583,7 +644,7 @@ class HealthPoller:
             else:
                 self._starting_or_timed_out(*both("health.waiting_models"), sup)
             return
-        self._update_models(models or ())
+        self._update_models(models or (), partial)
 
         now = time.monotonic()
         due = (
@@ -631,13 +692,27 @@ class HealthPoller:
 
     # ------------------------------------------------------------ fleet replicas
 
-    async def _poll_replicas(self) -> tuple[ReplicaHealth, ...]:
+    async def _poll_replicas(self) -> tuple[tuple[ReplicaHealth, ...], dict[int, tuple[ModelEntry, ...]]]:
+        """Each replica's ``/health`` and ``/v1/models``, all at once: (each replica's view, the model list of each
+        ready replica whose list could be read, by number)."""
         timeout = self.settings.request_timeout
-        answers = await asyncio.gather(*(self._get(root + "/health", timeout) for _, _, root in self.replica_roots))
+        n = len(self.replica_roots)
+        answers = await asyncio.gather(
+            *(self._get(root + "/health", timeout) for _, _, root in self.replica_roots),
+            *(self._get(root + "/v1/models", timeout) for _, _, root in self.replica_roots),
+        )
         out = []
-        for (number, address, _), resp in zip(self.replica_roots, answers, strict=True):
+        lists: dict[int, tuple[ModelEntry, ...]] = {}
+        for (number, address, _), resp, listed in zip(self.replica_roots, answers[:n], answers[n:], strict=True):
             if resp.ok and resp.status == 200:
                 out.append(ReplicaHealth(number, address, True))
+                models = (
+                    _parse_models(listed.body, self.parents, self.base_name)
+                    if listed.ok and listed.status == 200
+                    else None
+                )
+                if models is not None:
+                    lists[number] = models
             elif resp.ok:
                 out.append(ReplicaHealth(number, address, False, _error_detail(resp)))
             elif resp.error == "refused":
@@ -646,7 +721,7 @@ class HealthPoller:
                 out.append(ReplicaHealth(number, address, False, *both("health.replica_timeout", seconds=timeout)))
             else:  # an aiohttp error: its class only (its text may quote the URL)
                 out.append(ReplicaHealth(number, address, False, resp.error.split(":", 1)[0]))
-        return tuple(out)
+        return tuple(out), lists
 
     def _note_replicas(self, replicas: tuple[ReplicaHealth, ...]) -> None:
         """Keep the replicas' view (published with the state it leads to); log each replica that went down or came
@@ -715,8 +790,13 @@ class HealthPoller:
         else:
             self._set(EngineState.STARTING, en, zh, sup=sup, models_ok=False)
 
-    def _update_models(self, models: tuple[ModelEntry, ...]) -> None:
+    def _update_models(
+        self, models: tuple[ModelEntry, ...], partial: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    ) -> None:
         old = self._status
+        if partial != old.partial_models:
+            self._note_partial(old.partial_models, partial, {m.id for m in models})
+            self._status = old = dataclasses.replace(old, partial_models=partial)
         if models != old.models:
             base = _base_of(models)
             self._status = dataclasses.replace(
@@ -727,6 +807,29 @@ class HealthPoller:
                 max_model_len=base.max_model_len if base else None,
             )
             logger.info("engine models changed (version %d): %s", self._status.version, ", ".join(m.id for m in models))
+
+    def _note_partial(
+        self,
+        before: tuple[tuple[str, tuple[int, ...]], ...],
+        now: tuple[tuple[str, tuple[int, ...]], ...],
+        offered: set[str],
+    ) -> None:
+        """Log each model that became (or stopped being) served by some ready replicas only, once per change."""
+        addresses = {n: addr for n, addr, _ in self.replica_roots}
+        old = dict(before)
+        for name, numbers in now:
+            if old.get(name) != numbers:
+                where = ", ".join(f"replica {n} ({addresses.get(n, '?')})" for n in numbers)
+                logger.warning(
+                    "fleet: adapter %r is not served by %s; it is not offered until every ready replica serves it",
+                    name,
+                    where,
+                )
+        for name in old.keys() - dict(now).keys():
+            if name in offered:
+                logger.info("fleet: adapter %r is served by every ready replica again; it is offered", name)
+            else:
+                logger.info("fleet: adapter %r is no longer served by any ready replica", name)
 
     def _set(
         self,
@@ -760,7 +863,7 @@ class HealthPoller:
             replicas=self._replica_view,
         )
         self._status = new
-        key = (state, en, new.version, new.models_stale, new.attempt, new.replicas)
+        key = (state, en, new.version, new.models_stale, new.attempt, new.replicas, new.partial_models)
         notify = key != self._published
         self._published = key
         if changed:

@@ -23,6 +23,7 @@ from ..errors import (
     AdapterStatic,
     BackendError,
     ModelNotFound,
+    ModelPartial,
     PromptTooLong,
     QwenChatError,
 )
@@ -162,6 +163,11 @@ class Service:
             "replicas": [r.to_json() for r in st.replicas],
             "replicas_text": st.replicas_text("en"),
             "replicas_text_zh": st.replicas_text("zh"),
+            # A fleet: models some ready replicas serve but not all (so not offered), with the replicas lacking each,
+            # and the line's note on them ("" when there are none).
+            "partial_models": [{"model": name, "replicas": list(numbers)} for name, numbers in st.partial_models],
+            "partial_text": st.partial_text("en"),
+            "partial_text_zh": st.partial_text("zh"),
         }
 
     async def status_after_failure(self) -> HealthStatus:
@@ -365,7 +371,26 @@ class Service:
         lines += [f"- `{a.name}` (LoRA{f' r{a.rank}' if a.rank else ''}; {t('not_loaded', lang)})" for a in local]
         for name, reason in self.excluded_adapters().items():
             lines.append(f"- ~~`{name}`~~ — {reason}")  # (excluded_adapters hides the server paths)
+        for name, numbers in status.partial_models:  # a fleet: not on every ready replica, so not offered
+            why = t("health.partial_model", lang, model=name, replicas=status.replicas_named(numbers, lang))
+            lines.append(f"- ~~`{name}`~~ — {why}")
         return "\n".join(lines)
+
+    def partial_adapters(self, lang: str, skip: str = "") -> list[str]:
+        """A fleet: one note per model that some ready replicas lack (not offered), for the start of a chat
+        (``skip``: one the chat was already told about)."""
+        status = self.poller.status
+        return [
+            t("partial_adapter", lang, name=name, replicas=status.replicas_named(numbers, lang))
+            for name, numbers in status.partial_models
+            if name != skip
+        ]
+
+    def partial_reset_text(self, model: str, default: str, lang: str) -> str:
+        """A chat's model that some ready replicas lack (so no longer offered): why, and what the chat uses now."""
+        status = self.poller.status
+        why = ModelPartial(model, status.replicas_named(status.lacking(model), lang)).user_text(lang)
+        return f"{why}\n\n{t('model_reset', lang, model=default)}"
 
     # ------------------------------------------------------------ sampling and budget
 

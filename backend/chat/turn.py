@@ -11,7 +11,9 @@ The policy, in order:
   with Retry.
 - An adapter chosen from [lora].dir but not served (chosen before a restart, restored on reload,
   evicted for another chat's load) is loaded first; if that fails the chat goes back to the default
-  model. A load into full slots evicts the least recently used runtime adapter; the step names it.
+  model. In a fleet the same goes for one that some ready replicas lack (loaded on those); one that cannot be
+  loaded from there (``ModelPartial``) is handled like an adapter the engine no longer serves. A load
+  into full slots evicts the least recently used runtime adapter; the step names it.
 - While the answer streams, its adapter is marked in use (``Service.adapter_usage``): never evicted.
 - The history is fitted into the token budget; the earlier turns left out are listed afterwards.
 - The answer streams; the footer says who answered, how much, how long, and the context meter, and
@@ -40,7 +42,15 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import ConnectionLost, ModelNotFound, PromptTooLong, QwenChatError, ServerStarting, ServerUnreachable
+from ..errors import (
+    ConnectionLost,
+    ModelNotFound,
+    ModelPartial,
+    PromptTooLong,
+    QwenChatError,
+    ServerStarting,
+    ServerUnreachable,
+)
 from ..text import t
 from . import metrics
 from .budget import FitResult
@@ -199,6 +209,11 @@ class _Turn:
                 down = service.poller.status.state is EngineState.DOWN
                 ended = metrics.ENGINE_DOWN if down else ServerStarting.code
                 return Outcome.FAILED
+            status = service.poller.status
+            lacking = status.lacking(model)  # a fleet: some ready replicas serve it, some not (not offered)
+            if lacking and not await service.needs_runtime_load(model):
+                # the router could send it to a replica lacking it: say so now rather than "model not found" later
+                raise ModelPartial(model, status.replicas_named(lacking, lang))
             if await service.needs_runtime_load(model):  # e.g. chosen before a restart, restored on reload
                 if not await self.load_adapter(model) and self.fixed_model:
                     ended = metrics.ADAPTER

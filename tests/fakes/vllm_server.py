@@ -45,6 +45,7 @@ class FakeEngine:
         self.api_key = api_key
         self.health_status = 200
         self.models: list[dict[str, Any]] = [base()]
+        self.models_status = 200  # else /v1/models answers this status with a vLLM-shaped error
         self.probe = "ok"
         self.probe_delay = 0.0  # seconds, for "slow"
         self.hang_limit = 10.0
@@ -99,6 +100,9 @@ class FakeEngine:
     async def _models(self, request: web.Request) -> web.Response:
         if denied := self._denied(request):
             return denied
+        if self.models_status != 200:
+            error = {"message": "no worker available", "type": "ServiceUnavailable", "code": self.models_status}
+            return web.json_response({"error": error}, status=self.models_status)
         return web.json_response({"object": "list", "data": list(self.models)})
 
     async def _chat(self, request: web.Request) -> web.Response:

@@ -83,8 +83,10 @@ def labels(chat) -> dict[str, str]:
 
 
 async def test_the_picker_claims_base_model_only_for_the_base_when_the_server_hides_lineage(chat, fleet, ui):
-    router, _ = fleet
-    router.runtime_adapters["mystery"] = "/x"  # listed by the server, named nowhere in the config
+    router, replicas = fleet
+    for s in (router, *replicas):  # the list comes from the replicas (what every one serves): they hide it too
+        s.lineage = False
+        s.runtime_adapters["mystery"] = "/x"  # listed by the server, named nowhere in the config
     await ui.app.poller.refresh()
     await chat.send("hello")  # a new model list: the panel is sent again
     await wait_for(lambda: "mystery" in labels(chat), 5, "the panel listing 'mystery'")
@@ -98,7 +100,72 @@ async def test_the_picker_claims_base_model_only_for_the_base_when_the_server_hi
         "`mystery` (base model or adapter: the server does not say; declare it in [lora] parents)"
         in (screen.answers[-1])
     )
-    del router.runtime_adapters["mystery"]
+    for s in replicas:
+        s.lineage = True
+    for s in (router, *replicas):
+        del s.runtime_adapters["mystery"]
+    await ui.app.poller.refresh()
+
+
+async def test_an_adapter_one_replica_lacks_is_not_offered_and_a_chat_using_it_is_told_why(chat, fleet, ui):
+    from chainlit.config import config
+    from chainlit.context import init_ws_context
+
+    from tests.unit.test_app_handlers import user_session
+
+    router, replicas = fleet
+    for s in (router, *replicas):
+        s.runtime_adapters["scribe"] = "/srv/scribe"
+    await ui.app.poller.refresh()
+    await wait_for(lambda: "scribe" in labels(chat), 5, "the panel listing 'scribe'")
+    init_ws_context(chat.session)
+    await config.code.on_settings_update({"model": "scribe"})  # chosen while every replica serves it
+    assert user_session(chat).model == "scribe"
+    n = len(chat.events)
+    del replicas[1].runtime_adapters["scribe"]  # replica 2 restarted without it (the router may still list it)
+    try:
+        status = await ui.app.poller.refresh()
+        assert "scribe" not in [m.id for m in status.models] and status.lacking("scribe") == (2,)
+        where = f"replica 2 (127.0.0.1:{replicas[1].port})"
+        why = f"'scribe' is not served by every replica of the fleet (missing on {where})"
+
+        # the open chat's picker drops it and the chat says why (not a silent switch)
+        await wait_for(lambda: chat.screen(n).errors, 5, "the chat told that scribe is not offered")
+        [told] = chat.screen(n).errors
+        assert told.startswith(why) and "Switched back to fake-qwen" in told, told
+        assert user_session(chat).model == "fake-qwen" and "scribe" not in labels(chat)
+
+        user_session(chat).model = "scribe"  # a message racing the picker (or a compare side) still asks for it
+        screen = await chat.send("hello scribe")
+        [error] = screen.errors
+        assert error.startswith(why) and "Switched back to fake-qwen" in error and "does not serve" not in error
+        assert user_session(chat).model == "fake-qwen"
+        assert chat.received("hello scribe") == []  # never sent: the router might pick replica 2, "not found"
+
+        body = await ui.status_route()  # the status line's note, in both languages
+        assert body["partial_models"] == [{"model": "scribe", "replicas": [2]}]
+        assert body["partial_text"] == f"scribe not offered: not served by {where}"
+        assert body["partial_text_zh"] == f"scribe 未提供：副本 2（127.0.0.1:{replicas[1].port}）未加载它"
+        screen = await send_command(chat, "adapters", "")
+        assert f"- ~~`scribe`~~ — scribe not offered: not served by {where}" in screen.answers[-1]
+
+        other = Chat(ui, router)  # a new chat is told at its start
+        await other.start()
+        try:
+            notes = other.screen(0).errors
+        finally:
+            await other.end()
+        assert (
+            f"Adapter scribe is not offered for now: not every replica of the fleet serves it (missing on {where})"
+            in (notes[0] if notes else "")
+        ), notes
+    finally:
+        replicas[1].runtime_adapters["scribe"] = "/srv/scribe"  # loaded back on replica 2: offered again
+    status = await ui.app.poller.refresh()
+    assert "scribe" in [m.id for m in status.models] and status.partial_models == ()
+    assert (await ui.status_route())["partial_text"] == ""
+    for s in (router, *replicas):
+        del s.runtime_adapters["scribe"]
     await ui.app.poller.refresh()
 
 

@@ -827,6 +827,7 @@ def _all_subclasses(cls: type) -> set[type]:
 RAISED_ELSEWHERE = {
     ServerStarting: "shown by the app when the model is still loading after [ui].wait_for_ready",
     errors.RequestTimeout: "abstract parent of the four timeouts",
+    errors.ModelPartial: "raised by turn.py before sending: a fleet model some ready replicas lack (not offered)",
 }
 
 

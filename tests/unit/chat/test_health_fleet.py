@@ -14,7 +14,7 @@ from backend.chat import health
 from backend.chat.health import EngineState, HealthPoller
 from backend.chat.service import Service
 from backend.settings import FleetSettings, Settings
-from tests.fakes.vllm_server import FakeEngine
+from tests.fakes.vllm_server import FakeEngine, adapter
 from tests.unit.chat.test_health import FAST, KEY, until
 
 
@@ -52,8 +52,8 @@ async def test_all_replicas_ready_is_ready_with_the_count_and_each_replica_polle
     assert [(r.number, r.address, r.ready) for r in st.replicas] == [
         (i + 1, addr(e), True) for i, e in enumerate(replicas)
     ]
-    for r in replicas:  # /health only on a replica (the probe goes through the router), with the engine key
-        assert r.seen and {p for p, _ in r.seen} == {"/health"}
+    for r in replicas:  # /health and /v1/models only on a replica (the probe goes through the router), with the key
+        assert r.seen and {p for p, _ in r.seen} == {"/health", "/v1/models"}
         assert all(auth == f"Bearer {KEY}" for _, auth in r.seen)
         assert r.probes == 0
     assert router.probes >= 1
@@ -183,3 +183,125 @@ async def test_the_routers_503_while_one_replica_is_down_is_degraded_not_down(fl
     router.probe = "error"
     st = await until(poller, lambda s: s.state is EngineState.DOWN, what="down")
     assert st.replicas_ready == 0
+
+
+# ---------------------------------------------------------------- the model list: what every ready replica serves
+
+
+def ids(status) -> list[str]:
+    return [m.id for m in status.models]
+
+
+@pytest.mark.asyncio
+async def test_the_model_list_is_what_every_ready_replica_serves_with_lineage_and_the_smallest_max_model_len(
+    fleet, poller
+):
+    router, replicas = fleet
+    router.models = [{"id": "router-only", "object": "model"}]  # the router's list (one worker's) is not used
+    for r in replicas:
+        r.models.extend([adapter("pirate"), adapter("poet")])
+    replicas[2].models[0] = {**replicas[2].models[0], "max_model_len": 4096}
+    replicas[2].models.append(adapter("extra"))
+    replicas[2].models.remove(adapter("poet"))
+    await poller.start()
+    st = await until(poller, lambda s: s.ready and "pirate" in ids(s), what="ready with the fleet's list")
+    assert ids(st) == ["base-model", "pirate"]  # poet and extra: not on every replica
+    assert st.base_model == "base-model" and st.max_model_len == 4096  # the smallest a replica states
+    assert [m.parent for m in st.models] == [None, "base-model"]  # lineage from the replicas' own parent fields
+    assert dict(st.partial_models) == {"poet": (3,), "extra": (1, 2)}
+    assert all(p == "/health" for p, _ in router.seen if p != "/v1/chat/completions")  # never the router's list
+
+
+@pytest.mark.asyncio
+async def test_an_adapter_one_replica_lacks_is_not_offered_said_once_then_offered_when_it_serves_it(
+    fleet, poller, caplog
+):
+    router, replicas = fleet
+    caplog.set_level(logging.INFO, logger="backend.chat.health")
+    for e in (router, *replicas):
+        e.models.append(adapter("pirate"))
+    await poller.start()
+    st = await until(poller, lambda s: s.ready and "pirate" in ids(s), what="pirate offered")
+    version = st.version
+    updates: list = []
+
+    async def watch():
+        async for s in poller.subscribe():
+            updates.append(s)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        replicas[1].models.remove(adapter("pirate"))  # e.g. replica 2 restarted without its runtime adapters
+        st = await until(poller, lambda s: s.partial_models, what="pirate partial")
+        assert ids(st) == ["base-model"] and st.adapters == () and st.version > version  # the picker drops it
+        assert st.partial_models == (("pirate", (2,)),) and st.lacking("pirate") == (2,) and st.lacking("x") == ()
+        assert st.ready  # the fleet still answers: nothing else changes
+        where = f"replica 2 ({addr(replicas[1])})"
+        assert st.partial_text("en") == f"pirate not offered: not served by {where}"
+        assert st.partial_text("zh") == f"pirate 未提供：副本 2（{addr(replicas[1])}）未加载它"
+        await asyncio.sleep(0.3)  # steady: said once, not every poll
+        said = [r for r in caplog.records if "fleet: adapter 'pirate'" in r.getMessage()]
+        assert [r.getMessage() for r in said] == [
+            f"fleet: adapter 'pirate' is not served by {where}; it is not offered until every ready replica serves it"
+        ]
+        assert said[0].levelno == logging.WARNING
+        assert any(s.partial_models == (("pirate", (2,)),) for s in updates)  # subscribers were told
+
+        replicas[1].models.append(adapter("pirate"))  # loaded back on replica 2
+        st = await until(poller, lambda s: "pirate" in ids(s), what="pirate offered again")
+        assert st.partial_models == () and st.partial_text() == "" and st.ready
+        assert any("served by every ready replica again" in r.getMessage() for r in caplog.records)
+    finally:
+        watcher.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_replica_down_is_left_out_of_the_list_and_the_others_decide(fleet, poller):
+    router, replicas = fleet
+    for r in replicas:
+        r.models.append(adapter("pirate"))
+    await poller.start()
+    await until(poller, lambda s: s.ready and "pirate" in ids(s), what="pirate offered")
+    await replicas[0].stop()  # its last list (with pirate) no longer counts
+    replicas[2].models.remove(adapter("pirate"))
+    st = await until(poller, lambda s: s.partial_models, what="pirate partial")
+    assert st.partial_models == (("pirate", (3,)),)  # only replica 3 lacks it: replica 1 is down, not counted
+    replicas[1].models.remove(adapter("pirate"))
+    st = await until(poller, lambda s: not s.partial_models, what="gone from every ready replica")
+    assert ids(st) == ["base-model"] and st.replicas_ready == 2
+    # down replicas are not asked for a list; a ready one lacking it while a down one had it is not "partial"
+    replicas[1].models.append(adapter("pirate"))
+    replicas[2].models.append(adapter("pirate"))
+    st = await until(poller, lambda s: "pirate" in ids(s), what="offered by the two ready replicas")
+    assert st.partial_models == () and st.state is EngineState.DEGRADED  # one replica down: degraded, not partial
+
+
+@pytest.mark.asyncio
+async def test_no_replica_list_readable_falls_back_to_the_routers_list(fleet, poller):
+    router, replicas = fleet
+    router.models.append(adapter("pirate"))
+    for r in replicas:
+        r.models.append(adapter("poet"))
+        r.api_key = "another-key"  # /health answers (no key check, as vLLM's); /v1/models refuses ours
+    await poller.start()
+    st = await until(poller, lambda s: s.ready and s.models, what="ready with a list")
+    assert ids(st) == ["base-model", "pirate"] and st.partial_models == ()  # the router's, as without a fleet
+    assert st.replicas_ready == 3
+
+
+@pytest.mark.asyncio
+async def test_the_routers_model_list_failing_while_replicas_answer_keeps_the_list(fleet, poller):
+    """Right after a replica dies vllm-router's /v1/models fails until its health checker marks the worker."""
+    router, replicas = fleet
+    for e in (router, *replicas):
+        e.models.append(adapter("pirate"))
+    await poller.start()
+    await until(poller, lambda s: s.ready and "pirate" in ids(s), what="ready")
+    router.models_status = 503  # its /v1/models now fails
+    await replicas[2].stop()
+    st = await until(poller, lambda s: s.replicas_ready == 2, what="replica 3 down")
+    await asyncio.sleep(0.3)
+    st = poller.status
+    assert ids(st) == ["base-model", "pirate"] and not st.models_stale
+    assert st.state is EngineState.DEGRADED and st.reason.startswith("2 of 3 replicas ready; replica 3 (")
+    assert "model list" not in st.reason
