@@ -205,6 +205,30 @@ def test_a_runtime_load_from_the_ui_reaches_both_replicas_and_an_unload_leaves_b
     assert exc.value.code == 404
 
 
+def test_an_adapter_one_replica_lacks_is_not_offered_by_the_ui_until_both_serve_it(fleet):
+    """A runtime adapter on replica 1 only (as after replica 2 restarted without it): the router's /v1/models would
+    list it or not depending on the worker asked; the UI offers only what every ready replica serves and says which
+    replica lacks it, then offers it once both serve it."""
+    from backend.adapters.runtime import load_adapter, unload_on_replicas
+
+    lora = Path(need_env("QWENCHAT_TEST_MODELS")) / "tiny-qwen3-lora"
+    second = fleet.replicas[1].removeprefix("http://").removesuffix("/v1")  # host:port of replica 2
+    asyncio.run(load_adapter(fleet.replicas[0], KEY, "half-lora", lora))
+    try:
+        partial = wait_for("the UI saying half-lora is partial", lambda: ui_status(fleet.app)["partial_models"], 30)
+        assert partial == [{"model": "half-lora", "replicas": [2]}]
+        status = ui_status(fleet.app)
+        assert "half-lora" not in status["adapters"] and "tiny-lora" in status["adapters"]  # static: on both
+        assert status["partial_text"] == f"half-lora not offered: not served by replica 2 ({second})"
+        assert status["state"] == "ready"  # both replicas answer: nothing else changes
+
+        asyncio.run(load_adapter(fleet.replicas[1], KEY, "half-lora", lora))
+        wait_for("half-lora offered once both serve it", lambda: "half-lora" in ui_status(fleet.app)["adapters"], 30)
+        assert ui_status(fleet.app)["partial_models"] == []
+    finally:
+        asyncio.run(unload_on_replicas(fleet.replicas, KEY, "half-lora"))
+
+
 def stream_in_thread(base: str, result: dict) -> threading.Thread:
     """A long streamed answer through the router, read in a thread: what arrived and how it ended."""
 
