@@ -186,6 +186,10 @@ def test_a_settings_change_keeps_earlier_messages_and_the_next_answer_uses_the_n
 def test_the_composer_picker_and_the_settings_panel_stay_in_step(page):
     trigger = page.locator("#mode-picker-trigger-model")
     e2e.choose_in_composer(page, "fake-adapter")
+    # the picker re-renders after the click: waited for, as for the settings panel below
+    page.wait_for_function(
+        "() => document.querySelector('#mode-picker-trigger-model').innerText.includes('fake-adapter')"
+    )
     assert "fake-adapter" in trigger.inner_text()
     assert "fake-adapter ·" in e2e.send(page, "picked in the composer")
     e2e.choose_model(page, "fake-qwen")  # the settings panel wins from then on, and the picker follows
