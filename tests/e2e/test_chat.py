@@ -62,7 +62,9 @@ def test_switching_to_the_demo_adapter_mid_chat_changes_the_next_answer(page, li
 
 def test_status_line_reports_ready_with_the_model_name(page, live):
     badge = page.locator("#qwenchat-status")
-    assert badge.get_attribute("data-state") == "ready"
+    # waited for, not read at once: a probe that answered slowly during the long answers above (a loaded machine)
+    # shows "degraded" until the next probe; the line must come back to ready by itself
+    page.wait_for_selector('#qwenchat-status[data-state="ready"]', timeout=120_000)
     assert "smollm2-135m-instruct" in badge.inner_text()
     assert e2e.status(live)["adapters"] == ["pirate"]
 
