@@ -145,7 +145,8 @@ def test_a_starter_for_an_unserved_adapter_says_so_and_sends_nothing(owner, live
     text = click_starter(owner, "What is the capital of France?")
     assert "'pirate'" in text and "not served" in text and "fake-qwen, fake-adapter" in text
     assert len(requests_seen(fake)) == n  # nothing went to the model
-    assert "[lora.starters] names 'pirate', which the engine does not serve" in live.log("ui")
+    said = "[lora.starters] names 'pirate', which the engine does not serve"
+    assert said in live.log_with(said, "ui")  # the UI's log reaches the file through the launcher's pipe
     owner.goto(live.url)  # a new chat for the next test
     e2e.wait_ready_ui(owner, timeout_ms=60_000)
 
@@ -164,9 +165,13 @@ def test_a_starter_chooses_its_adapter_for_the_chat(owner, fake):
 @pytest.fixture(scope="module")
 def shared(owner, live):
     """The owner shares the chat of the starter test from the sidebar menu; the link the dialog shows."""
-    thread = owner.locator('li[id^="thread-"]').first
+    # By its id, not as the sidebar's first entry: the sidebar is refreshed while the page is used, so "the first"
+    # can be another chat (the unserved starter's) by the time it is clicked, and a locator is looked up anew at
+    # each use. The starter test's chat is the one this page shows (Chainlit moves it to /thread/<id>).
+    owner.wait_for_url("**/thread/*")
+    thread_id = owner.url.rsplit("/", 1)[-1]
+    thread = owner.locator(f"li#thread-{thread_id}")
     thread.wait_for(timeout=30_000)
-    thread_id = thread.get_attribute("id").removeprefix("thread-")
     thread.hover()
     thread.locator("#thread-options").click()  # this thread's menu (the first in the page may be another's)
     owner.click("#share-thread")
