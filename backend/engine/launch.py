@@ -206,17 +206,44 @@ def preflight(settings: Settings, engine: str, *, ui_started: bool = False) -> N
         check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
 
 
-async def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+async def _wait_port(
+    host: str, port: int, proc: subprocess.Popen[bytes], timeout: float, log: Path | None = None
+) -> bool:
+    """Until ``port`` takes connections (True), or ``proc`` ends or ``timeout`` passes (False). ``log``: the UI's;
+    if it says the UI waits for its history database ([ui].history_wait), that line is said here too, once."""
     deadline = time.monotonic() + timeout
+    told, next_look = False, time.monotonic() + 1.0
+
+    def tell() -> bool:
+        waiting = history_wait_line(read_tail(log, 8000)) if log is not None else ""
+        if waiting:
+            say(f"the UI waits for its history database before it listens: {waiting}")
+        return bool(waiting)
+
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
         try:
             with socket.create_connection((host, port), timeout=0.5):
+                if not told:  # it waited less than a look takes: still worth saying (history may be off)
+                    tell()
                 return True
         except OSError:
             await asyncio.sleep(0.2)
+        if not told and time.monotonic() >= next_look:
+            next_look = time.monotonic() + 1.0
+            told = tell()
     return False
+
+
+def history_wait_line(log_tail: str) -> str:
+    """The UI log's line saying it waits for PostgreSQL (backend/chat/history.py open_history), from
+    "history:" on; "" if there is none."""
+    for line in log_tail.splitlines():
+        at = line.find("history: ui.history_db = ")
+        if at >= 0 and "waiting up to" in line:
+            return line[at:].strip()
+    return ""
 
 
 def ui_start_timeout(settings: Settings) -> float:
@@ -261,7 +288,10 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
     work = asyncio.create_task(preparer.run())
     early: _Early | None = None
     try:
-        if not await _wait_port(settings.server.ui_host, settings.server.ui_port, ui_proc, ui_start_timeout(settings)):
+        ui_log = log_dir / "ui.log"
+        if not await _wait_port(
+            settings.server.ui_host, settings.server.ui_port, ui_proc, ui_start_timeout(settings), ui_log
+        ):
             say(f"the UI did not start; see {log_dir / 'ui.log'}:")
             print(read_tail(log_dir / "ui.log", 4000), file=sys.stderr)
             return 1
@@ -412,7 +442,10 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
     rc = 0
     try:
         url = f"http://{settings.server.ui_host}:{settings.server.ui_port}"
-        if await _wait_port(settings.server.ui_host, settings.server.ui_port, ui_proc, ui_start_timeout(settings)):
+        ui_log = log_dir / "ui.log"
+        if await _wait_port(
+            settings.server.ui_host, settings.server.ui_port, ui_proc, ui_start_timeout(settings), ui_log
+        ):
             if early is None:  # else said before the preparation
                 say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url}")
         else:

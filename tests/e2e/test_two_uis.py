@@ -100,3 +100,36 @@ def test_a_thread_started_on_one_ui_is_resumed_and_continued_on_the_other(uis, f
         bad = [ln for ln in ui.log("ui").splitlines() if any(w in ln for w in ("Traceback", "error occurred"))]
         assert not bad, bad
     context.close()
+
+
+def test_a_ui_whose_database_is_down_says_it_waits_then_chats_without_history(fake, postgres, browser, tmp_path):
+    """PostgreSQL refuses connections: the launcher says the UI waits for it ([ui] history_wait, 2 s here, never
+    the password), the UI then starts without history, login and chat work, and the chat says history is off."""
+    from tests.support.postgres import free_port
+
+    down = postgres.url("qwenchat", port=free_port())
+    app = launch(
+        fake,
+        tmp_path,
+        QWENCHAT_UI_AUTH="true",
+        QWENCHAT_UI_USERNAME=USER,
+        QWENCHAT_UI_PASSWORD=PASSWORD,
+        QWENCHAT_UI_HISTORY_DB=down,
+        QWENCHAT_UI_HISTORY_WAIT="2",
+    )
+    try:
+        said = app.log()
+        assert "the UI waits for its history database before it listens: history: ui.history_db = " in said
+        assert "connection refused" in said and "waiting up to 2 s" in said
+        assert postgres.password not in said and postgres.password not in app.log("ui")
+        assert "history is off" in app.log_with("history is off", "ui")
+        page = browser.new_page(locale="en-US")
+        try:
+            log_in(page, app.url)
+            e2e.wait_ready_ui(page, timeout_ms=60_000)
+            page.get_by_text("History is off").first.wait_for(timeout=30_000)  # the chat says so
+            assert e2e.send(page, "no history here", timeout_ms=60_000).startswith(FULL)
+        finally:
+            page.close()
+    finally:
+        e2e.stop(app)
