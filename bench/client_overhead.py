@@ -22,11 +22,9 @@ import contextlib
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +33,7 @@ from openai import AsyncOpenAI
 
 from backend.chat.client import ChatClient, TextDelta
 from backend.engine import supervisor
-from backend.settings import ROOT, ClientSettings
+from backend.settings import ClientSettings
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -139,30 +137,11 @@ def report(t: Target, res: dict[str, list[Timing]], runs: int) -> tuple[float, f
 
 @contextlib.contextmanager
 def fake_server(tmp: Path):
-    from tests.conftest import free_port
+    """The tests' fault-injecting OpenAI server in its own process (tests/e2e/support.py); yields its /v1 URL."""
+    from tests.e2e.support import fake_server as started
 
-    port = free_port()
-    log = tmp / "fake.out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes.openai_server", "--port", str(port)],
-        cwd=str(ROOT),
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the fake server did not start:\n{log.read_text()}") from None
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        supervisor.stop_process_group(proc, grace=5)
+    with started(tmp) as root:
+        yield root + "/v1"
 
 
 @contextlib.contextmanager
