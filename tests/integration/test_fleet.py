@@ -137,13 +137,21 @@ def test_the_launcher_started_two_replicas_and_the_router_in_front(fleet):
     assert main.log_path.endswith("router.log")
 
 
+def served_since(replicas: list[str], before: list[float]) -> list[int]:
+    return [round(served(r) - b) for r, b in zip(replicas, before, strict=True)]
+
+
 def test_chat_through_the_router_reaches_both_replicas(fleet):
     before = [served(r) for r in fleet.replicas]
     answers = [chat(fleet.router, "tiny-qwen3", f"Question {i}?") for i in range(4)]
     assert all(a["model"] == "tiny-qwen3" and a["choices"][0]["message"]["content"] for a in answers)
-    after = [served(r) for r in fleet.replicas]
-    done = [round(a - b) for a, b in zip(after, before, strict=True)]
-    assert sum(done) >= 4 and min(done) >= 1, done  # round robin: both replicas answered
+
+    # vLLM counts a request in /metrics after it has answered it: the last answer may be in before its count
+    def both_counted() -> list[int] | None:
+        done = served_since(fleet.replicas, before)
+        return done if sum(done) >= 4 and min(done) >= 1 else None
+
+    wait_for("four requests counted, on both replicas (round robin)", both_counted, 30)
 
 
 @pytest.mark.asyncio
@@ -153,7 +161,7 @@ async def test_chat_through_the_ui_is_answered_by_the_fleet(fleet):
         turn = await s.send("Hello from the UI", timeout=120)
     assert turn.answered, turn.summary()
     assert "tiny-qwen3" in turn.answers[-1]  # the footer names the model the router's replica answered with
-    assert sum(served(r) for r in fleet.replicas) > before
+    wait_for("the UI's request counted by a replica", lambda: sum(served(r) for r in fleet.replicas) > before, 30)
 
 
 def test_the_adapter_answers_through_the_router_and_directly_from_each_replica(fleet):
@@ -293,7 +301,14 @@ def outage(fleet, page) -> None:
     th = stream_in_thread(fleet.router, result)
     wait_for("the streamed answer began", lambda: result.get("chunks", 0) >= 3 or result.get("ended"), 60, 0.05)
     # the replica streaming that answer is the one killed: its answer is cut, the conversation goes on
-    v = 0 if running(fleet.replicas[0]) else 1
+    # (vLLM's gauge is updated on its own schedule: wait until one replica shows the request)
+    v = wait_for(
+        "one replica generating the streamed answer",
+        lambda: next((str(i) for i, r in enumerate(fleet.replicas) if running(r)), None),
+        30,
+        0.05,
+    )
+    v = int(v)
     survivor = fleet.replicas[1 - v]
     victim = fleet.replica_status(v)
     assert victim.pid and victim.state == contract.SupervisorState.RUNNING
@@ -301,6 +316,9 @@ def outage(fleet, page) -> None:
     t_kill = time.monotonic()
     survivor_before = served(survivor)
     th.join(120)
+    # the launcher's supervisor says so at once (read now: later in this test the replica may already be back)
+    restarting = wait_for(f"replica {v} restarting", lambda: (s := fleet.replica_status(v)).attempt == 1 and s, 30)
+    assert restarting.state == contract.SupervisorState.RESTARTING and "SIGKILL" in restarting.reason, restarting
     # the cut shows: the router ends the stream (or the connection) with neither a finish reason nor [DONE],
     # which the chat client reports as an interrupted answer
     assert result.get("ended", "").startswith("cut") or not (result.get("done_marker") or result.get("finish")), result
@@ -309,7 +327,7 @@ def outage(fleet, page) -> None:
     for i in range(4):
         answer = chat(fleet.router, "tiny-qwen3", f"Message {i} after the kill.", timeout=60)
         assert answer["choices"][0]["message"]["content"], answer
-    assert served(survivor) - survivor_before >= 4
+    wait_for("the four answers counted by the survivor", lambda: served(survivor) - survivor_before >= 4, 30)
 
     async def ui_turn():
         async with Session(fleet.app.url) as s:
@@ -330,9 +348,7 @@ def outage(fleet, page) -> None:
     print(f"\n[fleet] the status line during the outage: {page.inner_text('#qwenchat-status')}")
     print(f"\n[fleet] the UI during the outage: {st['state']}: {st.get('reason')}")
 
-    # the launcher restarts the dead replica (the same supervisor as a single engine: attempt 1, the cause)
-    restarting = wait_for(f"replica {v} restarting", lambda: (s := fleet.replica_status(v)).attempt == 1 and s, 30)
-    assert "SIGKILL" in restarting.reason
+    # the launcher restarts the dead replica (the same supervisor as a single engine: attempt 1, the cause, above)
     wait_for(
         f"replica {v} running again",
         lambda: (s := fleet.replica_status(v)).state == contract.SupervisorState.RUNNING and s.attempt == 1,
@@ -368,5 +384,14 @@ def test_kill_9_of_the_router_is_restarted_by_the_launcher_and_chat_resumes(flee
         ),
         120,
     )
-    assert chat(fleet.router, "tiny-qwen3", "Still there?")["choices"][0]["message"]["content"]
+    # the restarted router may answer its /health before it has checked its workers: ask until it routes
+    answer = wait_for("a chat through the restarted router", lambda: chat_or_none(fleet.router, "Still there?"), 60, 1)
+    assert answer["choices"][0]["message"]["content"]
     assert all(fleet.replica_status(i).pid for i in range(2))  # the replicas were left alone
+
+
+def chat_or_none(base: str, text: str) -> dict | None:
+    try:
+        return chat(base, "tiny-qwen3", text, timeout=30)
+    except (urllib.error.HTTPError, OSError):
+        return None
