@@ -32,8 +32,9 @@ SLOW_OK = dataclasses.replace(FAST, probe_timeout=3.0)
 KEY = "test-key"
 
 
-async def until(poller: HealthPoller, pred, timeout: float = 4.0, what: str = ""):
-    """Wait (bounded) until pred(status) holds; fail with the last status otherwise."""
+async def until(poller: HealthPoller, pred, timeout: float = 30.0, what: str = ""):
+    """Wait (bounded) until pred(status) holds; fail with the last status otherwise. The bound is generous: a loaded
+    machine can stall this process for seconds, and FAST's probe then reads as slow until the next one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = poller.status
