@@ -72,7 +72,13 @@ from typing import Any
 
 import aiohttp
 
-from ..contract import PHASE_CONVERT_MODEL, PHASE_INSTALL_ENGINE, EngineStatus, SupervisorState
+from ..contract import (
+    PHASE_CONVERT_MODEL,
+    PHASE_INSTALL_ENGINE,
+    EngineStatus,
+    SupervisorState,
+    replica_status_file_name,
+)
 from ..engine_http import Route, auth_headers, error_message, public_url, replica_address, status_error
 from ..probe import probe_body
 from ..settings import HealthSettings  # re-exported: the [health] section
@@ -120,12 +126,22 @@ class ReplicaHealth:
     ready: bool = False
     detail: str = ""  # why not ready ("connection refused", "HTTP 503", "no answer within 5 s"); "" when ready
     detail_zh: str = ""  # the same in Chinese ("" = as ``detail``: a server's own words are not translated)
+    # a replica this launcher supervises (its status file): restarts in the supervisor's window, and the last cause
+    attempt: int | None = None
+    cause: str = ""
 
     def detail_in(self, lang: str) -> str:
         return (self.detail_zh or self.detail) if lang == "zh" else self.detail
 
     def to_json(self) -> dict[str, Any]:
-        return {"replica": self.number, "address": self.address, "ready": self.ready, "detail": self.detail}
+        return {
+            "replica": self.number,
+            "address": self.address,
+            "ready": self.ready,
+            "detail": self.detail,
+            "attempt": self.attempt,
+            "cause": self.cause or None,
+        }
 
 
 @dataclass(frozen=True)
@@ -316,6 +332,7 @@ class HealthPoller:
         *,
         parents: Mapping[str, str] | None = None,
         base_name: str = "",
+        local_replicas: int = 0,
     ) -> None:
         self.root_url = _root(base_url)
         # lineage where the server hides it: [lora] parents, and [model]'s name as the base (see _with_lineage)
@@ -328,6 +345,13 @@ class HealthPoller:
         # a fleet: (number, host:port, root URL) of each replica, polled directly besides the router; a
         # user:password in a replica's URL is left out (every replica takes the engine key as a bearer token)
         self.replica_roots = tuple((i + 1, replica_address(u), _root(public_url(u))) for i, u in enumerate(replicas))
+        # the first ``local_replicas`` are this launcher's: each has a supervisor status file next to the main one
+        folder = self.status_file.parent if self.status_file else None
+        self.replica_status_files: dict[int, Path] = (
+            {i + 1: folder / replica_status_file_name(i) for i in range(min(local_replicas, len(replicas)))}
+            if folder
+            else {}
+        )
         self._fresh_answer = False  # a probe through the router answered in the poll under way
         self._replica_view = tuple(ReplicaHealth(n, addr) for n, addr, _ in self.replica_roots)  # published by _set
 
@@ -697,15 +721,24 @@ class HealthPoller:
         ready replica whose list could be read, by number)."""
         timeout = self.settings.request_timeout
         n = len(self.replica_roots)
-        answers = await asyncio.gather(
-            *(self._get(root + "/health", timeout) for _, _, root in self.replica_roots),
-            *(self._get(root + "/v1/models", timeout) for _, _, root in self.replica_roots),
+        answers, sups = await asyncio.gather(
+            asyncio.gather(
+                *(self._get(root + "/health", timeout) for _, _, root in self.replica_roots),
+                *(self._get(root + "/v1/models", timeout) for _, _, root in self.replica_roots),
+            ),
+            asyncio.to_thread(self._read_replica_status),
         )
         out = []
         lists: dict[int, tuple[ModelEntry, ...]] = {}
         for (number, address, _), resp, listed in zip(self.replica_roots, answers[:n], answers[n:], strict=True):
-            if resp.ok and resp.status == 200:
-                out.append(ReplicaHealth(number, address, True))
+            sup = sups.get(number)
+            ready = resp.ok and resp.status == 200
+            text: tuple[str, str]
+            if sup is not None and not ready and sup.state in (*_SUP_STARTING, *_SUP_DOWN):
+                # the launcher's own replica: what its supervisor says (restarting, attempt 1 of 5, and why)
+                text = _supervisor_down_text(sup) if sup.state in _SUP_DOWN else _supervisor_starting_text(sup)
+            elif ready:
+                text = ("", "")
                 models = (
                     _parse_models(listed.body, self.parents, self.base_name)
                     if listed.ok and listed.status == 200
@@ -714,14 +747,21 @@ class HealthPoller:
                 if models is not None:
                     lists[number] = models
             elif resp.ok:
-                out.append(ReplicaHealth(number, address, False, _error_detail(resp)))
+                text = (_error_detail(resp), "")
             elif resp.error == "refused":
-                out.append(ReplicaHealth(number, address, False, *both("health.replica_refused")))
+                text = both("health.replica_refused")
             elif resp.error == "timeout":
-                out.append(ReplicaHealth(number, address, False, *both("health.replica_timeout", seconds=timeout)))
+                text = both("health.replica_timeout", seconds=timeout)
             else:  # an aiohttp error: its class only (its text may quote the URL)
-                out.append(ReplicaHealth(number, address, False, resp.error.split(":", 1)[0]))
+                text = (resp.error.split(":", 1)[0], "")
+            attempt, cause = (sup.attempt, sup.cause) if sup is not None else (None, "")
+            out.append(ReplicaHealth(number, address, ready, *text, attempt=attempt, cause=cause))
         return tuple(out), lists
+
+    def _read_replica_status(self) -> dict[int, EngineStatus]:
+        """The supervisor status files of this launcher's replicas (by number; missing files left out)."""
+        found = {n: EngineStatus.read(path) for n, path in self.replica_status_files.items()}
+        return {n: sup for n, sup in found.items() if sup is not None}
 
     def _note_replicas(self, replicas: tuple[ReplicaHealth, ...]) -> None:
         """Keep the replicas' view (published with the state it leads to); log each replica that went down or came
@@ -982,6 +1022,7 @@ def get_poller(
     *,
     parents: Mapping[str, str] | None = None,
     base_name: str = "",
+    local_replicas: int = 0,
 ) -> HealthPoller:
     """The process's one poller, created on first call (needs a running loop). Later calls return the
     same object; a call naming a different engine URL raises ValueError. A poller left over from a
@@ -992,7 +1033,16 @@ def get_poller(
     if p is not None and (p._stopped or (p._loop is not None and (p._loop is not loop or p._loop.is_closed()))):
         p = None
     if p is None:
-        p = HealthPoller(base_url, api_key, settings, status_file, replicas, parents=parents, base_name=base_name)
+        p = HealthPoller(
+            base_url,
+            api_key,
+            settings,
+            status_file,
+            replicas,
+            parents=parents,
+            base_name=base_name,
+            local_replicas=local_replicas,
+        )
         p._loop = loop
         _shared = p
         return p

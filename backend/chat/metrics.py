@@ -4,7 +4,7 @@
     metrics.METRICS.answered(model, seconds)         # turn.py: an answer shown whole
     metrics.METRICS.outcome("ok" | error code, model)   # turn.py: how each answer ended, by the model asked
     with metrics.METRICS.streaming(): ...            # turn.py: an answer streaming now
-    metrics.METRICS.observe_engine(status)           # app.py: every poller snapshot (restarts by cause)
+    metrics.METRICS.observe_engine(status)           # app.py: every poller snapshot (restarts by cause, per replica)
     text = metrics.METRICS.render(engine=status, active_sessions=n, anomalies=client.anomaly_counts())
 
 Per process, since it started (several UI processes each have their own; Prometheus sums them). Written
@@ -58,6 +58,13 @@ class _Histogram:
         self.count += 1
 
 
+def _new_restarts(last: int, attempt: int) -> int:
+    """Restarts a supervisor's ``attempt`` (restarts within its window) reveals after ``last``: a rise counts the
+    difference; a fall to a number above 0 is a restart in a new window (the old ones aged out); a fall to 0 is a
+    new launch; the same number, nothing."""
+    return attempt - last if attempt > last else (1 if 0 < attempt < last else 0)
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -87,6 +94,8 @@ class Metrics:
         self._streaming = 0
         self._restarts: Counter[str] = Counter()
         self._last_attempt = 0
+        self._replica_restarts: Counter[tuple[int, str]] = Counter()  # (replica number, cause)
+        self._replica_attempts: dict[int, int] = {}
 
     # ------------------------------------------------------------ updates
 
@@ -114,19 +123,21 @@ class Metrics:
                 self._streaming -= 1
 
     def observe_engine(self, status: HealthStatus) -> None:
-        """Count the restarts this snapshot reveals, from the supervisor's ``attempt`` (restarts in its window).
-
-        A rise counts the difference; a fall to a number above 0 is a restart in a new window (the old ones
-        aged out); a fall to 0 is a new launch. Snapshots repeat: the same attempt counts nothing.
-        """
-        attempt = status.attempt
-        if attempt is None:  # no supervisor (external engine), or no status file yet
-            return
+        """Count the restarts this snapshot reveals, from the supervisor's ``attempt`` (``_new_restarts``), and in
+        a fleet from each local replica's. Snapshots repeat: the same attempt counts nothing."""
         with self._lock:
-            last, self._last_attempt = self._last_attempt, attempt
-            new = attempt - last if attempt > last else (1 if 0 < attempt < last else 0)
-            if new:
-                self._restarts[status.cause or UNKNOWN_CAUSE] += new
+            if status.attempt is not None:  # else no supervisor (external engine), or no status file yet
+                new = _new_restarts(self._last_attempt, status.attempt)
+                self._last_attempt = status.attempt
+                if new:
+                    self._restarts[status.cause or UNKNOWN_CAUSE] += new
+            for r in status.replicas:  # a fleet: the launcher's own replicas have supervisors too
+                if r.attempt is None:
+                    continue
+                new = _new_restarts(self._replica_attempts.get(r.number, 0), r.attempt)
+                self._replica_attempts[r.number] = r.attempt
+                if new:
+                    self._replica_restarts[(r.number, r.cause or UNKNOWN_CAUSE)] += new
 
     def reset(self) -> None:
         """Tests only: back to a fresh process."""
@@ -189,6 +200,17 @@ class Metrics:
             )
             for cause in sorted(self._restarts):
                 sample("qwenchat_engine_restarts_total", self._restarts[cause], cause=cause)
+
+            if self._replica_restarts:
+                head(
+                    "qwenchat_replica_restarts_total",
+                    "counter",
+                    "A fleet's local replicas: restarts seen by this UI process, by replica and cause (each "
+                    "replica's own supervisor status file, read as for qwenchat_engine_restarts_total).",
+                )
+                for number, cause in sorted(self._replica_restarts):
+                    count = self._replica_restarts[(number, cause)]
+                    sample("qwenchat_replica_restarts_total", count, replica=str(number), cause=cause)
 
         head(
             "qwenchat_stream_anomalies_total",

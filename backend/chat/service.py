@@ -105,6 +105,7 @@ class Service:
                 replicas=self.settings.replica_urls,
                 parents=self.settings.lora.parents,
                 base_name=self.settings.model.name,
+                local_replicas=0 if self.settings.external else self.settings.fleet.local,
             )
         return self._poller
 

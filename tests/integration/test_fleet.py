@@ -339,11 +339,12 @@ def outage(fleet, page) -> None:
 
     # the UI counts the replicas
     st = wait_for(
-        "the UI reports 1 of 2 replicas ready",
-        lambda: (s := ui_status(fleet.app)).get("replicas_ready") == 1 and s,
+        "the UI reports 1 of 2 replicas ready, the dead one restarting (attempt 1, from its supervisor)",
+        lambda: (s := ui_status(fleet.app)).get("replicas_ready") == 1 and s["replicas"][v]["attempt"] == 1 and s,
         30,
     )
     assert st["replicas_total"] == 2 and st["replicas_text"] == "1 of 2 replicas ready"
+    assert st["replicas"][v]["cause"] and "connection refused" not in st["replicas"][v]["detail"], st["replicas"]
     page.wait_for_function(BADGE_SAYS, arg="1 of 2 replicas ready", timeout=20_000)  # what the user sees
     print(f"\n[fleet] the status line during the outage: {page.inner_text('#qwenchat-status')}")
     print(f"\n[fleet] the UI during the outage: {st['state']}: {st.get('reason')}")
@@ -358,6 +359,12 @@ def outage(fleet, page) -> None:
     t_back = time.monotonic() - t_kill
     assert fleet.replica_status(v).pid != victim.pid
     wait_for("the UI reports 2 of 2 replicas ready", lambda: ui_status(fleet.app).get("replicas_ready") == 2, 60)
+    # the UI's /metrics counted the restart, by replica and the supervisor's cause
+    restarts = rf'^qwenchat_replica_restarts_total\{{(?=[^}}]*replica="{v + 1}")(?=[^}}]*cause="(\w+)")[^}}]*\}} 1$'
+    found = wait_for(
+        "the UI's /metrics counts the restart", lambda: re.search(restarts, ui_metrics(fleet.app), re.M), 30
+    )
+    assert found.group(1) == st["replicas"][v]["cause"]
     # and the router sends it messages again
     before = served(fleet.replicas[v])
     wait_for(
@@ -388,6 +395,11 @@ def test_kill_9_of_the_router_is_restarted_by_the_launcher_and_chat_resumes(flee
     answer = wait_for("a chat through the restarted router", lambda: chat_or_none(fleet.router, "Still there?"), 60, 1)
     assert answer["choices"][0]["message"]["content"]
     assert all(fleet.replica_status(i).pid for i in range(2))  # the replicas were left alone
+
+
+def ui_metrics(app: e2e.LiveApp) -> str:
+    with _NO_PROXY.open(app.url + "/metrics", timeout=10) as resp:
+        return resp.read().decode()
 
 
 def chat_or_none(base: str, text: str) -> dict | None:

@@ -146,6 +146,8 @@ async def test_the_status_route_json_carries_the_counts_and_never_a_replica_url_
         "address": addr(replicas[2]),
         "ready": False,
         "detail": "connection refused",
+        "attempt": None,  # a remote replica: no supervisor of ours to ask
+        "cause": None,
     }
     text = repr(body)
     assert "s3cret" not in text and "user" not in text and KEY not in text and "/v1" not in text
@@ -305,3 +307,49 @@ async def test_the_routers_model_list_failing_while_replicas_answer_keeps_the_li
     assert ids(st) == ["base-model", "pirate"] and not st.models_stale
     assert st.state is EngineState.DEGRADED and st.reason.startswith("2 of 3 replicas ready; replica 3 (")
     assert "model list" not in st.reason
+
+
+@pytest.mark.asyncio
+async def test_a_local_replica_restarting_is_named_with_its_supervisors_words_and_attempt(fleet, tmp_path):
+    """The launcher's own replicas have status files next to the main one: a local replica that is down says what
+    its supervisor says (restarting, attempt 1 of 5, why), not just "connection refused"; a remote one is polled
+    over HTTP only."""
+    from backend.contract import EngineStatus, SupervisorState, replica_status_file_name
+
+    router, replicas = fleet
+    main = tmp_path / "engine-status.json"
+    EngineStatus(SupervisorState.RUNNING, pid=1, attempt=0).write(main)
+    for i in range(2):
+        EngineStatus(SupervisorState.RUNNING, pid=10 + i, attempt=0).write(tmp_path / replica_status_file_name(i))
+    p = HealthPoller(router.url, KEY, FAST, main, replicas=[r.url for r in replicas], local_replicas=2)
+    try:
+        await p.start()
+        st = await until(p, lambda s: s.ready and s.replicas_ready == 3, what="all ready")
+        assert [(r.attempt, r.cause) for r in st.replicas] == [(0, ""), (0, ""), (None, "")]
+
+        await replicas[1].stop()  # replica 2 killed; its supervisor restarts it
+        reason = "the engine process was killed (SIGKILL)"
+        restarting = EngineStatus(
+            SupervisorState.RESTARTING, pid=11, attempt=1, max_attempts=5, cause="killed", reason=reason
+        )
+        restarting.write(tmp_path / replica_status_file_name(1))
+        st = await until(p, lambda s: s.replicas_ready == 2 and s.replicas[1].attempt == 1, what="restarting")
+        two = st.replicas[1]
+        assert (two.ready, two.cause) == (False, "killed")
+        assert "attempt 1 of 5" in two.detail and reason in two.detail and "connection refused" not in two.detail
+        assert "attempt 1 of 5" in st.reason and f"replica 2 ({addr(replicas[1])})" in st.reason
+        assert two.detail_zh and two.detail_zh != two.detail  # the supervisor's words in Chinese too
+
+        await replicas[2].stop()  # replica 3 is remote: HTTP only
+        st = await until(p, lambda s: s.replicas_ready == 1, what="remote down")
+        assert st.replicas[2].detail == "connection refused" and st.replicas[2].attempt is None
+
+        await replicas[1].start()
+        await replicas[2].start()
+        EngineStatus(SupervisorState.RUNNING, pid=12, attempt=1, cause="killed").write(
+            tmp_path / replica_status_file_name(1)
+        )
+        st = await until(p, lambda s: s.ready and s.replicas_ready == 3, what="back")
+        assert (st.replicas[1].attempt, st.replicas[1].cause) == (1, "killed")  # the restart stays counted
+    finally:
+        await p.stop()

@@ -186,6 +186,37 @@ async def test_a_fleets_replicas_are_one_gauge_each_and_none_without_a_fleet():
     assert "qwenchat_replica_ready" not in types
 
 
+async def test_a_fleets_local_replica_restarts_are_counted_per_replica_and_cause():
+    """Each local replica's supervisor attempt (read from its status file by the poller) counts like the engine's;
+    a remote replica (no attempt) counts nothing; replica 1 restarting does not count for replica 2."""
+    from backend.chat.health import ReplicaHealth
+
+    m = metrics.Metrics()
+
+    def fleet(a1: int | None, c1: str, a2: int | None, c2: str) -> HealthStatus:
+        return HealthStatus(
+            replicas=(
+                ReplicaHealth(1, "127.0.0.1:8001", a1 == 0 or not c1, attempt=a1, cause=c1),
+                ReplicaHealth(2, "127.0.0.1:8002", True, attempt=a2, cause=c2),
+                ReplicaHealth(3, "gpu-b:8000", True),  # remote: no supervisor of ours
+            )
+        )
+
+    for snapshot in (fleet(0, "", 0, ""), fleet(1, "killed", 0, ""), fleet(1, "", 0, ""), fleet(1, "", 2, "oom_cpu")):
+        m.observe_engine(snapshot)
+    types, samples = parse(m.render(engine=fleet(1, "", 2, ""), active_sessions=0, anomalies={}))
+    assert types["qwenchat_replica_restarts_total"] == "counter"
+    restarts = {
+        (dict(k[1])["replica"], dict(k[1])["cause"]): v
+        for k, v in samples.items()
+        if k[0] == "qwenchat_replica_restarts_total"
+    }
+    assert restarts == {("1", "killed"): 1, ("2", "oom_cpu"): 2}
+    assert not any(k[0] == "qwenchat_engine_restarts_total" for k in samples)  # the router's own: none
+    types, _ = parse(metrics.Metrics().render(engine=HealthStatus(), active_sessions=0, anomalies={}))
+    assert "qwenchat_replica_restarts_total" not in types  # no fleet, or no restart: no family
+
+
 # ---------------------------------------------------------------- through the handlers
 
 
