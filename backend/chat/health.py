@@ -30,7 +30,9 @@ A fleet (``replicas``: each replica's OpenAI base URL; the base URL is then the 
 every poll also asks each replica's ``GET /health`` and ``GET /v1/models`` directly, in parallel with the
 router's /health (no per-message calls); the probe still goes through the router. ``HealthStatus.replicas``
 holds each replica's view (number, ``host:port``, ready, why not), a replica going down or coming back is
-logged once.
+logged once. The launcher's own replicas (``local_replicas``, the first ones) also have supervisor status files
+next to the main one: read with each poll, they give a down replica its supervisor's words ("restarting —
+attempt 1 of 5", and why) and each local replica its restart ``attempt`` and ``cause`` (metrics count them).
 
 The model list in a fleet is what EVERY ready replica whose list was read serves (by id; lineage from the
 replicas' own ``parent`` fields and [lora] parents; the smallest ``max_model_len`` any states), not the
