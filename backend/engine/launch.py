@@ -210,40 +210,52 @@ async def _wait_port(
     host: str, port: int, proc: subprocess.Popen[bytes], timeout: float, log: Path | None = None
 ) -> bool:
     """Until ``port`` takes connections (True), or ``proc`` ends or ``timeout`` passes (False). ``log``: the UI's;
-    if it says the UI waits for its history database ([ui].history_wait), that line is said here too, once."""
+    what it says of its history database (waiting for PostgreSQL, [ui].history_wait; history off, and why) is said
+    here too, each line once, so the start names the problem and not only ui.log."""
     deadline = time.monotonic() + timeout
-    told, next_look = False, time.monotonic() + 1.0
+    told: set[str] = set()
+    next_look = time.monotonic() + 1.0
 
-    def tell() -> bool:
-        waiting = history_wait_line(read_tail(log, 8000)) if log is not None else ""
-        if waiting:
-            say(f"the UI waits for its history database before it listens: {waiting}")
-        return bool(waiting)
+    def tell() -> None:
+        for kind, line in history_notes(read_tail(log, 8000)) if log is not None else ():
+            if line not in told:
+                told.add(line)
+                say(HISTORY_NOTE_PREFIX[kind] + line)
 
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
         try:
             with socket.create_connection((host, port), timeout=0.5):
-                if not told:  # it waited less than a look takes: still worth saying (history may be off)
-                    tell()
+                tell()  # what the UI decided before it listened (history off) is in its log by now
                 return True
         except OSError:
             await asyncio.sleep(0.2)
-        if not told and time.monotonic() >= next_look:
+        if time.monotonic() >= next_look:
             next_look = time.monotonic() + 1.0
-            told = tell()
+            tell()
     return False
 
 
-def history_wait_line(log_tail: str) -> str:
-    """The UI log's line saying it waits for PostgreSQL (backend/chat/history.py open_history), from
-    "history:" on; "" if there is none."""
+HISTORY_NOTE_PREFIX = {
+    "waiting": "the UI waits for its history database before it listens: ",
+    "off": "the UI starts without history: ",
+}
+
+
+def history_notes(log_tail: str) -> list[tuple[str, str]]:
+    """The UI log's lines about its history database (backend/chat/history.py open_history), from "history:" on:
+    ("waiting", line) while it waits for PostgreSQL, ("off", line) when it starts without history."""
+    found = []
     for line in log_tail.splitlines():
         at = line.find("history: ui.history_db = ")
-        if at >= 0 and "waiting up to" in line:
-            return line[at:].strip()
-    return ""
+        if at < 0:
+            continue
+        if "waiting up to" in line:
+            found.append(("waiting", line[at:].strip()))
+        elif "history is off" in line:
+            found.append(("off", line[at:].strip()))
+    return found
 
 
 def ui_start_timeout(settings: Settings) -> float:

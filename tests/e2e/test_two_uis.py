@@ -121,6 +121,7 @@ def test_a_ui_whose_database_is_down_says_it_waits_then_chats_without_history(fa
         said = app.log()
         assert "the UI waits for its history database before it listens: history: ui.history_db = " in said
         assert "connection refused" in said and "waiting up to 2 s" in said
+        assert "the UI starts without history: history: ui.history_db = postgresql+asyncpg://qwenchat:***@" in said
         assert postgres.password not in said and postgres.password not in app.log("ui")
         assert "history is off" in app.log_with("history is off", "ui")
         page = browser.new_page(locale="en-US")

@@ -195,15 +195,18 @@ def test_the_ui_port_is_waited_for_as_long_as_the_ui_waits_for_its_database():
     assert ui_start_timeout(Settings(ui=slow_db)) == 180.0
 
 
-def test_the_launcher_finds_the_uis_history_wait_line_in_its_log():
-    from backend.engine.launch import history_wait_line
+def test_the_launcher_finds_the_uis_history_lines_in_its_log():
+    from backend.engine.launch import history_notes
 
-    tail = (
-        "2026-12-01 01:00:00 INFO chainlit: loading\n"
-        "2026-12-01 01:00:01 WARNING backend.chat.history: history: ui.history_db = postgresql+asyncpg://qw:***@db:5432/h"
-        ": connection refused (is PostgreSQL running on that host and port?); waiting up to 30 s for it "
-        "(ui.history_wait)\n"
+    wait = (
+        "history: ui.history_db = postgresql+asyncpg://qw:***@db:5432/h: connection refused (is PostgreSQL running "
+        "on that host and port?); waiting up to 30 s for it (ui.history_wait)"
     )
-    assert history_wait_line(tail).startswith("history: ui.history_db = postgresql+asyncpg://qw:***@db:5432/h: conn")
-    assert history_wait_line(tail).endswith("waiting up to 30 s for it (ui.history_wait)")
-    assert history_wait_line("history: ui.history_db = x: authentication failed; history is off") == ""
+    off = (
+        "history: ui.history_db = postgresql+asyncpg://qw:***@db:5432/h: authentication failed (wrong user name or "
+        "password); history is off (chats are not kept), the chat works without it"
+    )
+    tail = f"2026-12-01 01:00:00 INFO chainlit: loading\n2026-12-01 01:00:01 WARNING backend.chat.history: {wait}\n"
+    tail += f"2026-12-01 01:00:31 ERROR backend.chat.history: {off}\n"
+    assert history_notes(tail) == [("waiting", wait), ("off", off)]
+    assert history_notes("history: ui.history_db = x: answered after 3 s\nchainlit ready") == []
