@@ -258,6 +258,17 @@ def history_notes(log_tail: str) -> list[tuple[str, str]]:
     return found
 
 
+async def _ui_started(settings: Settings, ui_proc: subprocess.Popen[bytes], log_dir: Path) -> bool:
+    """Wait for the UI's port (``_wait_port``); if it never opens, say so with the tail of ui.log."""
+    ui_log = log_dir / "ui.log"
+    host, port = settings.server.ui_host, settings.server.ui_port
+    if await _wait_port(host, port, ui_proc, ui_start_timeout(settings), ui_log):
+        return True
+    say(f"the UI did not start; see {ui_log}:")
+    print(read_tail(ui_log, 4000), file=sys.stderr)
+    return False
+
+
 def ui_start_timeout(settings: Settings) -> float:
     """How long the UI's port is waited for: a minute, plus the wait for a PostgreSQL history that is not
     there yet ([ui].history_wait: the UI waits for it before listening)."""
@@ -300,12 +311,7 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
     work = asyncio.create_task(preparer.run())
     early: _Early | None = None
     try:
-        ui_log = log_dir / "ui.log"
-        if not await _wait_port(
-            settings.server.ui_host, settings.server.ui_port, ui_proc, ui_start_timeout(settings), ui_log
-        ):
-            say(f"the UI did not start; see {log_dir / 'ui.log'}:")
-            print(read_tail(log_dir / "ui.log", 4000), file=sys.stderr)
+        if not await _ui_started(settings, ui_proc, log_dir):
             return 1
         url = f"http://{settings.server.ui_host}:{settings.server.ui_port}"
         say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url} (messages wait until the model is ready)")
@@ -454,16 +460,10 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
     rc = 0
     try:
         url = f"http://{settings.server.ui_host}:{settings.server.ui_port}"
-        ui_log = log_dir / "ui.log"
-        if await _wait_port(
-            settings.server.ui_host, settings.server.ui_port, ui_proc, ui_start_timeout(settings), ui_log
-        ):
-            if early is None:  # else said before the preparation
-                say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url}")
-        else:
-            say(f"the UI did not start; see {log_dir / 'ui.log'}:")
-            print(read_tail(log_dir / "ui.log", 4000), file=sys.stderr)
+        if not await _ui_started(settings, ui_proc, log_dir):
             return 1
+        if early is None:  # else said before the preparation
+            say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url}")
         if supervisor and sup_task:
             ready_wait = asyncio.create_task(supervisor.ready_event.wait())
             stop_wait = asyncio.create_task(stop.wait())

@@ -23,6 +23,8 @@ from tests.fakes.openai_server import expected_text
 pytestmark = pytest.mark.e2e
 
 USER, PASSWORD = "demo", "correct horse battery"
+# [ui] login on, as USER with PASSWORD: launch(fake, tmp, **LOGIN, ...)
+LOGIN = {"QWENCHAT_UI_AUTH": "true", "QWENCHAT_UI_USERNAME": USER, "QWENCHAT_UI_PASSWORD": PASSWORD}
 FULL = expected_text(8).strip()  # the fake server's normal answer
 
 
@@ -120,7 +122,7 @@ def user_messages(page) -> list[str]:
 @pytest.fixture(scope="module")
 def live(fake, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e-history")
-    app = launch(fake, tmp, QWENCHAT_UI_AUTH="true", QWENCHAT_UI_USERNAME=USER, QWENCHAT_UI_PASSWORD=PASSWORD)
+    app = launch(fake, tmp, **LOGIN)
     yield app
     e2e.stop(app)
 
@@ -284,9 +286,7 @@ def test_a_restart_keeps_the_login_and_the_history(live, fake, browser, tmp_path
             "OPENAI_BASE_URL": fake + "/v1",
             "OPENAI_API_KEY": "test",
             "QWENCHAT_UI_LANGUAGE": "en",
-            "QWENCHAT_UI_AUTH": "true",
-            "QWENCHAT_UI_USERNAME": USER,
-            "QWENCHAT_UI_PASSWORD": PASSWORD,
+            **LOGIN,
         },
         wait_engine=False,
         timeout=120,

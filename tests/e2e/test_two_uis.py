@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e import support as e2e
-from tests.e2e.test_history import PASSWORD, USER, launch, log_in, requests_seen, user_messages
+from tests.e2e.test_history import LOGIN, launch, log_in, requests_seen, user_messages
 from tests.fakes.openai_server import expected_text
 
 pytestmark = pytest.mark.e2e
@@ -29,12 +29,7 @@ def fake(tmp_path_factory):
 @pytest.fixture(scope="module")
 def uis(fake, postgres, tmp_path_factory):
     url = postgres.create_database("two_uis")
-    env = {
-        "QWENCHAT_UI_AUTH": "true",
-        "QWENCHAT_UI_USERNAME": USER,
-        "QWENCHAT_UI_PASSWORD": PASSWORD,
-        "QWENCHAT_UI_HISTORY_DB": url,
-    }
+    env = {**LOGIN, "QWENCHAT_UI_HISTORY_DB": url}
     a = launch(fake, tmp_path_factory.mktemp("ui-a"), **env)
     try:
         b = launch(fake, tmp_path_factory.mktemp("ui-b"), **env)
@@ -111,9 +106,7 @@ def test_a_ui_whose_database_is_down_says_it_waits_then_chats_without_history(fa
     app = launch(
         fake,
         tmp_path,
-        QWENCHAT_UI_AUTH="true",
-        QWENCHAT_UI_USERNAME=USER,
-        QWENCHAT_UI_PASSWORD=PASSWORD,
+        **LOGIN,
         QWENCHAT_UI_HISTORY_DB=down,
         QWENCHAT_UI_HISTORY_WAIT="2",
     )

@@ -329,13 +329,17 @@ class Forwarder:
         self.port, self.target = free_port(), target
         self.open: list[socket.socket] = []
         self.stopping = threading.Event()
+        self.listening = threading.Event()
         self.thread: threading.Thread | None = None
 
     def start(self, after: float = 0.0) -> None:
-        """Listen (after ``after`` s: a server that comes up a little after the UI)."""
+        """Listen (after ``after`` s: a server that comes up a little after the UI; with none, listening on return)."""
         self.stopping.clear()
+        self.listening = threading.Event()
         self.thread = threading.Thread(target=self._serve, args=(after,), daemon=True)
         self.thread.start()
+        if not after and not self.listening.wait(10):
+            raise RuntimeError(f"the forwarder did not listen on {self.port}")
 
     def stop(self) -> None:
         self.stopping.set()
@@ -352,6 +356,7 @@ class Forwarder:
             return
         with socket.create_server(("127.0.0.1", self.port)) as server:
             server.settimeout(0.2)
+            self.listening.set()
             while not self.stopping.is_set():
                 try:
                     client, _ = server.accept()
