@@ -226,6 +226,32 @@ CATALOG: dict[str, tuple[str, str]] = {
         "This button belongs to an earlier message; only the latest message can be retried or trimmed.",
         "此按钮属于较早的消息；只能重试或精简最新的消息。",
     ),
+    # One answer at a time per chat, and the browser only sends new user messages (issue #18).
+    "busy": (
+        "The previous message is still being answered: this one was not sent. Wait for the answer (or press "
+        "Stop), then send it again. Your message:\n\n{text}",
+        "上一条消息仍在回答中：这一条未发送。请等待回答结束（或点“停止”）后再发送。你的消息：\n\n{text}",
+    ),
+    "message.id_taken": (
+        "This message was not sent: its id `{id}` already belongs to another message. Reload the page and send "
+        "it again.",
+        "此消息未发送：它的 id `{id}` 已属于另一条消息。请刷新页面后重新发送。",
+    ),
+    "message.type_refused": (
+        "This message was not sent: the browser may only send user messages, not `{kind}`. Reload the page and "
+        "send it again.",
+        "此消息未发送：浏览器只能发送用户消息，不能发送 `{kind}`。请刷新页面后重新发送。",
+    ),
+    "message.edit_refused": (
+        "This edit was not applied: only your own messages in this chat can be edited (`{id}` is not one). "
+        "Reload the page and edit it again.",
+        "此修改未生效：只能修改本对话中你自己的消息（`{id}` 不是）。请刷新页面后再修改。",
+    ),
+    "compare.vote_not_blind": (
+        "Votes are for blind comparisons: this pair showed its model names from the start. Turn on "
+        "`/compare blind` and vote on the next pair.",
+        "投票只用于盲评：这一对从一开始就显示了模型名称。请开启 `/compare blind`，对下一对投票。",
+    ),
     "security.origin_refused": (
         "Refused: requests from {origin} may not use this chat (only its own page may; an administrator can "
         "add origins in [ui] allowed_origins).",
