@@ -7,24 +7,32 @@
     metrics.METRICS.observe_engine(status)           # app.py: every poller snapshot (restarts by cause, per replica)
     text = metrics.METRICS.render(engine=status, active_sessions=n, anomalies=client.anomaly_counts())
 
-Per process, since it started (several UI processes each have their own; Prometheus sums them). Written
-by hand: ``prometheus_client`` is not in the app environment, and the format is a few lines of text.
-vLLM's own metrics are at the engine's ``/metrics`` (its port, no key), not here.
+Per process, since it started (several UI processes each have their own; Prometheus sums them). The counts are
+kept here (the restart counts are derived from the poller's snapshots, which prometheus_client's own metric objects
+cannot express); the families are built for each scrape and written by ``prometheus_client``, so the text is
+Prometheus's own. vLLM's own metrics are at the engine's ``/metrics`` (its port, with the engine key), not here.
 """
 
 from __future__ import annotations
 
-import math
+import bisect
+import itertools
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from .health import EngineState, HealthStatus
 
 #: Content type of the text exposition format.
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
 #: Seconds. On CPU a first token can take tens of seconds (a cold engine, a long prompt); on a GPU, well under one.
 FIRST_TOKEN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -41,23 +49,6 @@ ADAPTER = "adapter"  # a compare side whose adapter could not be loaded
 UNKNOWN_CAUSE = "unknown"
 
 
-@dataclass
-class _Histogram:
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)  # per bucket, not cumulative; the last is +Inf
-    total: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.buckets) + 1)
-
-    def observe(self, value: float) -> None:
-        i = next((i for i, bound in enumerate(self.buckets) if value <= bound), len(self.buckets))
-        self.counts[i] += 1
-        self.total += value
-        self.count += 1
-
-
 def _new_restarts(last: int, attempt: int) -> int:
     """Restarts a supervisor's ``attempt`` (restarts within its window) reveals after ``last``: a rise counts the
     difference; a fall to a number above 0 is a restart in a new window (the old ones aged out); a fall to 0 is a
@@ -65,22 +56,25 @@ def _new_restarts(last: int, attempt: int) -> int:
     return attempt - last if attempt > last else (1 if 0 < attempt < last else 0)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+@dataclass
+class _Histogram:
+    """One label set's observations: per-bucket counts (not cumulative; the last is +Inf), their sum and count."""
 
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
 
-def _labels(**labels: str) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets) + 1)
 
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
 
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
+    def cumulative(self) -> list[tuple[str, float]]:
+        """(upper bound as Prometheus spells it, cumulative count) for HistogramMetricFamily."""
+        bounds = [floatToGoString(b) for b in self.buckets] + ["+Inf"]  # type: ignore[no-untyped-call]
+        return list(zip(bounds, itertools.accumulate(self.counts), strict=True))
 
 
 class Metrics:
@@ -146,104 +140,94 @@ class Metrics:
     # ------------------------------------------------------------ the exposition text
 
     def render(self, *, engine: HealthStatus, active_sessions: int, anomalies: Mapping[str, int]) -> str:
+        """The text exposition of this process's metrics and the given snapshot (prometheus_client's writer)."""
         self.observe_engine(engine)
-        out: list[str] = []
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Scrape(self._families(engine, active_sessions, anomalies)))
+        return generate_latest(registry).decode()
 
-        def head(name: str, kind: str, text: str) -> None:
-            out.append(f"# HELP {name} {text}")
-            out.append(f"# TYPE {name} {kind}")
-
-        def sample(name: str, value: float, **labels: str) -> None:
-            out.append(f"{name}{_labels(**labels)} {_number(value)}")
-
+    def _families(self, engine: HealthStatus, active_sessions: int, anomalies: Mapping[str, int]) -> list[Metric]:
+        """Every family, in the order /metrics has always listed them; those of a fleet only with a fleet."""
         with self._lock:
-            for name, hists, text in (
-                (
-                    "qwenchat_first_token_seconds",
-                    self._first_token,
-                    "Seconds from the user's message to the first streamed token, per model "
-                    "(includes any wait for the engine and an adapter load).",
-                ),
-                (
-                    "qwenchat_answer_seconds",
-                    self._answer,
-                    "Seconds from the user's message to the last token of an answer shown whole, per model.",
-                ),
-            ):
-                head(name, "histogram", text)
-                for model in sorted(hists):
-                    h = hists[model]
-                    cumulative = 0
-                    for bound, n in zip((*h.buckets, math.inf), h.counts, strict=True):
-                        cumulative += n
-                        sample(f"{name}_bucket", cumulative, model=model, le=_number(bound))
-                    sample(f"{name}_sum", h.total, model=model)
-                    sample(f"{name}_count", h.count, model=model)
-
-            head(
-                "qwenchat_answers_total",
-                "counter",
-                "Answers by the model asked and outcome: ok, or the error code (errors.py), stopped, no_text, "
-                "app_error, engine_down.",
-            )
-            for model, outcome in sorted(self._outcomes):
-                sample("qwenchat_answers_total", self._outcomes[(model, outcome)], model=model, outcome=outcome)
-
-            head("qwenchat_streaming_answers", "gauge", "Answers streaming now.")
-            sample("qwenchat_streaming_answers", self._streaming)
-
-            head(
-                "qwenchat_engine_restarts_total",
-                "counter",
-                "Engine restarts seen by this UI process, by cause: rises of the supervisor status file's attempt "
-                "(restarts within its window) as the health poller read it.",
-            )
-            for cause in sorted(self._restarts):
-                sample("qwenchat_engine_restarts_total", self._restarts[cause], cause=cause)
-
+            out: list[Metric] = [
+                _histograms("qwenchat_first_token_seconds", self._first_token, _HELP["first_token"]),
+                _histograms("qwenchat_answer_seconds", self._answer, _HELP["answer"]),
+                _counter("qwenchat_answers", _HELP["answers"], ("model", "outcome"), self._outcomes),
+                _gauge("qwenchat_streaming_answers", _HELP["streaming"], self._streaming),
+                _counter("qwenchat_engine_restarts", _HELP["restarts"], ("cause",), self._restarts),
+            ]
             if self._replica_restarts:
-                head(
-                    "qwenchat_replica_restarts_total",
-                    "counter",
-                    "A fleet's local replicas: restarts seen by this UI process, by replica and cause (each "
-                    "replica's own supervisor status file, read as for qwenchat_engine_restarts_total).",
+                replica_restarts = {(str(n), cause): v for (n, cause), v in self._replica_restarts.items()}
+                out.append(
+                    _counter(
+                        "qwenchat_replica_restarts", _HELP["replica_restarts"], ("replica", "cause"), replica_restarts
+                    )
                 )
-                for number, cause in sorted(self._replica_restarts):
-                    count = self._replica_restarts[(number, cause)]
-                    sample("qwenchat_replica_restarts_total", count, replica=str(number), cause=cause)
-
-        head(
-            "qwenchat_stream_anomalies_total",
-            "counter",
-            "Chat requests whose stream had each anomaly kind (one count per request and kind).",
-        )
-        for kind in sorted(anomalies):
-            sample("qwenchat_stream_anomalies_total", anomalies[kind], kind=kind)
-
-        head("qwenchat_active_sessions", "gauge", "Browser chat sessions connected now.")
-        sample("qwenchat_active_sessions", active_sessions)
-
-        head("qwenchat_engine_state", "gauge", "The engine's state as the UI sees it: 1 for the current state.")
-        for state in EngineState:
-            sample("qwenchat_engine_state", 1 if engine.state is state else 0, state=state.value)
-
+        out.append(_counter("qwenchat_stream_anomalies", _HELP["anomalies"], ("kind",), anomalies))
+        out.append(_gauge("qwenchat_active_sessions", _HELP["sessions"], active_sessions))
+        state = GaugeMetricFamily("qwenchat_engine_state", _HELP["state"], labels=("state",))
+        for s in EngineState:
+            state.add_metric((s.value,), 1 if engine.state is s else 0)
+        out.append(state)
         if engine.replicas:  # a [fleet]: each replica as the poller last saw it (its own /health)
-            head(
-                "qwenchat_replica_ready",
-                "gauge",
-                "A fleet's replicas as the UI sees them: 1 if the replica answers its own /health, else 0.",
-            )
+            ready = GaugeMetricFamily("qwenchat_replica_ready", _HELP["replica_ready"], labels=("replica", "address"))
             for r in engine.replicas:
-                sample("qwenchat_replica_ready", 1 if r.ready else 0, replica=str(r.number), address=r.address)
+                ready.add_metric((str(r.number), r.address), 1 if r.ready else 0)
+            out.append(ready)
+        attempt = GaugeMetricFamily("qwenchat_engine_restart_attempt", _HELP["attempt"])
+        if engine.attempt is not None:  # absent with an external engine
+            attempt.add_metric((), engine.attempt)
+        out.append(attempt)
+        return out
 
-        head(
-            "qwenchat_engine_restart_attempt",
-            "gauge",
-            "The supervisor's attempt now (restarts within its window; absent with an external engine).",
-        )
-        if engine.attempt is not None:
-            sample("qwenchat_engine_restart_attempt", engine.attempt)
-        return "\n".join(out) + "\n"
+
+class _Scrape(Collector):
+    """One scrape's families, ready-made (the registry asks a collector for them)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def _histograms(name: str, per_model: Mapping[str, _Histogram], text: str) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, text, labels=("model",))
+    for model in sorted(per_model):
+        h = per_model[model]
+        family.add_metric((model,), h.cumulative(), h.total)
+    return family
+
+
+def _counter(name: str, text: str, labels: tuple[str, ...], values: Mapping[Any, float]) -> CounterMetricFamily:
+    """``name`` without ``_total``: prometheus_client adds it to the sample (and the parser strips it again)."""
+    family = CounterMetricFamily(name, text, labels=labels)
+    for key in sorted(values):
+        family.add_metric(key if isinstance(key, tuple) else (key,), values[key])
+    return family
+
+
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)
+
+
+_HELP = {
+    "first_token": "Seconds from the user's message to the first streamed token, per model "
+    "(includes any wait for the engine and an adapter load).",
+    "answer": "Seconds from the user's message to the last token of an answer shown whole, per model.",
+    "answers": "Answers by the model asked and outcome: ok, or the error code (errors.py), stopped, no_text, "
+    "app_error, engine_down.",
+    "streaming": "Answers streaming now.",
+    "restarts": "Engine restarts seen by this UI process, by cause: rises of the supervisor status file's attempt "
+    "(restarts within its window) as the health poller read it.",
+    "replica_restarts": "A fleet's local replicas: restarts seen by this UI process, by replica and cause (each "
+    "replica's own supervisor status file, read as for qwenchat_engine_restarts_total).",
+    "anomalies": "Chat requests whose stream had each anomaly kind (one count per request and kind).",
+    "sessions": "Browser chat sessions connected now.",
+    "state": "The engine's state as the UI sees it: 1 for the current state.",
+    "replica_ready": "A fleet's replicas as the UI sees them: 1 if the replica answers its own /health, else 0.",
+    "attempt": "The supervisor's attempt now (restarts within its window; absent with an external engine).",
+}
 
 
 METRICS = Metrics()

@@ -1,5 +1,6 @@
-"""GET /metrics: the Prometheus text format, read back with Prometheus's own text parser (prometheus_client, a test
-dependency) and a stricter one of the exposition format here, and what the handlers count into it."""
+"""GET /metrics: the Prometheus text format (written by prometheus_client), read back with Prometheus's own text parser
+and a stricter one of the exposition format here; the same families as the hand-written exposition it replaced; and
+what the handlers count into it."""
 
 from __future__ import annotations
 
@@ -99,7 +100,9 @@ def check_histogram(family: str, samples: Samples) -> None:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
+    """The sample's value; ``le`` compares as a number (``10`` and ``10.0`` are the same bucket)."""
+    want = _plain(labels.items())
+    return next((v for (n, ls), v in samples.items() if n == name and _plain(ls) == want), None)
 
 
 def scrape(ui) -> Samples:  # noqa: F811
@@ -144,6 +147,52 @@ async def test_the_text_parses_and_holds_every_family_with_its_type():
     }
     assert value(samples, "qwenchat_engine_restarts_total", cause="oom_cpu") == 2  # first seen at attempt 2
     assert value(samples, "qwenchat_engine_restart_attempt") == 2
+
+
+def _rich_metrics() -> str:
+    """Every family with samples (histograms of two models, a fleet with restarts), as in
+    data/metrics_hand_written.txt, which the hand-written exposition before prometheus_client wrote for this state."""
+    from backend.chat.health import ReplicaHealth
+
+    m = metrics.Metrics()
+    m.first_token("pirate", 0.3)
+    m.first_token("base", 400.0)
+    m.answered("pirate", 2.0)
+    m.outcome("ok", "pirate")
+    m.outcome("engine_error", "base")
+
+    def fleet(a1: int, c1: str, a2: int, c2: str, attempt: int, cause: str | None) -> HealthStatus:
+        return HealthStatus(
+            state=EngineState.DEGRADED,
+            attempt=attempt,
+            cause=cause,
+            replicas=(
+                ReplicaHealth(1, "127.0.0.1:8001", True, attempt=a1, cause=c1),
+                ReplicaHealth(2, "gpu-b:8000", False, "connection refused", attempt=a2, cause=c2),
+            ),
+        )
+
+    m.observe_engine(fleet(0, "", 0, "", 0, None))
+    m.observe_engine(fleet(1, "killed", 0, "", 2, "oom_cpu"))
+    return m.render(engine=fleet(1, "", 2, "oom_cpu", 2, None), active_sessions=3, anomalies={"json_body": 2})
+
+
+async def test_the_families_names_labels_and_values_are_those_of_the_hand_written_exposition():
+    """The move to prometheus_client changed no family, type, sample name, label or value (only spelling: 1.0 for
+    a bucket bound of 1, the order of labels)."""
+    from pathlib import Path
+
+    def read(text: str) -> dict[str, tuple[str, dict[tuple[str, frozenset[tuple[str, str]]], float]]]:
+        return {
+            fam.name: (fam.type, {(s.name, _plain(s.labels.items())): s.value for s in fam.samples})
+            for fam in text_string_to_metric_families(text)
+        }
+
+    before = (Path(__file__).parent / "data" / "metrics_hand_written.txt").read_text()
+    now = _rich_metrics()
+    parse(now)  # and the strict reading holds
+    assert read(now) == read(before)
+    assert len(read(now)) == 11
 
 
 async def test_restarts_are_counted_by_cause_from_the_attempts_the_poller_sees():
