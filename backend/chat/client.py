@@ -506,7 +506,10 @@ class _Request:
 
 
 def _pick_choice(st: _Request, choices: Any, data: Any, has_usage: bool) -> tuple[dict[str, Any] | None, list[Event]]:
-    """The choice with index 0 (or the first), with anomalies for everything unusual."""
+    """The choice with index 0 (a choice without an index counts as 0), with anomalies for everything unusual.
+
+    Only index 0 is ever the answer: a server that ignores ``n = 1`` (or a proxy fanning out) streams other choices
+    as chunks of their own, and taking "the first choice of each chunk" would mix their text into ours."""
     notes: list[Event] = []
 
     def note(kind: str, detail: str) -> None:
@@ -533,7 +536,9 @@ def _pick_choice(st: _Request, choices: Any, data: Any, has_usage: bool) -> tupl
     for c in dicts:
         if c.get("index", 0) == 0:
             return c, notes
-    return (dicts[0] if dicts else None), notes
+    if dicts:
+        note("other_choice", f"a chunk for choice {dicts[0].get('index')!r} only; not part of the answer (index 0)")
+    return None, notes
 
 
 def _usage_of(data: dict[str, Any]) -> Usage | None:

@@ -20,6 +20,10 @@ spec misbehave, later ones are normal — for retry tests), ``retry_after`` (503
 requests for that model follow the spec, others get the default mode: one side of a compare fails). Faults are
 listed in ``FAULTS``; ``http-<status>`` works for any status.
 
+A scripted answer (``POST /fake/script {"chunks": ["set key", ":value"], "hold": 2}``) replaces the ``w0 w1 …``
+tokens of every normal streamed answer with those content chunks, as given (a sequence split across chunks
+stays split), ``hold`` seconds before the last one; ``{"chunks": null}`` or ``/fake/reset`` ends it.
+
 ``image=PORT`` (any mode) starts the answer with a markdown image pointing at a local listener,
 ``![x](http://127.0.0.1:PORT/leak.png?c=N)`` (N: the request's index): does the browser fetch it?
 
@@ -72,6 +76,8 @@ FAULTS: dict[str, str] = {
     "empty-stream": "`data: [DONE]` and nothing else (non-stream: `{}`)",
     "invalid-utf8": "a multi-byte character split across two writes, plus invalid UTF-8 bytes in content",
     "several-choices": "two choices per chunk, index 1 listed first",
+    "other-choice-chunks": "a server ignoring n = 1: chunks of choice 1 (text `X`) interleaved with ours, one choice "
+    "per chunk, choice 1 first (non-stream: two choices, index 1 listed first)",
     "extra-fields": "unknown fields at every level",
     "think-inline": "`<think>…</think>` inline in content, tags split across chunks",
     "reasoning-field": "`delta.reasoning_content` chunks before the content",
@@ -282,6 +288,8 @@ class FakeServer:
         self.lora_calls: list[tuple[str, dict[str, Any], str]] = []  # (path, body, Authorization header)
         self.lora_fault: int | None = None  # every (un)load answers this HTTP status with vLLM's error body
         self.lineage = True  # False: /v1/models without parent/root, as behind LiteLLM or a router
+        self.script: list[str] | None = None  # content chunks every normal streamed answer sends instead of tokens
+        self.script_hold = 0.0  # seconds before the script's last chunk (a test reads the page mid-answer)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -296,6 +304,7 @@ class FakeServer:
         app.router.add_get("/fake/requests", self._requests)
         app.router.add_post("/fake/reset", self._reset)
         app.router.add_post("/fake/mode", self._set_mode)
+        app.router.add_post("/fake/script", self._set_script)
         return app
 
     async def start(self) -> FakeServer:
@@ -333,6 +342,7 @@ class FakeServer:
         return self._attempts.get(spec, 0)
 
     def reset(self) -> None:
+        self.script, self.script_hold = None, 0.0
         self.records.clear()
         self._attempts.clear()
 
@@ -414,6 +424,15 @@ class FakeServer:
     async def _reset(self, request: web.Request) -> web.Response:
         self.reset()
         return web.json_response({"ok": True})
+
+    async def _set_script(self, request: web.Request) -> web.Response:
+        data = await request.json()
+        chunks = data.get("chunks") if isinstance(data, dict) else None
+        if chunks is not None and not (isinstance(chunks, list) and all(isinstance(c, str) for c in chunks)):
+            msg = f"script {chunks!r}: give 'chunks' as a list of strings (null ends the script)"
+            return web.json_response(vllm_error(msg, "BadRequestError", 400), status=400)
+        self.script, self.script_hold = chunks, float(data.get("hold") or 0)
+        return web.json_response({"chunks": chunks, "hold": self.script_hold})
 
     async def _set_mode(self, request: web.Request) -> web.Response:
         data = await request.json()
@@ -581,7 +600,7 @@ class FakeServer:
             choice["message"] = {"role": "assistant", "content": None}
         elif fault == "no-finish":
             choice["finish_reason"] = None
-        elif fault == "several-choices":
+        elif fault in ("several-choices", "other-choice-chunks"):
             out["choices"] = [
                 {"index": 1, "message": {"role": "assistant", "content": "OTHER"}, "finish_reason": "stop"},
                 choice,
@@ -648,6 +667,9 @@ class FakeServer:
             rec.chunks_sent += 1
 
         async def send(obj: Any) -> None:
+            if fault == "other-choice-chunks" and obj.get("choices"):  # choice 1's own chunk before each of ours
+                other = {**obj, "choices": [{**obj["choices"][0], "index": 1, "delta": {"content": "X"}}]}
+                await raw(b"data: " + json.dumps(other, ensure_ascii=False).encode() + b"\n\n")
             await raw(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
 
         def chunk(delta: dict[str, Any] | None, finish_reason: str | None = None, **top: Any) -> dict[str, Any]:
@@ -721,7 +743,13 @@ class FakeServer:
             await raw(b"\xad" + second + b"\n\n")
             bad = json.dumps(chunk({"content": " bad@ end "}), ensure_ascii=False).encode()
             await raw(b"data: " + bad.replace(b"@", b"\xff\xe4\xb8") + b"\n\n")
-        for i in range(n):
+        if self.script is not None and fault is None:
+            script, hold, n = self.script, self.script_hold, len(self.script)
+            for i, piece in enumerate(script):
+                if hold and i == len(script) - 1:
+                    await self._stall(request, hold)
+                await send(chunk({"content": piece}))
+        for i in range(n if self.script is None or fault is not None else 0):
             if i == at and fault is not None:
                 if fault == "stall-mid":
                     await self._stall(request, mode.stall)

@@ -330,6 +330,7 @@ CASES: dict[str, tuple[str, str | None, bool]] = {
     "fault:role-only-first": (FULL, None, False),
     "fault:extra-fields": (FULL, None, False),
     "fault:several-choices": (FULL, None, False),
+    "fault:other-choice-chunks": (FULL, None, False),
     "fault:think-inline": (FULL, None, False),
     "fault:reasoning-field": (FULL, None, False),
     "fault:invalid-utf8": ("ok 中 bad", None, False),

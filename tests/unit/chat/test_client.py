@@ -158,6 +158,7 @@ STREAM: dict[str, Any] = {
     "empty-stream": EmptyAnswer,
     "invalid-utf8": ("ok 中 bad\ufffd\ufffd end " + TEXT, "", {"invalid_utf8"}, "stop"),
     "several-choices": (TEXT, "", {"several_choices"}, "stop"),
+    "other-choice-chunks": (TEXT, "", {"other_choice"}, "stop"),
     "extra-fields": OK,
     "think-inline": (TEXT, "reasoning", set(), "stop"),
     "reasoning-field": (TEXT, "reasoning", set(), "stop"),
@@ -194,6 +195,7 @@ NONSTREAM: dict[str, Any] = {
     "empty-stream": EmptyAnswer,
     "invalid-utf8": ("ok 中 bad\ufffd\ufffd end", "", {"invalid_utf8"}, "stop"),
     "several-choices": (TEXT, "", {"several_choices"}, "stop"),
+    "other-choice-chunks": (TEXT, "", {"several_choices"}, "stop"),
     "extra-fields": OK,
     "think-inline": (TEXT, "reasoning\n", set(), "stop"),  # "<think>\nreasoning\n</think>"
     "reasoning-field": (TEXT, "reasoning", set(), "stop"),
