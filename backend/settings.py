@@ -92,6 +92,47 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+_HOST_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")  # one label of a host name
+
+
+def host_name_of(value: str) -> str | None:
+    """A host name or IP address the way the UI compares ``Host`` headers: lower case, an IPv6 address compressed
+    and without brackets, no trailing dot ("Chat.Example." -> "chat.example"); None when ``value`` is not one (a
+    URL, a port, a path, a space)."""
+    v = value.strip().lower()
+    if v.startswith("[") and v.endswith("]"):
+        v = v[1:-1]
+    try:
+        return str(ipaddress.ip_address(v))
+    except ValueError:
+        pass
+    v = v.removesuffix(".")
+    if not v or len(v) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in v.split(".")):
+        return None
+    return v
+
+
+def is_wildcard(host: str) -> bool:
+    """0.0.0.0, :: or "": every address of this machine."""
+    try:
+        return not host.strip() or ipaddress.ip_address(host.strip().strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
+def served_host_names(settings: Settings) -> tuple[str, ...]:
+    """The ``Host`` names the UI answers to besides loopback ones (DNS rebinding): ``[ui] hosts``, the hosts of
+    ``[ui] allowed_origins`` and ``[server] ui_host`` when it is one address or name (not 0.0.0.0 / ::).
+
+    Empty for a ``ui_host`` of 0.0.0.0 with neither set: the launcher then asks for ``[ui] hosts`` by name."""
+    candidates = [*settings.ui.hosts]
+    candidates += [urllib.parse.urlsplit(o.strip()).hostname or "" for o in settings.ui.allowed_origins]
+    if not is_wildcard(settings.server.ui_host) and not is_loopback(settings.server.ui_host):
+        candidates.append(settings.server.ui_host)
+    names = (host_name_of(c) for c in candidates)
+    return tuple(dict.fromkeys(n for n in names if n))
+
+
 def home_dir() -> Path:
     """Cache folder for environments, models and adapters (outside git)."""
     return Path(os.environ.get("QWENCHAT_HOME") or Path.home() / ".cache" / "qwenchat")
@@ -236,6 +277,10 @@ class UISettings:
     # (scheme://host:port of the request's Host header). Set: exactly these, e.g. "https://chat.example.com".
     allowed_origins: tuple[str, ...] = ()
     public: bool = False  # true: allow a non-loopback ui_host without login (anyone reaching the port chats)
+    # Host names and addresses the UI answers to when [server] ui_host is not loopback ("chat.example.com",
+    # "10.0.0.5"); any other Host header gets 403 (DNS rebinding). Loopback names, a single-address ui_host and the
+    # hosts of allowed_origins are always served; with ui_host = "0.0.0.0" and none of them set, the start asks.
+    hosts: tuple[str, ...] = ()
     # Reverse proxies in front of the UI (addresses or networks, "10.0.0.5", "10.0.0.0/24"): from these peers only,
     # X-Forwarded-For / X-Forwarded-Proto name the client and the scheme (login throttle, origin check).
     trusted_proxies: tuple[str, ...] = ()
@@ -536,6 +581,14 @@ def _validate(s: Settings) -> None:
             origin,
             'origins like "http://localhost:8080" or "https://chat.example.com": scheme, host and optional port, '
             "no path",
+        )
+    for host in s.ui.hosts:
+        need(
+            host_name_of(host) is not None,
+            "ui.hosts",
+            host,
+            'host names or IP addresses the UI is opened at, like "chat.example.com" or "10.0.0.5" (no scheme, port '
+            "or path; QWENCHAT_UI_HOSTS separates them with spaces)",
         )
     _validate_branding(s, need)
     for proxy in s.ui.trusted_proxies:

@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from backend.errors import ConfigError
-from backend.settings import ROOT, ClientSettings, LoraSettings, ModelSettings, Settings, load_settings
+from backend.settings import (
+    ROOT,
+    ClientSettings,
+    LoraSettings,
+    ModelSettings,
+    Settings,
+    load_settings,
+    served_host_names,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -152,3 +160,43 @@ def test_a_history_db_url_with_a_bad_port_is_refused_at_start_without_its_passwo
     message = str(info.value)
     assert "ui.history_db" in message and "port from 1 to 65535" in message
     assert "s3cret" not in message and "qw:***@db" in message
+
+
+# ---------------------------------------------------------------- [ui] hosts (the Host names the UI answers to)
+
+
+def test_ui_hosts_come_from_config_or_the_environment_normalised(tmp_path):
+    s = load_settings(write(tmp_path, '[ui]\nhosts = ["Chat.Example.com", "10.0.0.5", "[::1]"]\n'), env={})
+    assert s.ui.hosts == ("Chat.Example.com", "10.0.0.5", "[::1]")
+    assert served_host_names(s) == ("chat.example.com", "10.0.0.5", "::1")
+    env = load_settings(write(tmp_path, ""), env={"QWENCHAT_UI_HOSTS": "gpu-box gpu-box.lan."})
+    assert served_host_names(env) == ("gpu-box", "gpu-box.lan")
+
+
+@pytest.mark.parametrize(
+    "value", ["http://chat.example.com", "chat.example.com:8080", "chat.example.com/app", "a,b", "", "bad name"]
+)
+def test_a_bad_ui_host_names_the_key_the_value_and_the_form(tmp_path, value):
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, ""), env={"QWENCHAT_UI_HOSTS": f"'{value}'"})
+    message = str(info.value)
+    assert "ui.hosts" in message and repr(value) in message and '"10.0.0.5"' in message
+
+
+@pytest.mark.parametrize(
+    "ui_host, hosts, origins, expected",
+    [
+        ("127.0.0.1", (), (), ()),  # loopback: loopback names only (the middleware adds those)
+        ("0.0.0.0", (), (), ()),  # every address, nothing named: the start asks for [ui] hosts
+        ("::", (), (), ()),
+        ("10.0.0.10", (), (), ("10.0.0.10",)),  # one address: people open it by that address
+        ("chat.lan", (), (), ("chat.lan",)),
+        ("0.0.0.0", ("gpu-box",), ("https://chat.example.com",), ("gpu-box", "chat.example.com")),
+        ("10.0.0.10", ("gpu-box",), (), ("gpu-box", "10.0.0.10")),
+    ],
+)
+def test_served_host_names_are_derived_from_ui_host_hosts_and_allowed_origins(ui_host, hosts, origins, expected):
+    from backend.settings import ServerSettings, UISettings
+
+    s = Settings(server=ServerSettings(ui_host=ui_host), ui=UISettings(hosts=hosts, allowed_origins=origins))
+    assert served_host_names(s) == expected
