@@ -232,6 +232,11 @@ CATALOG: dict[str, tuple[str, str]] = {
         "Stop), then send it again. Your message:\n\n{text}",
         "上一条消息仍在回答中：这一条未发送。请等待回答结束（或点“停止”）后再发送。你的消息：\n\n{text}",
     ),
+    "busy_action": (
+        "The previous message is still being answered: wait for the answer (or press Stop), then press the button "
+        "again.",
+        "上一条消息仍在回答中：请等待回答结束（或点“停止”）后再点此按钮。",
+    ),
     "message.id_taken": (
         "This message was not sent: its id `{id}` already belongs to another message. Reload the page and send "
         "it again.",
