@@ -71,6 +71,8 @@ class Service:
         self._poller: HealthPoller | None = None
         self._counter: counters.TokenCounter | None = None
         self._counter_lock = asyncio.Lock()
+        self._counter_chosen_when_ready = False  # the engine's state when the counter was chosen
+        self._counter_had_files = False  # whether the tokenizer folder had its files then
         self._load_lock = asyncio.Lock()
         self._warm: asyncio.Task[None] | None = None
         # Shared by every chat of this process: last use and answers streaming per adapter (LRU eviction).
@@ -423,10 +425,16 @@ class Service:
         return None, self.base_url
 
     async def counter(self) -> counters.TokenCounter:
+        """The token counter, chosen again while it is an estimate and something better has appeared since."""
         async with self._counter_lock:
+            if self._counter is not None and not self._counter.exact and self._better_counter_possible():
+                logger.info("token counter: choosing again (the model's tokenizer or the engine is there now)")
+                self._counter = None
             if self._counter is None:
                 s = self.settings
                 folder, server = self.tokenizer_source()
+                self._counter_chosen_when_ready = self.poller.status.state in (EngineState.READY, EngineState.DEGRADED)
+                self._counter_had_files = bool(folder and counters.has_tokenizer(folder))
                 self._counter = await counters.open_counter(
                     tokenizer_dir=folder,
                     base_url=server,
@@ -435,6 +443,17 @@ class Service:
                     client=s.client,
                 )
             return self._counter
+
+    def _better_counter_possible(self) -> bool:
+        """An estimate was chosen (at a cold start: no model folder yet, the engine still down); since then the
+        tokenizer files have appeared (the model was converted or downloaded) or the engine has become ready (its
+        /tokenize may answer now). Each is tried once per appearance, so a server whose /tokenize stays broken
+        costs one more try after it comes up, not one per message."""
+        folder, server = self.tokenizer_source()
+        if folder and not self._counter_had_files and counters.has_tokenizer(folder):
+            return True
+        ready = self.poller.status.state in (EngineState.READY, EngineState.DEGRADED)
+        return bool(server) and ready and not self._counter_chosen_when_ready
 
     async def fit(self, messages: list[dict[str, str]]) -> budget_mod.FitResult:
         try:

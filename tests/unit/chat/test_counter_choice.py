@@ -1,0 +1,119 @@
+"""The token counter is chosen again while it is an estimate and something better appears (#19): the model's
+tokenizer files (converted or downloaded after the UI started), or an engine that has become ready (its /tokenize)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from backend.chat import counters, health
+from backend.chat.health import EngineState, HealthPoller, HealthStatus
+from backend.chat.service import Service
+from backend.settings import ModelSettings, Settings
+
+MESSAGES = [{"role": "user", "content": "How many tokens is this? 你好"}]
+
+
+@pytest.fixture
+def engine_state(monkeypatch: pytest.MonkeyPatch) -> dict[str, EngineState]:
+    """The state every poller reports, set by the test (the poller's own polling is not what is tested here)."""
+    state = {"now": EngineState.STARTING}
+    monkeypatch.setattr(HealthPoller, "status", property(lambda self: HealthStatus(state=state["now"])))
+    return state
+
+
+@pytest.mark.asyncio
+async def test_a_cold_start_estimates_then_counts_exactly_once_the_model_folder_has_its_tokenizer(
+    qwen_dir, tmp_path, engine_state
+):
+    folder = tmp_path / "model"  # the launcher converts the model here after the UI started
+    service = Service(Settings(model=ModelSettings(path=str(folder))))
+    service.base_url = "http://127.0.0.1:9/v1"  # the engine, still down: nothing listens
+    await health.reset_shared()
+    try:
+        first = await service.counter()
+        assert not first.exact
+        assert (await service.fit(list(MESSAGES))).exact is False
+        assert await service.counter() is first  # nothing new: the same estimate, no new attempt
+
+        shutil.copytree(qwen_dir, folder)
+        again = await service.counter()
+        assert isinstance(again, counters.LocalCounter) and again.exact
+        assert (await service.fit(list(MESSAGES))).exact is True
+        assert await service.counter() is again
+    finally:
+        await health.reset_shared()
+
+
+class Tokenizer:
+    """An engine's /tokenize that refuses while the model loads, then answers."""
+
+    def __init__(self) -> None:
+        self.loading = True
+        self.calls = 0
+        self.url = ""
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        if self.loading:
+            return web.json_response({"error": {"message": "loading", "type": "x", "code": 503}}, status=503)
+        body = await request.json()
+        n = sum(len(str(m.get("content", ""))) for m in body.get("messages", [])) + len(str(body.get("prompt", "")))
+        return web.json_response({"count": n + 3, "max_model_len": 8192, "tokens": []})
+
+
+@contextlib.asynccontextmanager
+async def tokenizer_server() -> AsyncIterator[Tokenizer]:
+    t = Tokenizer()
+    app = web.Application()
+    app.router.add_post("/tokenize", t.tokenize)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    t.url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    try:
+        yield t
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.asyncio
+async def test_an_external_engine_that_becomes_ready_is_asked_for_exact_counts_once_then_kept(engine_state):
+    async with tokenizer_server() as server:
+        service = Service(Settings(base_url=server.url, model=ModelSettings(served_model_name="m")))
+        await health.reset_shared()
+        try:
+            first = await service.counter()  # the engine is loading: /tokenize refuses, so an estimate
+            assert not first.exact
+            tried = server.calls
+            assert await service.counter() is first and server.calls == tried  # still starting: not asked again
+
+            server.loading = False
+            engine_state["now"] = EngineState.READY
+            again = await service.counter()
+            assert isinstance(again, counters.RemoteCounter) and again.exact
+            assert (await service.fit(list(MESSAGES))).exact is True
+        finally:
+            await health.reset_shared()
+
+
+@pytest.mark.asyncio
+async def test_a_tokenize_that_stays_broken_after_ready_is_tried_once_more_not_per_message(engine_state):
+    async with tokenizer_server() as server:
+        service = Service(Settings(base_url=server.url, model=ModelSettings(served_model_name="m")))
+        await health.reset_shared()
+        try:
+            await service.counter()
+            engine_state["now"] = EngineState.READY
+            assert not (await service.counter()).exact  # one more try, still refused
+            tried = server.calls
+            for _ in range(3):
+                assert not (await service.counter()).exact
+            assert server.calls == tried
+        finally:
+            await health.reset_shared()
