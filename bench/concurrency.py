@@ -276,4 +276,7 @@ def run(argv: list[str] | None = None) -> Any:
 
 
 if __name__ == "__main__":
+    from bench.environment import use_test_environment
+
+    use_test_environment()  # as ./test.sh sets it up, when run from the documented command alone
     sys.exit(run())

@@ -232,4 +232,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from bench.environment import use_test_environment
+
+    use_test_environment()  # as ./test.sh sets it up, when run from the documented command alone
     main()
