@@ -115,7 +115,7 @@ class Pair:
     """One compared turn."""
 
     turn_id: str  # the user message both answered
-    prompt: list[dict[str, str]]  # what both were sent (OpenAI messages, ending with the user turn)
+    prompt: list[dict[str, str]]  # the turn's own prompt (``turn_prompt``): what a vote stores
     sides: list[Side]
     blind: bool
     revealed: bool = True
@@ -134,12 +134,23 @@ class Pair:
 
 
 def new_pair(mode: CompareMode, turn_id: str, prompt: list[dict[str, str]], rng: random.Random | None = None) -> Pair:
-    """Sides A and B: in the order given, or in random order when blind."""
+    """Sides A and B: in the order given, or in random order when blind. ``prompt``: the messages of the turn; the
+    pair keeps only its own part (``turn_prompt``)."""
     models = [mode.model_a, mode.model_b]
     if mode.blind:
         (rng or random.SystemRandom()).shuffle(models)
     sides = [Side(label, model) for label, model in zip(LABELS, models, strict=True)]
-    return Pair(turn_id, prompt, sides, mode.blind, revealed=not mode.blind)
+    return Pair(turn_id, turn_prompt(prompt), sides, mode.blind, revealed=not mode.blind)
+
+
+def turn_prompt(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    """What a vote on the turn stores as its prompt: the system prompt (if any) and the last user message.
+
+    Not the whole conversation (issue #18): a chat's 50 kept pairs and every stored vote would each hold all the
+    turns before it, so one long chat could fill the memory and the votes table with copies of itself."""
+    system = [dict(m) for m in messages[:1] if m.get("role") == "system"]
+    user = next((dict(m) for m in reversed(messages) if m.get("role") == "user"), None)
+    return system + ([user] if user else [])
 
 
 async def run(

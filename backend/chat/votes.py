@@ -2,7 +2,7 @@
 
 store = VoteStore(preferences.app_store(settings))  # where the remembered settings are (SQLite or PostgreSQL)
 replaced = store.record(Vote(...))                # True: an earlier vote on (thread_id, turn_id) was replaced
-store.leaderboard()                               # [Standing(model, wins, losses, ties)], most wins first
+store.leaderboard()                               # [Standing(model, wins, losses, ties)], counted in SQL
 store.all()                                       # every vote, oldest first (export-feedback reads it)
 
 Each call is one transaction (callers run it in a thread: ``asyncio.to_thread``).
@@ -32,7 +32,7 @@ class Vote:
     user: str
     thread_id: str
     turn_id: str
-    prompt: list[dict[str, str]]  # the messages sent to both models (OpenAI format, ending with the user turn)
+    prompt: list[dict[str, str]]  # the turn's own prompt: the system prompt (if any) and the user message
     answer_a: str
     answer_b: str
     model_a: str
@@ -130,21 +130,27 @@ class VoteStore:
     def leaderboard(self) -> list[Standing]:
         """Wins, losses and ties per model, most wins first (then fewest losses, then the name).
 
-        A turn with the same model on both sides counts once for it (a tie, or a win and a loss).
+        Counted by the database (one grouped query over the model and winner columns): no prompt or answer is
+        read, however many votes there are. A turn with the same model on both sides is no comparison and is not
+        counted (issue #22: it showed as a win and a loss of that model from one vote).
         """
-        tally: dict[str, list[int]] = {}
-        for v in self.all():
-            a, b = tally.setdefault(v.model_a, [0, 0, 0]), tally.setdefault(v.model_b, [0, 0, 0])
-            if v.winner == "tie":
-                a[2] += 1
-                if b is not a:
-                    b[2] += 1
-            else:
-                win, lose = (a, b) if v.winner == "a" else (b, a)
-                win[0] += 1
-                lose[1] += 1
-        board = [Standing(m, w, lo, ti) for m, (w, lo, ti) in tally.items()]
-        return sorted(board, key=lambda s: (-s.wins, s.losses, s.model))
+        per_side = (
+            "SELECT {m} AS model, "
+            "CASE WHEN winner = '{w}' THEN 1 ELSE 0 END AS won, "
+            "CASE WHEN winner = '{lo}' THEN 1 ELSE 0 END AS lost, "
+            "CASE WHEN winner = 'tie' THEN 1 ELSE 0 END AS tied "
+            "FROM votes WHERE model_a <> model_b"
+        )
+        query = (
+            "SELECT model, SUM(won) AS wins, SUM(lost) AS losses, SUM(tied) AS ties FROM ("
+            + per_side.format(m="model_a", w="a", lo="b")
+            + " UNION ALL "
+            + per_side.format(m="model_b", w="b", lo="a")
+            + ") sides GROUP BY model"
+        )
+        rows = self.store.run(lambda db: db.execute(text(query)).all())
+        board = [Standing(str(m), int(w), int(lo), int(ti)) for m, w, lo, ti in rows]  # one row per model
+        return sorted(board, key=lambda s: (-s.wins, s.losses, s.model))  # in Python: one order on both databases
 
 
 def _vote(row: tuple[Any, ...]) -> Vote:

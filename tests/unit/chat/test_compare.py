@@ -143,3 +143,19 @@ def test_a_chat_keeps_a_bounded_number_of_pairs():
     for i in range(compare.MAX_PAIRS + 5):
         compare.remember(pairs, compare.new_pair(compare.CompareMode("a", "b"), f"u{i}", []))
     assert len(pairs) == compare.MAX_PAIRS and "u0" not in pairs
+
+
+def test_a_pair_and_its_vote_keep_the_turns_own_prompt_not_the_whole_conversation():
+    """Issue #18: each kept pair and each stored vote held every earlier turn of the chat (a long chat, voted on
+    turn after turn, filled the memory and the votes table with copies of itself)."""
+    conv = Conversation()
+    for i in range(200):
+        conv.add_user(f"u{i}", f"question {i} " + "x" * 1000)
+        conv.add_assistant(f"a{i}", f"answer {i} " + "y" * 1000, "base")
+    conv.add_user("last", "which is better?")
+    pair = compare.new_pair(compare.CompareMode("base", "pirate", blind=True), "last", conv.messages("be brief"))
+    expected = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "which is better?"}]
+    assert pair.prompt == expected
+    assert compare.to_vote(pair, "a", "alice", "t1").prompt == expected
+    no_system = compare.new_pair(compare.CompareMode("base", "pirate"), "last", conv.messages(""))
+    assert no_system.prompt == [{"role": "user", "content": "which is better?"}]

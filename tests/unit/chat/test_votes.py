@@ -74,13 +74,61 @@ def test_leaderboard_counts_wins_losses_and_ties_per_model_most_wins_first(tmp_p
     store.record(vote("3", "a"))  # smollm2 beats pirate
     store.record(vote("4", "tie"))
     store.record(vote("5", "a", model_a="other", model_b="smollm2"))  # other beats smollm2
-    store.record(vote("6", "tie", model_a="other", model_b="other"))  # the same model on both sides: one tie
+    store.record(vote("6", "tie", model_a="other", model_b="other"))  # the same model on both sides: not counted
     store.record(vote("1", "a"))  # changed: smollm2 beats pirate on turn 1 (the last vote wins)
     assert store.leaderboard() == [
         Standing("smollm2", wins=2, losses=2, ties=1),
-        Standing("other", wins=1, losses=0, ties=1),
+        Standing("other", wins=1, losses=0, ties=0),
         Standing("pirate", wins=1, losses=2, ties=1),
     ]
+
+
+@pytest.mark.parametrize("winner", ["a", "b", "tie"])
+def test_a_pair_of_the_same_model_is_never_counted_so_one_vote_is_never_a_win_and_a_loss(tmp_path, winner):
+    """Issue #22: a blind pair of the base against itself showed, from one vote, 1 win and 1 loss of the base."""
+    store = VoteStore(tmp_path / "v.sqlite3")
+    store.record(vote("same", winner, model_a="smollm2", model_b="smollm2"))
+    assert store.leaderboard() == []
+    assert len(store.all()) == 1  # the vote itself is kept (the chat said it was stored)
+    store.record(vote("two", winner))
+    board = {s.model: s for s in store.leaderboard()}
+    assert set(board) == {"smollm2", "pirate"}
+    for s in board.values():  # one vote: one win or one loss or one tie per model, never two of them
+        assert s.wins + s.losses + s.ties == 1, s
+    assert sum(s.wins for s in board.values()) == sum(s.losses for s in board.values()) == (winner != "tie")
+
+
+def test_the_leaderboard_is_counted_by_one_sql_query_that_reads_no_prompt_or_answer(tmp_path):
+    """Issue #18: /leaderboard loaded every vote with its prompt and both answers into the UI process."""
+    from sqlalchemy import event
+
+    store = VoteStore(tmp_path / "v.sqlite3")
+    big = [{"role": "user", "content": "x" * 100_000}]
+    for i in range(30):
+        store.record(vote(f"t{i}", "ab"[i % 2] if i % 3 else "tie", prompt=big, answer_a="A" * 50_000))
+    statements: list[str] = []
+    engine = store.store._engine
+    assert engine is not None
+
+    def seen(conn, cursor, statement, parameters, context, executemany):
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        board = store.leaderboard()
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert len(statements) == 1, statements
+    assert not any(col in statements[0] for col in ("prompt", "answer_a", "answer_b", "comment")), statements[0]
+    assert "GROUP BY" in statements[0]
+    # what the votes say, counted by hand: turns 0, 3, 6, ... are ties; of the rest, odd i -> b wins, even i -> a
+    ties = len(range(0, 30, 3))
+    a_wins = sum(1 for i in range(30) if i % 3 and i % 2 == 0)
+    b_wins = sum(1 for i in range(30) if i % 3 and i % 2 == 1)
+    assert {s.model: (s.wins, s.losses, s.ties) for s in board} == {
+        "smollm2": (a_wins, b_wins, ties),
+        "pirate": (b_wins, a_wins, ties),
+    }
 
 
 def test_a_lone_surrogate_in_an_answer_is_stored_safely(tmp_path):
