@@ -23,11 +23,13 @@ from backend.chat import export as chat_export
 from backend.chat import service as ui
 from backend.chat.client import new_request_id
 from backend.chat.datalayer import GuardedDataLayer
-from backend.chat.login import check_password
+from backend.chat.login import verify_login
 from backend.chat.session import ChatSession
 from backend.chat.turn import Outcome
+from backend.chat.votes import WINNERS
 from backend.errors import QwenChatError
 from backend.text import pick_language, t
+from webui import socket_guard
 from webui.compare_view import (
     COMPARE_COMMANDS,
     CompareView,
@@ -60,15 +62,18 @@ if DB_URL:  # [ui].auth: history through Chainlit's own data layer
     def data_layer() -> GuardedDataLayer:
         # Thread ids checked (UUIDs only), stored text sanitised, SQLite in WAL, no prompt text in SQL errors.
         assert HISTORY.db is not None and DB_URL is not None
-        return GuardedDataLayer(SQLAlchemyDataLayer(DB_URL, connect_args=HISTORY.db.connect_args))
+        # A step never moves to another thread; the answers it stores are signed (export-feedback checks).
+        inner = SQLAlchemyDataLayer(DB_URL, connect_args=HISTORY.db.connect_args)
+        return GuardedDataLayer(inner, answer_key=HISTORY.answer_key)
 
 
 if app.settings.ui.auth:  # login, with or without history
 
     @cl.password_auth_callback
     async def login(username: str, password: str) -> cl.User | None:
-        # [ui].users' hashes cost ~0.25 s of PBKDF2: off the event loop, so open chats do not stall.
-        if await asyncio.to_thread(check_password, app.settings, username, password):
+        # One PBKDF2 (~0.25 s) per attempt, on the login's own threads: not on the event loop, and not in the
+        # default pool where token counting runs, so open chats do not stall.
+        if await verify_login(app.settings, username, password):
             return cl.User(identifier=username, metadata={"provider": "credentials"})
         logger.warning("login refused: %s", security.login_refused_note(app.settings, username))
         return None
@@ -178,6 +183,9 @@ class _NonBlockingTime:
 # By the classes' own globals: the package's name "chainlit.step" is the @step decorator, not the module.
 for _cls in (cl.Message, cl.Step):
     _cls.__init__.__globals__["time"] = _NonBlockingTime()
+
+# The browser's client_message and edit_message, checked before Chainlit takes them (webui/socket_guard.py).
+socket_guard.install(lambda: chat_session(), lambda: lang())
 
 # Without login, the page sets a browser cookie that the websocket carries: settings survive a reload.
 if not any(m.cls is preferences.BrowserCookieMiddleware for m in http_app.user_middleware):
@@ -545,10 +553,18 @@ async def turn_of(action: cl.Action):
     return None
 
 
+async def still_answering() -> bool:
+    """A button pressed while this chat is answering: said, and the button stays for later."""
+    if not chat_session().answering:
+        return False
+    await show_error(t("busy_action", lang()))
+    return True
+
+
 @cl.action_callback("retry")
 @guarded
 async def on_retry(action: cl.Action) -> None:
-    if await turn_of(action) is None:
+    if await still_answering() or await turn_of(action) is None:
         return
     side = (action.payload or {}).get("side")  # a compare side's error: retry that side only, keep the other's answer
     pair = compare_state().pairs.get((action.payload or {}).get("turn", "")) if side else None
@@ -565,6 +581,8 @@ async def on_retry(action: cl.Action) -> None:
 @cl.action_callback("send_trimmed")
 @guarded
 async def on_send_trimmed(action: cl.Action) -> None:
+    if await still_answering():
+        return
     last = await turn_of(action)
     if last is None:
         return
@@ -575,13 +593,20 @@ async def on_send_trimmed(action: cl.Action) -> None:
 async def answer_as_task(work: Callable[[], Awaitable[None]] | None = None) -> None:
     """Answer (or do ``work``) as the session's current task, like a typed message, so the Stop button shows and
     works. Action callbacks run inside Chainlit's HTTP request, not the message task Stop cancels.
+
+    Not while this chat is answering (a message, an edit, another button): one answer streams per chat.
     """
+    state = chat_session()
+    if await still_answering():
+        return
+    state.answering = True
     task = asyncio.create_task((work or answer)())
     cl.context.session.current_task = task
     await cl.context.emitter.task_start()
     try:
         await asyncio.wait({task})
     finally:
+        state.answering = False
         await cl.context.emitter.task_end()
 
 
@@ -713,8 +738,16 @@ async def retry_compared_side(pair: compare.Pair, label: str) -> None:
 @guarded
 async def on_compare_vote(action: cl.Action) -> None:
     pair = await pair_of(action, lang())
-    if pair is not None:
-        await cast_vote(pair, action.payload["winner"], "")
+    if pair is None:
+        return
+    winner = (action.payload or {}).get("winner")
+    if not pair.blind:  # the buttons are only under blind pairs; a forged press on another is no blind vote
+        logger.warning("compare_vote refused: the pair of turn %s is not blind", pair.turn_id)
+        await show_error(t("compare.vote_not_blind", lang()))
+    elif winner not in WINNERS:
+        await show_error(t("compare.vote_usage", lang(), text=str(winner)[:80]))
+    else:
+        await cast_vote(pair, winner, "")
 
 
 @cl.action_callback("compare_pick")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import sqlite3
 import time
 from collections.abc import Mapping, MutableMapping
@@ -24,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Boolean, Column, ForeignKey, Index, Integer, MetaData, Table, Text
+from sqlalchemy import Boolean, Column, ForeignKey, Index, Integer, MetaData, Table, Text, inspect, text
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Connection
 
 from ..settings import Settings
 from .conversation import Conversation
 from .database import Database, ensure_tables, failure, from_setting, sqlite_file, store, transient
-from .login import accounts_fingerprint, auth_secret, session_secret, shared_auth_secret
+from .login import SECRETS, accounts_fingerprint, auth_secret, session_secret, shared_auth_secret
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +186,31 @@ def private_files(path: Path, *, own_folder: bool) -> None:
             os.chmod(p, 0o600)
 
 
+ANSWER_KEY = "answer_signing"  # its row in qwenchat_secrets (login.SECRETS), in the history database
+
+
+def answer_key(db: Database, *, create: bool = True) -> bytes | None:
+    """The key answer steps are signed with (``datalayer.sign_answer``), kept in the history database itself: the
+    UI processes and ``export-feedback`` read the same one, no browser ever sees it. ``create=False`` (an export):
+    None when there is none yet, and nothing is written."""
+    st = store(db)
+    if create:
+        ensure_tables(st, SECRETS, "secrets", 1)
+
+    def read_or_create(conn: Connection) -> bytes | None:
+        if not create and "qwenchat_secrets" not in inspect(conn).get_table_names():
+            return None
+        if create:
+            conn.execute(
+                text("INSERT INTO qwenchat_secrets (name, value) VALUES (:n, :v) ON CONFLICT (name) DO NOTHING"),
+                {"n": ANSWER_KEY, "v": secrets.token_urlsafe(32)},
+            )
+        value = conn.execute(text("SELECT value FROM qwenchat_secrets WHERE name = :n"), {"n": ANSWER_KEY}).scalar()
+        return str(value).encode() if value else None
+
+    return st.run(read_or_create)
+
+
 @dataclass(frozen=True)
 class HistoryStart:
     """What ``open_history`` found: the data layer's URL, or why there is no history."""
@@ -191,6 +218,7 @@ class HistoryStart:
     url: str | None = None  # for Chainlit's SQLAlchemyDataLayer; None = no data layer
     db: Database | None = None
     off_reason: str = ""  # set when login is on but the database could not be used (the chat works without)
+    answer_key: bytes | None = None  # signs the answers the UI stores (datalayer.sign_answer)
 
 
 def open_history(settings: Settings, env: MutableMapping[str, str] = os.environ) -> HistoryStart:
@@ -255,7 +283,7 @@ def open_history(settings: Settings, env: MutableMapping[str, str] = os.environ)
     if off_reason:
         return HistoryStart(None, db, off_reason)
     logger.info("history: login on for %r, chats kept in %s", settings.ui.username, db.safe)
-    return HistoryStart(db.async_url, db)
+    return HistoryStart(db.async_url, db, answer_key=answer_key(db))
 
 
 def prepare(settings: Settings, env: MutableMapping[str, str] = os.environ) -> str | None:

@@ -31,3 +31,6 @@ class ChatSession:
     # False from Chainlit's on_chat_end (the browser went away) until the browser acts again (a message, a
     # settings change): no watcher starts meanwhile, even from a chat start that was still running.
     connected: bool = True
+    # A message, an edit or a button is being answered (a compare pair is one answer). Another one meanwhile is
+    # refused (webui/socket_guard.py, app.py answer_as_task): one answer streaming per chat (issue #18).
+    answering: bool = False

@@ -138,3 +138,92 @@ async def test_a_valid_thread_id_goes_through_in_any_case(layer):
     assert await layer.get_thread_author(thread_id) == "admin"
     await layer.delete_thread(thread_id)
     assert await layer.get_thread(thread_id) is None
+
+
+# ---------------------------------------------------------------- issue #18: a step stays in its thread
+
+
+async def thread_of(dl, identifier: str) -> str:
+    from chainlit.context import init_http_context
+    from chainlit.user import User
+
+    user = await dl.create_user(User(identifier=identifier))
+    thread_id = str(uuid.uuid4())
+    init_http_context(thread_id=thread_id)
+    await dl.update_thread(thread_id, name=f"{identifier}'s chat", user_id=user.id)
+    return thread_id
+
+
+async def stored_steps(dl, thread_id: str) -> dict[str, tuple[str, str]]:
+    thread = await dl.get_thread(thread_id)
+    return {s["id"]: (s["type"], s["output"]) for s in thread["steps"]}
+
+
+async def check_a_step_never_moves_to_another_thread_nor_changes_type(dl, caplog) -> None:
+    """Alice's message, written again with its id from Bob's thread (what Chainlit's upsert did on a browser's
+    reused id: moved into Bob's chat with Bob's text), and her answer rewritten as a user message: both refused,
+    logged, nothing moved or overwritten. Shared by the SQLite test here and the PostgreSQL one
+    (tests/integration/test_message_ids.py)."""
+    import chainlit as cl
+
+    alice, bob = await thread_of(dl, "alice"), await thread_of(dl, "bob")
+    question = cl.Message(content="alice's question", author="alice", type="user_message")
+    question.thread_id = alice
+    await dl.create_step(question.to_dict())
+    answer = cl.Message(content="the answer", author="model", metadata=history.answer_metadata("the answer", "m"))
+    answer.thread_id = alice
+    await dl.create_step(answer.to_dict())
+    before = await stored_steps(dl, alice)
+    assert before == {question.id: ("user_message", "alice's question"), answer.id: ("assistant_message", "the answer")}
+
+    stolen = {**question.to_dict(), "threadId": bob, "output": "bob's text"}
+    caplog.clear()
+    await dl.create_step(stolen)
+    await dl.update_step(stolen)
+    forged = {**answer.to_dict(), "type": "user_message", "output": "bob's text"}  # same thread, another type
+    await dl.update_step(forged)
+    await dl.create_step(forged)
+    assert await stored_steps(dl, alice) == before
+    assert await stored_steps(dl, bob) == {}
+    said = [r.getMessage() for r in caplog.records if r.name == "backend.chat.datalayer"]
+    assert (
+        sum(f"step {question.id} belongs to thread {alice} (user 'alice'), not {bob}; nothing moved" in m for m in said)
+        == 2
+    )
+    assert sum(f"step {answer.id} is stored as a assistant_message, not a user_message" in m for m in said) == 2
+    owner = await dl.step_owner(question.id)
+    assert (owner.thread_id, owner.type, owner.user) == (alice, "user_message", "alice")
+    assert await dl.step_owner(str(uuid.uuid4())) is None
+
+    question.content = "alice edits her own message"  # the normal path: an update in the same thread, same type
+    await dl.update_step(question.to_dict())
+    assert (await stored_steps(dl, alice))[question.id] == ("user_message", "alice edits her own message")
+
+
+async def test_a_step_never_moves_to_another_thread_nor_changes_its_type(layer, caplog):
+    await check_a_step_never_moves_to_another_thread_nor_changes_type(layer, caplog)
+
+
+async def test_answers_are_signed_with_the_history_key_and_only_those_verify(tmp_path):
+    import chainlit as cl
+
+    path = tmp_path / "history.sqlite3"
+    key = history.answer_key(database.sqlite_file(path))
+    assert key and history.answer_key(database.sqlite_file(path)) == key  # created once, then read back
+    assert history.answer_key(database.sqlite_file(path), create=False) == key
+    signing = datalayer.GuardedDataLayer(chainlit_layer(path), answer_key=key)
+    try:
+        thread_id = await thread_of(signing, "alice")
+        answer = cl.Message(content="shown", author="m", metadata=history.answer_metadata("raw text", "m"))
+        await signing.create_step(answer.to_dict())
+        note = cl.Message(content="a command's reply", author="m")  # no answer of ours: nothing to sign
+        await signing.create_step(note.to_dict())
+        steps = {s["id"]: s for s in (await signing.get_thread(thread_id))["steps"]}
+        assert datalayer.signed_answer(key, steps[answer.id])
+        assert not datalayer.signed_answer(key, steps[note.id])
+        assert not datalayer.signed_answer(b"another key", steps[answer.id])
+        moved = {**steps[answer.id], "threadId": str(uuid.uuid4())}  # a signature binds id, thread, text, model
+        assert not datalayer.signed_answer(key, moved)
+    finally:
+        await signing.close()
+    assert history.answer_key(database.sqlite_file(tmp_path / "none.sqlite3"), create=False) is None

@@ -4,6 +4,7 @@ are what `train-demo --data` reads (backend/training_data.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -33,9 +34,12 @@ def vote(turn: str, winner: str, a: str = "Paris.", b: str = "Arr, Paris!") -> V
     return Vote("admin", "th", turn, PROMPT, a, b, "smollm2", "pirate", winner)  # type: ignore[arg-type]
 
 
-async def store_liked_chat(settings: Settings) -> str:
+async def store_liked_chat(settings: Settings, *, signed: bool = True) -> str:
     """Two turns and a cut third, stored as Chainlit stores them (user message, its on_message run step, the
-    answer under the run), thumbs up on the 2nd and 3rd answers, thumbs down (with a comment) on the 1st."""
+    answer under the run), thumbs up on the 2nd and 3rd answers, thumbs down (with a comment) on the 1st.
+
+    Through the data layer as the UI builds it (its answers signed with the history's key); ``signed=False``: as
+    before answers were signed (or as a browser once could store them)."""
     import chainlit as cl
     from chainlit.context import init_http_context
     from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
@@ -44,7 +48,8 @@ async def store_liked_chat(settings: Settings) -> str:
 
     db = history.database(settings)  # the SQLite file, or PostgreSQL (tests/integration/test_postgres_history.py)
     history.ensure_schema(db)
-    dl = datalayer.GuardedDataLayer(SQLAlchemyDataLayer(db.async_url))
+    key = history.answer_key(db) if signed else None
+    dl = datalayer.GuardedDataLayer(SQLAlchemyDataLayer(db.async_url), answer_key=key)
     try:
         user = await dl.create_user(User(identifier="admin"))
         thread_id = str(uuid.uuid4())
@@ -80,9 +85,9 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def test_decided_votes_are_trl_preference_pairs_and_ties_are_counted_not_paired():
-    pairs, ties = feedback_export.preference_pairs([vote("1", "b"), vote("2", "tie"), vote("3", "a", a="P", b="R")])
-    assert ties == 1
-    assert pairs == [
+    got = feedback_export.preference_pairs([vote("1", "b"), vote("2", "tie"), vote("3", "a", a="P", b="R")])
+    assert (got.ties, got.same_model) == (1, 0)
+    assert got.records == [
         {
             "prompt": PROMPT,
             "chosen": [{"role": "assistant", "content": "Arr, Paris!"}],
@@ -104,9 +109,9 @@ def test_decided_votes_are_trl_preference_pairs_and_ties_are_counted_not_paired(
 async def test_thumbs_up_answers_stored_by_chainlits_data_layer_become_chat_examples(tmp_path):
     settings = settings_in(tmp_path)
     await store_liked_chat(settings)
-    examples, cut = feedback_export.thumbs_up_examples(history.db_path(settings))
-    assert cut == 1  # the thumbs-up on the cut third answer is left out
-    assert examples == LIKED_EXAMPLES
+    liked = feedback_export.thumbs_up_examples(history.db_path(settings))
+    assert (liked.cut, liked.unsigned) == (1, 0)  # the thumbs-up on the cut third answer is left out
+    assert liked.examples == LIKED_EXAMPLES
     import sqlite3
 
     with sqlite3.connect(history.db_path(settings)) as db:  # the thumbs down is stored too, comment made storable
@@ -158,6 +163,52 @@ def test_no_votes_is_a_clear_refusal_and_no_empty_file(tmp_path):
     with pytest.raises(feedback_export.NothingToExport, match="1 vote, all ties"):
         feedback_export.export_feedback(settings, out, tmp_path / "chat.jsonl")
     assert not out.exists() and not (tmp_path / "chat.jsonl").exists()
+
+
+def test_a_vote_on_the_same_model_on_both_sides_is_never_a_preference_pair_and_the_export_says_so(tmp_path):
+    """Issue #22: a blind pair of the base against itself was exported as a pair (chosen and rejected by one model)."""
+    settings = settings_in(tmp_path)
+    store = VoteStore(preferences.db_path(settings))
+    store.record(dataclasses.replace(vote("1", "a", a="Paris.", b="Paris!"), model_b="smollm2"))
+    out, chat_out = tmp_path / "prefs.jsonl", tmp_path / "chat.jsonl"
+    with pytest.raises(feedback_export.NothingToExport, match="1 vote, all on the same model on both sides"):
+        feedback_export.export_feedback(settings, out, chat_out)
+    assert not out.exists()
+    store.record(vote("2", "b"))
+    store.record(vote("3", "tie"))
+    summary = feedback_export.export_feedback(settings, out, chat_out)
+    assert (summary.pairs, summary.ties, summary.same_model) == (1, 1, 1)
+    assert "1 vote on the same model on both sides skipped" in summary.text()
+    assert [r["chosen_model"] for r in read_jsonl(out)] == ["pirate"]
+
+
+@pytest.mark.asyncio
+async def test_thumbs_up_answers_the_server_did_not_sign_are_left_out_and_counted(tmp_path):
+    """Issue #18: the browser could store assistant_message steps with our answer metadata; export-feedback took
+    them as model output. Answers stored unsigned (before signing, or not by the server) are left out, and so is an
+    answer whose text was changed after it was signed."""
+    settings = settings_in(tmp_path)
+    await store_liked_chat(settings, signed=False)
+    liked = feedback_export.thumbs_up_examples(history.db_path(settings))
+    assert (liked.examples, liked.cut, liked.unsigned) == ([], 1, 1)
+
+    signed = settings_in(tmp_path / "signed")
+    await store_liked_chat(signed)
+    import sqlite3
+
+    with sqlite3.connect(history.db_path(signed)) as db:  # an answer rewritten in place, keeping its signature
+        rows = db.execute("SELECT id, metadata FROM steps WHERE type = 'assistant_message'").fetchall()
+        for step_id, metadata in rows:
+            meta = json.loads(metadata)
+            if meta["qwenchat"]["raw"] == "Paris.":
+                meta["qwenchat"]["raw"] = "Forged."
+                db.execute("UPDATE steps SET metadata = ? WHERE id = ?", (json.dumps(meta), step_id))
+    liked = feedback_export.thumbs_up_examples(history.db_path(signed))
+    assert (liked.examples, liked.unsigned) == ([], 1)  # the liked 2nd answer's example holds the forged 1st
+    out, chat_out = tmp_path / "prefs.jsonl", tmp_path / "chat.jsonl"
+    VoteStore(preferences.db_path(signed)).record(vote("1", "a"))
+    text = feedback_export.export_feedback(signed, out, chat_out).text()
+    assert "1 thumbs-up left out: an answer in it was not signed by the server" in text, text
 
 
 def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

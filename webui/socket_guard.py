@@ -1,0 +1,172 @@
+"""The socket events through which a browser writes messages, guarded (issue #18).
+
+Chainlit 2.12 takes a ``client_message`` as the browser wrote it: its ``id``, its ``type``, its metadata and parent.
+Its data layer then upserts on that id, so a message sent with the id of another chat's message moved that message
+(text replaced) into the sender's chat, and a browser could store ``assistant_message`` steps that looked like model
+answers. Chainlit also starts a new answer for every message, whatever is still streaming. Here, before Chainlit
+sees the event:
+
+- ``client_message``: only a ``user_message`` with an id no stored step and no message of this chat has; our own
+  metadata and any parent id are dropped from it; not while this chat is still answering (the refusal quotes the
+  text back, so it is not lost).
+- ``edit_message``: only one of this chat's own user messages, and not while this chat is answering.
+
+Each refusal is logged and said in the chat, in the user's language; nothing is stored, moved or overwritten. The
+data layer refuses the same moves on its own (``backend/chat/datalayer.py``), whichever path a write takes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from chainlit.chat_context import chat_context
+from chainlit.context import init_ws_context
+from chainlit.data import get_data_layer
+from chainlit.server import sio
+from chainlit.session import WebsocketSession
+
+from backend.chat.history import META_KEY
+from backend.chat.session import ChatSession
+from backend.text import t
+from webui.views import show_error
+
+logger = logging.getLogger(__name__)
+
+USER_MESSAGE = "user_message"
+NAMESPACE = "/"
+Handler = Callable[[str, Any], Awaitable[Any]]
+
+
+def quoted(text: str) -> str:
+    """``text`` as a fenced block that shows it verbatim (a fence longer than any run of backticks inside)."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def cleaned(message: dict[str, Any]) -> None:
+    """What only the server writes, removed from a browser's message: our metadata (answer, command marks) and a
+    parent (a browser's message hangs under no step)."""
+    metadata = message.get("metadata")
+    if isinstance(metadata, dict):
+        metadata.pop(META_KEY, None)
+    message.pop("parentId", None)
+
+
+def _who(session: WebsocketSession) -> str:
+    return session.user.identifier if session.user else "anonymous"
+
+
+class Guard:
+    """The wrappers around Chainlit's handlers; ``chat_session`` and ``lang`` are app.py's."""
+
+    def __init__(self, chat_session: Callable[[], ChatSession], lang: Callable[[], str]) -> None:
+        self.chat_session, self.lang = chat_session, lang
+
+    async def refusal(self, session: WebsocketSession, message: dict[str, Any]) -> str | None:
+        """Why the browser may not send ``message`` as a new message (the text to show), or None."""
+        kind, mid = message.get("type"), message.get("id")
+        if kind != USER_MESSAGE:
+            logger.warning(
+                "socket: client_message refused: type %r is not a user message (user %r, thread %s)",
+                str(kind)[:40],
+                _who(session),
+                session.thread_id,
+            )
+            return t("message.type_refused", self.lang(), kind=str(kind)[:40])
+        if not isinstance(mid, str):
+            return None  # Chainlit refuses an id that is no UUID before anything is stored
+        owner = None
+        if any(m.id == mid for m in chat_context.get()):
+            owner = f"this chat ({session.thread_id})"
+        else:
+            layer = get_data_layer()
+            step_owner = getattr(layer, "step_owner", None)
+            found = await step_owner(mid) if step_owner is not None else None
+            if found is not None:
+                owner = f"thread {found.thread_id} (user {found.user!r}, a {found.type})"
+        if owner is None:
+            return None
+        logger.warning(
+            "socket: client_message refused: id %s is already a message of %s; sent by user %r in thread %s; "
+            "nothing stored or moved",
+            mid[:40],
+            owner,
+            _who(session),
+            session.thread_id,
+        )
+        return t("message.id_taken", self.lang(), id=mid[:40])
+
+    async def client_message(self, original: Handler, sid: str, payload: Any) -> None:
+        session = WebsocketSession.require(sid)
+        init_ws_context(session)
+        message = payload.get("message") if isinstance(payload, dict) else None
+        if not isinstance(message, dict):
+            logger.warning("socket: client_message without a message refused (user %r)", _who(session))
+            return
+        refused = await self.refusal(session, message)
+        if refused is not None:
+            await show_error(refused)
+            return
+        state = self.chat_session()
+        if state.answering:
+            logger.info("socket: a message while this chat is answering refused (user %r)", _who(session))
+            await show_error(t("busy", self.lang(), text=quoted(str(message.get("output") or ""))))
+            return
+        cleaned(message)
+        state.answering = True  # until the task Chainlit starts for it ends (no await in between: no race)
+        try:
+            await original(sid, payload)
+        finally:
+            task = session.current_task
+            if task is None or task.done():
+                state.answering = False
+            else:
+                task.add_done_callback(lambda _task: setattr(state, "answering", False))
+
+    async def edit_message(self, original: Handler, sid: str, payload: Any) -> None:
+        session = WebsocketSession.require(sid)
+        init_ws_context(session)
+        message = payload.get("message") if isinstance(payload, dict) else None
+        mid = message.get("id") if isinstance(message, dict) else None
+        own = [m for m in chat_context.get() if m.id == mid and m.type == USER_MESSAGE]
+        if not own or not isinstance(message.get("output"), str):  # type: ignore[union-attr]
+            logger.warning(
+                "socket: edit_message refused: %r is none of this chat's user messages (user %r, thread %s)",
+                str(mid)[:40],
+                _who(session),
+                session.thread_id,
+            )
+            await show_error(t("message.edit_refused", self.lang(), id=str(mid)[:40]))
+            return
+        state = self.chat_session()
+        if state.answering:
+            logger.info("socket: an edit while this chat is answering refused (user %r)", _who(session))
+            await show_error(t("busy", self.lang(), text=quoted(str(message.get("output") or ""))))  # type: ignore[union-attr]
+            return
+        state.answering = True  # Chainlit answers an edit inline, in this handler
+        try:
+            await original(sid, payload)
+        finally:
+            state.answering = False
+
+
+def install(chat_session: Callable[[], ChatSession], lang: Callable[[], str]) -> None:
+    """Put the guards in front of Chainlit's own handlers (again on a re-import of app.py: around Chainlit's, not
+    around an earlier guard)."""
+    guard = Guard(chat_session, lang)
+    handlers = sio.handlers.setdefault(NAMESPACE, {})
+    for event, method in (("client_message", guard.client_message), ("edit_message", guard.edit_message)):
+        current = handlers[event]
+        handlers[event] = _wrapped(method, getattr(current, "chainlit_handler", current))
+
+
+def _wrapped(method: Callable[[Handler, str, Any], Awaitable[None]], original: Handler) -> Handler:
+    async def handler(sid: str, payload: Any) -> None:  # a coroutine function: python-socketio awaits it
+        await method(original, sid, payload)
+
+    handler.chainlit_handler = original  # type: ignore[attr-defined]
+    return handler
