@@ -105,10 +105,18 @@ class Session:
     """One browser tab's chat session, over one socket; ``async with Session(url) as s: await s.send("hi")``."""
 
     def __init__(
-        self, url: str, *, language: str = "en-US", origin: str | None = None, chat_start: bool = True
+        self,
+        url: str,
+        *,
+        language: str = "en-US",
+        origin: str | None = None,
+        chat_start: bool = True,
+        cookie: str | None = None,
     ) -> None:
-        """``chat_start=False`` for an app without ``on_chat_start`` (open once connected)."""
+        """``chat_start=False`` for an app without ``on_chat_start`` (open once connected); ``cookie``: the
+        ``Cookie`` header of a logged-in browser (``login_cookie``)."""
         self.url = url.rstrip("/")
+        self.cookie = cookie
         self.chat_start = chat_start
         self.language = language
         self.origin = origin
@@ -139,6 +147,8 @@ class Session:
         headers = {"Accept-Language": self.language}
         if self.origin:
             headers["Origin"] = self.origin
+        if self.cookie:
+            headers["Cookie"] = self.cookie
         auth = {
             "clientType": "webapp",
             "sessionId": self.session_id,
@@ -178,11 +188,16 @@ class Session:
 
     # ------------------------------------------------------------ a turn
 
-    async def start(self, text: str) -> Turn:
-        """Send a message; the returned Turn fills in as events arrive (``wait`` for its end)."""
-        if self.current is not None and not self.current.finished:
+    async def start(
+        self, text: str, *, message_id: str | None = None, kind: str = "user_message", overlap: bool = False
+    ) -> Turn:
+        """Send a message; the returned Turn fills in as events arrive (``wait`` for its end).
+
+        ``message_id``, ``kind``: what a browser other than Chainlit's page may put in the message (a reused id, a
+        step type); ``overlap``: send while the previous message is still being answered."""
+        if self.current is not None and not self.current.finished and not overlap:
             raise RuntimeError("the previous message is still being answered")
-        mid = str(uuid.uuid4())
+        mid = message_id or str(uuid.uuid4())
         turn = Turn(text=text, message_id=mid, sent_at=time.monotonic())
         self.current = turn
         self.turns.append(turn)
@@ -191,7 +206,7 @@ class Session:
             "threadId": "",
             "id": mid,
             "name": "User",
-            "type": "user_message",
+            "type": kind,
             "output": text,
             "createdAt": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
             "metadata": {"location": self.url + "/"},
@@ -291,6 +306,16 @@ class Session:
 
     async def _on_other(self, event: str, *args: Any) -> None:
         self._count(event)
+
+
+def login_cookie(url: str, username: str, password: str) -> str:
+    """``POST /login`` as the login form does; the ``Cookie`` header that carries the session (``Session(cookie=)``)."""
+    import urllib.parse
+    import urllib.request
+
+    form = urllib.parse.urlencode({"username": username, "password": password}).encode()
+    with urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + "/login", data=form), timeout=10) as resp:
+        return "; ".join(c.split(";")[0] for c in resp.headers.get_all("set-cookie") or [])
 
 
 def percentile(values: list[float], q: float) -> float:
