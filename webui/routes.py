@@ -24,6 +24,7 @@ from backend.chat.client import anomaly_counts
 from backend.chat.service import Service
 from backend.settings import ROOT, resolve_path
 from backend.text import pick_language, t
+from webui import renderer
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +177,15 @@ class Routes:
         """[ui].favicon (validated at start: an existing image file)."""
         return FileResponse(resolve_path(self.service.settings.ui.favicon))
 
+    def renderer_script(self, request: Request) -> Response:
+        """Chainlit's script of that name, its Markdown without the directive syntax (webui/renderer.py, #22)."""
+        name = request.url.path.rsplit("/", 1)[-1]
+        bundle = next(b for b in renderer.patched_bundles(renderer.chainlit_assets()) if b.name == name)
+        headers = {"ETag": bundle.etag, "Cache-Control": "no-cache"}
+        if request.headers.get("if-none-match") == bundle.etag:
+            return Response(status_code=304, headers=headers)
+        return Response(bundle.body, media_type="text/javascript", headers=headers)
+
     async def theme_css(self) -> Response:
         """public/style.css plus the [ui].accent colour as Chainlit's theme variables."""
         css = (ROOT / "public" / "style.css").read_text(encoding="utf-8")
@@ -195,6 +205,10 @@ def install_routes(http_app: FastAPI, routes: Routes) -> None:
     table: list[tuple[str, object, list[str]]] = [
         ("/qwenchat/status", routes.status, ["GET"]),
         ("/metrics", routes.metrics, ["GET"]),
+    ]
+    table += [
+        (f"/assets/{b.name}", routes.renderer_script, ["GET"])
+        for b in renderer.patched_bundles(renderer.chainlit_assets())
     ]
     if routes.sharing:  # sharing needs the history (and so the login)
         chainlit_config.features.allow_thread_sharing = True

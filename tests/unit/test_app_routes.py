@@ -17,6 +17,7 @@ import pytest_asyncio
 from backend.chat import welcome
 from backend.settings import ROOT
 from tests.fakes.openai_server import FakeServer
+from webui import renderer
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -89,6 +90,7 @@ async def test_a_second_import_replaces_the_routes_bound_to_the_first_service(fa
             ("/qwenchat/status", ("GET",)): 1,
             ("/metrics", ("GET",)): 1,
             ("/qwenchat/style.css", ("GET",)): 1,
+            **{(f"/assets/{b.name}", ("GET",)): 1 for b in renderer.patched_bundles(renderer.chainlit_assets())},
         }
         css = (await get("/qwenchat/style.css")).text
         assert welcome.accent_hsl(GREEN) in css and welcome.accent_hsl(RED) not in css
@@ -96,3 +98,22 @@ async def test_a_second_import_replaces_the_routes_bound_to_the_first_service(fa
         assert (await get("/logo")).text != logo.read_text()  # Chainlit's own /logo again
         # ours come before Chainlit's routes (its SPA catch-all last of all)
         assert [id(r) for r in http_app.router.routes[: len(routes)]] == [id(r) for r in routes]
+
+
+async def test_chainlits_main_script_is_served_without_directives_or_alerts(fake, tmp_path):
+    """#22: key:value is not a text directive, :::info not an alert; the other assets are Chainlit's files."""
+    (shipped,) = [p for p in renderer.chainlit_assets().glob("index-*.js")]
+    async with imported_app(fake, tmp_path):
+        first = await get(f"/assets/{shipped.name}")
+        assert first.status_code == 200 and first.headers["content-type"].startswith("text/javascript")
+        assert renderer.ALERT_PATTERN not in first.text and renderer.DIRECTIVE_SYNTAX.search(first.text) is None
+        assert len(first.text) < len(shipped.read_text(encoding="utf-8"))
+        etag = first.headers["etag"]
+        from chainlit.server import app as http_app
+
+        transport = httpx.ASGITransport(app=http_app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080") as client:
+            again = await client.get(f"/assets/{shipped.name}", headers={"If-None-Match": etag})
+        assert again.status_code == 304
+        other = sorted(renderer.chainlit_assets().glob("*.css"))[0]
+        assert (await get(f"/assets/{other.name}")).content == other.read_bytes()

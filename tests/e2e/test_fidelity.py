@@ -1,0 +1,208 @@
+"""End to end, in real Chromium: what the model wrote and what the user typed is what the page shows (#22).
+
+Each case of tests/e2e/fidelity_corpus.py is streamed by the fake server (chunks as given, a sequence split
+across them), shown by the product, and its visible text compared with the same source rendered by a standard
+CommonMark + GFM renderer (markdown-it-py, raw HTML as text, as Chainlit shows it) in the same page. The plain
+Chainlit example (bench/plain_chainlit_app.py) gets the same stream in the same test: its renderer's text
+directives eat ``:name`` (``set key:value`` shows as ``set key``), so the cases listed in EATEN must fail there
+and all others must pass: the comparison itself is shown to tell the two apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from backend.engine import supervisor
+from backend.settings import ROOT
+from tests.e2e import fidelity_corpus as corpus
+from tests.e2e import support as e2e
+
+pytestmark = pytest.mark.e2e
+
+# The cases whose text the plain Chainlit example loses (a text, leaf or container directive outside code).
+# Chainlit's alert plugin takes ``:::info`` … ``:::``. (``:smile:``, ``C:\\``, ``12:30`` and ``<b>`` pass there.)
+EATEN = {
+    "word-colon-word",
+    "typed-directive",
+    "technical-pairs",
+    "fenced-block",
+    "colons-only",
+    "colon-line-starts",
+    "split-fence",
+}
+
+# The visible text of an element as a reader sees it: laid out (innerText), code blocks without Chainlit's
+# header (language name, copy button), the streaming cursor's placeholder dropped, whitespace runs as one space.
+VISIBLE_JS = """(el) => {
+    const box = document.createElement('div');
+    box.style.cssText = 'position:absolute;left:-10000px;top:0;width:900px';
+    box.appendChild(el.cloneNode(true));
+    document.body.appendChild(box);
+    box.querySelectorAll('.relative.my-2 > :first-child, button').forEach(e => e.remove());
+    const text = box.innerText;
+    box.remove();
+    return text.replace(/\\u200b/g, '').replace(/\\s+/g, ' ').trim();
+}"""
+EXPECTED_JS = (
+    """(html) => { const el = document.createElement('div'); el.innerHTML = html; return (""" + VISIBLE_JS + ")(el); }"
+)
+ANSWERS = '.step[data-step-type="assistant_message"] .message-content'
+USERS = '.step[data-step-type="user_message"] .message-content'
+
+
+def standard_html(markdown: str) -> str:
+    """CommonMark + GFM tables and strikethrough; raw HTML escaped (shown as text, as react-markdown does)."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"]).render(markdown)
+
+
+def expected(page, markdown: str) -> str:
+    return page.evaluate(EXPECTED_JS, standard_html(markdown))
+
+
+def shown(page, selector: str) -> list[str]:
+    return [page.evaluate(VISIBLE_JS, h) for h in page.query_selector_all(selector)]
+
+
+def post(url: str, body: dict) -> None:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=10).read()
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    with e2e.fake_server(tmp_path_factory.mktemp("fake-fidelity")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def live(fake, tmp_path_factory):
+    env = {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en"}
+    app = e2e.launch(tmp_path_factory.mktemp("e2e-fidelity"), env, wait_engine=False, timeout=120)
+    yield app
+    e2e.stop(app)
+
+
+@pytest.fixture(scope="module")
+def plain(fake, tmp_path_factory):
+    """The plain streaming example from Chainlit's docs, against the same fake server (the failing baseline)."""
+    from tests.conftest import free_port
+
+    tmp = tmp_path_factory.mktemp("plain-chainlit")
+    (tmp / "root").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QWENCHAT_", "OPENAI_"))}
+    env |= {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "CHAINLIT_APP_ROOT": str(tmp / "root")}
+    port = free_port()
+    argv = [sys.executable, "-m", "chainlit", "run", str(ROOT / "bench" / "plain_chainlit_app.py"), "--headless"]
+    out = tmp / "plain.out"
+    proc = subprocess.Popen(
+        argv + ["--host", "127.0.0.1", "--port", str(port)],
+        cwd=str(ROOT),
+        env=env,
+        stdout=out.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                supervisor.stop_process_group(proc, grace=5)
+                pytest.fail(f"the plain Chainlit example did not start:\n{out.read_text()[-3000:]}")
+            time.sleep(0.3)
+    yield url
+    supervisor.stop_process_group(proc, grace=5)
+
+
+@pytest.fixture(scope="module")
+def page(live, browser):
+    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    pg.goto(live.url)
+    e2e.wait_ready_ui(pg, timeout_ms=120_000)
+    yield pg
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def plain_page(plain, browser):
+    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    pg.goto(plain)
+    pg.wait_for_selector("#chat-input")
+    yield pg
+    context.close()
+
+
+def answer(page, fake: str, chunks: list[str], question: str = "tell me") -> str:
+    """Stream ``chunks`` as the answer to a new message; the answer bubble's visible text once finished."""
+    post(fake + "/fake/script", {"chunks": chunks})
+    before = len(shown(page, ANSWERS))
+    e2e.send(page, question, timeout_ms=60_000)
+    return shown(page, ANSWERS)[before]
+
+
+@pytest.mark.parametrize("name", list(corpus.CORPUS))
+def test_an_answer_shows_what_the_model_wrote(name, page, plain_page, fake):
+    chunks = corpus.CORPUS[name]
+    want = expected(page, corpus.source(name))
+    ours = answer(page, fake, chunks)
+    # The product's bubble ends with its footer (model, tokens, seconds) after the answer's text.
+    assert ours.startswith(want + " fake-qwen"), f"shown:    {ours!r}\nexpected: {want!r} + footer"
+    baseline = answer(plain_page, fake, chunks)
+    if name in EATEN:
+        assert baseline != want, f"the plain Chainlit example showed {name!r} whole: the test cannot fail"
+    else:
+        assert baseline == want, f"plain Chainlit: {baseline!r} (the comparison, not the renderer, is off)"
+
+
+@pytest.mark.parametrize("name", corpus.TYPED)
+def test_a_typed_message_shows_what_the_user_typed(name, page, plain_page, fake):
+    text = corpus.source(name)
+    want = expected(page, text)
+    post(fake + "/fake/script", {"chunks": ["ok"]})
+    for pg in (page, plain_page):
+        e2e.send(pg, text, timeout_ms=60_000)
+    assert shown(page, USERS)[-1] == want
+    if name in EATEN:
+        assert shown(plain_page, USERS)[-1] != want, "the plain Chainlit example showed it whole: cannot fail"
+    else:
+        assert shown(plain_page, USERS)[-1] == want, "plain Chainlit: the comparison, not the renderer, is off"
+
+
+def test_an_answer_shows_what_the_model_wrote_while_it_streams(page, plain_page, fake):
+    """Every case in one answer held before its last chunk: the bubble mid-stream shows all but that chunk."""
+    chunks = [c for name in corpus.CORPUS for c in [*corpus.CORPUS[name], "\n\n"]]
+    chunks[-1:] = ["\n\nthe last:chunk"]
+    want = expected(page, "".join(chunks[:-1]))
+    for pg, app in ((page, "product"), (plain_page, "plain")):
+        post(fake + "/fake/script", {"chunks": chunks, "hold": 6})
+        before = len(shown(pg, ANSWERS))
+        pg.fill("#chat-input", "tell me everything")
+        pg.keyboard.press("Enter")
+        deadline, seen = time.monotonic() + 5, ""
+        while time.monotonic() < deadline:
+            now = shown(pg, ANSWERS)
+            seen = now[before] if len(now) > before else ""
+            if seen == want:
+                break
+            time.sleep(0.2)
+        pg.wait_for_selector("#stop-button", state="detached", timeout=60_000)
+        if app == "product":
+            assert seen == want, f"mid-stream:\n{seen!r}\nexpected:\n{want!r}"
+        else:
+            assert seen != want, "the plain Chainlit example streamed the corpus whole: the test cannot fail"
