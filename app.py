@@ -677,7 +677,8 @@ async def set_compare(text: str) -> None:
     served = [m.id for m in status.models if not m.is_adapter] + [m.id for m in status.adapters]
     loadable = [a.name for a in await app.local_adapters(status)]
     try:
-        mode = compare.parse_command(text, served, loadable, chat_session().model, app.default_model(status))
+        used = [turn.model for turn in chat_session().conversation.turns if turn.role == "assistant"]
+        mode = compare.parse_command(text, served, loadable, chat_session().model, app.default_model(status), used)
     except compare.CompareRefused as exc:
         await show_error(exc.user_text(lang()))
         return

@@ -1,6 +1,6 @@
 """Compare mode: two models answer the same message side by side; blind mode hides who is who until a vote.
 
-    mode = parse_command("blind base pirate", served, loadable, chosen)  # CompareMode, None (off) or CompareRefused
+    mode = parse_command("blind", served, loadable, chosen, base, used)    # CompareMode, None (off) or CompareRefused
     pair = new_pair(mode, turn_id, prompt)                                   # sides A, B (random order when blind)
     await run(pair, session, service, views)                                 # both stream at once; Stop stops both
     settle(pair, session.conversation)                                      # the picked answer joins the history
@@ -66,10 +66,16 @@ class CompareMode:
 
 
 def parse_command(
-    text: str, served: Sequence[str], loadable: Sequence[str], chosen: str | None, base: str
+    text: str,
+    served: Sequence[str],
+    loadable: Sequence[str],
+    chosen: str | None,
+    base: str,
+    used: Sequence[str] = (),
 ) -> CompareMode | None:
-    """``/compare [blind] [A] [B]`` or ``/compare off``. No names: the base model against the chosen adapter
-    (or the first served one); one name: the base against it. Every name must be served or loadable."""
+    """``/compare [blind] [A] [B]`` or ``/compare off``. No names, or the base alone: the base against an adapter
+    (``partner``); another name: the base against it. The base faces itself only when both names say so (#22).
+    Every name must be served or loadable. ``used``: the models of this chat's answers, oldest first."""
     words = text.replace("`", " ").split()
     if [w.lower() for w in words] == ["off"]:
         return None
@@ -83,12 +89,21 @@ def parse_command(
             raise CompareRefused("compare.unknown", name=name, models=", ".join(f"`{m}`" for m in known) or "-")
     if len(names) == 2:
         return CompareMode(names[0], names[1], blind)
-    if len(names) == 1:
+    if len(names) == 1 and names[0] != base:
         return CompareMode(base, names[0], blind)
-    other = chosen if chosen and chosen != base and chosen in known else next((m for m in known if m != base), None)
+    other = partner(base, known, chosen, used)
     if other is None:
         raise CompareRefused("compare.one_model", model=base)
     return CompareMode(base, other, blind)
+
+
+def partner(base: str, known: Sequence[str], chosen: str | None, used: Sequence[str]) -> str | None:
+    """Who faces the base by default: the chosen adapter, else the one this chat used last, else the first served
+    (``known`` lists the served before the loadable); None when the base is all there is."""
+    for model in [chosen, *reversed(used), *known]:
+        if model and model != base and model in known:
+            return model
+    return None
 
 
 @dataclass

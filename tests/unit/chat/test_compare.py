@@ -31,6 +31,32 @@ def test_compare_command_grammar(text, chosen, expected):
     assert compare.parse_command(text, SERVED, ["local"], chosen, "base") == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "chosen", "used", "expected"),
+    [
+        ("", "base", [], ("base", "pirate")),  # the base chosen: the first adapter served
+        ("blind", "base", [], ("base", "pirate")),
+        ("base", "base", [], ("base", "pirate")),  # the base named alone is not the base twice
+        ("blind base", None, [], ("base", "pirate")),
+        ("", "base", ["pirate", "local", "base"], ("base", "local")),  # the adapter this chat used last
+        ("blind base", "base", ["local", "base"], ("base", "local")),
+        ("", "pirate", ["local"], ("base", "pirate")),  # an adapter chosen: that one
+        ("", "base", ["gone", "base"], ("base", "pirate")),  # one no longer served or loadable: the first served
+        ("base base", "base", ["local"], ("base", "base")),  # both names given: as asked
+    ],
+)
+def test_the_base_chosen_is_compared_with_an_adapter_never_with_itself(text, chosen, used, expected):
+    mode = compare.parse_command(text, SERVED, ["local"], chosen, "base", used)
+    assert mode is not None and (mode.model_a, mode.model_b) == expected
+
+
+def test_with_only_the_base_served_compare_says_so_whatever_is_named():
+    for text in ("", "blind", "base", "blind base"):
+        with pytest.raises(compare.CompareRefused) as one:
+            compare.parse_command(text, ["base"], [], "base", "base", ["base"])
+        assert one.value.key == "compare.one_model" and "only `base` is served" in one.value.user_text("en")
+
+
 def test_compare_refusals_name_the_value_and_the_fix():
     with pytest.raises(compare.CompareRefused) as unknown:
         compare.parse_command("nosuch", SERVED, [], None, "base")
