@@ -258,26 +258,38 @@ CATALOG: dict[str, tuple[str, str]] = {
         "投票只用于盲评：这一对从一开始就显示了模型名称。请开启 `/compare blind`，对下一对投票。",
     ),
     "security.origin_refused": (
-        "Refused: requests from {origin} may not use this chat (only its own page may; an administrator can "
+        "Refused: a page from another site may not use this chat (only its own page may; an administrator can "
         "add origins in [ui] allowed_origins).",
-        "已拒绝：来自 {origin} 的请求不能使用此聊天（只允许其自身页面；管理员可在 [ui] allowed_origins 中添加来源）。",
+        "已拒绝：其他网站的页面不能使用此聊天（只允许其自身页面；管理员可在 [ui] allowed_origins 中添加来源）。",
     ),
     "security.host_refused": (
-        "Refused: this chat is not served under the name {origin}. Open it as http://127.0.0.1 or http://localhost "
-        "(an administrator can add names in [ui] allowed_origins).",
-        "已拒绝：此聊天不以 {origin} 这个名称提供服务。请用 http://127.0.0.1 或 http://localhost 打开"
-        "（管理员可在 [ui] allowed_origins 中添加名称）。",
+        "Refused: this chat is not served under the name in the address bar. Open it at the address you were given "
+        "(an administrator can add names in [ui] hosts).",
+        "已拒绝：此聊天不以地址栏中的这个名称提供服务。请使用您得到的地址打开（管理员可在 [ui] hosts 中添加名称）。",
     ),
     "security.login_throttled": (
         "Too many failed sign-ins from your address. Wait {seconds} s and try again; the wait grows with each failure.",
         "您的地址登录失败次数过多。请等待 {seconds} 秒后重试；每次失败后等待时间都会增加。",
     ),
+    "security.login_throttled_account": (
+        "Too many failed sign-ins with this user name. Wait {seconds} s and try again; the wait grows with each "
+        "failure.",
+        "此用户名登录失败次数过多。请等待 {seconds} 秒后重试；每次失败后等待时间都会增加。",
+    ),
     "security.engine_exposed": (
-        "WARNING: [server] host = {host!r} exposes the vLLM engine on port {port} to other machines. The API "
-        "key protects /v1, but /tokenize and /metrics answer without it. Keep it on 127.0.0.1 unless a "
-        "firewall limits who can reach it.",
-        "警告：[server] host = {host!r} 使 vLLM 引擎的端口 {port} 对其他机器开放。API 密钥保护 /v1，"
-        "但 /tokenize 和 /metrics 无需密钥即可访问。除非有防火墙限制访问，否则请保持为 127.0.0.1。",
+        "WARNING: [server] host = {host!r} exposes the vLLM engine on port {port} to other machines. Every route "
+        "but GET /health needs the API key, but the key and every prompt and answer cross the network as plain "
+        "HTTP (no TLS): anyone who can watch that traffic can read them and use the key. Keep it on 127.0.0.1 "
+        "unless the network is trusted or a firewall limits who can reach the port.",
+        "警告：[server] host = {host!r} 使 vLLM 引擎的端口 {port} 对其他机器开放。除 GET /health 外，所有路由"
+        "都需要 API 密钥，但密钥以及每条提示和回答都以明文 HTTP（无 TLS）在网络上传输：能监听这些流量的人可以"
+        "读取它们并使用该密钥。除非网络可信或有防火墙限制访问，否则请保持为 127.0.0.1。",
+    ),
+    "security.ui_hosts": (
+        "the UI answers on port {port} to {names} and loopback names ([ui] hosts, [server] ui_host, "
+        "[ui] allowed_origins); a request for any other Host name gets 403",
+        "界面在端口 {port} 上只响应 {names} 和回环名称（[ui] hosts、[server] ui_host、[ui] allowed_origins）；"
+        "其他 Host 名称的请求一律返回 403",
     ),
     "security.ui_public": (
         "WARNING: [ui] public = true and login is off: anyone who can reach {host}:{port} can chat with the "

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import functools
+import asyncio
+import concurrent.futures
 import hashlib
 import hmac
 import logging
@@ -14,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import Column, MetaData, Table, Text, text
 from sqlalchemy.engine import Connection
 
-from ..passwords import hash_password, verify_password
+from ..passwords import ALGORITHM, ITERATIONS, verify_password
 from ..settings import Settings
 from .database import Store, ensure_tables
 
@@ -84,28 +85,38 @@ def session_secret(base: str, username: str, password: str) -> str:
 
 
 def check_password(settings: Settings, username: str, password: str) -> bool:
-    """Constant-time check against ``[ui].username`` / ``[ui].password`` (or QWENCHAT_UI_PASSWORD), then
-    against the hashed ``[ui].users`` accounts (PBKDF2: an unknown name costs the same hash as a known one)."""
+    """The login check: ``[ui].username`` / ``[ui].password`` (or QWENCHAT_UI_PASSWORD), then the hashed
+    ``[ui].users`` accounts. Always exactly one PBKDF2, whoever the name is: the admin name (its password is
+    compared in constant time, the hash runs against a dummy), a ``[ui].users`` name (its own hash) and an unknown
+    name (the dummy) take the same time, so the answer's timing does not say which names exist."""
     ui = settings.ui
     if not ui.auth or not ui.password:
         return False
-    user_ok = hmac.compare_digest(username.encode("utf-8", "surrogatepass"), ui.username.encode())
-    pass_ok = hmac.compare_digest(password.encode("utf-8", "surrogatepass"), ui.password.encode())
-    if user_ok:
-        return pass_ok
-    if not ui.users:
-        return False
-    stored = ui.users.get(username)
-    return verify_password(password, stored or _dummy_hash()) and stored is not None
+    typed = password.encode("utf-8", "surrogatepass")
+    is_admin = hmac.compare_digest(username.encode("utf-8", "surrogatepass"), ui.username.encode())
+    stored = None if is_admin else ui.users.get(username)
+    hash_ok = verify_password(password, stored or DUMMY_HASH)
+    if is_admin:
+        return hmac.compare_digest(typed, ui.password.encode("utf-8", "surrogatepass"))
+    return hash_ok and stored is not None
+
+
+#: What a name without a hash is checked against: a well-formed hash of nothing anyone can type (a random salt and
+#: digest), with the iterations of every hash ``hash-password`` makes. Nothing to compute at start.
+DUMMY_HASH = f"{ALGORITHM}${ITERATIONS}${secrets.token_hex(16)}${secrets.token_hex(32)}"
+
+#: PBKDF2 (~0.25 s each) runs here: not on the event loop, and not in the loop's default pool, where token counting
+#: runs (``asyncio.to_thread`` in counters.py), so a burst of sign-ins cannot hold back the budget of open chats.
+LOGIN_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="qwenchat-login")
+
+
+async def verify_login(settings: Settings, username: str, password: str) -> bool:
+    """``check_password`` on the login pool (app.py's password callback)."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(LOGIN_POOL, check_password, settings, username, password)
 
 
 def accounts_fingerprint(settings: Settings) -> str:
     """Every account's name and password hash, for ``session_secret``: adding, removing or changing a
     ``[ui].users`` account signs everyone out, as changing ``[ui].password`` does."""
     return "".join(f"\0{name}\0{stored}" for name, stored in sorted(settings.ui.users.items()))
-
-
-@functools.cache
-def _dummy_hash() -> str:
-    """Checked against when a name is unknown, so a refused name takes as long as a wrong password."""
-    return hash_password("not a password", salt=b"qwenchat-dummy-salt")

@@ -294,6 +294,7 @@ class _Early:
 async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: float) -> _Early | int:
     """The UI at once, then the engine environment and the model in the background (their progress in the status
     file); an int is the exit code when the UI or a build failed (1), or Ctrl-C came first (0)."""
+    check_exposure(settings)  # refusals before the UI listens (a UI off loopback without login or [ui] hosts)
     check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
     check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
     status_path = log_dir / contract.STATUS_FILE_NAME

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -10,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ExposureRefused, ModelPathError, PortInUse
-from ..settings import Settings, is_loopback
+from ..errors import ConfigError, ExposureRefused, ModelPathError, PortInUse
+from ..settings import Settings, host_name_of, is_loopback, is_wildcard, served_host_names
 from ..text import t
 
 logger = logging.getLogger(__name__)
@@ -48,17 +49,42 @@ def check_port_free(host: str, port: int, setting: str) -> None:
 
 
 def check_exposure(settings: Settings) -> list[str]:
-    """Who can reach what: refuses a UI open to other machines without login (unless ``[ui] public``);
-    returns the loud warnings to print (an engine port open to other machines, a public UI)."""
+    """Who can reach what: refuses a UI open to other machines without login (unless ``[ui] public``) or, on
+    every address (0.0.0.0), without the names it answers to (``[ui] hosts``); returns the lines to print: the
+    names a UI off loopback answers to, and loud warnings (an engine port open to other machines, a public UI)."""
     server, ui = settings.server, settings.ui
     warnings: list[str] = []
-    if not is_loopback(server.ui_host) and not ui.auth:
-        if not ui.public:
-            raise ExposureRefused(server.ui_host, server.ui_port)
-        warnings.append(t("security.ui_public", "en", host=server.ui_host, port=server.ui_port))
+    if not is_loopback(server.ui_host):
+        if not ui.auth:
+            if not ui.public:
+                raise ExposureRefused(server.ui_host, server.ui_port)
+            warnings.append(t("security.ui_public", "en", host=server.ui_host, port=server.ui_port))
+        names = served_host_names(settings)
+        if not names:
+            example = this_machine() or ["chat.example.com", "10.0.0.5"]
+            raise ConfigError(
+                "ui.hosts",
+                list(ui.hosts),
+                f"the host names and addresses people open the chat at, because [server] ui_host = "
+                f"{server.ui_host!r} answers on every address and a page under any other name is refused (DNS "
+                f'rebinding): e.g. [ui] hosts = {json.dumps(example)} (or QWENCHAT_UI_HOSTS="{" ".join(example)}"), '
+                f"or set [server] ui_host to the one address it should listen on",
+            )
+        warnings.append(t("security.ui_hosts", "en", port=server.ui_port, names=", ".join(names)))
     if not settings.external and not is_loopback(server.host):
         warnings.append(t("security.engine_exposed", "en", host=server.host, port=server.port))
     return warnings
+
+
+def this_machine() -> list[str]:
+    """This machine's name and the address it reaches others from (no packet is sent), for the example of
+    ``[ui] hosts``; loopback ones left out."""
+    found = [socket.gethostname()]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: a UDP "connect" only picks the route
+        found.append(probe.getsockname()[0])
+    names = (host_name_of(n) for n in found)
+    return list(dict.fromkeys(n for n in names if n and not is_loopback(n) and not is_wildcard(n)))
 
 
 def model_config(path: Path) -> dict[str, Any]:

@@ -4,6 +4,7 @@ exposure rules (backend/engine/preflight.py), sessions bound to the password, ow
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -99,7 +100,7 @@ async def test_a_foreign_origin_is_refused_before_the_app_sees_it(kind):
     sent = await call(security.WebSecurityMiddleware(inner), scope_of(kind, origin="http://127.0.0.1:9999"))
     assert inner.calls == []
     if kind == "http":
-        assert sent[0]["status"] == 403 and b"http://127.0.0.1:9999" in sent[1]["body"]
+        assert sent[0]["status"] == 403 and b"9999" not in sent[1]["body"]  # the refused origin is not echoed
     else:  # closed before accept: the server answers the upgrade with 403
         assert sent == [{"type": "websocket.close", "code": 1008}]
 
@@ -115,9 +116,10 @@ async def test_a_foreign_origin_is_refused_before_the_app_sees_it(kind):
         ("http://[::1]:8080", "[::1]:8080"),
     ],
 )
-async def test_the_uis_own_origin_passes_on_any_host_and_port(kind, origin, host):
+async def test_the_uis_own_origin_passes_under_each_name_it_answers_to(kind, origin, host):
     inner = Inner()
-    sent = await call(security.WebSecurityMiddleware(inner), scope_of(kind, origin=origin, host=host))
+    mw = security.WebSecurityMiddleware(inner, hosts=["chat.example"])
+    sent = await call(mw, scope_of(kind, origin=origin, host=host))
     assert len(inner.calls) == 1
     assert sent[0]["type"] == ("websocket.accept" if kind == "websocket" else "http.response.start")
 
@@ -388,8 +390,10 @@ def test_a_refused_login_is_logged_without_the_typed_name():
 # ---------------------------------------------------------------- exposure rules
 
 
-def exposure(ui_host: str, *, auth: bool = False, public: bool = False, host: str = "127.0.0.1") -> list[str]:
-    ui = UISettings(auth=auth, password="pw" if auth else "", public=public)
+def exposure(
+    ui_host: str, *, auth: bool = False, public: bool = False, host: str = "127.0.0.1", hosts: tuple[str, ...] = ()
+) -> list[str]:
+    ui = UISettings(auth=auth, password="pw" if auth else "", public=public, hosts=hosts)
     return check_exposure(Settings(server=ServerSettings(ui_host=ui_host, host=host), ui=ui))
 
 
@@ -419,14 +423,16 @@ def test_a_loopback_ui_is_fine_without_login(ui_host):
 
 
 def test_public_or_login_allows_an_open_ui_public_warns():
-    assert exposure("0.0.0.0", auth=True) == []
-    [warning] = exposure("0.0.0.0", public=True)
+    assert exposure("0.0.0.0", auth=True, hosts=("chat.example",))[0].startswith("the UI answers on port 8080")
+    warning, _ = exposure("0.0.0.0", public=True, hosts=("chat.example",))
     assert warning.startswith("WARNING") and "anyone who can reach 0.0.0.0:8080" in warning
 
 
-def test_an_engine_open_to_others_gets_a_loud_warning_naming_tokenize_and_metrics():
+def test_an_engine_open_to_others_warns_only_of_what_its_key_leaves_open():
+    """With the key on every route but GET /health (the engine's middleware), what remains is plain HTTP."""
     [warning] = exposure("127.0.0.1", host="0.0.0.0")
-    assert warning.startswith("WARNING") and "/tokenize" in warning and "/metrics" in warning
+    assert warning.startswith("WARNING") and "GET /health" in warning and "plain HTTP" in warning
+    assert "/tokenize" not in warning and "/metrics" not in warning  # they take the key now
     external = Settings(server=ServerSettings(host="0.0.0.0"), base_url="http://gpu:8000/v1")
     assert check_exposure(external) == []  # nothing is launched in external mode
 
@@ -522,13 +528,13 @@ def test_the_launchers_log_folder_is_owner_only_with_its_files(tmp_path):
 async def test_a_loopback_ui_refuses_other_host_names_even_without_origin(kind, host, caplog):
     """A rebinding page is same-origin with itself: a plain GET carries no Origin, only its Host."""
     inner = Inner()
-    mw = security.WebSecurityMiddleware(inner, loopback_only=True)
+    mw = security.WebSecurityMiddleware(inner)
     with caplog.at_level(logging.WARNING):
         sent = await call(mw, scope_of(kind, host=host))
         await call(mw, scope_of(kind, host=host))
     assert inner.calls == []
     if kind == "http":
-        assert sent[0]["status"] == 403 and b"127.0.0.1" in sent[1]["body"]
+        assert sent[0]["status"] == 403 and b"[ui] hosts" in sent[1]["body"] and b"evil" not in sent[1]["body"]
     else:
         assert sent == [{"type": "websocket.close", "code": 1008}]
     assert caplog.text.count("DNS-rebinding") == 1  # logged once per Host
@@ -538,24 +544,333 @@ async def test_a_loopback_ui_refuses_other_host_names_even_without_origin(kind, 
 @pytest.mark.parametrize("host", ["127.0.0.1:8080", "localhost:8080", "app.localhost:8080", "[::1]:8080", "127.0.0.5"])
 async def test_a_loopback_ui_serves_loopback_names(host):
     inner = Inner()
-    await call(security.WebSecurityMiddleware(inner, loopback_only=True), scope_of(host=host))
+    await call(security.WebSecurityMiddleware(inner), scope_of(host=host))
     assert len(inner.calls) == 1
 
 
 @pytest.mark.asyncio
-async def test_allowed_origins_add_their_host_names_and_a_public_ui_serves_any_name():
+async def test_allowed_origins_and_hosts_add_their_host_names():
     inner = Inner()
-    mw = security.WebSecurityMiddleware(inner, loopback_only=True, allowed_origins=["https://chat.example:8443"])
+    mw = security.WebSecurityMiddleware(inner, allowed_origins=["https://chat.example:8443"], hosts=["Gpu-Box."])
     await call(mw, scope_of(host="chat.example:8443"))
-    await call(security.WebSecurityMiddleware(inner), scope_of(host="anything.example:8080"))
-    assert len(inner.calls) == 2
+    await call(mw, scope_of(host="gpu-box:8080"))
+    await call(mw, scope_of(host="gpu-box.:8080"))  # a trailing dot names the same host
+    refused = await call(mw, scope_of(host="anything.example:8080"))
+    assert len(inner.calls) == 3 and refused[0]["status"] == 403
 
 
-def test_install_turns_the_host_check_on_for_a_loopback_ui_only():
+# ---------------------------------------------------------------- a UI off loopback: [ui] hosts (issue 18)
+
+
+def asgi_app(settings: Settings):
+    """A Starlette app with a page, a login route that refuses (401) and a websocket, behind ``install``."""
     from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route, WebSocketRoute
 
-    for ui_host, expected in [("127.0.0.1", True), ("0.0.0.0", False)]:
-        app = Starlette()
-        security.install(app, Settings(server=ServerSettings(ui_host=ui_host)))
-        mw = next(m for m in app.user_middleware if m.cls is security.WebSecurityMiddleware)
-        assert mw.kwargs["loopback_only"] is expected
+    async def page(request):
+        return PlainTextResponse("page")
+
+    async def refuse_login(request):
+        await request.form()
+        return PlainTextResponse("wrong", status_code=401)
+
+    async def socket(ws):
+        await ws.accept()
+        await ws.close()
+
+    app = Starlette(
+        routes=[Route("/", page), Route("/login", refuse_login, methods=["POST"]), WebSocketRoute("/ws", socket)]
+    )
+    with pytest.MonkeyPatch.context() as mp:  # the throttles' time stands still: no lock ends during a test
+        mp.setattr(security, "LoginThrottle", functools.partial(security.LoginThrottle, clock=Clock()))
+        security.install(app, settings)
+    return app
+
+
+def open_ui(*hosts: str, ui_host: str = "0.0.0.0", **ui: Any) -> Settings:
+    return Settings(server=ServerSettings(ui_host=ui_host), ui=UISettings(auth=True, password="pw", hosts=hosts, **ui))
+
+
+async def get_with(app, host: str, origin: str | None = None, client: str = "127.0.0.1"):
+    import httpx
+
+    headers = {"host": host, **({"origin": origin} if origin else {})}
+    transport = httpx.ASGITransport(app=app, client=(client, 50000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://ui") as http:
+        return await http.get("/", headers=headers)
+
+
+@pytest.mark.asyncio
+async def test_a_ui_off_loopback_serves_only_the_names_in_ui_hosts():
+    """Measured on main: with ui_host 0.0.0.0 every Host was served, so a rebinding page could use the UI."""
+    app = asgi_app(open_ui("chat.example", "10.0.0.5"))
+    for host in ("chat.example:8080", "CHAT.example.:8080", "10.0.0.5:8080", "localhost:8080", "127.0.0.1:8080"):
+        assert (await get_with(app, host)).status_code == 200, host
+    for host in ("evil.example:8080", "10.0.0.6:8080", "chat.example.evil.example:8080", ""):
+        answer = await get_with(app, host)
+        assert answer.status_code == 403 and "evil" not in answer.text, host
+    refused = await call(app, scope_of("websocket", host="evil.example:8080", path="/ws"))
+    assert refused == [{"type": "websocket.close", "code": 1008}]  # the upgrade is answered 403
+    served = await call(app, scope_of("websocket", host="chat.example:8080", path="/ws"))
+    assert served[0] == {"type": "websocket.accept", "subprotocol": None, "headers": []}
+
+
+@pytest.mark.asyncio
+async def test_a_single_address_ui_host_and_allowed_origins_are_served_without_ui_hosts():
+    app = asgi_app(open_ui(ui_host="10.0.0.10", allowed_origins=("https://chat.example.com",)))
+    assert (await get_with(app, "10.0.0.10:8080")).status_code == 200
+    assert (await get_with(app, "chat.example.com")).status_code == 200
+    assert (await get_with(app, "evil.example:8080")).status_code == 403
+
+
+@pytest.mark.asyncio
+async def test_a_ui_on_every_address_without_hosts_serves_loopback_names_only_and_says_so(caplog):
+    with caplog.at_level(logging.WARNING, logger=security.logger.name):
+        app = asgi_app(open_ui())
+    assert "[ui] hosts is empty" in caplog.text and "'0.0.0.0'" in caplog.text
+    assert (await get_with(app, "10.0.0.5:8080")).status_code == 403
+    assert (await get_with(app, "localhost:8080")).status_code == 200
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["http", "websocket"])
+async def test_the_origin_check_uses_the_configured_names_not_the_requests_host(kind):
+    """A forged Host no longer makes its own origin the UI's: the Host check refuses it, and so does the origin
+    check by itself (it never takes a name from the request)."""
+    inner = Inner()
+    mw = security.WebSecurityMiddleware(inner, hosts=["chat.example"])
+    forged = scope_of(kind, origin="http://evil.example:8080", host="evil.example:8080")
+    assert not mw.origin_allowed("http://evil.example:8080", forged)
+    assert mw.origin_allowed("http://chat.example:8080", scope_of(kind, host="chat.example:8080"))
+    # a served name, but another page than the one the request was sent to (another port, another name)
+    assert not mw.origin_allowed("http://chat.example:3000", scope_of(kind, host="chat.example:8080"))
+    assert not mw.origin_allowed("http://localhost:8080", scope_of(kind, host="chat.example:8080"))
+    app = asgi_app(open_ui("chat.example"))
+    answer = await get_with(app, "evil.example:8080", origin="http://evil.example:8080")
+    assert answer.status_code == 403
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "host, origin",
+    [
+        ("evil.example:8080", None),  # a forged Host (a DNS-rebinding page's plain GET)
+        ("evil<b>x</b>.example", None),
+        ("127.0.0.1:8080", "null"),  # a sandboxed frame or a file: page
+        ("127.0.0.1:8080", "http://evil.example:8080"),
+    ],
+)
+async def test_a_refusal_answers_403_without_echoing_the_input(host, origin, caplog):
+    inner = Inner()
+    scope = scope_of(origin=origin, host=host)
+    scope["headers"] += [(b"authorization", b"Bearer sk-the-engine-key"), (b"cookie", b"access_token=tok3n")]
+    with caplog.at_level(logging.WARNING, logger=security.logger.name):
+        sent = await call(security.WebSecurityMiddleware(inner), scope)
+    body = sent[1]["body"].decode()
+    assert inner.calls == [] and sent[0]["status"] == 403 and body
+    assert "evil" not in body and "null" not in body and "<b>" not in body
+    assert headers_of(sent)[b"x-content-type-options"] == b"nosniff"
+    assert len(caplog.records) == 1  # logged, once, with what was refused, never a key or a cookie
+    assert "sk-the-engine-key" not in caplog.text and "tok3n" not in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_refusals_are_logged_once_each_and_a_flood_of_one_kind_does_not_silence_another(caplog):
+    mw = security.WebSecurityMiddleware(Inner())
+    with caplog.at_level(logging.WARNING, logger=security.logger.name):
+        for i in range(security.MAX_LOGGED + 50):
+            await call(mw, scope_of(host=f"evil-{i}.example:8080"))
+            await call(mw, scope_of(host=f"evil-{i}.example:8080"))
+        await call(mw, scope_of(origin="http://127.0.0.1:9999"))
+    hosts = [r.getMessage() for r in caplog.records if "for Host" in r.getMessage()]
+    assert len(hosts) == security.MAX_LOGGED  # each once, then bounded …
+    assert sum("further ones are refused" in r.getMessage() for r in caplog.records) == 1  # … and says so once
+    assert "origin 'http://127.0.0.1:9999'" in caplog.text  # another kind is still logged
+
+
+def test_a_ui_on_every_address_without_hosts_is_refused_at_start_naming_ui_hosts():
+    with pytest.raises(ConfigError) as err:
+        exposure("0.0.0.0", auth=True)
+    text = err.value.user_text("en")
+    assert "ui.hosts" in text and "[ui] hosts = [" in text and "QWENCHAT_UI_HOSTS=" in text
+    assert "DNS rebinding" in text and "[server] ui_host" in text
+
+
+def test_the_start_says_which_names_a_ui_off_loopback_answers_to():
+    [line] = exposure("10.0.0.10", auth=True)
+    assert "10.0.0.10" in line and "[ui] hosts" in line and "403" in line
+    [line] = exposure("0.0.0.0", auth=True, hosts=("chat.example", "gpu-box"))
+    assert "chat.example, gpu-box" in line
+
+
+@pytest.mark.parametrize("auth, refusal", [(False, "[ui] public = true"), (True, "ui.hosts")])
+def test_serve_prepare_refuses_before_the_ui_starts(tmp_path, monkeypatch, capsys, auth, refusal):
+    """`serve --prepare` starts the UI before the engine is built: the exposure rules come first there too (on
+    main the UI was started, open to other machines without login, and only refused after the build)."""
+    ui = UISettings(auth=auth, password="pw" if auth else "")
+    logs = LoggingSettings(dir=str(tmp_path / "logs"))
+    settings = Settings(server=ServerSettings(ui_host="0.0.0.0"), ui=ui, logging=logs)
+    monkeypatch.setattr(launch.prepare_bg, "needs_preparing", lambda s: True)
+    started: list[Any] = []
+
+    def start_process(*args: Any, **kwargs: Any) -> None:
+        started.append(args)
+        raise RuntimeError("the UI was started")
+
+    monkeypatch.setattr(launch, "start_process", start_process)
+    umask = os.umask(0o022)
+    try:
+        assert launch.run_serve(settings, prepare=True) == 2
+    finally:
+        os.umask(umask)
+    assert started == [] and refusal in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- login details (issue 18)
+
+
+VIEWER_PASSWORD = "viewer-password"
+
+
+@pytest.fixture(scope="module")
+def viewer_hash() -> str:
+    from backend.passwords import hash_password
+
+    return hash_password(VIEWER_PASSWORD)  # the iterations hash-password uses, as the dummy has
+
+
+@pytest.fixture
+def pbkdf2_calls(monkeypatch):
+    """Every PBKDF2 computed: (iterations, thread name)."""
+    import hashlib
+    import threading
+
+    calls: list[tuple[int, str]] = []
+    real = hashlib.pbkdf2_hmac
+
+    def counted(name, password, salt, iterations, *args):
+        calls.append((iterations, threading.current_thread().name))
+        return real(name, password, salt, iterations, *args)
+
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", counted)
+    return calls
+
+
+@pytest.mark.parametrize("with_users", [False, True])
+def test_every_name_costs_exactly_one_pbkdf2_of_the_same_strength(pbkdf2_calls, viewer_hash, with_users):
+    """The admin name, a [ui] users name and an unknown name: one hash each, right or wrong password, so the
+    answer's timing does not tell which names exist (on main: the admin name and, without users, an unknown name
+    cost none)."""
+    users = {"viewer": viewer_hash} if with_users else {}
+    settings = Settings(ui=UISettings(auth=True, username="demo", password="demo-pass", users=users))
+    attempts = [("demo", "demo-pass", True), ("demo", "wrong", False), ("nobody", "demo-pass", False)]
+    if with_users:
+        attempts += [("viewer", VIEWER_PASSWORD, True), ("viewer", "wrong", False)]
+    for name, password, ok in attempts:
+        before = len(pbkdf2_calls)
+        assert login.check_password(settings, name, password) is ok
+        assert len(pbkdf2_calls) == before + 1, (name, password)
+    assert {iterations for iterations, _ in pbkdf2_calls} == {passwords_iterations()}
+
+
+def passwords_iterations() -> int:
+    from backend.passwords import ITERATIONS
+
+    return ITERATIONS
+
+
+@pytest.mark.asyncio
+async def test_login_hashing_runs_on_its_own_threads_not_the_default_pool(pbkdf2_calls, viewer_hash, tmp_path):
+    """Token counting runs in the event loop's default pool (asyncio.to_thread): a burst of sign-ins must not
+    queue in front of it. Checked through app.py's own password callback."""
+    from tests.fakes.openai_server import FakeServer
+    from tests.unit.test_app_routes import imported_app
+
+    settings = Settings(ui=UISettings(auth=True, password="pw", users={"viewer": viewer_hash}))
+    assert await login.verify_login(settings, "viewer", VIEWER_PASSWORD)
+    async with FakeServer() as fake, imported_app(fake, tmp_path, auth="true", password="pw") as module:
+        assert await module.login("admin", "pw") is not None
+        assert await module.login("admin", "wrong") is None
+    threads = [thread for _, thread in pbkdf2_calls]
+    assert len(threads) == 3 and all(name.startswith("qwenchat-login") for name in threads), threads
+
+
+@pytest.mark.parametrize(
+    "address, key",
+    [
+        ("203.0.113.7", "203.0.113.7"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::/64"),
+        ("::ffff:203.0.113.7", "203.0.113.7"),
+        ("fe80::1%eth0", "fe80::/64"),
+        ("unknown", "unknown"),
+    ],
+)
+def test_the_throttle_counts_an_ipv6_client_by_its_64(address, key):
+    assert security.client_key(address) == key
+
+
+async def post_login(app, name: str, client: str, *, multipart: bool = False):
+    import httpx
+
+    transport = httpx.ASGITransport(app=app, client=(client, 50000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080") as http:
+        form = {"username": name, "password": "guess"}
+        if multipart:  # what Chainlit's login page sends (a FormData)
+            return await http.post("/login", files={k: (None, v) for k, v in form.items()})
+        return await http.post("/login", data=form)
+
+
+@pytest.mark.asyncio
+async def test_an_ipv6_client_cannot_escape_the_throttle_by_changing_its_address():
+    app = asgi_app(Settings(ui=UISettings(auth=True, password="pw")))
+    statuses = [(await post_login(app, f"user-{i}", f"2001:db8:0:7::{i + 1:x}")).status_code for i in range(8)]
+    assert statuses[:5] == [401] * 5 and set(statuses[5:]) == {429}, statuses
+    assert (await post_login(app, "user-x", "2001:db8:0:8::1")).status_code == 401  # another /64
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("name", ["admin", "nobody-at-all"])
+async def test_a_guess_spread_over_many_addresses_at_one_name_is_throttled(name, caplog):
+    """Every attempt from a fresh address, all at one name: after ACCOUNT_FREE failures the name waits. An unknown
+    name is counted the same way (else a 429 would say which names exist)."""
+    app = asgi_app(Settings(ui=UISettings(auth=True, password="pw")))
+    statuses = []
+    with caplog.at_level(logging.WARNING, logger=security.logger.name):
+        for i in range(security.ACCOUNT_FREE + 3):
+            answer = await post_login(app, name, f"198.51.100.{i + 1}", multipart=i % 2 == 0)
+            statuses.append(answer.status_code)
+    free = security.ACCOUNT_FREE
+    assert statuses[:free] == [401] * free and set(statuses[free:]) == {429}, statuses
+    assert "this user name" in answer.json()["detail"] and int(answer.headers["retry-after"]) >= 1
+    assert (await post_login(app, "someone-else", "198.51.100.200")).status_code == 401
+    assert "at the user name with fingerprint" in caplog.text and name not in caplog.text
+
+
+def test_a_flood_of_made_up_names_does_not_wipe_the_count_of_a_real_one():
+    clock = Clock()
+    th = security.LoginThrottle(clock=clock, free=3, max_clients=10, keep={"real"})
+    for _ in range(3):
+        th.begin("real")
+    for i in range(100):
+        th.begin(f"made-up-{i}")
+    assert th.begin("real") > 0 and th.failures("real") == 3
+
+
+def test_the_refused_login_fingerprint_is_an_hmac_keyed_with_the_servers_secret(monkeypatch):
+    """On main it was sha256(typed)[:10]: a log reader could test password guesses typed into the name field."""
+    import hashlib
+    import hmac
+
+    settings = Settings(ui=UISettings(auth=True, username="demo", password="pw"))
+    typed = "hunter2-my-password"
+    notes = {}
+    for secret in ("secret-one", "secret-two"):
+        monkeypatch.setenv("CHAINLIT_AUTH_SECRET", secret)
+        notes[secret] = security.login_refused_note(settings, typed)
+        message = b"qwenchat-login-name\0" + typed.encode()
+        expected = hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()[:12]
+        assert f"fingerprint {expected}" in notes[secret]
+    assert notes["secret-one"] != notes["secret-two"] and typed not in notes["secret-one"]
+    assert hashlib.sha256(typed.encode()).hexdigest()[:10] not in notes["secret-one"]
