@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import contract
+from . import hub as hub_mod
 from .errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,10 +156,21 @@ class ModelSettings:
         return not self.path
 
     @property
+    def hub(self) -> hub_mod.HubModel | None:
+        """The hub model [model].path names (``owner/name[@revision]`` that is no existing folder), else None."""
+        if hub_mod.classify_model_path(self.path, ROOT) != "hub":
+            return None
+        return hub_mod.parse_hub_id(self.path)
+
+    @property
     def resolved_path(self) -> Path:
-        """The model folder; a relative [model].path is relative to the repository folder."""
+        """The model folder; a relative [model].path is relative to the repository folder. A hub id: its snapshot
+        folder in huggingface_hub's cache (backend/hub.py), which exists once the download has finished."""
         if self.is_embedded:
             return home_dir() / "models" / EMBEDDED_MODEL_NAME
+        model = self.hub
+        if model is not None:
+            return hub_mod.complete_snapshot(model) or hub_mod.pending_dir(model)
         p = Path(self.path).expanduser()
         return (p if p.is_absolute() else ROOT / p).resolve()
 
@@ -166,7 +178,10 @@ class ModelSettings:
     def name(self) -> str:
         if self.served_model_name:
             return self.served_model_name
-        return EMBEDDED_MODEL_NAME if self.is_embedded else self.resolved_path.name
+        if self.is_embedded:
+            return EMBEDDED_MODEL_NAME
+        model = self.hub
+        return model.name if model is not None else self.resolved_path.name
 
 
 @dataclass(frozen=True)
@@ -477,6 +492,7 @@ def _validate(s: Settings) -> None:
             without_password(s.base_url),
             'the OpenAI-compatible server\'s base URL, http:// or https://, like "http://gpu-box:8000/v1"',
         )
+    need(hub_mod.classify_model_path(s.model.path, ROOT) is not None, "model.path", s.model.path, hub_mod.PATH_FORMS)
     need(s.model.max_model_len > 0, "model.max_model_len", s.model.max_model_len, "a positive number of tokens")
     need(0 <= s.model.temperature <= 2, "model.temperature", s.model.temperature, "a number from 0 to 2")
     need(0 < s.model.top_p <= 1, "model.top_p", s.model.top_p, "a number in (0, 1]")

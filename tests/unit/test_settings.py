@@ -128,7 +128,9 @@ def test_launcher_key_wins_over_a_stray_openai_key_when_not_external(tmp_path):
 
 
 def test_a_relative_model_path_is_relative_to_the_repository_folder():
-    assert ModelSettings(path="models/x").resolved_path == (ROOT / "models" / "x").resolve()
+    # "./": a bare "models/x" that is no folder here reads as the hub id models/x (tests/unit/test_hub.py)
+    assert ModelSettings(path="./models/x").resolved_path == (ROOT / "models" / "x").resolve()
+    assert ModelSettings(path="tests/unit").resolved_path == ROOT / "tests" / "unit"  # an existing folder
 
 
 @pytest.mark.parametrize(
