@@ -189,7 +189,13 @@ class Session:
     # ------------------------------------------------------------ a turn
 
     async def start(
-        self, text: str, *, message_id: str | None = None, kind: str = "user_message", overlap: bool = False
+        self,
+        text: str,
+        *,
+        message_id: str | None = None,
+        kind: str = "user_message",
+        overlap: bool = False,
+        modes: dict[str, str] | None = None,
     ) -> Turn:
         """Send a message; the returned Turn fills in as events arrive (``wait`` for its end).
 
@@ -202,7 +208,7 @@ class Session:
         self.current = turn
         self.turns.append(turn)
         self._done.clear()
-        step = {
+        step: dict[str, Any] = {
             "threadId": "",
             "id": mid,
             "name": "User",
@@ -211,6 +217,8 @@ class Session:
             "createdAt": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
             "metadata": {"location": self.url + "/"},
         }
+        if modes:
+            step["modes"] = modes
         await self.sio.emit("client_message", {"message": step, "fileReferences": []})
         return turn
 
@@ -224,8 +232,8 @@ class Session:
             pass
         return turn
 
-    async def send(self, text: str, timeout: float = 60) -> Turn:
-        await self.start(text)
+    async def send(self, text: str, timeout: float = 60, modes: dict[str, str] | None = None) -> Turn:
+        await self.start(text, modes=modes)
         return await self.wait(timeout)
 
     # ------------------------------------------------------------ events
