@@ -1,0 +1,79 @@
+"""Issue #18 through Chainlit's own handlers against the fake server: one answer streaming per chat (a button or a
+message while it streams is refused, the message's text quoted back), and a vote only on a blind pair."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.unit import test_app_handlers as handlers
+from tests.unit.test_app_compare import compare_off, compare_on, notes
+from tests.unit.test_app_handlers import marker, wait_for
+
+fake, ui, chat = handlers.fake, handlers.ui, handlers.chat
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+async def guarded_send(chat, text: str) -> None:
+    """A client_message as the socket server dispatches it: through the handler registered for the event (the
+    guard in front of Chainlit's), not Chainlit's function itself."""
+    from chainlit.server import sio
+
+    await sio.handlers["/"]["client_message"](chat.sid, {"message": chat.payload(text), "fileReferences": None})
+
+
+async def test_a_button_or_a_message_while_an_answer_streams_is_refused_and_the_text_kept(chat):
+    m = marker()
+    screen = await chat.send(f"[[fault:http-500:fail=1:tokens=400:rate=20]] {m}")
+    [retry] = [a for msg in screen.messages for a in screen.actions.get(msg["id"], []) if a["name"] == "retry"]
+    n = len(chat.events)
+    clicked = asyncio.create_task(chat.click(retry))
+    await wait_for(lambda: any("w3" in a for a in chat.screen(n).answers), 20, "the retried answer streaming")
+    requests = len(chat.received(m))
+
+    again = await chat.click(retry)  # the same button again (a second tab, a double click that got through)
+    assert any("still being answered: wait for the answer" in e for e in again.errors), again.errors
+    other = marker()
+    n2 = len(chat.events)
+    await guarded_send(chat, f"meanwhile {other}")
+    await wait_for(lambda: chat.screen(n2).errors, 10, "the message refused")
+    [refused] = chat.screen(n2).errors
+    assert "still being answered: this one was not sent" in refused and f"```text\nmeanwhile {other}\n```" in refused
+    assert len(chat.received(m)) == requests and chat.received(other) == []  # nothing more went to the model
+    assert all(t.content != f"meanwhile {other}" for t in chat.conversation.turns)
+
+    await chat.stop()
+    await asyncio.wait_for(clicked, 20)
+    n3 = len(chat.events)
+    await guarded_send(chat, f"after {other}")  # the chat is free again
+    await asyncio.wait_for(chat.session.current_task, 30)
+    assert chat.screen(n3).errors == [] and len(chat.received(f"after {other}")) == 1
+
+
+async def test_compare_vote_is_refused_on_a_pair_that_is_not_blind(chat, ui):
+    await compare_on(chat)  # side by side, names shown: no vote buttons
+    m = marker()
+    screen = await chat.send(f"open question {m}")
+    [note] = notes(screen)
+    assert [a["name"] for a in screen.actions.get(note["id"], [])] == ["compare_pick"]
+    turn = chat.conversation.last_user().id
+    before = len(ui.app.votes.all())
+    forged = {"name": "compare_vote", "payload": {"turn": turn, "winner": "a"}, "forId": note["id"], "id": "x"}
+    refused = await chat.click(forged)
+    assert any("Votes are for blind comparisons" in e for e in refused.errors), refused.errors
+    assert len(ui.app.votes.all()) == before  # nothing stored
+    await compare_off(chat)
+
+
+async def test_a_vote_naming_no_side_is_refused_with_the_value(chat, ui):
+    await compare_on(chat, "blind")
+    await chat.send(f"blind question {marker()}")
+    turn = chat.conversation.last_user().id
+    before = len(ui.app.votes.all())
+    forged = {"name": "compare_vote", "payload": {"turn": turn, "winner": "left"}, "forId": "n", "id": "y"}
+    refused = await chat.click(forged)
+    assert any("`left`" in e for e in refused.errors), refused.errors
+    assert len(ui.app.votes.all()) == before
+    await compare_off(chat)
