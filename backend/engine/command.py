@@ -19,6 +19,7 @@ from pathlib import Path
 from ..contract import ENV_ENGINE_API_KEY
 from ..errors import ConfigError, EngineUnavailable
 from ..settings import ROOT, Settings
+from . import gate
 
 logger = logging.getLogger(__name__)
 
@@ -159,10 +160,13 @@ def build_engine_command(
         m.dtype,
         "--generation-config",
         "vllm",  # our sampling settings, not the model folder's defaults
+        # vLLM's key guards /v1 and a few other prefixes only; the gate guards every route (issue #18)
+        "--middleware",
+        gate.MIDDLEWARE,
     ]
     # The key goes through the environment (vLLM reads VLLM_API_KEY): an --api-key argument
     # would be visible to every user of the machine in `ps`.
-    env = {**OFFLINE_ENV, "VLLM_API_KEY": api_key}
+    env = {**OFFLINE_ENV, "VLLM_API_KEY": api_key, **gate_env(s.host, s.port)}
     if engine == "gpu":
         argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
         # only when > 1: vLLM's defaults are 1, and a single-GPU command stays as short as before
@@ -192,6 +196,13 @@ def build_engine_command(
         argv += ["--chat-template", str(chat_template)]
     argv += list(s.extra_args)
     return Command(tuple(argv), env, unset=("OPENAI_BASE_URL", "OPENAI_API_KEY"))
+
+
+def gate_env(host: str, port: int) -> dict[str, str]:
+    """What the engine needs to load ``gate.EngineGate``: our code on its path, the Host names and the port it is
+    reached by (loopback, and ``[server] host``; the gate adds the machine's name when that is 0.0.0.0 or ::)."""
+    names = dict.fromkeys((*gate.LOOPBACK_NAMES, host.strip("[]").lower()))
+    return {"PYTHONPATH": str(ROOT), gate.ENV_HOSTS: ",".join(names), gate.ENV_PORT: str(port)}
 
 
 def needs_chat_template(model_dir: Path) -> bool:

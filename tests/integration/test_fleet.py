@@ -61,9 +61,14 @@ def chat(base: str, model: str, text: str = "Say hello.", max_tokens: int = 8, t
         return json.loads(resp.read())
 
 
+def metrics_request(base: str) -> urllib.request.Request:
+    """A replica's vLLM /metrics: it needs the key, like every route but /health (backend/engine/gate.py)."""
+    return urllib.request.Request(base.removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+
+
 def served(base: str) -> float:
-    """Requests this replica finished (vLLM's own counter; /metrics needs no key)."""
-    with _NO_PROXY.open(base.removesuffix("/v1") + "/metrics", timeout=10) as resp:
+    """Requests this replica finished (vLLM's own counter)."""
+    with _NO_PROXY.open(metrics_request(base), timeout=10) as resp:
         text = resp.read().decode()
     return sum(float(m) for m in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M))
 
@@ -280,7 +285,7 @@ def stream_in_thread(base: str, result: dict) -> threading.Thread:
 
 def running(base: str) -> float:
     """Requests this replica is generating now (vLLM's gauge)."""
-    with _NO_PROXY.open(base.removesuffix("/v1") + "/metrics", timeout=10) as resp:
+    with _NO_PROXY.open(metrics_request(base), timeout=10) as resp:
         text = resp.read().decode()
     return sum(float(m) for m in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M))
 

@@ -42,8 +42,10 @@ def engine_status(app: e2e.LiveApp) -> dict:
 
 
 def engine_generating(app: e2e.LiveApp) -> int:
-    """Requests vLLM is generating now (its own gauge; /metrics needs no key)."""
-    with urllib.request.urlopen(app.engine_url.removesuffix("/v1") + "/metrics", timeout=10) as resp:
+    """Requests vLLM is generating now (its own gauge; /metrics needs the key, like every route but /health)."""
+    url = app.engine_url.removesuffix("/v1") + "/metrics"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {e2e.ENGINE_KEY}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
         text = resp.read().decode()
     return round(sum(float(m) for m in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M)))
 

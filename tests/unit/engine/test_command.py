@@ -210,3 +210,67 @@ def test_gpu_count_reads_nvidia_smi_and_cuda_visible_devices(tmp_path, monkeypat
     assert command.gpu_count() == 2
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert command.gpu_count() is None
+
+
+# ---------------------------------------------------------------- the engine gate (issue #18)
+
+
+def engine_commands():
+    """Every engine command we start: single CPU and GPU, and each local replica of a fleet."""
+    from backend.engine import fleet
+    from backend.settings import FleetSettings
+
+    single = Settings(server=ServerSettings(port=8123))
+    yield "cpu", command.build_engine_command(single, engine="cpu", python="p", api_key="secret", adapters={})
+    yield "gpu", command.build_engine_command(single, engine="gpu", python="p", api_key="secret", adapters={})
+    fleet_settings = Settings(server=ServerSettings(port=9100), fleet=FleetSettings(local=2))
+    for engine in ("cpu", "gpu"):
+        yield from (
+            (f"{engine} replica", cmd)
+            for cmd in fleet.build_replica_commands(
+                fleet_settings,
+                engine=engine,
+                python="p",
+                api_key="secret",
+                adapters={},
+                cpus=[0, 1],
+                gpu_ids=["0", "1"],
+            )
+        )
+
+
+def test_every_engine_command_loads_the_gate_with_its_own_port_and_hosts():
+    from backend.engine import gate
+
+    commands = list(engine_commands())
+    assert len(commands) == 6
+    for what, cmd in commands:
+        argv = list(cmd.argv)
+        assert argv_value(argv, "--middleware") == "backend.engine.gate.EngineGate", what
+        assert cmd.env["PYTHONPATH"] == str(ROOT), what  # where the engine imports it from
+        assert cmd.env[gate.ENV_PORT] == argv_value(argv, "--port"), what
+        assert cmd.env[gate.ENV_HOSTS].split(",") == ["localhost", "127.0.0.1", "::1"], what
+        rendered = cmd.render()  # what --dry-run prints
+        assert "--middleware backend.engine.gate.EngineGate" in rendered and "secret" not in rendered, what
+
+
+def test_the_gate_answers_to_the_configured_host_name_too():
+    from backend.engine import gate
+
+    s = Settings(server=ServerSettings(host="GPU-B.lan"))
+    cmd = command.build_engine_command(s, engine="cpu", python="p", api_key="k", adapters={})
+    assert cmd.env[gate.ENV_HOSTS].split(",") == ["localhost", "127.0.0.1", "::1", "gpu-b.lan"]
+
+
+def test_the_gate_imports_only_the_standard_library():
+    """It runs in the engine's process, whose environment has none of our dependencies."""
+    import ast
+    import sys
+
+    from backend.engine import gate
+
+    tree = ast.parse(Path(gate.__file__).read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) if n.level == 0}
+    assert {m.split(".")[0] for m in imported} - {"__future__"} <= sys.stdlib_module_names
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0]
