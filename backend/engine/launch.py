@@ -39,6 +39,7 @@ from .preflight import (
     model_config,
 )
 from .supervisor import Supervisor, configure_logs, read_tail, start_process, stop_process_group
+from .ui_keeper import UiKeeper
 
 logger = logging.getLogger(__name__)
 
@@ -302,9 +303,12 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
     preparer.publish_first()  # before the UI's first poll: never an old run's "stopped"
     api_key = settings.server.api_key or secrets.token_urlsafe(24)
     env = ui_environment(engine, log_dir)
+    ui_keeper: UiKeeper
     env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
     ui_cmd = command.build_ui_command(settings, python=sys.executable)
-    ui_proc = start_process(command.Command(ui_cmd.argv, {**ui_cmd.env, **env}, ui_cmd.unset), log_dir / "ui.log")
+    ui_cmd = command.Command(ui_cmd.argv, {**ui_cmd.env, **env}, ui_cmd.unset)
+    ui_proc = start_process(ui_cmd, log_dir / "ui.log")
+    keeper = UiKeeper(settings, ui_cmd, log_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
@@ -318,8 +322,10 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
         say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url} (messages wait until the model is ready)")
         while not work.done() and not stop.is_set():
             if ui_proc.poll() is not None:
-                say(f"the UI exited with code {ui_proc.returncode}; see {log_dir / 'ui.log'}")
-                return 1
+                revived = await keeper.revive(ui_proc, say)
+                if revived is None:
+                    return 1
+                ui_proc = revived
             await asyncio.wait({work, asyncio.create_task(stop.wait())}, timeout=1.0)
         if stop.is_set():
             say("stopping ...")
@@ -328,7 +334,7 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
         if failed is not None:
             say(f"{failed.reason.split('; the full log is')[0]}; full log: {failed.log_path}")
             return 1
-        early = _Early(ui_proc, api_key, stop)
+        early = _Early(ui_proc, api_key, stop, keeper)
         return early
     finally:
         if early is None:
@@ -466,6 +472,9 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
         if early is None:  # else said before the preparation
             say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url}")
         if supervisor and sup_task:
+    # Restarts go on with the early UI's budget; the command is this launch's (now with the engine's key).
+    keeper = early.ui_keeper if early else UiKeeper(settings, ui_cmd, log_dir)
+    keeper.cmd = ui_cmd
             ready_wait = asyncio.create_task(supervisor.ready_event.wait())
             stop_wait = asyncio.create_task(stop.wait())
             waits: set[asyncio.Task[object]] = {ready_wait, stop_wait, sup_task}
@@ -482,9 +491,11 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
                 say(f"engine ready after {time.monotonic() - t0:.1f} s; chat at {url}  (Ctrl-C stops everything)")
         while not stop.is_set():
             if ui_proc.poll() is not None:
-                say(f"the UI exited with code {ui_proc.returncode}; see {log_dir / 'ui.log'}")
-                rc = 1
-                break
+                revived = await keeper.revive(ui_proc, say)
+                if revived is None:
+                    rc = 1
+                    break
+                ui_proc = revived
             if sup_task and sup_task.done() and not sup_task.cancelled() and sup_task.exception():
                 say(f"the engine supervisor failed: {sup_task.exception()!r}; see {log_dir / 'engine.log'}")
                 rc = 1

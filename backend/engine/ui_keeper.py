@@ -1,0 +1,105 @@
+"""The UI process kept alive by the launcher (issue #20), as the supervisor keeps the engine alive.
+
+    keeper = UiKeeper(settings, ui_cmd, log_dir)
+    proc = await keeper.revive(proc)     # after the UI exited: started again, or None once the budget is spent
+
+A UI that dies (``kill -9``, the kernel's OOM killer after a huge paste, a crash) used to stop the whole product,
+the engine included. Now it is started again with the engine's restart budget (``[server] restart_attempts`` within
+``restart_window_min`` minutes, backoff 1, 2, 4 … 30 s), its causes (killed by a signal, and which; an exit code) and
+log lines of the same shape, while the engine keeps running (its pid unchanged). What happened goes to
+``logs/ui-status.json`` (``contract.UI_STATUS_FILE_NAME``, an ``EngineStatus``) for the new UI to show. A first start
+that fails is not retried: that is a configuration problem (the launcher says so with the log's tail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from ..contract import UI_STATUS_FILE_NAME, EngineStatus, SupervisorState
+from ..settings import Settings
+from ..text import both
+from .command import Command
+from .supervisor import start_process, stop_process_group
+
+logger = logging.getLogger(__name__)
+
+
+def exit_cause(rc: int | None) -> tuple[str, str, str]:
+    """(English, Chinese, cause code) for a UI process that ended with ``rc``."""
+    if rc is not None and rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return (*both("ui_keeper.killed", signal=name), "killed")
+    return (*both("ui_keeper.exited", rc=rc), "exited")
+
+
+class UiKeeper:
+    """Restarts of one UI process; ``sleep`` is there for tests."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        cmd: Command,
+        log_dir: Path,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.cmd = cmd
+        self.log_path = log_dir / "ui.log"
+        self.status_path = log_dir / UI_STATUS_FILE_NAME
+        self.attempts = settings.server.restart_attempts
+        self.window_s = settings.server.restart_window_min * 60
+        self._sleep = sleep
+        self._restarts: list[float] = []
+        self.status_path.unlink(missing_ok=True)  # an older launch's restarts are not this one's
+
+    async def revive(
+        self, proc: subprocess.Popen[bytes], say: Callable[[str], None] = print
+    ) -> subprocess.Popen[bytes] | None:
+        """``proc`` (the UI) has exited: clean up its group, wait the backoff, start it again; None (and a line
+        saying why) once ``restart_attempts`` restarts fell within the window."""
+        reason, reason_zh, cause = exit_cause(proc.returncode)
+        now = time.time()
+        self._restarts = [t for t in self._restarts if now - t < self.window_s] + [now]
+        attempt = len(self._restarts)
+        if attempt > self.attempts:
+            message = f"the UI: {reason}; gave up after {self.attempts} restarts in {self.window_s / 60:g} min"
+            self._write(SupervisorState.DOWN, reason, reason_zh, cause, attempt - 1, message, proc.pid)
+            say(f"{message}; see {self.log_path}")
+            return None
+        message = f"{reason}; restarting — attempt {attempt} of {self.attempts} (the engine keeps running)"
+        logger.warning("UI %s", message)
+        say(message)
+        self._write(SupervisorState.RESTARTING, reason, reason_zh, cause, attempt, message, proc.pid)
+        t0 = time.monotonic()
+        # Its own children (none today; a future worker would be) go with it; the leader is already gone.
+        await asyncio.to_thread(stop_process_group, proc, 2)
+        delay = min(30.0, 2.0 ** (attempt - 1))
+        await self._sleep(max(0.0, delay - (time.monotonic() - t0)))
+        new = start_process(self.cmd, self.log_path)
+        self._write(SupervisorState.RUNNING, reason, reason_zh, cause, attempt, message, new.pid)
+        return new
+
+    def _write(
+        self, state: SupervisorState, reason: str, reason_zh: str, cause: str, attempt: int, message: str, pid: int
+    ) -> None:
+        EngineStatus(
+            state=state,
+            pid=pid,
+            attempt=attempt,
+            max_attempts=self.attempts,
+            reason=reason,
+            reason_zh=reason_zh,
+            cause=cause,
+            message=message,
+            log_path=str(self.log_path),
+            since=time.time(),
+        ).write(self.status_path)
