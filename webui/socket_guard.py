@@ -28,6 +28,7 @@ from chainlit.data import get_data_layer
 from chainlit.server import sio
 from chainlit.session import WebsocketSession
 
+from backend.chat.database import failure
 from backend.chat.history import META_KEY
 from backend.chat.session import ChatSession
 from backend.text import t
@@ -83,9 +84,7 @@ class Guard:
         if any(m.id == mid for m in chat_context.get()):
             owner = f"this chat ({session.thread_id})"
         else:
-            layer = get_data_layer()
-            step_owner = getattr(layer, "step_owner", None)
-            found = await step_owner(mid) if step_owner is not None else None
+            found = await self.stored_owner(mid)
             if found is not None:
                 owner = f"thread {found.thread_id} (user {found.user!r}, a {found.type})"
         if owner is None:
@@ -99,6 +98,19 @@ class Guard:
             session.thread_id,
         )
         return t("message.id_taken", self.lang(), id=mid[:40])
+
+    async def stored_owner(self, mid: str) -> Any:
+        """The stored step with id ``mid`` (``datalayer.StepOwner``), None when there is none or no history. A
+        database that does not answer lets the message through: the data layer, failing the same way, writes
+        nothing (the chat works without its history, as everywhere)."""
+        step_owner = getattr(get_data_layer(), "step_owner", None)
+        if step_owner is None:
+            return None
+        try:
+            return await step_owner(mid)
+        except Exception as exc:  # noqa: BLE001 - logged; the data layer refuses the write on its own
+            logger.warning("socket: could not look message id %s up in the history (%s)", mid[:40], failure(exc))
+            return None
 
     async def client_message(self, original: Handler, sid: str, payload: Any) -> None:
         session = WebsocketSession.require(sid)

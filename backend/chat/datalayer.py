@@ -34,7 +34,7 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .client import sanitize_text
-from .database import sqlite_pragmas
+from .database import failure, sqlite_pragmas
 from .history import META_KEY, _json_dict
 
 logger = logging.getLogger(__name__)
@@ -222,7 +222,13 @@ class GuardedDataLayer:
         step_id = step.get("id")
         if not isinstance(step_id, str):
             return True  # Chainlit's own INSERT refuses it
-        owner = await self.step_owner(step_id)
+        try:
+            owner = await self.step_owner(step_id)
+        except Exception as exc:  # noqa: BLE001 - Chainlit writes steps from tasks nobody awaits: log, never raise
+            logger.warning(
+                "history: %s of step %s not written: its owner could not be checked (%s)", what, step_id, failure(exc)
+            )
+            return False
         if owner is None:
             return True
         thread, kind = step.get("threadId"), step.get("type")

@@ -227,3 +227,24 @@ async def test_answers_are_signed_with_the_history_key_and_only_those_verify(tmp
     finally:
         await signing.close()
     assert history.answer_key(database.sqlite_file(tmp_path / "none.sqlite3"), create=False) is None
+
+
+async def test_a_step_whose_owner_cannot_be_checked_is_not_written_and_nothing_is_raised(layer, caplog, monkeypatch):
+    """Chainlit writes steps from tasks nobody awaits: a database that fails the check is logged, never raised."""
+    import chainlit as cl
+
+    thread_id = await thread_of(layer, "alice")
+
+    async def down(step_id: str):
+        raise ConnectionRefusedError("[Errno 111] Connect call failed")
+
+    monkeypatch.setattr(layer, "step_owner", down)
+    msg = cl.Message(content="hello", author="alice", type="user_message")
+    msg.thread_id = thread_id
+    assert await layer.create_step(msg.to_dict()) is None
+    monkeypatch.undo()
+    assert await stored_steps(layer, thread_id) == {}
+    assert any(
+        f"create_step of step {msg.id} not written: its owner could not be checked" in r.getMessage()
+        for r in caplog.records
+    )
