@@ -5,7 +5,10 @@ external mode on the fake OpenAI server.
   websocket) nor read /qwenchat/status; the app's own page still chats;
 - a model answer with a remote markdown image makes the browser request nothing (the CSP's img-src);
 - 2,000 failed logins from a script are throttled while a chat already open keeps streaming, and the
-  typed user names never reach the log.
+  typed user names never reach the log;
+- a UI on every address (ui_host 0.0.0.0, login on) answers only to its [ui] hosts: another Host name gets 403 on
+  every route and on the websocket upgrade (by hand and in Chromium resolving a hostile name to this machine), the
+  configured name logs in and chats; without [ui] hosts the start is refused naming the setting.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from backend.engine import supervisor
 from tests.e2e import support as e2e
 from tests.e2e.test_history import LOGIN, PASSWORD, USER, launch  # the app against the fake server, ready
 from tests.fakes.openai_server import expected_text
@@ -299,3 +303,144 @@ def test_behind_a_trusted_proxy_each_forwarded_client_is_throttled_on_its_own(fa
         assert login_status(app.url, PASSWORD, forwarded_for="203.0.113.3") == 200
     finally:
         e2e.stop(app)
+
+
+# ---------------------------------------------------------------- a UI on every address: [ui] hosts (issue 18)
+
+HOSTS_LOGIN = {**LOGIN, "QWENCHAT_SERVER_UI_HOST": "0.0.0.0"}
+
+
+@pytest.fixture(scope="module")
+def named_app(fake, tmp_path_factory):
+    """Login on, listening on every address, answering to the name chat.test (and loopback names)."""
+    app = launch(fake, tmp_path_factory.mktemp("e2e-security-hosts"), **HOSTS_LOGIN, QWENCHAT_UI_HOSTS="chat.test")
+    yield app
+    e2e.stop(app)
+
+
+def raw_request(port: int, head: str) -> tuple[int, str]:
+    """One HTTP/1.1 request written by hand (the Host header exactly as given), read to the end: status, text."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head.replace("\n", "\r\n").encode() + b"\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+            if head.startswith("GET /ws/") and b"\r\n\r\n" in data:
+                break  # an upgrade's answer: its head is all there is to read
+    return int(data.split(b" ", 2)[1]), data.decode("latin-1")
+
+
+def port_of(app: e2e.LiveApp) -> int:
+    return int(app.url.rsplit(":", 1)[1])
+
+
+def test_a_ui_on_every_address_refuses_other_host_names_on_every_route_and_the_socket(named_app):
+    """Measured on main: with ui_host 0.0.0.0 (login on) every Host was served and the UI's own origin was rebuilt
+    from it, so a DNS-rebinding page was 'same-origin' and could open the socket."""
+    port = port_of(named_app)
+    upgrade = (
+        "GET /ws/socket.io/?EIO=4&transport=websocket HTTP/1.1\nHost: {host}\nOrigin: http://{host}\n"
+        "Upgrade: websocket\nConnection: Upgrade\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\n"
+        "Sec-WebSocket-Version: 13\n"
+    )
+    evil, ours = f"evil.test:{port}", f"chat.test:{port}"
+    for head in (
+        f"GET / HTTP/1.1\nHost: {evil}\nConnection: close\n",
+        f"GET /qwenchat/status HTTP/1.1\nHost: {evil}\nConnection: close\n",
+        f"POST /login HTTP/1.1\nHost: {evil}\nContent-Type: application/x-www-form-urlencoded\n"
+        f"Content-Length: 27\nConnection: close\n\nusername=demo&password=test",
+        upgrade.format(host=evil),
+    ):
+        status, text = raw_request(port, head)
+        assert status == 403, text[:300]
+        assert "evil" not in text  # the refusal never repeats the name sent
+    status, text = raw_request(port, f"GET / HTTP/1.1\nHost: {ours}\nConnection: close\n")
+    assert status == 200 and "<html" in text.lower()
+    status, text = raw_request(port, upgrade.format(host=ours))
+    assert status == 101, text[:300]  # the configured name opens the socket
+    # Origin: null (a sandboxed frame, a file: page) under the right name: refused, without echoing it
+    status, text = raw_request(
+        port, f"GET /ws/socket.io/?EIO=4&transport=polling HTTP/1.1\nHost: {ours}\nOrigin: null\nConnection: close\n"
+    )
+    assert status == 403 and "null" not in text.split("\r\n\r\n", 1)[1]
+    log = named_app.log_with("for Host 'evil.test", "ui")
+    assert log.count(f"for Host '{evil}'") == 1, log[-3000:]  # four refusals, one line
+    assert "origin 'null'" in log and PASSWORD not in log
+    said = named_app.log()
+    assert f"the UI answers on port {port} to chat.test and loopback names" in said, said[-3000:]
+
+
+def test_in_chromium_a_rebinding_name_gets_403_and_the_configured_name_chats(named_app, browser):
+    """Real Chromium resolving both names to this machine (--host-resolver-rules): the hostile name's page and its
+    own same-origin fetches are refused; under chat.test the login page, the socket and a chat work."""
+    port = port_of(named_app)
+    rules = "--host-resolver-rules=MAP chat.test 127.0.0.1, MAP evil.test 127.0.0.1"
+    resolving = browser.browser_type.launch(
+        executable_path=e2e.chromium_path(), args=[*e2e.CHROMIUM_ARGS, rules], headless=True
+    )
+    try:
+        context = resolving.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        answer = page.goto(f"http://evil.test:{port}/")
+        assert answer is not None and answer.status == 403
+        assert "evil" not in page.content()
+        probe = page.evaluate(
+            """async () => {
+                const r = await fetch("/qwenchat/status");
+                const login = await fetch("/login", {method: "POST", body: new URLSearchParams({username: "x", password: "y"})});
+                return [r.status, login.status];
+            }"""
+        )
+        assert probe == [403, 403], probe
+        answer = page.goto(f"http://chat.test:{port}/")
+        assert answer is not None and answer.status == 200
+        page.wait_for_selector("#email", timeout=60_000)
+        page.fill("#email", USER)
+        page.fill("#password", PASSWORD)
+        page.click("button[type=submit]")
+        e2e.wait_ready_ui(page, timeout_ms=60_000)
+        assert expected_text(8).strip() in e2e.send(page, "hello under the configured name")
+    finally:
+        resolving.close()
+
+
+def test_a_ui_on_every_address_without_hosts_is_refused_at_start_naming_the_setting(fake, tmp_path):
+    """Nothing to derive the names from: the start stops before anything listens, naming ui.hosts and an example."""
+    import os
+    import subprocess
+    import sys
+
+    from backend.settings import ROOT
+    from tests.conftest import free_port
+
+    env = {
+        **os.environ,
+        **HOSTS_LOGIN,
+        "OPENAI_BASE_URL": fake + "/v1",
+        "OPENAI_API_KEY": "test",
+        "QWENCHAT_SERVER_UI_PORT": str(free_port()),
+        "QWENCHAT_LOGGING_DIR": str(tmp_path / "logs"),
+    }
+    env.pop("QWENCHAT_UI_HOSTS", None)
+    output = tmp_path / "serve.out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend", "serve"],
+        cwd=ROOT,
+        env=env,
+        stdout=output.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"serve was not refused, it started:\n{output.read_text()[-3000:]}")
+    finally:
+        supervisor.stop_process_group(proc, grace=5)  # whatever it started, if it did
+    said = output.read_text()
+    assert proc.returncode == 2, said
+    assert "ui.hosts" in said and "[ui] hosts = [" in said and "QWENCHAT_UI_HOSTS=" in said, said
+    assert not (tmp_path / "logs" / "ui.log").exists()  # no UI was started
