@@ -21,6 +21,13 @@ COMPARE_KEY = "compare"  # the chat's CompareState, beside its ChatSession
 COMPARE_COMMANDS = ("compare", "leaderboard", "vote")
 
 
+def column_mark(label: str, text: str) -> str:
+    """``text`` as a link to ``#qc-side-a`` (or b): public/style.css finds a side's bubble and its error by it and
+    puts A and B in two columns on a wide screen (#22); shown as plain text, not clickable. It lives in the
+    message's own text, so resumed chats and shared views get the columns too."""
+    return f"[{text}](#qc-side-{label.lower()})"
+
+
 def compare_state() -> compare.CompareState:
     state = cl.user_session.get(COMPARE_KEY)
     if not isinstance(state, compare.CompareState):  # a resumed thread's copy holds None: compare is off
@@ -146,7 +153,7 @@ class CompareView(ChatView):
         self.opened = self.headed = True
 
     def heading(self) -> str:
-        return compare.title(self.pair, self.side, self.lang) + "\n\n"
+        return column_mark(self.side.label, compare.title(self.pair, self.side, self.lang)) + "\n\n"
 
     def step(self, title: str) -> cl.Step:
         return MaskedStep(self, name=title, type="tool")
@@ -215,7 +222,9 @@ class CompareView(ChatView):
     async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
         label = compare.author(self.pair, self.side)
         await super().show_error(
-            f"**{label}**: {compare.mask(text, self.pair, self.side, self.lang)}", retry=retry, trimmed=trimmed
+            f"{column_mark(self.side.label, f'**{label}**')}: {compare.mask(text, self.pair, self.side, self.lang)}",
+            retry=retry,
+            trimmed=trimmed,
         )
 
     def retry_payload(self) -> dict[str, Any]:

@@ -206,3 +206,26 @@ def test_an_answer_shows_what_the_model_wrote_while_it_streams(page, plain_page,
             assert seen == want, f"mid-stream:\n{seen!r}\nexpected:\n{want!r}"
         else:
             assert seen != want, "the plain Chainlit example streamed the corpus whole: the test cannot fail"
+
+
+def test_both_sides_of_a_compare_show_what_the_models_wrote(page, fake):
+    """The whole corpus as one answer on both sides of a compared turn (each side's bubble: heading, text, footer)."""
+    from tests.e2e.test_compare import command
+
+    chunks = [c for name in corpus.CORPUS for c in [*corpus.CORPUS[name], "\n\n"]]
+    want = expected(page, "".join(chunks))
+    command(page, "compare")
+    try:
+        post(fake + "/fake/script", {"chunks": chunks})
+        before = len(shown(page, ANSWERS))
+        e2e.send(page, "compare these", timeout_ms=60_000)
+        page.wait_for_function(
+            "([n]) => document.querySelectorAll(SEL).length >= n + 3".replace("SEL", json.dumps(ANSWERS)),
+            arg=[before],
+        )
+        sides = shown(page, ANSWERS)[before : before + 2]
+        for side, model in zip(sides, ("fake-qwen", "fake-adapter"), strict=True):
+            head = f"{'A' if model == 'fake-qwen' else 'B'} · {model} "
+            assert side.startswith(head + want + f" {model} · "), f"shown:    {side!r}\nexpected: {head + want!r}"
+    finally:
+        command(page, "compare", "off")

@@ -79,7 +79,7 @@ async def test_compare_streams_both_models_at_once_each_with_its_own_footer(chat
     assert shown["A"]["name"] == f"A · {BASE}" and shown["B"]["name"] == f"B · {ADAPTER}"
     for label, model in (("A", BASE), ("B", ADAPTER)):
         out = shown[label]["output"]
-        assert out.startswith(f"**{label}** · `{model}`\n\n{expected_text(40)}"), out
+        assert out.startswith(f"[**{label}** · `{model}`](#qc-side-{label.lower()})\n\n{expected_text(40)}"), out
         assert f"*`{model}` · 40 tokens ·" in out  # each side its own footer
     recs = chat.received(m)
     assert sorted(r.model for r in recs) == sorted([BASE, ADAPTER])
@@ -125,20 +125,22 @@ async def test_one_side_failing_shows_its_error_while_the_other_completes(chat):
     m = marker()
     screen = await chat.send(f"[[fault:error-mid:model={ADAPTER}]] fail b {m}")
     shown = sides(screen)
-    assert shown["A"]["output"].startswith(f"**A** · `{BASE}`\n\n{expected_text(8)}")
+    assert shown["A"]["output"].startswith(f"[**A** · `{BASE}`](#qc-side-a)\n\n{expected_text(8)}")
     assert f"`{BASE}` · 8 tokens" in shown["A"]["output"]
     assert "⚠ answer interrupted · `fake-adapter`" in shown["B"]["output"]  # B's partial, kept and marked
     [error] = screen.errors
-    assert error.startswith(f"**B · {ADAPTER}**:") and "fake engine failure mid-stream" in error
+    assert error.startswith(f"[**B · {ADAPTER}**](#qc-side-b):") and "fake engine failure mid-stream" in error
     assert "retry" in screen.error_actions()
     assert chat.conversation.turns[-1].model == BASE and not chat.conversation.turns[-1].interrupted
 
     # A failing before any text: no empty A bubble, B answers, and the chat continues from B.
     screen = await chat.send(f"[[fault:http-500:model={BASE}]] fail a {m}")
     shown = sides(screen)
-    assert "A" not in shown and shown["B"]["output"].startswith(f"**B** · `{ADAPTER}`\n\n{expected_text(8)}")
+    assert "A" not in shown and shown["B"]["output"].startswith(
+        f"[**B** · `{ADAPTER}`](#qc-side-b)\n\n{expected_text(8)}"
+    )
     [error] = screen.errors
-    assert error.startswith(f"**A · {BASE}**:") and "HTTP 500" in error
+    assert error.startswith(f"[**A · {BASE}**](#qc-side-a):") and "HTTP 500" in error
     assert chat.conversation.turns[-1].model == ADAPTER
     await compare_off(chat)
 
@@ -152,7 +154,7 @@ async def test_retry_on_a_failed_side_runs_that_side_again_and_keeps_the_others_
     # server counts attempts per spec string, so no other test uses it): B only
     screen = await chat.send(f"[[fault:error-mid:model={ADAPTER}:fail=2]] retry b {m}")
     [error] = [x for x in screen.messages if x.get("isError")]
-    assert error["output"].startswith(f"**B · {ADAPTER}**:")
+    assert error["output"].startswith(f"[**B · {ADAPTER}**](#qc-side-b):")
     [retry] = [a for a in actions(screen, error) if a["name"] == "retry"]
     assert retry["payload"]["side"] == "B"
 
@@ -164,7 +166,7 @@ async def test_retry_on_a_failed_side_runs_that_side_again_and_keeps_the_others_
     shown = sides(again)
     before = sides(screen)["A"]
     assert (shown["A"]["id"], shown["A"]["output"]) == (before["id"], before["output"])  # A's bubble, as it was
-    assert shown["B"]["output"].startswith(f"**B** · `{ADAPTER}`\n\n{expected_text(8)}")
+    assert shown["B"]["output"].startswith(f"[**B** · `{ADAPTER}`](#qc-side-b)\n\n{expected_text(8)}")
     assert chat.conversation.turns[-1].model == BASE  # A's answer, still picked
     [note] = notes(again)
     assert [(a["name"], a["payload"]["side"]) for a in actions(again, note)] == [("compare_pick", "B")]
