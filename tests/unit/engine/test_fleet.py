@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
+from backend.contract import ENV_ENGINE_API_KEY
 from backend.engine import command, fleet
 from backend.errors import ConfigError, EngineStartFailed, FleetModelsDiffer, ReplicaKeyRefused, ReplicaNotOpenAI
 from backend.settings import ROOT, FleetSettings, LoraSettings, ModelSettings, ServerSettings, Settings, load_settings
@@ -113,9 +115,10 @@ def test_more_replicas_than_gpu_groups_is_refused_naming_fleet_local():
 
 def test_router_command_lists_replica_roots_uses_the_policy_and_gets_no_key():
     s = cpu_fleet(2, remote=("http://gpu-b:8000/v1",), policy="power_of_two")
-    cmd = fleet.build_router_command(s, executable="/env/bin/vllm-router")
+    cmd = fleet.build_router_command(s, python="/env/bin/python", api_key="secret")
     argv = list(cmd.argv)
-    assert argv[0] == "/env/bin/vllm-router"
+    assert argv[:3] == ["/env/bin/python", "-m", "backend.engine.router_gate"]  # vllm-router behind the key
+    assert cmd.env[ENV_ENGINE_API_KEY] == "secret" and "secret" not in argv and "secret" not in cmd.render()
     assert argv_value(argv, "--host") == "127.0.0.1" and argv_value(argv, "--port") == "9100"
     urls = argv[argv.index("--worker-urls") + 1 : argv.index("--policy")]
     assert urls == ["http://127.0.0.1:9101", "http://127.0.0.1:9102", "http://gpu-b:8000"]  # roots: no /v1
@@ -429,7 +432,7 @@ def test_a_replica_port_in_use_is_named_before_anything_starts():
 
 def test_each_replica_and_the_router_get_their_own_supervisor_log_and_status_file(tmp_path):
     s = cpu_fleet(2)
-    p = fleet.plan(s, engine="cpu", python="p", api_key="k", adapters={}, cpus=[0, 1], router="/r/vllm-router")
+    p = fleet.plan(s, engine="cpu", python="p", api_key="k", adapters={}, cpus=[0, 1], router_python="/r/python")
     f = fleet.build_fleet(s, p, api_key="k", log_dir=tmp_path, status_path=tmp_path / "engine-status.json")
     assert [r.name for r in f.replicas] == ["replica 0", "replica 1"]
     assert [r.health_url for r in f.replicas] == ["http://127.0.0.1:9101/health", "http://127.0.0.1:9102/health"]
@@ -438,6 +441,7 @@ def test_each_replica_and_the_router_get_their_own_supervisor_log_and_status_fil
     assert all(r.probe is not None and r.probe.base_url == s.replica_url(i) for i, r in enumerate(f.replicas))
     assert f.router.name == "router" and f.router.probe is None  # a hung replica is its own supervisor's to restart
     assert f.router.health_url == "http://127.0.0.1:9100/liveness"  # /health is 503 while any replica is down
+    assert f.router.health_key == "k"  # the gate asks for the key on /liveness too
     assert f.router.status_path.name == "engine-status.json" and f.router.cmd is p.router
 
 
@@ -453,3 +457,245 @@ async def test_a_launched_fleet_of_remote_replicas_only_is_checked_against_model
     text = exc.value.user_text("en")
     assert "[model] (the model this UI expects and counts tokens with) serves 'qwen-a'" in text
     assert f"{b.base_url} serves 'qwen-b'" in text
+
+
+# ---------------------------------------------------------------- a password in a remote URL (issue #18)
+
+PASSWORD = "pw-never-shown-9f3"
+SECRET_URL = f"http://alice:{PASSWORD}@gpu-b:8000/v1"
+
+
+def test_a_password_in_a_remote_url_is_in_no_command_nor_dry_run_line():
+    s = cpu_fleet(2, remote=(SECRET_URL,))
+    p = fleet.plan(s, engine="cpu", python="/env/bin/python", api_key="k", adapters={}, cpus=[0, 1])
+    for cmd in [*p.replicas, p.router]:
+        assert not any(PASSWORD in a for a in cmd.argv), cmd.argv
+        assert not any(PASSWORD in v for v in cmd.env.values())
+    assert "http://gpu-b:8000" in p.router.argv  # the replica is still routed to, by its public root
+    text = "\n".join(fleet.describe(s, p, "cpu"))
+    assert PASSWORD not in text and "# remote replica http://gpu-b:8000/v1 " in text
+
+
+def test_a_password_in_a_remote_url_is_neither_sent_nor_said_nor_logged_by_the_start_check(caplog):
+    asked: list[str] = []
+
+    def refused_connection(url: str, key: str, timeout: float) -> tuple[int, str, bytes]:
+        asked.append(url)
+        raise OSError(f"connection refused: {url}")  # what urllib's message would carry: the URL it was given
+
+    caplog.set_level("DEBUG")
+    warnings = fleet.check_remote(remote_fleet(SECRET_URL), "k", fetch=refused_connection)
+    assert asked == ["http://gpu-b:8000/v1/models"]
+    assert PASSWORD not in "\n".join(warnings) + caplog.text
+    assert any("user:password in the URL of the replica http://gpu-b:8000/v1 is not used" in w for w in warnings)
+    assert any("http://gpu-b:8000/v1 does not answer now" in w for w in warnings)
+
+
+def test_dry_run_of_a_remote_replica_with_a_password_does_not_print_it(tmp_path):
+    out = run(["serve", "--dry-run"], tmp_path, QWENCHAT_FLEET_LOCAL="1", QWENCHAT_FLEET_REMOTE=SECRET_URL)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "http://gpu-b:8000" in out.stdout and PASSWORD not in out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------- the router's doors (issue #18), for real
+
+KEY = "router-door-key"
+
+
+class Recorder:
+    """A worker that answers like vLLM (health, models, a chat) and records every request but /health."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.requests: list[tuple[str, str, str]] = []  # (method, path, Authorization)
+        self.runner: web.AppRunner | None = None
+        self.root = ""
+
+    async def _any(self, request: web.Request) -> web.Response:
+        if request.path == "/health":
+            return web.Response(status=200)
+        self.requests.append((request.method, request.path_qs, request.headers.get("Authorization", "")))
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": [{"id": "fake-qwen", "object": "model"}]})
+        message = {"role": "assistant", "content": f"from {self.name}"}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        return web.json_response({"id": "c", "object": "chat.completion", "model": "fake-qwen", "choices": [choice]})
+
+    async def __aenter__(self) -> Recorder:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._any)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.root = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.runner is not None
+        await self.runner.cleanup()
+
+
+def router_paths() -> list[str]:
+    """Every path the router's binary may serve, read from the binary itself (its route literals sit side by side,
+    so every run of /segments is cut into its pieces of 1 to 4 segments): a route a new release adds is probed
+    without being listed here. ``{param}`` segments get a value."""
+    import re
+
+    import vllm_router_rs  # type: ignore[import-untyped]
+
+    data = Path(vllm_router_rs.__file__).read_bytes()
+    segment = rb"(?:[a-z][a-z0-9_]{2,}|v[0-9]|\{[a-z_]+\})"
+    paths: set[str] = set()
+    for run_ in set(re.findall(rb"(?:/" + segment + rb")+", data)):
+        parts = run_.decode().split("/")[1:]
+        for i in range(len(parts)):
+            for j in range(i + 1, min(len(parts), i + 4) + 1):
+                paths.add("/" + "/".join(re.sub(r"^\{.*\}$", "x", p) for p in parts[i:j]))
+    return sorted(paths)
+
+
+def ask(port: int, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b"") -> int:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, body=body or None, headers={"Content-Type": "application/json", **(headers or {})})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def ask_all(port: int, requests: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """(method, path) -> status, without any key, a few at a time."""
+    import concurrent.futures
+    import http.client
+    import threading
+
+    local = threading.local()
+
+    def one(req: tuple[str, str]) -> int:
+        if getattr(local, "conn", None) is None:
+            local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            local.conn.request(req[0], req[1], body=b"{}", headers={"Content-Type": "application/json"})
+            resp = local.conn.getresponse()
+            resp.read()
+            return resp.status
+        except (OSError, http.client.HTTPException):
+            local.conn.close()
+            local.conn = None
+            return ask(port, *req, body=b"{}")
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        return dict(zip(requests, pool.map(one, requests), strict=True))
+
+
+async def start_router(tmp_path: Path, *remote: str) -> tuple[int, subprocess.Popen[bytes], fleet.Plan]:
+    """The fleet's router as the launcher starts it (fleet.plan's command), in front of ``remote`` replicas."""
+    from backend.engine.supervisor import start_process
+    from tests.support.ports import free_block
+
+    port = free_block(2)  # the router's, its metrics'
+    s = dataclasses.replace(remote_fleet(*remote), server=ServerSettings(port=port))
+    p = fleet.plan(s, engine="cpu", python="unused", api_key=KEY, adapters={})
+    proc = start_process(p.router, tmp_path / "router.log")
+    for _ in range(600):  # it listens once a worker answers /health
+        if proc.poll() is not None:
+            pytest.fail(f"the router exited: {(tmp_path / 'router.log').read_text()[-2000:]}")
+        try:
+            await asyncio.to_thread(ask, port, "GET", "/liveness")
+            return port, proc, p
+        except OSError:
+            await asyncio.sleep(0.1)
+    pytest.fail("the router did not listen within 60 s")
+
+
+def get_text(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=30) as resp:
+        return resp.read().decode()
+
+
+def workers(port: int) -> list[str]:
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/list_workers", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as resp:
+        return list(json.loads(resp.read())["urls"])
+
+
+@pytest.mark.asyncio
+async def test_without_the_key_no_route_of_the_router_answers_and_nobody_changes_its_workers(tmp_path):
+    """The real vllm-router as the fleet starts it: every path its binary names, with GET, POST and DELETE and no
+    key, is refused (no 2xx/3xx); the worker-management routes, well formed, without the key, with a wrong one or
+    with the key in the query, are 401; the worker list is the same after it all, and the attacker's worker got
+    nothing. With the key, chat goes to the real worker (the key reaches it, and only it)."""
+    from urllib.parse import quote
+
+    from backend.engine.supervisor import stop_process_group
+
+    async with Recorder("replica") as real, Recorder("attacker") as evil:
+        port, proc, _ = await start_router(tmp_path, real.root + "/v1")
+        try:
+            assert await asyncio.to_thread(workers, port) == [real.root]
+            probes = [(m, path) for path in router_paths() for m in ("GET", "POST", "DELETE")]
+            answered = await asyncio.to_thread(ask_all, port, probes)
+            opened = {req: code for req, code in answered.items() if code < 400}
+            assert not opened, f"{len(opened)} of {len(probes)} keyless requests not refused: {sorted(opened)[:20]}"
+            print(f"\n[router] {len(probes)} keyless requests ({len(probes) // 3} paths from the binary), all refused")
+
+            admin = [
+                ("POST", f"/add_worker?url={quote(evil.root)}", b""),
+                ("POST", f"/remove_worker?url={quote(real.root)}", b""),
+                ("GET", "/list_workers", b""),
+                ("POST", "/flush_cache", b""),
+                ("GET", "/get_loads", b""),
+                ("GET", "/scheduling/diagnostics", b""),
+                ("POST", "/finish_session?session_id=s", b""),
+                ("POST", "/workers", f'{{"url": "{evil.root}"}}'.encode()),
+                ("GET", "/workers", b""),
+                ("GET", f"/workers/{quote(real.root, safe='')}", b""),
+                ("DELETE", f"/workers/{quote(real.root, safe='')}", b""),
+                ("GET", "/liveness", b""),
+                ("GET", "/metrics", b""),
+            ]
+            for method, path, body in admin:
+                for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+                    code = await asyncio.to_thread(ask, port, method, path, headers, body)
+                    assert code == 401, (method, path, headers, code)
+                sep = "&" if "?" in path else "?"
+                code = await asyncio.to_thread(ask, port, method, f"{path}{sep}api_key={KEY}", {}, body)
+                assert code == 401, (method, path, "key in the query", code)
+            assert await asyncio.to_thread(workers, port) == [real.root]  # unchanged
+
+            chat = b'{"model": "fake-qwen", "messages": [{"role": "user", "content": "hi"}]}'
+            code = await asyncio.to_thread(
+                ask, port, "POST", "/v1/chat/completions", {"Authorization": f"Bearer {KEY}"}, chat
+            )
+            assert code == 200
+            assert ("POST", "/v1/chat/completions", f"Bearer {KEY}") in real.requests
+            assert evil.requests == []
+        finally:
+            stop_process_group(proc, grace=5)
+
+
+@pytest.mark.asyncio
+async def test_the_router_started_with_a_password_in_a_remote_url_shows_it_nowhere(tmp_path):
+    """ps (its command line), its log and its metrics port: the password of a remote replica's URL is in none."""
+    from backend.engine.supervisor import stop_process_group
+
+    async with Recorder("replica") as real:
+        secret = real.root.replace("http://", f"http://alice:{PASSWORD}@") + "/v1"
+        port, proc, p = await start_router(tmp_path, secret)
+        try:
+            assert await asyncio.to_thread(workers, port) == [real.root]
+            cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode()
+            metrics = await asyncio.to_thread(get_text, f"http://127.0.0.1:{port + 1}/metrics")  # no local replica
+        finally:
+            stop_process_group(proc, grace=5)
+    assert real.root in cmdline and PASSWORD not in cmdline
+    assert PASSWORD not in (tmp_path / "router.log").read_text()
+    assert real.root in metrics and PASSWORD not in metrics  # the router names its workers there
