@@ -247,9 +247,11 @@ def test_two_thousand_failed_logins_are_throttled_while_an_open_chat_keeps_strea
     assert "guess-user-" not in log and "guess-" not in log  # what was typed is never logged
 
 
-def login_attempt(url: str, password: str, forwarded_for: str | None = None) -> tuple[int, Any, bytes]:
-    """POST /login as USER: the status, the headers and the body."""
-    form = urllib.parse.urlencode({"username": USER, "password": password}).encode()
+def login_attempt(
+    url: str, password: str, forwarded_for: str | None = None, user: str = USER
+) -> tuple[int, Any, bytes]:
+    """POST /login as ``user``: the status, the headers and the body."""
+    form = urllib.parse.urlencode({"username": user, "password": password}).encode()
     headers = {"X-Forwarded-For": forwarded_for} if forwarded_for else {}
     try:
         request = urllib.request.Request(url + "/login", data=form, headers=headers)
@@ -444,3 +446,49 @@ def test_a_ui_on_every_address_without_hosts_is_refused_at_start_naming_the_sett
     assert proc.returncode == 2, said
     assert "ui.hosts" in said and "[ui] hosts = [" in said and "QWENCHAT_UI_HOSTS=" in said, said
     assert not (tmp_path / "logs" / "ui.log").exists()  # no UI was started
+
+
+def fail_until_locked(attempt: Any, seconds: int) -> int:
+    """Call ``attempt(i)`` (a failing login; i counts up) until it is refused for ``seconds`` or more: that
+    Retry-After (0 if never refused). Shorter locks are waited out (the wait doubles from 1 s, and a PBKDF2 per
+    attempt on a loaded machine can outlast a short one); bounded: a few locks at most after the free failures."""
+    retry_after = 0
+    for i in range(40):
+        status, headers, _ = attempt(i)
+        if status == 429:
+            retry_after = int(headers["Retry-After"])
+            if retry_after >= seconds:
+                return retry_after
+            time.sleep(retry_after + 0.2)
+    return retry_after
+
+
+GUESS = "guessed-Pa55word"  # what the guesses type: it must never reach the log
+
+
+def test_behind_a_proxy_a_guess_spread_over_many_clients_is_throttled_per_name_and_an_ipv6_client_per_64(
+    fake, tmp_path_factory
+):
+    """On the code before: each forwarded address was counted alone, so fresh addresses (one /64 holds 2^64)
+    guessed at one name without ever waiting."""
+    app = launch(fake, tmp_path_factory.mktemp("e2e-security-spread"), **LOGIN, QWENCHAT_UI_TRUSTED_PROXIES="127.0.0.1")
+    try:
+        # one name, a fresh address for every attempt: the name waits
+        locked = fail_until_locked(lambda i: login_attempt(app.url, GUESS, f"198.51.100.{i + 1}"), 8)
+        assert locked >= 8, locked
+        status, headers, body = login_attempt(app.url, PASSWORD, forwarded_for="203.0.113.250")
+        assert status == 429 and "with this user name" in json.loads(body)["detail"], (status, body)
+        assert login_attempt(app.url, GUESS, "203.0.113.251", user="someone-else")[0] == 401
+        # one /64, a fresh address and a fresh name for every attempt: the /64 waits, the next /64 does not
+        locked = fail_until_locked(
+            lambda i: login_attempt(app.url, GUESS, f"2001:db8:0:7::{i + 1:x}", user=f"guess-{i}"), 8
+        )
+        assert locked >= 8, locked
+        assert login_attempt(app.url, GUESS, "2001:db8:0:7:ffff::1", user="guess-new")[0] == 429
+        assert login_attempt(app.url, GUESS, "2001:db8:0:8::1", user="guess-other")[0] == 401
+        log = app.log_with("at the user name with fingerprint", "ui")
+        assert "failed attempts at the user name with fingerprint" in log, log[-3000:]
+        assert "failed attempts from 2001:db8:0:7::/64" in log
+        assert GUESS not in log and PASSWORD not in log
+    finally:
+        e2e.stop(app)
