@@ -1,6 +1,8 @@
 """`python -m backend <command>`.
 
-prepare             build the embedded default model if needed (runs its builder in the engine env)
+prepare             build the embedded default model if needed (runs its builder in the engine env), or download
+                    [model] path's hub id into huggingface_hub's cache
+download-model [ID] download a hub model (owner/name[@revision]; default: [model] path's) with progress lines
 serve [--dry-run] [--prepare]
                     preflight, launch vLLM + Chainlit, supervise; --dry-run prints the commands; --prepare
                     starts the UI first and builds the engine environment and the model in the background
@@ -42,6 +44,16 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings.external:
         _progress("external mode (OPENAI_BASE_URL set): nothing to prepare")
+        return 0
+    if settings.model.hub is not None:
+        from . import hub
+
+        if hub.complete_snapshot(settings.model.hub) is None:
+            _progress(f"downloading {settings.model.hub} into {hub.storage_dir(settings.model.hub)} ...")
+            rc = subprocess.call([sys.executable, "-m", "backend", "download-model", str(settings.model.hub)])
+            if rc != 0:
+                return rc
+        _progress(f"model: {settings.model.resolved_path} (the hub's {settings.model.hub})")
         return 0
     if not settings.model.is_embedded:
         _progress(f"model: {settings.model.resolved_path} (given by [model].path; nothing to build)")
@@ -193,6 +205,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return launch.run_serve(settings, prepare=args.prepare)
 
 
+def cmd_download_model(args: argparse.Namespace, rest: list[str]) -> int:
+    from .engine import download
+
+    return download.main(rest)
+
+
 def cmd_doctor(args: argparse.Namespace, rest: list[str]) -> int:
     from .adapters import doctor
 
@@ -237,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("hash-password")
     sub.add_parser("doctor", add_help=False)
     sub.add_parser("merge", add_help=False)
-    if argv and argv[0] in ("doctor", "merge"):
+    sub.add_parser("download-model", add_help=False)
+    if argv and argv[0] in ("doctor", "merge", "download-model"):
         args, rest = parser.parse_known_args(argv[:1])
-        return {"doctor": cmd_doctor, "merge": cmd_merge}[argv[0]](args, argv[1:])
+        handlers = {"doctor": cmd_doctor, "merge": cmd_merge, "download-model": cmd_download_model}
+        return handlers[argv[0]](args, argv[1:])
     args = parser.parse_args(argv)
     handler = {
         "prepare": cmd_prepare,

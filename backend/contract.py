@@ -30,12 +30,16 @@ The status file is one JSON object (``EngineStatus``), replaced atomically on ev
     log_path      the engine log
     since         epoch: this state began
     updated       epoch: the file was written
-    phase         while preparing: "install_engine" or "convert_model" (PHASE_*); "" otherwise
+    phase         while preparing: "install_engine", "convert_model" or "download_model" (PHASE_*); "" otherwise
     progress      while preparing: percent done of that phase (0–100), or null when unknown
+    bytes_done    while downloading the model: bytes on disk so far (null otherwise)
+    bytes_total   while downloading the model: bytes of the files it fetches (null otherwise)
+    bytes_rate    while downloading the model: bytes per second over the last seconds (null otherwise)
 
 ``preparing`` (the launcher builds the engine environment and the model while the UI is already up) and the
-two last keys came later: an older UI ignores the keys and reads the state as unknown text (it then decides
-from HTTP alone: "starting"); a newer UI reads an older file's missing keys as "" and null.
+phase/progress keys came later, the bytes_* keys later still: an older UI ignores the keys and reads the state as
+unknown text (it then decides from HTTP alone: "starting"); a newer UI reads an older file's missing keys as "" and
+null.
 
 This module is shared by both sides: it imports nothing from backend.engine or backend.chat.
 """
@@ -93,6 +97,8 @@ ENV_ENGINE_PYTHON = "QWENCHAT_ENGINE_PYTHON"
 PHASE_INSTALL_ENGINE = "install_engine"
 #: EngineStatus.phase while PREPARING: the embedded model is being converted (no progress).
 PHASE_CONVERT_MODEL = "convert_model"
+#: EngineStatus.phase while PREPARING: [model] path's hub id is being downloaded (progress, bytes_*).
+PHASE_DOWNLOAD_MODEL = "download_model"
 
 
 # ---------------------------------------------------------------- the status file
@@ -127,6 +133,9 @@ class EngineStatus:
     updated: float | None = None
     phase: str = ""
     progress: int | None = None
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    bytes_rate: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.state, SupervisorState):
@@ -190,4 +199,7 @@ class EngineStatus:
             updated=num("updated", float),
             phase=text("phase"),
             progress=num("progress", int),
+            bytes_done=num("bytes_done", int),
+            bytes_total=num("bytes_total", int),
+            bytes_rate=num("bytes_rate", int),
         )

@@ -202,3 +202,26 @@ def pending_dir(model: HubModel, cache: Path | None = None) -> Path:
     """Where the model will be, for messages and dry runs before it is downloaded: its snapshot folder when the
     commit is known, else ``snapshots/<revision>`` (the commit is learned from the hub)."""
     return snapshot_dir(model, cache) or storage_dir(model, cache) / "snapshots" / model.revision
+
+
+# ---------------------------------------------------------------- sizes for people
+
+_UNITS = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+
+
+def human_bytes(n: float) -> str:
+    """In the largest unit that keeps the number ≥ 1: ``2.7 GB``, ``35.0 MB``, ``45 MB`` (no decimal from 10 on),
+    ``812 B``."""
+    for unit, size in _UNITS:
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value >= 10 else f"{value:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def bytes_of(done: int, total: int) -> tuple[str, str]:
+    """``done`` and ``total`` in ``total``'s unit, one decimal: ("2.7", "8.0 GB")."""
+    for unit, size in _UNITS:
+        if total >= size:
+            return f"{done / size:.1f}", f"{total / size:.1f} {unit}"
+    return str(done), f"{total} B"

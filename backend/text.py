@@ -835,6 +835,73 @@ CATALOG: dict[str, tuple[str, str]] = {
         "converting the model failed: {detail}; the full log is {log} in the log folder ([logging] dir)",
         "转换模型失败：{detail}；完整日志见日志文件夹（[logging] dir）中的 {log}",
     ),
+    # a hub id in [model] path (engine/download.py): {done} and {total} from hub.bytes_of, {rate} hub.human_bytes
+    "health.downloading_pct": (
+        "downloading the model {percent} % · {done} of {total} · {rate}/s",
+        "正在下载模型 {percent}% · {done} / {total} · {rate}/s",
+    ),
+    "health.downloading": ("downloading the model", "正在下载模型"),
+    "prepare.download_failed": (
+        "downloading the model failed: {detail}; the full log is {log} in the log folder ([logging] dir)",
+        "下载模型失败：{detail}；完整日志见日志文件夹（[logging] dir）中的 {log}",
+    ),
+    "download.needs_token": (
+        "the hub refused {id} (HTTP {status}): it is gated or private; set HF_TOKEN to a token that may read it "
+        "(and accept the model's terms on its page at {endpoint})",
+        "模型库拒绝了 {id}（HTTP {status}）：该模型受限或私有；请将 HF_TOKEN 设为有读取权限的令牌"
+        "（并在 {endpoint} 的模型页面上同意其条款）",
+    ),
+    "download.token_refused": (
+        "the hub refused {id} (HTTP {status}) with the token in HF_TOKEN: that token may not read it; accept the "
+        "model's terms on its page at {endpoint}, or set HF_TOKEN to a token with access",
+        "模型库以 HF_TOKEN 中的令牌访问 {id} 时被拒绝（HTTP {status}）：该令牌无权读取；请在 {endpoint} 的模型页面上"
+        "同意其条款，或将 HF_TOKEN 设为有权限的令牌",
+    ),
+    "download.no_repo": (
+        "there is no model {id} on {endpoint} (HTTP 404): check [model] path (owner/name, as on the model's page)",
+        "{endpoint} 上没有模型 {id}（HTTP 404）：请检查 [model] path（owner/name，与模型页面一致）",
+    ),
+    "download.no_revision": (
+        "{id} has no revision {revision} on {endpoint} (HTTP 404): check the @revision in [model] path "
+        "(a branch, a tag or a commit)",
+        "{endpoint} 上的 {id} 没有版本 {revision}（HTTP 404）：请检查 [model] path 中的 @revision（分支、标签或提交）",
+    ),
+    "download.offline": (
+        "cannot reach {endpoint} to download {id} ({detail}), and the cache folder {cache} holds no complete copy: "
+        "connect this machine and start again, or copy the weights in: run `hf download {id}` on a machine with "
+        "network and copy its {folder} folder into {cache} (or copy the model folder anywhere and set [model] path "
+        "to that folder)",
+        "无法连接 {endpoint} 下载 {id}（{detail}），缓存文件夹 {cache} 中也没有完整副本：请联网后重新启动，或手动拷入权重："
+        "在能联网的机器上运行 `hf download {id}`，把其 {folder} 文件夹拷到 {cache}（或把模型文件夹拷到任意位置，"
+        "并将 [model] path 设为该文件夹）",
+    ),
+    "download.not_a_hub": (
+        "HF_ENDPOINT={endpoint} does not answer like a Hugging Face hub ({detail}): unset HF_ENDPOINT, or set it to "
+        "a hub mirror's address",
+        "HF_ENDPOINT={endpoint} 的应答不像 Hugging Face 模型库（{detail}）：请取消 HF_ENDPOINT，或将其设为模型库镜像的地址",
+    ),
+    "download.not_a_model": (
+        "{id} has no config.json (its files: {files}): it is not a model vLLM can serve; check [model] path",
+        "{id} 没有 config.json（其文件：{files}）：不是 vLLM 能加载的模型；请检查 [model] path",
+    ),
+    "download.dropped": (
+        "the connection dropped while downloading {file} of {id}, and retrying did not help ({detail}); what was "
+        "fetched is kept: start again to resume",
+        "下载 {id} 的 {file} 时连接中断，重试无效（{detail}）；已下载的部分会保留：重新启动即可继续",
+    ),
+    "download.disk": (
+        "{id} needs {need} more in {cache}, but only {free} is free there: free some space, or set HF_HOME to a "
+        "folder on a disk with room",
+        "{id} 还需要 {need} 的空间（{cache}），但那里只剩 {free}：请清理空间，或将 HF_HOME 设为空间充足的磁盘上的文件夹",
+    ),
+    "download.http": (
+        "the hub answered HTTP {status} for {id} ({detail}); try again later",
+        "模型库对 {id} 的应答为 HTTP {status}（{detail}）；请稍后再试",
+    ),
+    "download.incomplete": (
+        "the download of {id} ended, but files vLLM needs are still missing; start again",
+        "{id} 的下载已结束，但仍缺少 vLLM 需要的文件；请重新启动",
+    ),
     "health.stopped": ("the engine was stopped", "引擎已停止运行"),
     "health.down_after": ("{reason}; it is down after {attempt} attempts", "{reason}；尝试 {attempt} 次后已停止"),
     "health.down": ("{reason}; it is down", "{reason}；引擎已停止"),

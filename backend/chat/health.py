@@ -74,8 +74,10 @@ from typing import Any
 
 import aiohttp
 
+from .. import hub
 from ..contract import (
     PHASE_CONVERT_MODEL,
+    PHASE_DOWNLOAD_MODEL,
     PHASE_INSTALL_ENGINE,
     EngineStatus,
     SupervisorState,
@@ -976,6 +978,8 @@ def _supervisor_starting_text(sup: EngineStatus) -> tuple[str, str]:
             return both("health.installing")
         if sup.phase == PHASE_CONVERT_MODEL:
             return both("health.converting")
+        if sup.phase == PHASE_DOWNLOAD_MODEL:
+            return _downloading_text(sup)
         return both("health.preparing")
     if sup.state is SupervisorState.RESTARTING:
         reasons = _reasons(sup)
@@ -983,6 +987,15 @@ def _supervisor_starting_text(sup: EngineStatus) -> tuple[str, str]:
             return _in_both("health.restarting_attempt", reasons, attempt=sup.attempt, attempts=sup.max_attempts)
         return _in_both("health.restarting", reasons)
     return both("health.starting")
+
+
+def _downloading_text(sup: EngineStatus) -> tuple[str, str]:
+    """``downloading the model 34 % · 2.7 of 8.0 GB · 45 MB/s`` ([model] path's hub id, engine/download.py)."""
+    if sup.progress is None or not sup.bytes_total or sup.bytes_done is None:
+        return both("health.downloading")
+    done, total = hub.bytes_of(sup.bytes_done, sup.bytes_total)
+    rate = hub.human_bytes(sup.bytes_rate or 0)
+    return both("health.downloading_pct", percent=max(0, min(100, sup.progress)), done=done, total=total, rate=rate)
 
 
 def _supervisor_down_text(sup: EngineStatus) -> tuple[str, str]:

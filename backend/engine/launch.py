@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import contract
-from ..errors import QwenChatError
+from .. import contract, hub
+from ..errors import ModelPathError, QwenChatError
 from ..probe import OneTokenProbe
 from ..settings import Settings
 from . import command, fleet, prepare_bg
@@ -149,8 +149,15 @@ def dry_run(settings: Settings) -> int:
             print("# engine")
             print(cmd.render())
         config = model_config(model_dir)
-        if not (model_dir / "config.json").exists():
+        if settings.model.hub is not None and prepare_bg.needs_download(settings):
+            print(
+                f"# note: [model] path is the hub id {settings.model.hub}: a real start downloads it into "
+                f"{hub.storage_dir(settings.model.hub)} first (its status line shows the progress), then serves "
+                "that snapshot folder offline"
+            )
+        elif not (model_dir / "config.json").exists():
             print(f"# note: {model_dir} has no config.json here; a real start stops at that check")
+        if not (model_dir / "config.json").exists():
             config = known_config(settings)
             if config:
                 print(f"# note: the estimates below use the built-in shape of {settings.model.name}")
@@ -180,6 +187,12 @@ def preflight(settings: Settings, engine: str, *, ui_started: bool = False) -> N
     for warning in check_exposure(settings):  # first: refuses a UI open to others without login
         say(warning)
     if not settings.external:
+        if prepare_bg.needs_download(settings):  # serve without --prepare: nothing downloads it
+            raise ModelPathError(
+                str(settings.model.hub),
+                "is a hub id whose files are not all downloaded yet: ./start.sh downloads them (or run "
+                "python -m backend prepare)",
+            )
         check_model_dir(settings.model.resolved_path)
         command.check_parallel(settings, engine=engine, gpus=command.gpu_count() if engine == "gpu" else None)
         check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
@@ -332,7 +345,7 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
             return 0
         failed = work.result()
         if failed is not None:
-            say(f"{failed.reason.split('; the full log is')[0]}; full log: {failed.log_path}")
+            say(f"{failed.said or failed.reason.split('; the full log is')[0]}; full log: {failed.log_path}")
             return 1
         early = _Early(ui_proc, api_key, stop, keeper)
         return early

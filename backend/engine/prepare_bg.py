@@ -13,6 +13,12 @@ the UI at once and calls ``prepare()`` here, which publishes its progress in the
    build-default`` in the engine environment, as ``python -m backend prepare`` does; output in
    ``<log dir>/model-convert.log``.
 
+Before both, a hub id in ``[model].path`` whose files are not all in huggingface_hub's cache yet is downloaded:
+``python -m backend download-model`` (engine/download.py, this environment's python), its ``[download]`` lines
+becoming the status line's "downloading the model 34 % · 2.7 of 8.0 GB · 45 MB/s"; output in
+``<log dir>/model-download.log``. It comes first so that a wrong id or a missing token is said in seconds, not
+after the engine install.
+
 A failure returns ``PrepareFailed``: the reason in both languages (the last error lines, no absolute paths) and
 the log; the launcher writes it to the status file as DOWN and exits 1, like a failed first start.
 """
@@ -25,21 +31,25 @@ import logging
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import contract, packages
-from ..contract import PHASE_CONVERT_MODEL, PHASE_INSTALL_ENGINE, EngineStatus, SupervisorState
+from .. import contract, hub, packages
+from ..contract import PHASE_CONVERT_MODEL, PHASE_DOWNLOAD_MODEL, PHASE_INSTALL_ENGINE, EngineStatus, SupervisorState
 from ..settings import ROOT, Settings
 from ..text import both, t
+from . import download
 from .supervisor import _die_with_parent
 
 logger = logging.getLogger(__name__)
 
 INSTALL_LOG = "engine-install.log"
 CONVERT_LOG = "model-convert.log"
+DOWNLOAD_LOG = "model-download.log"
+_LOGS = {PHASE_INSTALL_ENGINE: INSTALL_LOG, PHASE_CONVERT_MODEL: CONVERT_LOG, PHASE_DOWNLOAD_MODEL: DOWNLOAD_LOG}
 
 # ---------------------------------------------------------------- pip's progress
 
@@ -156,6 +166,7 @@ class PrepareFailed:
     reason_zh: str
     log_path: Path
     rc: int | None
+    said: str = ""  # for the terminal, when it may say more than the browser (the cache folder's path)
 
 
 # ---------------------------------------------------------------- one step in its own process group
@@ -247,12 +258,20 @@ def env_complete(python: str | None) -> bool:
 
 
 def needs_preparing(settings: Settings) -> bool:
-    """Something is left to build: the engine environment or the embedded model."""
+    """Something is left to build: the engine environment, the embedded model or the hub model's download."""
     if settings.external:
         return False
     if not env_complete(os.environ.get(contract.ENV_ENGINE_PYTHON)):
         return True
+    if needs_download(settings):
+        return True
     return settings.model.is_embedded and not packages.is_built(settings.model.resolved_path)
+
+
+def needs_download(settings: Settings) -> bool:
+    """[model].path is a hub id whose files are not all in the cache yet (a stopped download counts as not)."""
+    model = settings.model.hub
+    return model is not None and hub.complete_snapshot(model) is None
 
 
 class Preparer:
@@ -268,35 +287,56 @@ class Preparer:
         self.poll_installed = 2.0  # seconds between counts of the installed packages while pip installs
         self._said_percent = 0  # the terminal hears every 10 %, from 10 %
 
-    def publish(self, phase: str, progress: int | None) -> None:
-        en = (
-            t("health.installing_pct", "en", percent=progress)
-            if phase == PHASE_INSTALL_ENGINE and progress is not None
-            else t("health.installing" if phase == PHASE_INSTALL_ENGINE else "health.converting", "en")
-        )
+    def publish(self, phase: str, progress: int | None, sizes: tuple[int, int, int] | None = None) -> None:
+        """The status file (and every 10 % the terminal) told: ``sizes`` is a download's (done, total, rate)."""
+        if phase == PHASE_INSTALL_ENGINE:
+            en = t("health.installing_pct" if progress is not None else "health.installing", "en", percent=progress)
+        elif phase == PHASE_DOWNLOAD_MODEL and progress is not None and sizes:
+            done, total = hub.bytes_of(sizes[0], sizes[1])
+            en = t(
+                "health.downloading_pct", "en", percent=progress, done=done, total=total, rate=hub.human_bytes(sizes[2])
+            )
+        else:
+            en = t("health.downloading" if phase == PHASE_DOWNLOAD_MODEL else "health.converting", "en")
         EngineStatus(
             state=SupervisorState.PREPARING,
             phase=phase,
             progress=progress,
             message=en,
-            log_path=str(self.log_dir / (INSTALL_LOG if phase == PHASE_INSTALL_ENGINE else CONVERT_LOG)),
+            log_path=str(self.log_dir / _LOGS[phase]),
             since=self.since,
+            bytes_done=sizes[0] if sizes else None,
+            bytes_total=sizes[1] if sizes else None,
+            bytes_rate=sizes[2] if sizes else None,
         ).write(self.status_path)
-        if phase == PHASE_INSTALL_ENGINE and progress is not None and progress // 10 > self._said_percent // 10:
+        if progress is not None and phase != PHASE_CONVERT_MODEL and progress // 10 > self._said_percent // 10:
             self._said_percent = progress
             self.say(en)
 
     def publish_first(self) -> None:
         """The status of the step that comes first, before it starts."""
-        if env_complete(os.environ.get(contract.ENV_ENGINE_PYTHON)):
+        if needs_download(self.settings):
+            self.publish(PHASE_DOWNLOAD_MODEL, None)
+        elif env_complete(os.environ.get(contract.ENV_ENGINE_PYTHON)):
             self.publish(PHASE_CONVERT_MODEL, None)
         else:
             self.publish(PHASE_INSTALL_ENGINE, PipProgress(lock_count(self.engine)).percent)
 
     def fail(self, phase: str, rc: int | None, tail: list[str]) -> PrepareFailed:
-        log = self.log_dir / (INSTALL_LOG if phase == PHASE_INSTALL_ENGINE else CONVERT_LOG)
-        key = "prepare.install_failed" if phase == PHASE_INSTALL_ENGINE else "prepare.convert_failed"
-        en, zh = both(key, detail=failure_detail(tail), log=log.name)
+        log = self.log_dir / _LOGS[phase]
+        said = ""
+        told = download.parse_error(tail) if phase == PHASE_DOWNLOAD_MODEL else None
+        if told is not None:  # the downloader's own sentence; the browser's copy without server paths
+            key, params = told
+            said = t(key, "en", **params)
+            en, zh = (scrub_paths(text) for text in both(key, **params))
+        else:
+            key = {
+                PHASE_INSTALL_ENGINE: "prepare.install_failed",
+                PHASE_CONVERT_MODEL: "prepare.convert_failed",
+                PHASE_DOWNLOAD_MODEL: "prepare.download_failed",
+            }[phase]
+            en, zh = both(key, detail=failure_detail(tail), log=log.name)
         EngineStatus(
             state=SupervisorState.DOWN,
             reason=en,
@@ -306,12 +346,35 @@ class Preparer:
             log_path=str(log),
             since=time.time(),
         ).write(self.status_path)
-        return PrepareFailed(phase, en, zh, log, rc)
+        return PrepareFailed(phase, en, zh, log, rc, said)
+
+    async def download_model(self) -> PrepareFailed | None:
+        """[model].path's hub id into huggingface_hub's cache (engine/download.py), when not all there yet."""
+        model = self.settings.model.hub
+        if model is None or not needs_download(self.settings):
+            return None
+        self.publish(PHASE_DOWNLOAD_MODEL, None)
+        self._said_percent = 0
+        self.say(f"downloading {model} into {hub.storage_dir(model)}; log: {self.log_dir / DOWNLOAD_LOG}")
+
+        def on_line(line: str) -> None:
+            got = download.parse_progress(line)
+            if got is not None:
+                done, total, _ = got
+                self.publish(PHASE_DOWNLOAD_MODEL, min(100, done * 100 // total) if total else None, got)
+
+        argv = [sys.executable, "-m", "backend", "download-model", str(model)]
+        rc, _, tail = await run_step(argv, self.log_dir / DOWNLOAD_LOG, on_line, env={"PYTHONUNBUFFERED": "1"})
+        if rc != 0 or needs_download(self.settings):
+            return self.fail(PHASE_DOWNLOAD_MODEL, rc, tail)
+        self.say(f"model downloaded: {self.settings.model.resolved_path}")
+        return None
 
     async def install_engine(self) -> PrepareFailed | None:
         if env_complete(os.environ.get(contract.ENV_ENGINE_PYTHON)):
             return None
         progress = PipProgress(lock_count(self.engine))
+        self._said_percent = 0
         self.publish(PHASE_INSTALL_ENGINE, progress.percent)
         self.say(f"installing the {self.engine} engine in the background; log: {self.log_dir / INSTALL_LOG}")
 
@@ -368,7 +431,7 @@ class Preparer:
 
     async def run(self) -> PrepareFailed | None:
         t0 = time.monotonic()
-        failed = await self.install_engine() or await self.convert_model()
+        failed = await self.download_model() or await self.install_engine() or await self.convert_model()
         if failed is None:
             self.say(f"engine environment and model ready after {time.monotonic() - t0:.1f} s")
         return failed

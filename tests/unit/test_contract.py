@@ -47,6 +47,9 @@ KEYS = [
     "updated",
     "phase",
     "progress",
+    "bytes_done",
+    "bytes_total",
+    "bytes_rate",
 ]
 
 
