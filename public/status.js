@@ -46,6 +46,9 @@
     // a fleet: adapters some ready replicas lack, so not offered ("pirate not offered: not served by replica 2 (…)")
     const partial = zh ? s.partial_text_zh || s.partial_text : s.partial_text;
     if (partial) text += ` · ${partial}`;
+    // the UI process itself was restarted by the launcher lately: why, and that the model kept running
+    const uiNote = zh ? s.ui_note_zh || s.ui_note : s.ui_note;
+    if (uiNote) text += ` · ${uiNote}`;
     el.hidden = false;
     el.textContent = text;
     el.dataset.state = s.state;

@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,7 +172,25 @@ class Service:
             "partial_models": [{"model": name, "replicas": list(numbers)} for name, numbers in st.partial_models],
             "partial_text": st.partial_text("en"),
             "partial_text_zh": st.partial_text("zh"),
+            # The UI process itself was restarted by the launcher lately (it died: killed, out of memory, a crash):
+            # why, and that the model kept running ("" when it was not, or long ago).
+            "ui_note": self.ui_restart_note("en"),
+            "ui_note_zh": self.ui_restart_note("zh"),
         }
+
+    def ui_restart_note(self, lang: str, *, now: float | None = None, shown_for: float = 600.0) -> str:
+        """ "the UI restarted 12 s ago (the UI was killed (SIGKILL) …); the model kept running", for ``shown_for``
+        seconds after the launcher restarted this process (logs/ui-status.json); else ""."""
+        folder = os.environ.get(contract.ENV_LOG_DIR)
+        status = contract.EngineStatus.read(Path(folder) / contract.UI_STATUS_FILE_NAME) if folder else None
+        if status is None or status.since is None or status.pid != os.getpid():
+            return ""  # no restart, or the file describes another process (an older one, a test's)
+        ago = max(0, int((time.time() if now is None else now) - status.since))
+        if ago > shown_for:
+            return ""
+        zh = lang.startswith("zh")
+        when = (f"{ago} 秒" if zh else f"{ago} s") if ago < 120 else (f"{ago // 60} 分钟" if zh else f"{ago // 60} min")
+        return t("ui_keeper.restarted", lang, ago=when, reason=status.reason_zh if zh else status.reason)
 
     async def status_after_failure(self) -> HealthStatus:
         """The poller's fresh view after a connection failure (the supervisor needs a moment to notice)."""
