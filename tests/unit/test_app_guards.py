@@ -77,3 +77,21 @@ async def test_a_vote_naming_no_side_is_refused_with_the_value(chat, ui):
     assert any("`left`" in e for e in refused.errors), refused.errors
     assert len(ui.app.votes.all()) == before
     await compare_off(chat)
+
+
+async def test_a_compare_pair_streaming_is_one_answer_a_message_meanwhile_is_refused(chat):
+    await compare_on(chat)
+    m = marker()
+    n = len(chat.events)
+    await guarded_send(chat, f"[[normal:tokens=200:rate=20]] both {m}")
+    task = chat.session.current_task
+    await wait_for(lambda: len(chat.received(m)) == 2, 20, "both sides asked")  # the pair: two requests, one claim
+    await wait_for(lambda: any("w3" in a for a in chat.screen(n).answers), 20, "the pair streaming")
+    n2 = len(chat.events)
+    await guarded_send(chat, f"meanwhile {m}")
+    await wait_for(lambda: chat.screen(n2).errors, 10, "the message refused")
+    assert "still being answered: this one was not sent" in chat.screen(n2).errors[0]
+    assert len(chat.received(m)) == 2  # no third request: nothing of the refused message went to a model
+    await chat.stop()
+    await asyncio.wait_for(task, 20)
+    await compare_off(chat)
