@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import contract
+from .. import contract, hub
 from ..engine_http import public_url, short
 from ..errors import (
     AdapterAnswering,
@@ -437,6 +437,8 @@ class Service:
         [model] path holding a tokenizer is preferred, its /tokenize still the fallback.
         """
         s = self.settings
+        if not s.external and s.model.hub is not None:  # a hub id: its snapshot once the download has finished
+            return hub.complete_snapshot(s.model.hub), "" if s.fleet.enabled else self.base_url
         if not s.external:
             return s.model.resolved_path, "" if s.fleet.enabled else self.base_url
         if s.fleet.enabled and not s.model.is_embedded and counters.has_tokenizer(s.model.resolved_path):

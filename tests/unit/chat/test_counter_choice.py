@@ -4,12 +4,14 @@ tokenizer files (converted or downloaded after the UI started), or an engine tha
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
 
+from backend import hub
 from backend.chat import counters, health
 from backend.chat.health import EngineState, HealthPoller, HealthStatus
 from backend.chat.service import Service
@@ -45,6 +47,38 @@ async def test_a_cold_start_estimates_then_counts_exactly_once_the_model_folder_
         assert isinstance(again, counters.LocalCounter) and again.exact
         assert (await service.fit(list(MESSAGES))).exact is True
         assert await service.counter() is again
+    finally:
+        await health.reset_shared()
+
+
+@pytest.mark.asyncio
+async def test_a_hub_id_counts_exactly_once_its_download_has_every_file(qwen_dir, tmp_path, monkeypatch, engine_state):
+    """[model] path = a hub id: the counter's folder is the snapshot in huggingface_hub's cache, and only a
+    complete one (a download stopped midway has the tokenizer but not the weights its listing names)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    model = hub.HubModel("qwen/tiny")
+    service = Service(Settings(model=ModelSettings(path=str(model))))
+    service.base_url = "http://127.0.0.1:9/v1"  # the engine, still down: nothing listens
+    await health.reset_shared()
+    try:
+        assert not (await service.counter()).exact  # nothing downloaded yet
+
+        store, commit = hub.storage_dir(model), "a" * 40
+        (store / "refs").mkdir(parents=True)
+        (store / "refs" / "main").write_text(commit)
+        snapshot = store / "snapshots" / commit
+        shutil.copytree(qwen_dir, snapshot)  # the tokenizer files are in; config and weights still on their way
+        listing = {p.name: p.stat().st_size for p in snapshot.iterdir()} | {"config.json": 2, "model.safetensors": 9}
+        (store / "trees").mkdir()
+        tree = {"format_version": 1, "files": {n: {"size": size, "blob_id": "b"} for n, size in listing.items()}}
+        (store / "trees" / f"{commit}.json").write_text(json.dumps(tree))
+        assert not (await service.counter()).exact
+
+        (snapshot / "config.json").write_text("{}")
+        (snapshot / "model.safetensors").write_bytes(b"x" * 9)
+        again = await service.counter()
+        assert isinstance(again, counters.LocalCounter) and again.exact and str(snapshot) in again.source
     finally:
         await health.reset_shared()
 
