@@ -98,7 +98,8 @@ BODIES = {
     403: json.dumps(
         {
             "error": {
-                "message": "Forbidden: the engine answers its own clients only (no browser, no other Host name).",
+                "message": "Forbidden: the engine answers no browser (no Origin header) and only to its own names "
+                "and IP addresses in the Host header.",
                 "type": "PermissionDeniedError",
                 "param": None,
                 "code": 403,
@@ -229,11 +230,15 @@ class EngineGate:
             return
         self._logged.add(refusal)
         client = scope.get("client") or ("?", 0)
+        names = (
+            f" (it answers to {', '.join(sorted(self.names))} and any IP address)" if refusal is Refusal.HOST else ""
+        )
         logger.warning(
-            "engine gate: refused %s %r from %s: %s (%d); later refusals of this kind are not logged",
+            "engine gate: refused %s %r from %s: %s%s (%d); later refusals of this kind are not logged",
             scope.get("method", "WEBSOCKET"),
             str(scope["path"])[:80],
             client[0],
             refusal.value[1],
+            names,
             refusal.status,
         )

@@ -150,9 +150,13 @@ def test_each_refusal_kind_is_logged_once_without_the_key_or_header(client, capl
         client.post("/adapters", headers={**AUTH, "Origin": "null"})
         client.get(f"/v1/models?api_key={KEY}")
         client.post("/adapters")
+        client.get("/v1/models", headers={**AUTH, "Host": "evil.example"})
     lines = [r.getMessage() for r in caplog.records if r.name == gate.__name__]
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
     assert not [line for line in lines if KEY in line or "wrong-secret-value" in line or "null" in line]
+    assert not [line for line in lines if "evil" in line]
+    # a Host refusal says which names the engine answers to (its own configuration, not the request's)
+    assert [line for line in lines if "answers to 127.0.0.1, ::1, localhost and any IP address" in line]
 
 
 def test_no_key_in_the_environment_refuses_to_start(monkeypatch):
