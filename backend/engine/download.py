@@ -48,6 +48,9 @@ ERROR_PREFIX = "[download-error] "
 #: Tests: the free space (bytes) the disk check sees instead of the real one.
 ENV_FREE_BYTES = "QWENCHAT_HUB_FREE_BYTES"
 WORKERS = 4  # files fetched at once (the weights' shards)
+#: huggingface_hub's http_get writes in chunks of constants.DOWNLOAD_CHUNK_SIZE (10 MB): nothing reaches the disk
+#: before 10 MB of a file have come, so a stop loses up to 10 MB per file and the progress moves in 10 MB steps.
+CHUNK = 1 << 20
 
 
 class DownloadError(Exception):
@@ -331,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[qwenchat] not a hub id: {args.id or '[model] path'} ({hub.PATH_FORMS})", file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress lines instead of tqdm's
+    from huggingface_hub import constants
+
+    constants.DOWNLOAD_CHUNK_SIZE = CHUNK
     write = _lines(sys.stderr)
     try:
         folder = download(model, write)

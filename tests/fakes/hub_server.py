@@ -63,11 +63,11 @@ class Repo:
     @classmethod
     def from_folder(cls, folder: Path) -> Repo:
         files = {}
-        for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
             data = path.read_bytes()
             blob_id = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-            sha256 = hashlib.sha256(data).hexdigest() if path.suffix == ".safetensors" else None
-            files[path.name] = RepoFile(path, len(data), blob_id, sha256)
+            sha256 = hashlib.sha256(data).hexdigest() if path.suffix in (".safetensors", ".bin", ".pth") else None
+            files[path.relative_to(folder).as_posix()] = RepoFile(path, len(data), blob_id, sha256)
         commit = hashlib.sha1("".join(f"{n}{f.blob_id}" for n, f in files.items()).encode()).hexdigest()
         return cls(files, commit)
 
@@ -127,8 +127,8 @@ class FakeHub:
         app.router.add_get("/api/models/{owner}/{name}", self._info)
         app.router.add_get("/api/models/{owner}/{name}/revision/{rev}", self._info)
         app.router.add_get("/api/models/{owner}/{name}/tree/{rev}", self._tree)
-        app.router.add_route("HEAD", "/{owner}/{name}/resolve/{rev}/{file}", self._resolve)
-        app.router.add_get("/{owner}/{name}/resolve/{rev}/{file}", self._resolve, allow_head=False)
+        app.router.add_route("HEAD", "/{owner}/{name}/resolve/{rev}/{file:.+}", self._resolve)
+        app.router.add_get("/{owner}/{name}/resolve/{rev}/{file:.+}", self._resolve, allow_head=False)
         app.router.add_route("*", "/{tail:.*}", self._other)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
