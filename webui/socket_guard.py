@@ -143,9 +143,9 @@ class Guard:
         session = WebsocketSession.require(sid)
         init_ws_context(session)
         message = payload.get("message") if isinstance(payload, dict) else None
-        mid = message.get("id") if isinstance(message, dict) else None
+        mid, text = (message.get("id"), message.get("output")) if isinstance(message, dict) else (None, None)
         own = [m for m in chat_context.get() if m.id == mid and m.type == USER_MESSAGE]
-        if not own or not isinstance(message.get("output"), str):  # type: ignore[union-attr]
+        if not own or not isinstance(text, str):
             logger.warning(
                 "socket: edit_message refused: %r is none of this chat's user messages (user %r, thread %s)",
                 str(mid)[:40],
@@ -157,7 +157,7 @@ class Guard:
         state = self.chat_session()
         if state.answering:
             logger.info("socket: an edit while this chat is answering refused (user %r)", _who(session))
-            await show_error(t("busy", self.lang(), text=quoted(str(message.get("output") or ""))))  # type: ignore[union-attr]
+            await show_error(t("busy", self.lang(), text=quoted(text)))
             return
         state.answering = True  # Chainlit answers an edit inline, in this handler
         try:

@@ -95,3 +95,33 @@ async def test_a_compare_pair_streaming_is_one_answer_a_message_meanwhile_is_ref
     await chat.stop()
     await asyncio.wait_for(task, 20)
     await compare_off(chat)
+
+
+async def guarded_edit(chat, message_id: str, text: str) -> None:
+    from chainlit.server import sio
+
+    await sio.handlers["/"]["edit_message"](chat.sid, {"message": {"id": message_id, "output": text}})
+
+
+async def test_only_the_chats_own_user_messages_can_be_edited_and_not_while_it_answers(chat):
+    m = marker()
+    screen = await chat.send(f"question {m}")
+    [answer] = [x for x in screen.messages if x.get("type") == "assistant_message" and not x.get("isError")]
+    asked = chat.conversation.last_user()
+    n = len(chat.events)
+    await guarded_edit(chat, answer["id"], "the model said this instead")  # an answer is no message of the user's
+    [refused] = chat.screen(n).errors
+    assert f"only your own messages in this chat can be edited (`{answer['id']}` is not one)" in refused
+    assert chat.conversation.turns[-1].content.startswith(answer["output"][:20]) and not chat.received("instead")
+
+    n = len(chat.events)
+    await guarded_send(chat, f"[[normal:tokens=200:rate=20]] slow {m}")
+    task = chat.session.current_task
+    await wait_for(lambda: any("w3" in a for a in chat.screen(n).answers), 20, "the answer streaming")
+    n2 = len(chat.events)
+    await guarded_edit(chat, asked.id, f"edited meanwhile {m}")
+    [busy] = chat.screen(n2).errors
+    assert "still being answered: this one was not sent" in busy and f"edited meanwhile {m}" in busy
+    assert chat.received(f"edited meanwhile {m}") == []
+    await chat.stop()
+    await asyncio.wait_for(task, 20)
