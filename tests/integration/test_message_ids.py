@@ -114,6 +114,8 @@ async def two_users_over_the_socket(app: e2e.LiveApp, db: database.Database) -> 
         await alice.wait(60)
         assert third.answered, third.summary()  # the chat answers again once the answer ended
         assert not step_rows(db, 's."output" LIKE :t AND s."type" = :k', {"t": "second question%", "k": "user_message"})
+    ui_log = app.log("ui")
+    assert "Traceback" not in ui_log and "Task exception was never retrieved" not in ui_log, ui_log[-3000:]
 
 
 @pytest.mark.asyncio
