@@ -8,7 +8,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import chainlit as cl
 import chainlit.config as chainlit_config_module
@@ -553,60 +553,64 @@ async def turn_of(action: cl.Action):
     return None
 
 
-async def still_answering() -> bool:
-    """A button pressed while this chat is answering: said, and the button stays for later."""
-    if not chat_session().answering:
-        return False
-    await show_error(t("busy_action", lang()))
-    return True
+@contextlib.asynccontextmanager
+async def one_answer() -> AsyncIterator[bool]:
+    """Around a button's work: False (and said, the button stays for later) while this chat is answering; else
+    True, and the chat counts as answering until the block ends (one answer streams per chat; a typed message or
+    an edit claims the same flag in webui/socket_guard.py). Claimed before any await, so two presses never both
+    pass."""
+    state = chat_session()
+    if state.answering:
+        await show_error(t("busy_action", lang()))
+        yield False
+        return
+    state.answering = True
+    try:
+        yield True
+    finally:
+        state.answering = False
 
 
 @cl.action_callback("retry")
 @guarded
 async def on_retry(action: cl.Action) -> None:
-    if await still_answering() or await turn_of(action) is None:
-        return
-    side = (action.payload or {}).get("side")  # a compare side's error: retry that side only, keep the other's answer
-    pair = compare_state().pairs.get((action.payload or {}).get("turn", "")) if side else None
-    if pair is not None and side in compare.LABELS:
-        if pair.vote is not None:
-            await show_error(t("compare.voted_no_retry", lang()))
+    async with one_answer() as free:
+        if not free or await turn_of(action) is None:
             return
-        await answer_as_task(functools.partial(retry_compared_side, pair, side))
-        return
-    chat_session().conversation.drop_answers_after_last_user()
-    await answer_as_task()
+        side = (action.payload or {}).get("side")  # a compare side's error: retry that side only, keep the other's
+        pair = compare_state().pairs.get((action.payload or {}).get("turn", "")) if side else None
+        if pair is not None and side in compare.LABELS:
+            if pair.vote is not None:
+                await show_error(t("compare.voted_no_retry", lang()))
+                return
+            await answer_as_task(functools.partial(retry_compared_side, pair, side))
+            return
+        chat_session().conversation.drop_answers_after_last_user()
+        await answer_as_task()
 
 
 @cl.action_callback("send_trimmed")
 @guarded
 async def on_send_trimmed(action: cl.Action) -> None:
-    if await still_answering():
-        return
-    last = await turn_of(action)
-    if last is None:
-        return
-    chat_session().conversation.add_user(last.id, action.payload["text"])
-    await answer_as_task()
+    async with one_answer() as free:
+        last = await turn_of(action) if free else None
+        if last is None:
+            return
+        chat_session().conversation.add_user(last.id, action.payload["text"])
+        await answer_as_task()
 
 
 async def answer_as_task(work: Callable[[], Awaitable[None]] | None = None) -> None:
     """Answer (or do ``work``) as the session's current task, like a typed message, so the Stop button shows and
-    works. Action callbacks run inside Chainlit's HTTP request, not the message task Stop cancels.
-
-    Not while this chat is answering (a message, an edit, another button): one answer streams per chat.
+    works. Action callbacks run inside Chainlit's HTTP request, not the message task Stop cancels. Called inside
+    ``one_answer``.
     """
-    state = chat_session()
-    if await still_answering():
-        return
-    state.answering = True
     task = asyncio.create_task((work or answer)())
     cl.context.session.current_task = task
     await cl.context.emitter.task_start()
     try:
         await asyncio.wait({task})
     finally:
-        state.answering = False
         await cl.context.emitter.task_end()
 
 
