@@ -14,6 +14,11 @@ same request (from its request log) is the floor.
 Cases: (a) 4,000 tokens as fast as the server can; (b) 1,500 at 100 tokens/s; (c) 3,000 at
 200 tokens/s; (d) a pasted ~25K-token message, then 600 at 60 tokens/s; (e) a pasted ~100K-token
 message, then 600 at 60 tokens/s. Target for each: ours ≤ 1.3 × emit + 1 s and ≤ the plain example.
+Issue #22: (f) a ~200 KB answer of 10,000 ``wordN:valueN`` pairs (the fake server's scripted answer, one pair a
+chunk) as fast as the server can, text Chainlit's renderer used to eat; (g) case (c) with compare mode on (our
+apps only: ``/compare`` first, both sides in columns; the last token is seen when both sides show it); (h) case
+(f) without the colons ("wordN valueN "), its control.
+``--apps`` picks the apps (default all three).
 ``--cold N`` also restarts all apps N times and times the first message after start (first token).
 Prints a table per measure (median, min–max over the runs) and a one-line summary.
 """
@@ -53,6 +58,18 @@ class Case:
     tokens: int
     rate: float  # tokens/s; 0 = as fast as the server can
     paste: int  # approximate tokens of pasted text in the message (0: none)
+    pairs: bool = False  # the answer is a scripted one of ``tokens`` "wordN:valueN " pairs (#22)
+    sep: str = ":"  # what joins a pair's two words (case h: a space, the same text without colons)
+    compare: bool = False  # our apps answer in compare mode, both sides at once (#22)
+
+    def first_last(self) -> tuple[str, str]:
+        """The texts whose appearance in the page times the first and the last token."""
+        if self.pairs:  # the word before the colon: in the plain example the rest is eaten
+            return "word0", f"word{self.tokens - 1}"
+        return "w0", f"w{self.tokens - 1}"
+
+    def script(self) -> list[str] | None:
+        return [f"word{i}{self.sep}value{i} " for i in range(self.tokens)] if self.pairs else None
 
     @property
     def spec(self) -> str:
@@ -61,7 +78,8 @@ class Case:
     def title(self) -> str:
         speed = "max speed" if not self.rate else f"{self.rate:g} tok/s"
         paste = f"{self.paste // 1000}K pasted, " if self.paste else ""
-        return f"({self.key}) {paste}{self.tokens:,} tok at {speed}"
+        what = f"word{self.sep}word pairs" if self.pairs else "tok"
+        return f"({self.key}) {paste}{self.tokens:,} {what} at {speed}" + (", compare" if self.compare else "")
 
 
 CASES = {
@@ -70,6 +88,9 @@ CASES = {
     "c": Case("c", 3000, 200, 0),
     "d": Case("d", 600, 60, 25_000),
     "e": Case("e", 600, 60, 100_000),
+    "f": Case("f", 10_000, 0, 0, pairs=True),
+    "g": Case("g", 3000, 200, 0, compare=True),
+    "h": Case("h", 10_000, 0, 0, pairs=True, sep=" "),
 }
 
 
@@ -207,7 +228,7 @@ def emit_time(fake: str, spec: str, seen: int) -> float | None:
 
 # ---------------------------------------------------------------- the browser
 
-HOOK = """([sel, first, last]) => {
+HOOK = """([sel, first, last, copies]) => {
   const n0 = document.querySelectorAll(sel).length;
   const b = (window.__bench = {t0: null, first: null, last: null});
   document.querySelector('#chat-input').addEventListener('keydown', (e) => {
@@ -215,20 +236,25 @@ HOOK = """([sel, first, last]) => {
   }, {capture: true});
   const check = () => {
     if (b.last !== null) return;
-    const els = document.querySelectorAll(sel);
-    if (els.length <= n0) return;
-    const text = els[els.length - 1].textContent || '';
+    const els = [...document.querySelectorAll(sel)].slice(n0);
+    if (!els.length) return;
+    const texts = els.map(e => e.textContent || '');
     const now = performance.now();
-    if (b.first === null && text.includes(first)) b.first = now;
-    if (text.includes(last)) { b.last = now; if (b.first === null) b.first = now; obs.disconnect(); }
+    if (b.first === null && texts.some(t => t.includes(first))) b.first = now;
+    if (texts.filter(t => t.includes(last)).length >= copies) {
+      b.last = now; if (b.first === null) b.first = now; obs.disconnect();
+    }
   };
   const obs = new MutationObserver(check);
   obs.observe(document.body, {childList: true, subtree: true, characterData: true});
 }"""
 
 
-def measure(browser, app: App, message: str, first: str, last: str, timeout_s: float) -> tuple[float, float]:
-    """Send ``message`` in a fresh page of ``app``; seconds from Enter to ``first`` and to ``last`` in the page."""
+def measure(
+    browser, app: App, message: str, first: str, last: str, timeout_s: float, compare: bool = False
+) -> tuple[float, float]:
+    """Send ``message`` in a fresh page of ``app``; seconds from Enter to ``first`` and to ``last`` in the page
+    (``compare``: after turning compare mode on; ``last`` must then show in both sides)."""
     context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
     try:
         page = context.new_page()
@@ -238,9 +264,11 @@ def measure(browser, app: App, message: str, first: str, last: str, timeout_s: f
         page.wait_for_selector("#chat-input")
         if app.name != "plain":
             page.wait_for_selector("#chat-settings-open-modal")  # before it, a typed message is lost
+        if compare:
+            compare_on(page)
         page.fill("#chat-input", message)
         time.sleep(0.3)  # let the page settle after a large paste
-        page.evaluate(HOOK, [ANSWER, first, last])
+        page.evaluate(HOOK, [ANSWER, first, last, 2 if compare else 1])
         page.keyboard.press("Enter")
         page.wait_for_function("() => window.__bench.last !== null", timeout=timeout_s * 1000)
         b = page.evaluate("() => window.__bench")
@@ -249,6 +277,17 @@ def measure(browser, app: App, message: str, first: str, last: str, timeout_s: f
         return (b["first"] - b["t0"]) / 1000, (b["last"] - b["t0"]) / 1000
     finally:
         context.close()
+
+
+def compare_on(page) -> None:
+    """Type /compare as a user does (the composer's command menu) and wait for its announcement."""
+    before = page.locator(ANSWER).count()
+    page.click("#chat-input")
+    page.keyboard.type("/compare")
+    page.wait_for_selector('[cmdk-item][data-value^="compare"]', timeout=10_000)
+    page.keyboard.press("Enter")
+    page.keyboard.press("Enter")
+    page.wait_for_function(f"() => document.querySelectorAll({json.dumps(ANSWER)}).length > {before}")
 
 
 @contextlib.contextmanager
@@ -328,7 +367,15 @@ def report(res: Results, cases: list[Case], flush_ms: float, runs: int) -> None:
 # ---------------------------------------------------------------- main
 
 
-def run(cases: list[Case], runs: int, flush_ms: float, cold: int, keep: Path | None) -> None:
+def set_script(fake: str, chunks: list[str] | None) -> None:
+    body = json.dumps({"chunks": chunks}).encode()
+    req = urllib.request.Request(fake + "/fake/script", body, {"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=30).read()
+
+
+def run(
+    cases: list[Case], runs: int, flush_ms: float, cold: int, keep: Path | None, only: set[str] | None = None
+) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-ui-", dir=keep)) if keep else Path(tempfile.mkdtemp(prefix="bench-ui-"))
     res = Results()
     print(
@@ -351,6 +398,7 @@ def run(cases: list[Case], runs: int, flush_ms: float, cold: int, keep: Path | N
                 (tmp / f"start{i}").mkdir()
                 apps = start_apps(tmp / f"start{i}", fake, flush_ms)
                 procs += [a.proc for a in apps]
+                apps = [a for a in apps if only is None or a.name in only]
                 time.sleep(2)  # the health poller's first round, as a user would open the page
                 for app in apps:  # the first message of each process; cold when --cold
                     first, _ = measure(browser, app, "[[normal:tokens=20]] hello", "w0", "w19", 120)
@@ -360,10 +408,16 @@ def run(cases: list[Case], runs: int, flush_ms: float, cold: int, keep: Path | N
                 for c in cases:
                     order = apps[r % len(apps) :] + apps[: r % len(apps)]
                     for app in order:
+                        if c.compare and app.name == "plain":
+                            continue  # the plain example has no compare mode
                         seen = len(fake_records(fake))
                         msg = f"[[{c.spec}]] " + (texts[c.key] or "write")
                         timeout = 120 + c.tokens / (c.rate or 100) * 10
-                        first, last = measure(browser, app, msg, "w0", f"w{c.tokens - 1}", timeout)
+                        set_script(fake, c.script())
+                        try:
+                            first, last = measure(browser, app, msg, *c.first_last(), timeout, c.compare)
+                        finally:
+                            set_script(fake, None)
                         emit = emit_time(fake, c.spec, seen)
                         res.add(c.key, app.name, Sample(first, last, emit))
                         print(
@@ -384,11 +438,15 @@ def main() -> None:
     ap.add_argument("--flush-ms", type=float, default=40, help="[ui] stream_flush_ms for 'after' (default 40)")
     ap.add_argument("--cold", type=int, default=1, help="fresh starts timed for the first message (default 1)")
     ap.add_argument("--keep", type=Path, default=None, help="put the apps' logs under this folder")
+    ap.add_argument("--apps", default="plain,before,after", help="which apps to measure (default: all three)")
     a = ap.parse_args()
     unknown = set(a.cases) - set(CASES)
     if unknown:
         ap.error(f"--cases {a.cases!r}: unknown {''.join(sorted(unknown))!r}; known: {''.join(CASES)}")
-    run([CASES[k] for k in a.cases], a.runs, a.flush_ms, a.cold, a.keep)
+    only = {x.strip() for x in a.apps.split(",") if x.strip()}
+    if not only or only - {"plain", "before", "after"}:
+        ap.error(f"--apps {a.apps!r}: name some of plain, before, after (comma-separated)")
+    run([CASES[k] for k in a.cases], a.runs, a.flush_ms, a.cold, a.keep, only)
 
 
 if __name__ == "__main__":
