@@ -142,6 +142,49 @@ def test_the_launcher_started_two_replicas_and_the_router_in_front(fleet):
     assert main.log_path.endswith("router.log")
 
 
+def router_call(fleet: Fleet, method: str, path: str, key: str | None) -> tuple[int, bytes]:
+    req = urllib.request.Request(
+        fleet.router.removesuffix("/v1") + path,
+        method=method,
+        headers={"Authorization": f"Bearer {key}"} if key is not None else {},
+    )
+    try:
+        with _NO_PROXY.open(req, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_without_the_key_nobody_adds_removes_or_lists_the_fleets_workers(fleet):
+    """Issue #18: against the launched router, POST /add_worker (a worker of the caller's) and /remove_worker (a real
+    replica) used to answer 200 with no key; now they, and every other worker route, are 401 without the key or with
+    a wrong one, and the worker list (read with the key) is the launcher's."""
+    from urllib.parse import quote
+
+    roots = sorted(r.removesuffix("/v1") for r in fleet.replicas)
+    code, body = router_call(fleet, "GET", "/list_workers", KEY)
+    assert code == 200 and sorted(json.loads(body)["urls"]) == roots
+    attacker = "http://127.0.0.1:9"  # nothing listens there: even a refused add must not have been tried
+    for method, path in [
+        ("POST", f"/add_worker?url={quote(attacker)}"),
+        ("POST", f"/remove_worker?url={quote(roots[0])}"),
+        ("GET", "/list_workers"),
+        ("GET", "/workers"),
+        ("GET", f"/workers/{quote(roots[1], safe='')}"),
+        ("DELETE", f"/workers/{quote(roots[1], safe='')}"),
+        ("POST", "/flush_cache"),
+        ("GET", "/get_loads"),
+        ("GET", "/scheduling/diagnostics"),
+        ("GET", "/liveness"),
+        ("GET", "/v1/models"),
+    ]:
+        for key in (None, "not-the-key"):
+            code, body = router_call(fleet, method, path, key)
+            assert code == 401, (method, path, key, code, body[:200])
+    code, body = router_call(fleet, "GET", "/list_workers", KEY)
+    assert sorted(json.loads(body)["urls"]) == roots  # unchanged
+
+
 def served_since(replicas: list[str], before: list[float]) -> list[int]:
     return [round(served(r) - b) for r, b in zip(replicas, before, strict=True)]
 
@@ -365,7 +408,7 @@ def outage(fleet, page) -> None:
     assert fleet.replica_status(v).pid != victim.pid
     wait_for("the UI reports 2 of 2 replicas ready", lambda: ui_status(fleet.app).get("replicas_ready") == 2, 60)
     # the UI's /metrics counted the restart, by replica and the supervisor's cause
-    restarts = rf'^qwenchat_replica_restarts_total\{{(?=[^}}]*replica="{v + 1}")(?=[^}}]*cause="(\w+)")[^}}]*\}} 1$'
+    restarts = rf'^qwenchat_replica_restarts_total\{{(?=[^}}]*replica="{v + 1}")(?=[^}}]*cause="(\w+)")[^}}]*\}} 1(?:\.0)?$'
     found = wait_for(
         "the UI's /metrics counts the restart", lambda: re.search(restarts, ui_metrics(fleet.app), re.M), 30
     )

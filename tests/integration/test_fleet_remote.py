@@ -40,11 +40,16 @@ def chat(base: str, key: str, model: str, text: str = "Tell me a story.", max_to
         return json.loads(resp.read())
 
 
+#: In the remote replica's URL as [fleet] remote lists it (issue #18): it must show nowhere, and is not needed (every
+#: replica takes the engine key as a bearer token).
+PASSWORD = "remote-pw-3c9e"
+
+
 def fleet_env(engine, **overrides: str) -> dict[str, str]:
     models = Path(need_env("QWENCHAT_TEST_MODELS"))
     return {
         "QWENCHAT_FLEET_LOCAL": "0",
-        "QWENCHAT_FLEET_REMOTE": engine.base_url,
+        "QWENCHAT_FLEET_REMOTE": engine.base_url.replace("http://", f"http://ops:{PASSWORD}@"),
         "QWENCHAT_SERVER_API_KEY": engine.api_key,  # the replica's key: every replica takes [server] api_key
         "QWENCHAT_MODEL_PATH": str(models / "tiny-qwen3"),  # the local tokenizer counts tokens
         "QWENCHAT_MODEL_SERVED_MODEL_NAME": "tiny-qwen3",
@@ -74,6 +79,26 @@ def test_the_launcher_starts_only_the_router_in_front_of_the_remote_replica(remo
     assert routed["model"] == "tiny-lora"
     assert routed["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]  # greedy
     wait_for("both requests counted by the remote replica", lambda: served(tiny_engine.base_url) - before >= 2, 30)
+
+
+def test_the_password_in_the_remote_url_is_in_no_command_line_log_or_output(remote_fleet, tiny_engine):
+    """ps (every process's command line), the launcher's output and every file of the log folder: the password of
+    the remote URL is in none of them; the start says it is not used."""
+    out = remote_fleet.log()
+    assert f"the user:password in the URL of the replica {tiny_engine.base_url} is not used" in out
+    assert PASSWORD not in out
+    cmdlines = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdlines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:  # gone, or not ours to read
+            continue
+    routers = [c for c in cmdlines if "backend.engine.router_gate" in c]
+    assert routers and all(tiny_engine.base_url.removesuffix("/v1") in c for c in routers)
+    assert not [c for c in cmdlines if PASSWORD in c]
+    for path in remote_fleet.log_dir.rglob("*"):
+        if path.is_file():
+            assert PASSWORD not in path.read_text(errors="replace"), path
 
 
 @pytest.mark.asyncio
