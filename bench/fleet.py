@@ -5,7 +5,7 @@ replica, measured in the same run. Not a test: it prints what it measured, no th
 
 Needs the engine environment (``QWENCHAT_ENGINE_PYTHON``) and the embedded model (``./start.sh`` builds it), or
 ``--model DIR --served NAME``. The fleet is launched with the product's own commands (``backend.engine.fleet``:
-each replica on its share of the cores, the router in front, no key on the router); the baseline is
+each replica on its share of the cores, the router in front, asking for the key on every route); the baseline is
 
 - ``replica`` (default): replica 0 of the same fleet, addressed directly (its sibling idles meanwhile), i.e. one
   replica with the fleet's share of the machine;
@@ -55,9 +55,10 @@ def _free_block(n: int) -> int:
     sys.exit(f"no {n} consecutive free ports")
 
 
-def _get(url: str) -> tuple[int, bytes]:
+def _get(url: str, key: str = "") -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with _NO_PROXY.open(url, timeout=3) as resp:
+        with _NO_PROXY.open(req, timeout=3) as resp:
             return resp.status, resp.read()
     except OSError:
         return 0, b""
@@ -151,7 +152,7 @@ def main() -> None:
         router = settings.engine_base_url.removesuffix("/v1")
 
         def all_ready() -> bool:
-            status, body = _get(router + "/readiness")
+            status, body = _get(router + "/readiness", key)  # the router's gate: every route needs the key
             ready = status == 200 and json.loads(body or b"{}").get("healthy_workers") == 2
             return ready and (not single_url or _get(single_url.removesuffix("/v1") + "/health")[0] == 200)
 
