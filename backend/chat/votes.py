@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from sqlalchemy import CheckConstraint, Column, Integer, MetaData, Table, Text, text
+from sqlalchemy import CheckConstraint, Column, Index, Integer, MetaData, Table, Text, text
 from sqlalchemy.engine import Connection
 
 from . import database
@@ -64,6 +64,9 @@ Table(
     Column("comment", Text(), nullable=False, server_default=""),
     Column("created_at", Text(), nullable=False),
     Column("seq", Integer(), nullable=False, server_default="0"),
+    # Version 2: /leaderboard reads only these columns; with the index it never touches a row's prompt and answers
+    # (SQLite stores the columns after them in their overflow pages: a table scan read every vote whole).
+    Index("votes_standings", "model_a", "model_b", "winner"),
 )
 
 
@@ -81,7 +84,7 @@ class VoteStore:
     def __init__(self, where: Path | Store) -> None:
         self.store = database.store_at(where)
         self.path = self.store.db.path  # None on PostgreSQL
-        database.ensure_tables(self.store, VOTE_TABLES, "votes", 1)
+        database.ensure_tables(self.store, VOTE_TABLES, "votes", 2)
 
     def record(self, vote: Vote) -> bool:
         """Store ``vote``; True when it replaced an earlier vote on the same (thread_id, turn_id) (the last wins)."""

@@ -121,6 +121,10 @@ def test_the_leaderboard_is_counted_by_one_sql_query_that_reads_no_prompt_or_ans
     assert len(statements) == 1, statements
     assert not any(col in statements[0] for col in ("prompt", "answer_a", "answer_b", "comment")), statements[0]
     assert "GROUP BY" in statements[0]
+    with engine.connect() as conn:  # and SQLite reads no row itself, only the index (a row's big text comes first)
+        plan = [str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statements[0])]
+    scans = [p for p in plan if p.startswith("SCAN votes")]
+    assert len(scans) == 2 and all("USING COVERING INDEX votes_standings" in p for p in scans), plan
     # what the votes say, counted by hand: turns 0, 3, 6, ... are ties; of the rest, odd i -> b wins, even i -> a
     ties = len(range(0, 30, 3))
     a_wins = sum(1 for i in range(30) if i % 3 and i % 2 == 0)
