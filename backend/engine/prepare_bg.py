@@ -19,6 +19,14 @@ becoming the status line's "downloading the model 34 % · 2.7 of 8.0 GB · 45 MB
 ``<log dir>/model-download.log``. It comes first so that a wrong id or a missing token is said in seconds, not
 after the engine install.
 
+The model's steps overlap the engine install (issue #19, "the engine built fast"): ``run()`` starts the install
+and the model's work at once. The download needs nothing of the engine's and begins immediately; the conversion
+needs torch, transformers and gguf, which the install puts in first (``MODEL_TOOLS``, passed to qc_env as
+``QC_EARLY_PACKAGES``; "[qwenchat] early packages installed" says they are in), so it runs while the rest of the
+engine installs. A conversion that fails in the unfinished environment is tried once more in the finished one;
+either step failing stops the other. While the install runs the status line shows it; the model's step takes the
+line when the install is done.
+
 A failure returns ``PrepareFailed``: the reason in both languages (the last error lines, no absolute paths) and
 the log; the launcher writes it to the status file as DOWN and exits 1, like a failed first start.
 """
@@ -47,6 +55,10 @@ from .supervisor import _die_with_parent
 logger = logging.getLogger(__name__)
 
 INSTALL_LOG = "engine-install.log"
+#: What ``python -m backend build-default`` needs from the engine environment (with their dependencies): installed
+#: before the rest when the model is to be converted, so the conversion overlaps the install.
+MODEL_TOOLS = ("torch", "transformers", "gguf", "accelerate")
+EARLY_LINE = "[qwenchat] early packages installed"  # qc_env says it when MODEL_TOOLS can be used
 CONVERT_LOG = "model-convert.log"
 DOWNLOAD_LOG = "model-download.log"
 _LOGS = {PHASE_INSTALL_ENGINE: INSTALL_LOG, PHASE_CONVERT_MODEL: CONVERT_LOG, PHASE_DOWNLOAD_MODEL: DOWNLOAD_LOG}
@@ -86,11 +98,14 @@ class PipProgress:
         self.installing = False
         self._installed_before: int | None = None  # dist-info folders when pip began installing (pip, setuptools)
         self.percent: int | None = 0 if total else None
+        self._uv_downloads = [0, 0]  # uv's large downloads announced, done
 
     def feed(self, line: str) -> bool:
-        """Take one output line; True when the percentage changed."""
+        """Take one output line (pip's or uv's); True when the percentage changed."""
         before = self.percent
-        if line.startswith(("Collecting ", "Processing ")):
+        if self.uv_line(line):
+            pass
+        elif line.startswith(("Collecting ", "Processing ")):
             self.collected += 1
             if self.total and not self.installing:
                 self.percent = min(self.COLLECTED - 1, self.COLLECTED * self.collected // self.total)
@@ -101,6 +116,22 @@ class PipProgress:
             self.installing = False
             self.percent = self.INSTALLED
         return self.percent != before
+
+    def uv_line(self, line: str) -> bool:
+        """uv's lines: "Resolved N packages" 5 %, each large download announced ("Downloading x (12MiB)") and done
+        (" Downloaded x") up to 44 %, "Prepared N packages" 45 %, "Installed N packages" 90 %. uv downloads in
+        parallel and says nothing of the small ones: the downloads done against those announced is what it tells."""
+        words = line.split()
+        if len(words) >= 3 and words[0] in ("Resolved", "Prepared", "Installed") and words[2].startswith("package"):
+            self.percent = {"Resolved": 5, "Prepared": self.COLLECTED, "Installed": self.INSTALLED}[words[0]]
+            self.installing = False
+            return True
+        if line.startswith("Downloading ") or line.startswith(" Downloaded "):
+            self._uv_downloads[0 if line.startswith("Downloading") else 1] += 1
+            announced, done = self._uv_downloads
+            self.percent = max(self.percent or 0, min(self.COLLECTED - 1, 5 + (self.COLLECTED - 5) * done // announced))
+            return True
+        return False
 
     def installed(self, count: int) -> bool:
         """``count`` dist-info folders in the environment now; True when the percentage changed."""
@@ -286,9 +317,12 @@ class Preparer:
         self.since = time.time()
         self.poll_installed = 2.0  # seconds between counts of the installed packages while pip installs
         self._said_percent = 0  # the terminal hears every 10 %, from 10 %
+        self._installing = False  # the engine install runs: the status line is its own
 
     def publish(self, phase: str, progress: int | None, sizes: tuple[int, int, int] | None = None) -> None:
         """The status file (and every 10 % the terminal) told: ``sizes`` is a download's (done, total, rate)."""
+        if self._installing and phase != PHASE_INSTALL_ENGINE:
+            return  # a model step beside the install: the line is the install's until it ends (see run())
         if phase == PHASE_INSTALL_ENGINE:
             en = t("health.installing_pct" if progress is not None else "health.installing", "en", percent=progress)
         elif phase == PHASE_DOWNLOAD_MODEL and progress is not None and sizes:
@@ -370,9 +404,24 @@ class Preparer:
         self.say(f"model downloaded: {self.settings.model.resolved_path}")
         return None
 
-    async def install_engine(self) -> PrepareFailed | None:
+    def converts_model(self) -> bool:
+        """The embedded model is still to be converted (in the engine environment)."""
+        model = self.settings.model
+        return model.is_embedded and not packages.is_built(model.resolved_path)
+
+    async def install_engine(self, tools: asyncio.Event | None = None) -> PrepareFailed | None:
+        """The engine environment; ``tools`` is set once MODEL_TOOLS can be used from it (early, or at the end)."""
         if env_complete(os.environ.get(contract.ENV_ENGINE_PYTHON)):
+            if tools:
+                tools.set()
             return None
+        self._installing = True
+        try:
+            return await self._install_engine(tools)
+        finally:
+            self._installing = False
+
+    async def _install_engine(self, tools: asyncio.Event | None) -> PrepareFailed | None:
         progress = PipProgress(lock_count(self.engine))
         self._said_percent = 0
         self.publish(PHASE_INSTALL_ENGINE, progress.percent)
@@ -382,6 +431,9 @@ class Preparer:
         env_dir = Path(expected).parent.parent if expected else None
 
         def on_line(line: str) -> None:
+            if tools and line.startswith(EARLY_LINE):
+                self.say("the model's packages are installed: converting it while the rest of the engine installs")
+                tools.set()
             changed = progress.feed(line)
             if env_dir and line.startswith("Installing collected packages"):
                 progress.installed(dist_info_count(env_dir))  # the baseline: what was there before pip began
@@ -397,12 +449,14 @@ class Preparer:
 
         counter = asyncio.create_task(count_installed(env_dir)) if env_dir else None
         try:
-            # QC_PIP_LINES: qc_env passes every pip line through; PYTHONUNBUFFERED: pip writes them as they come
+            # QC_PIP_LINES: qc_env passes every pip line through; PYTHONUNBUFFERED: pip writes them as they come;
+            # QC_EARLY_PACKAGES: what the conversion needs, first (only with a lock file: see qc_env)
+            early = " ".join(MODEL_TOOLS) if tools and self.converts_model() else ""
             rc, out, tail = await run_step(
                 install_argv(self.engine),
                 self.log_dir / INSTALL_LOG,
                 on_line,
-                env={"QC_PIP_LINES": "1", "PYTHONUNBUFFERED": "1"},
+                env={"QC_PIP_LINES": "1", "PYTHONUNBUFFERED": "1", "QC_EARLY_PACKAGES": early},
             )
         finally:
             if counter:
@@ -415,6 +469,8 @@ class Preparer:
         os.environ[contract.ENV_ENGINE_PYTHON] = str(python)  # the engine (and the conversion) run with it
         progress.done()
         self.publish(PHASE_INSTALL_ENGINE, progress.percent)
+        if tools:
+            tools.set()
         return None
 
     async def convert_model(self) -> PrepareFailed | None:
@@ -429,9 +485,39 @@ class Preparer:
             return self.fail(PHASE_CONVERT_MODEL, rc, tail)
         return None
 
+    async def prepare_model(
+        self, tools: asyncio.Event, install: asyncio.Task[PrepareFailed | None]
+    ) -> PrepareFailed | None:
+        """The model's steps beside the install: the download at once, the conversion once ``tools`` is set."""
+        failed = await self.download_model()
+        if failed or not self.converts_model():
+            return failed
+        await tools.wait()
+        failed = await self.convert_model()
+        # started in an environment still being built (a uv that failed is replaced by pip, from scratch)
+        if failed and not install.done() and await asyncio.shield(install) is None:
+            self.say("the conversion failed in the unfinished engine environment; trying it again in the finished one")
+            failed = await self.convert_model()
+        return failed
+
     async def run(self) -> PrepareFailed | None:
+        """The install and the model's steps at once (see the module docstring); the first failure stops both."""
         t0 = time.monotonic()
-        failed = await self.download_model() or await self.install_engine() or await self.convert_model()
+        tools = asyncio.Event()
+        install = asyncio.create_task(self.install_engine(tools))
+        model = asyncio.create_task(self.prepare_model(tools, install))
+        pending: set[asyncio.Task[PrepareFailed | None]] = {install, model}
+        failed = None
+        try:
+            while pending and failed is None:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                failed = next((task.result() for task in done if task.result() is not None), None)
+                if failed is None and install in done and model in pending and self.converts_model():
+                    self.publish(PHASE_CONVERT_MODEL, None)  # the install is done: the line is the model's
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         if failed is None:
             self.say(f"engine environment and model ready after {time.monotonic() - t0:.1f} s")
         return failed

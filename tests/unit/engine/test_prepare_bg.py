@@ -197,6 +197,7 @@ async def test_scripts_env_sh_passes_each_pip_line_on_as_it_comes(tmp_path):
         "QC_PIP_LINES": "1",
         "QWENCHAT_HOME": str(tmp_path / "home"),
         "QWENCHAT_BOOTSTRAP_PYTHON": str(tmp_path / "python"),
+        "QWENCHAT_INSTALLER": "pip",  # this is pip's pipeline (uv's choice and fallback: test_installer.py)
         "FAKE_PIP": str(tmp_path / "pip"),
         "GO": str(go),
     }
