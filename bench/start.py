@@ -6,8 +6,9 @@ Each run starts ``REPO/start.sh`` with ``QWENCHAT_HOME=HOME`` (own ports and log
 and polls ``GET http://127.0.0.1:<ui port>/`` (UI answers: 200) and ``/qwenchat/status`` (model ready: ``ready``,
 or ``degraded`` when the one-token probe was slow on a busy machine; the table says which). Then Ctrl-C (SIGINT)
 stops it. A run on a HOME without environments is *cold* (it builds the app and engine environments and converts
-the model: pip's own download cache in ~/.cache/pip stays warm); a later run on the same HOME is *warm*.
-``--fresh`` deletes HOME first. The load average (``uptime``) at the start and the end of each run is printed next
+the model); a later run on the same HOME is *warm*. ``--fresh`` deletes HOME first. uv's download cache is
+``HOME/uv-cache`` (``UV_CACHE_DIR``), so a fresh HOME is cold for uv too; pip's cache (``~/.cache/pip``) is left
+as it is (on the machines measured pip kept no downloads there: every pip run downloaded everything). The load average (``uptime``) at the start and the end of each run is printed next
 to each figure: the machine is shared; compare before/after ratios measured in one sitting.
 """
 
@@ -74,6 +75,7 @@ def one_run(repo: Path, home: Path, timeout: float, log: Path) -> Run:
         QWENCHAT_SERVER_UI_PORT=str(ui_port),
         QWENCHAT_SERVER_PORT=str(engine_port),
         QWENCHAT_LOGGING_DIR=str(logs),
+        UV_CACHE_DIR=str(home / "uv-cache"),
     )
     base = f"http://127.0.0.1:{ui_port}"
     load_start = load()
