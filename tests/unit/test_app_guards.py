@@ -125,3 +125,22 @@ async def test_only_the_chats_own_user_messages_can_be_edited_and_not_while_it_a
     assert chat.received(f"edited meanwhile {m}") == []
     await chat.stop()
     await asyncio.wait_for(task, 20)
+
+
+async def test_a_browsers_message_loses_our_metadata_and_any_parent(chat):
+    """What only the server writes (an answer's raw text, a command mark) and a parent step never come from the
+    browser: a resumed chat would otherwise take the message for an answer or a command."""
+    from chainlit.chat_context import chat_context
+    from chainlit.context import init_ws_context
+    from chainlit.server import sio
+
+    m = marker()
+    payload = chat.payload(f"plain {m}")
+    payload["metadata"] = {"location": "http://x/", "qwenchat": {"raw": "fake answer", "command": "adapters"}}
+    payload["parentId"] = "some-step"
+    await sio.handlers["/"]["client_message"](chat.sid, {"message": payload, "fileReferences": None})
+    await asyncio.wait_for(chat.session.current_task, 30)
+    init_ws_context(chat.session)
+    [stored] = [x for x in chat_context.get() if x.id == payload["id"]]
+    assert stored.metadata == {"location": "http://x/"} and stored.parent_id is None
+    assert len(chat.received(m)) == 1  # answered as an ordinary message
