@@ -1,0 +1,104 @@
+"""End to end, in real Chromium: a chat read back from the history shows the text as written and its compare sides
+in columns (#22): the owner's resumed chat and another user's shared view.
+
+The product with login and the history database, in external mode on the fake server (scripted answers). The
+owner types a message Chainlit's renderer used to cut, gets an answer of the same kind, then a compared turn;
+the chat is reloaded from the database (a resumed chat) and opened through its share link by a second account.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from backend import passwords
+from tests.e2e import fidelity_corpus as corpus
+from tests.e2e import support as e2e
+from tests.e2e.test_compare import command
+from tests.e2e.test_compare_columns import SIDE_JS
+from tests.e2e.test_fidelity import ANSWERS, USERS, expected, post, shown
+from tests.e2e.test_share import api, logged_in
+
+pytestmark = pytest.mark.e2e
+
+OWNER, OWNER_PW = "owner", "owner password 1"
+VIEWER, VIEWER_PW = "viewer", "viewer password 2"
+TYPED = corpus.source("typed-directive")
+ANSWER = ["word-colon-word", "technical-pairs", "fenced-block", "colons-only", "colon-line-starts"]
+COMPARED = corpus.CORPUS["word-colon-word"]
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    with e2e.fake_server(tmp_path_factory.mktemp("fake-fidelity-history")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def live(fake, tmp_path_factory):
+    viewer_hash = passwords.hash_password(VIEWER_PW, iterations=passwords.MIN_ITERATIONS)
+    env = {
+        "OPENAI_BASE_URL": fake + "/v1",
+        "OPENAI_API_KEY": "test",
+        "QWENCHAT_UI_LANGUAGE": "en",
+        "QWENCHAT_UI_AUTH": "true",
+        "QWENCHAT_UI_USERNAME": OWNER,
+        "QWENCHAT_UI_PASSWORD": OWNER_PW,
+        "QWENCHAT_UI_USERS": f"{VIEWER}={viewer_hash}",
+    }
+    app = e2e.launch(tmp_path_factory.mktemp("e2e-fidelity-history"), env, wait_engine=False, timeout=120)
+    yield app
+    e2e.stop(app)
+
+
+def answer_text() -> str:
+    return "\n\n".join(corpus.source(name) for name in ANSWER)
+
+
+@pytest.fixture(scope="module")
+def chat(browser, live, fake):
+    """The owner's chat: a typed message, its answer, a compared turn; (thread id, owner's page)."""
+    page = logged_in(browser, live, OWNER, OWNER_PW)
+    post(fake + "/fake/script", {"chunks": [c for name in ANSWER for c in [*corpus.CORPUS[name], "\n\n"]][:-1]})
+    e2e.send(page, TYPED, timeout_ms=60_000)
+    command(page, "compare")
+    post(fake + "/fake/script", {"chunks": COMPARED})
+    e2e.send(page, "compare these", timeout_ms=60_000)
+    page.wait_for_function(
+        "() => ['a', 'b'].every(l => (SIDE)([l]) && (SIDE)([l]).text.includes(' · context: '))".replace("SIDE", SIDE_JS)
+    )
+    post(fake + "/fake/script", {"chunks": None})
+    page.wait_for_url("**/thread/*")
+    yield page.url.rsplit("/", 1)[-1], page
+    page.context.close()
+
+
+def assert_shown_as_written(page) -> None:
+    """The typed message, the answer and both compared sides, each as written; A and B in columns."""
+    page.locator(USERS).first.wait_for()
+    page.wait_for_function("() => ['a', 'b'].every(l => (SIDE)([l]))".replace("SIDE", SIDE_JS))
+    assert shown(page, USERS)[0] == expected(page, TYPED)
+    answers = shown(page, ANSWERS)
+    want = expected(page, answer_text())
+    assert any(a.startswith(want + " fake-qwen · ") for a in answers), f"{answers}\nexpected: {want!r}"
+    a, b = page.evaluate(SIDE_JS, ["a"]), page.evaluate(SIDE_JS, ["b"])
+    for side, head in ((a, "A · fake-qwen "), (b, "B · fake-adapter ")):
+        assert " ".join(side["text"].split()).startswith(head + expected(page, corpus.source("word-colon-word"))), side
+    assert a["right"] <= b["left"] and abs(a["top"] - b["top"]) < 4, (a, b)
+
+
+def test_a_resumed_chat_shows_the_text_as_written_and_the_compare_in_columns(chat):
+    thread_id, page = chat
+    page.goto(page.url.rsplit("/thread/", 1)[0] + f"/thread/{thread_id}")  # read back from the database
+    assert_shown_as_written(page)
+
+
+def test_a_shared_view_shows_the_text_as_written_and_the_compare_in_columns(chat, browser, live):
+    thread_id, owner = chat
+    status, _ = api(owner, "PUT", "/project/thread/share", {"threadId": thread_id, "isShared": True})
+    assert status == 200
+    viewer = logged_in(browser, live, VIEWER, VIEWER_PW)
+    try:
+        viewer.goto(f"{live.url}/share/{thread_id}")
+        assert_shown_as_written(viewer)
+    finally:
+        viewer.context.close()
