@@ -193,6 +193,8 @@ def answer_key(db: Database, *, create: bool = True) -> bytes | None:
     """The key answer steps are signed with (``datalayer.sign_answer``), kept in the history database itself: the
     UI processes and ``export-feedback`` read the same one, no browser ever sees it. ``create=False`` (an export):
     None when there is none yet, and nothing is written."""
+    if not create and db.path is not None and not db.path.is_file():
+        return None  # no SQLite file: not even an empty one is made
     st = store(db)
     if create:
         ensure_tables(st, SECRETS, "secrets", 1)

@@ -227,6 +227,7 @@ async def test_answers_are_signed_with_the_history_key_and_only_those_verify(tmp
     finally:
         await signing.close()
     assert history.answer_key(database.sqlite_file(tmp_path / "none.sqlite3"), create=False) is None
+    assert not (tmp_path / "none.sqlite3").exists()
 
 
 async def test_a_step_whose_owner_cannot_be_checked_is_not_written_and_nothing_is_raised(layer, caplog, monkeypatch):
