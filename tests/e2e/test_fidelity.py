@@ -229,3 +229,21 @@ def test_both_sides_of_a_compare_show_what_the_models_wrote(page, fake):
             assert side.startswith(head + want + f" {model} · "), f"shown:    {side!r}\nexpected: {head + want!r}"
     finally:
         command(page, "compare", "off")
+
+
+def test_a_reasoning_step_shows_what_the_model_thought(page, fake):
+    """Qwen3's inline <think> block goes to a collapsed step: opened, it shows its text as written."""
+    thought = "The user wants key:value and model:qwen3 pairs; C:Users, :a:b:c and <|im_end|> stay."
+    chunks = [
+        "<think>\nThe user wants key",
+        ":value and model:",
+        "qwen3 pairs; C:Users, :a:b:c and <|im_end|> stay.",
+        "\n</think>\n\n",
+        "Answer:ok",
+    ]
+    post(fake + "/fake/script", {"chunks": chunks})
+    e2e.send(page, "think first", timeout_ms=60_000)
+    step = page.locator('.step[data-step-type="llm"]').last
+    step.locator("button").first.click()  # the collapsed step's header opens it
+    step.locator(".message-content").first.wait_for()
+    assert shown(page, '.step[data-step-type="llm"] .message-content')[-1] == expected(page, thought)
