@@ -894,6 +894,12 @@ CATALOG: dict[str, tuple[str, str]] = {
         "folder on a disk with room",
         "{id} 还需要 {need} 的空间（{cache}），但那里只剩 {free}：请清理空间，或将 HF_HOME 设为空间充足的磁盘上的文件夹",
     ),
+    "download.disk_full": (
+        "the disk filled up while downloading {file} of {id} into {cache}: free some space, or set HF_HOME to a "
+        "folder on a disk with room, and start again; what was fetched is kept",
+        "下载 {id} 的 {file} 到 {cache} 时磁盘已满：请清理空间，或将 HF_HOME 设为空间充足的磁盘上的文件夹，然后重新启动；"
+        "已下载的部分会保留",
+    ),
     "download.http": (
         "the hub answered HTTP {status} for {id} ({detail}); try again later",
         "模型库对 {id} 的应答为 HTTP {status}（{detail}）；请稍后再试",

@@ -26,6 +26,7 @@ happens in ``translate`` only, most specific first.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
@@ -119,6 +120,8 @@ def translate(exc: BaseException, model: HubModel, file: str = "") -> DownloadEr
         return DownloadError("download.http", id=model.repo_id, status=status, detail=_short(exc))
     if isinstance(exc, hf_errors.OfflineModeIsEnabled | httpx2.ConnectError | httpx2.ConnectTimeout):
         return offline_error(model, _short(exc))
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return DownloadError("download.disk_full", id=model.repo_id, file=file or "?", cache=str(hub.hub_cache_dir()))
     if isinstance(exc, httpx2.TransportError | OSError) and file:
         return DownloadError("download.dropped", id=model.repo_id, file=file, detail=_short(exc))
     if isinstance(exc, httpx2.TransportError):

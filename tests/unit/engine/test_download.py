@@ -202,3 +202,61 @@ def test_progress_and_error_lines_read_back(tmp_path):
     assert download.parse_error(["x", line, "[qwenchat] …"]) == ("download.no_repo", {"id": "a/b", "endpoint": "e"})
     assert hub.bytes_of(2_700_000_000, 8_000_000_000) == ("2.7", "8.0 GB")
     assert hub.human_bytes(45_300_000) == "45 MB" and hub.human_bytes(812) == "812 B"
+
+
+def _http_error(status: int, url: str, content_type: str = "application/json", code: str = "") -> Exception:
+    """The exception huggingface_hub itself raises for this answer (its own hf_raise_for_status)."""
+    import httpx2
+    from huggingface_hub.utils import hf_raise_for_status
+
+    headers = {"content-type": content_type, **({"X-Error-Code": code} if code else {})}
+    response = httpx2.Response(status, headers=headers, request=httpx2.Request("GET", url))
+    try:
+        hf_raise_for_status(response)
+    except Exception as exc:  # noqa: BLE001 - the one we want
+        return exc
+    raise AssertionError(f"{status} raised nothing")
+
+
+def _translation_cases() -> list[tuple[str, Exception, str, dict[str, str]]]:
+    import errno
+
+    import httpx2
+    from huggingface_hub import errors as hf_errors
+
+    api = "https://hub.example/api/models/qwen/tiny/revision/main"
+    file = "https://hub.example/qwen/tiny/resolve/abc/model.safetensors"
+    return [
+        ("gated 401", _http_error(401, api, code="GatedRepo"), "download.needs_token", {}),
+        ("private 401", _http_error(401, api), "download.needs_token", {}),
+        ("forbidden 403", _http_error(403, file), "download.needs_token", {}),
+        ("a token refused", _http_error(401, api, code="GatedRepo"), "download.token_refused", {"HF_TOKEN": "x"}),
+        ("no repo", _http_error(404, api, code="RepoNotFound"), "download.no_repo", {}),
+        ("no revision", _http_error(404, api, code="RevisionNotFound"), "download.no_revision", {}),
+        ("a web site's 404", _http_error(404, api, content_type="text/html; charset=utf-8"), "download.not_a_hub", {}),
+        ("hub down", _http_error(503, api), "download.http", {}),
+        ("no network", httpx2.ConnectError("refused"), "download.offline", {}),
+        ("offline mode", hf_errors.OfflineModeIsEnabled("HF_HUB_OFFLINE=1"), "download.offline", {}),
+        ("a web page's body", ValueError("Expecting value: line 1 column 1"), "download.not_a_hub", {}),
+        ("full disk", OSError(errno.ENOSPC, "No space left on device"), "download.disk_full", {}),
+    ]
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_each_hub_failure_becomes_its_own_message(case, monkeypatch):
+    cases = _translation_cases()
+    assert len(cases) == 12  # the parametrize range above
+    name, exc, key, env = cases[case]
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    got = download.translate(exc, hub.HubModel("qwen/tiny"), file="model.safetensors")
+    assert got.key == key, name
+    assert "qwen/tiny" in str(got) or "HF_ENDPOINT" in str(got), str(got)
+
+
+def test_a_connection_dropped_mid_file_is_told_as_such():
+    import httpx2
+
+    got = download.translate(httpx2.RemoteProtocolError("peer closed"), hub.HubModel("qwen/tiny"), file="x.safetensors")
+    assert got.key == "download.dropped" and "x.safetensors" in str(got) and "start again" in str(got)
