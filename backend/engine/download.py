@@ -30,6 +30,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -341,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
 
     constants.DOWNLOAD_CHUNK_SIZE = CHUNK
     write = _lines(sys.stderr)
+    # Ctrl-C (python -m backend prepare): stop at once; the worker threads would otherwise finish their files
+    # first. What is on disk stays for the next run. (The launcher stops this process with SIGTERM: the same.)
+    signal.signal(signal.SIGINT, lambda *_: (write("[qwenchat] stopped; start again to resume"), os._exit(130)))
     try:
         folder = download(model, write)
     except DownloadError as exc:
