@@ -242,18 +242,8 @@ def test_kill_9_of_the_ui_mid_answer_restarts_it_and_the_same_page_chats_on(live
     assert "restarting — attempt 1 of 5 (the engine keeps running)" in live.log()
 
     # the same page (no reload) sends the next message, and it is answered
-    page.wait_for_selector("#chat-input", timeout=60_000)
     page.wait_for_selector("#stop-button", state="detached", timeout=60_000)
-    n_before = len(e2e.assistant_messages(page))
-    page.fill("#chat-input", "What is the capital of France?")
-    page.keyboard.press("Enter")
-    page.wait_for_function(
-        """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content').length > n""",
-        arg=[n_before],
-        timeout=120_000,
-    )
-    page.wait_for_selector("#stop-button", state="detached", timeout=120_000)
-    answer = e2e.assistant_messages(page)[-1]
+    answer = e2e.send(page, "What is the capital of France?", timeout_ms=120_000)
     print(
         f"\n[e2e] kill -9 of the UI mid-answer: the page's status line said why after {t_back - t_kill:.1f} s; "
         f"the next message from the same page answered {answer[:40]!r}"

@@ -3,10 +3,8 @@ tokenizer files (converted or downloaded after the UI started), or an engine tha
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -16,6 +14,7 @@ from backend.chat import counters, health
 from backend.chat.health import EngineState, HealthPoller, HealthStatus
 from backend.chat.service import Service
 from backend.settings import ModelSettings, Settings
+from tests.unit.chat.test_counter_fleet import Router, router
 
 MESSAGES = [{"role": "user", "content": "How many tokens is this? 你好"}]
 
@@ -83,49 +82,31 @@ async def test_a_hub_id_counts_exactly_once_its_download_has_every_file(qwen_dir
         await health.reset_shared()
 
 
-class Tokenizer:
-    """An engine's /tokenize that refuses while the model loads, then answers."""
+class LoadingEngine(Router):
+    """An engine's /tokenize that refuses while the model loads (503), then answers like the router."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.loading = True
-        self.calls = 0
-        self.url = ""
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        self.calls += 1
         if self.loading:
+            self.tokenize_calls += 1
             return web.json_response({"error": {"message": "loading", "type": "x", "code": 503}}, status=503)
-        body = await request.json()
-        n = sum(len(str(m.get("content", ""))) for m in body.get("messages", [])) + len(str(body.get("prompt", "")))
-        return web.json_response({"count": n + 3, "max_model_len": 8192, "tokens": []})
-
-
-@contextlib.asynccontextmanager
-async def tokenizer_server() -> AsyncIterator[Tokenizer]:
-    t = Tokenizer()
-    app = web.Application()
-    app.router.add_post("/tokenize", t.tokenize)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    t.url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-    try:
-        yield t
-    finally:
-        await runner.cleanup()
+        return await super().tokenize(request)
 
 
 @pytest.mark.asyncio
 async def test_an_external_engine_that_becomes_ready_is_asked_for_exact_counts_once_then_kept(engine_state):
-    async with tokenizer_server() as server:
+    async with router(LoadingEngine) as server:
         service = Service(Settings(base_url=server.url, model=ModelSettings(served_model_name="m")))
         await health.reset_shared()
         try:
             first = await service.counter()  # the engine is loading: /tokenize refuses, so an estimate
             assert not first.exact
-            tried = server.calls
-            assert await service.counter() is first and server.calls == tried  # still starting: not asked again
+            tried = server.tokenize_calls
+            # still starting: not asked again
+            assert await service.counter() is first and server.tokenize_calls == tried
 
             server.loading = False
             engine_state["now"] = EngineState.READY
@@ -138,16 +119,16 @@ async def test_an_external_engine_that_becomes_ready_is_asked_for_exact_counts_o
 
 @pytest.mark.asyncio
 async def test_a_tokenize_that_stays_broken_after_ready_is_tried_once_more_not_per_message(engine_state):
-    async with tokenizer_server() as server:
+    async with router(LoadingEngine) as server:
         service = Service(Settings(base_url=server.url, model=ModelSettings(served_model_name="m")))
         await health.reset_shared()
         try:
             await service.counter()
             engine_state["now"] = EngineState.READY
             assert not (await service.counter()).exact  # one more try, still refused
-            tried = server.calls
+            tried = server.tokenize_calls
             for _ in range(3):
                 assert not (await service.counter()).exact
-            assert server.calls == tried
+            assert server.tokenize_calls == tried
         finally:
             await health.reset_shared()

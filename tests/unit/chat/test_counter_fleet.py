@@ -30,8 +30,9 @@ class Router:
 
 
 @contextlib.asynccontextmanager
-async def router() -> AsyncIterator[Router]:
-    r = Router()
+async def router(make: type[Router] = Router) -> AsyncIterator[Router]:
+    """A /tokenize server on a free loopback port (``make``: the class that answers)."""
+    r = make()
     app = web.Application()
     app.router.add_post("/tokenize", r.tokenize)
     runner = web.AppRunner(app, access_log=None)
