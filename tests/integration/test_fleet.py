@@ -61,14 +61,14 @@ def chat(base: str, model: str, text: str = "Say hello.", max_tokens: int = 8, t
         return json.loads(resp.read())
 
 
-def metrics_request(base: str) -> urllib.request.Request:
+def metrics_request(base: str, key: str = KEY) -> urllib.request.Request:
     """A replica's vLLM /metrics: it needs the key, like every route but /health (backend/engine/gate.py)."""
-    return urllib.request.Request(base.removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    return urllib.request.Request(base.removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {key}"})
 
 
-def served(base: str) -> float:
-    """Requests this replica finished (vLLM's own counter)."""
-    with _NO_PROXY.open(metrics_request(base), timeout=10) as resp:
+def served(base: str, key: str = KEY) -> float:
+    """Requests this replica finished (vLLM's own counter); ``key``: that replica's (the launched fleet's)."""
+    with _NO_PROXY.open(metrics_request(base, key), timeout=10) as resp:
         text = resp.read().decode()
     return sum(float(m) for m in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M))
 
@@ -408,7 +408,9 @@ def outage(fleet, page) -> None:
     assert fleet.replica_status(v).pid != victim.pid
     wait_for("the UI reports 2 of 2 replicas ready", lambda: ui_status(fleet.app).get("replicas_ready") == 2, 60)
     # the UI's /metrics counted the restart, by replica and the supervisor's cause
-    restarts = rf'^qwenchat_replica_restarts_total\{{(?=[^}}]*replica="{v + 1}")(?=[^}}]*cause="(\w+)")[^}}]*\}} 1(?:\.0)?$'
+    restarts = (
+        rf'^qwenchat_replica_restarts_total\{{(?=[^}}]*replica="{v + 1}")(?=[^}}]*cause="(\w+)")[^}}]*\}} 1(?:\.0)?$'
+    )
     found = wait_for(
         "the UI's /metrics counts the restart", lambda: re.search(restarts, ui_metrics(fleet.app), re.M), 30
     )

@@ -73,12 +73,16 @@ def test_the_launcher_starts_only_the_router_in_front_of_the_remote_replica(remo
     out = remote_fleet.log()
     assert "engine ready" in out
     assert not list(remote_fleet.log_dir.glob("engine-replica-*.log"))  # no replica launched here
-    before = served(tiny_engine.base_url)
+    before = served(tiny_engine.base_url, tiny_engine.api_key)
     routed = chat(remote_fleet.engine_url, tiny_engine.api_key, "tiny-lora")  # through the router
     direct = chat(tiny_engine.base_url, tiny_engine.api_key, "tiny-lora")
     assert routed["model"] == "tiny-lora"
     assert routed["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]  # greedy
-    wait_for("both requests counted by the remote replica", lambda: served(tiny_engine.base_url) - before >= 2, 30)
+    wait_for(
+        "both requests counted by the remote replica",
+        lambda: served(tiny_engine.base_url, tiny_engine.api_key) - before >= 2,
+        30,
+    )
 
 
 def test_the_password_in_the_remote_url_is_in_no_command_line_log_or_output(remote_fleet, tiny_engine):
@@ -110,12 +114,16 @@ async def test_the_ui_counts_the_remote_replica_and_its_answers_come_from_it(rem
     address = tiny_engine.base_url.removeprefix("http://").removesuffix("/v1")
     assert [r["address"] for r in st["replicas"]] == [address]
     assert st["model"] == "tiny-qwen3" and "tiny-lora" in st["adapters"]
-    before = served(tiny_engine.base_url)
+    before = served(tiny_engine.base_url, tiny_engine.api_key)
     async with Session(remote_fleet.url) as s:
         turn = await s.send("Hello through the router", timeout=120)
     assert turn.answered and not turn.errors, turn.summary()
     assert "tiny-qwen3" in turn.answers[-1]  # the footer names the model the remote replica answered with
-    wait_for("the UI's message counted by the remote replica", lambda: served(tiny_engine.base_url) > before, 30)
+    wait_for(
+        "the UI's message counted by the remote replica",
+        lambda: served(tiny_engine.base_url, tiny_engine.api_key) > before,
+        30,
+    )
 
 
 def refused_start(engine, tmp: Path, **overrides: str) -> tuple[int, str]:
