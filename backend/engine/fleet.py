@@ -3,7 +3,7 @@
     plan = fleet.plan(settings, engine="cpu", python=..., api_key=k, adapters=..., chat_template=None,
                       cpus=fleet.usable_cpus(), gpu_ids=None)
     plan.replicas   # one vLLM Command per local replica (port [server] port + 1 + i)
-    plan.router     # the vllm-router Command, listening where a single engine would ([server] host:port)
+    plan.router     # vllm-router (through router_gate: the key on every route), where a single engine would listen
 
 Each local replica is the single engine's command (``command.build_engine_command``: the same static
 ``--lora-modules``, the same runtime-loading environment, the same key through ``VLLM_API_KEY``) with its own
