@@ -916,6 +916,17 @@ CATALOG: dict[str, tuple[str, str]] = {
         "引擎被终止（{signal}）；如果不是人为终止，可能是系统内存不足",
     ),
     "supervisor.exited": ("the engine exited with code {rc}", "引擎退出，退出码 {rc}"),
+    "ui_keeper.killed": (
+        "the UI was killed ({signal}); if nobody killed it, the system may have run out of memory",
+        "界面进程被终止（{signal}）；如果不是人为终止，可能是系统内存不足",
+    ),
+    "ui_keeper.exited": ("the UI exited with code {rc}", "界面进程退出，退出码 {rc}"),
+    "ui_keeper.ago_seconds": ("{n} s", "{n} 秒"),
+    "ui_keeper.ago_minutes": ("{n} min", "{n} 分钟"),
+    "ui_keeper.restarted": (
+        "the UI restarted {ago} ago ({reason}); the model kept running",
+        "界面进程在 {ago} 前重启（{reason}）；模型一直在运行",
+    ),
     "supervisor.startup_timeout": (
         "the engine did not become healthy within {seconds:.0f} s ([server].startup_timeout)",
         "引擎在 {seconds:.0f} 秒内未就绪（[server].startup_timeout）",
@@ -933,12 +944,3 @@ def t(key: str, lang: str | None = "en", /, **params: Any) -> str:  # positional
 def both(key: str, /, **params: Any) -> tuple[str, str]:
     """(English, Chinese) of ``key``: for places that keep both and let the reader's language decide later."""
     return t(key, "en", **params), t(key, "zh", **params)
-    "ui_keeper.killed": (
-        "the UI was killed ({signal}); if nobody killed it, the system may have run out of memory",
-        "界面进程被终止（{signal}）；如果不是人为终止，可能是系统内存不足",
-    ),
-    "ui_keeper.exited": ("the UI exited with code {rc}", "界面进程退出，退出码 {rc}"),
-    "ui_keeper.restarted": (
-        "the UI restarted {ago} ago ({reason}); the model kept running",
-        "界面进程在 {ago} 前重启（{reason}）；模型一直在运行",
-    ),

@@ -29,7 +29,7 @@ from ..errors import (
     QwenChatError,
 )
 from ..settings import ROOT, HealthSettings, Settings, load_settings
-from ..text import t
+from ..text import pick_language, t
 from . import budget as budget_mod
 from . import counters
 from .adapters_in_use import AdapterUsage
@@ -188,9 +188,9 @@ class Service:
         ago = max(0, int((time.time() if now is None else now) - status.since))
         if ago > shown_for:
             return ""
-        zh = lang.startswith("zh")
-        when = (f"{ago} 秒" if zh else f"{ago} s") if ago < 120 else (f"{ago // 60} 分钟" if zh else f"{ago // 60} min")
-        return t("ui_keeper.restarted", lang, ago=when, reason=status.reason_zh if zh else status.reason)
+        when = t("ui_keeper.ago_seconds", lang, n=ago) if ago < 120 else t("ui_keeper.ago_minutes", lang, n=ago // 60)
+        reason = status.reason_zh if pick_language(lang) == "zh" else status.reason
+        return t("ui_keeper.restarted", lang, ago=when, reason=reason)
 
     async def status_after_failure(self) -> HealthStatus:
         """The poller's fresh view after a connection failure (the supervisor needs a moment to notice)."""
