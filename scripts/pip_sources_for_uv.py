@@ -13,14 +13,14 @@ local indexes that provide torch==2.13.0+cpu (not on PyPI). So what pip would us
     trusted-host     --allow-insecure-host HOST
     cert             SSL_CERT_FILE=FILE              (an environment variable for uv, not an argument)
 
-Any other key is pip's own business (timeouts, caches, version checks). Values pip lists as one quoted string may
-hold several entries separated by spaces or newlines. Standard library only: it runs before any environment exists.
+Any other key is pip's own business (timeouts, caches, version checks). pip lists each value as a Python literal
+(``%r``), which may hold several entries separated by spaces or newlines. Standard library only: it runs before any environment exists.
 """
 
 from __future__ import annotations
 
+import ast
 import re
-import shlex
 import sys
 
 _LINE = re.compile(r"^(?P<scope>[^.=]*)\.(?P<key>[a-z0-9_-]+)=(?P<value>.*)$")
@@ -33,11 +33,12 @@ _LIST_KEYS = {
 
 
 def _values(raw: str) -> list[str]:
+    """pip prints each value with ``%r``: a Python string literal, whose entries are separated by whitespace."""
     try:
-        words = shlex.split(raw)
-    except ValueError:
-        words = [raw]
-    return [part for word in words for part in word.split()]
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw
+    return str(value).split()
 
 
 def uv_arguments(pip_config_list: str) -> list[str]:

