@@ -13,11 +13,11 @@ the UI at once and calls ``prepare()`` here, which publishes its progress in the
    build-default`` in the engine environment, as ``python -m backend prepare`` does; output in
    ``<log dir>/model-convert.log``.
 
-Before both, a hub id in ``[model].path`` whose files are not all in huggingface_hub's cache yet is downloaded:
-``python -m backend download-model`` (engine/download.py, this environment's python), its ``[download]`` lines
-becoming the status line's "downloading the model 34 % · 2.7 of 8.0 GB · 45 MB/s"; output in
-``<log dir>/model-download.log``. It comes first so that a wrong id or a missing token is said in seconds, not
-after the engine install.
+A hub id in ``[model].path`` whose files are not all in huggingface_hub's cache yet is downloaded instead of the
+conversion: ``python -m backend download-model`` (engine/download.py, this environment's python), its
+``[download]`` lines becoming the status line's "downloading the model 34 % · 2.7 of 8.0 GB · 45 MB/s"; output in
+``<log dir>/model-download.log``. It starts at once (below), so a wrong id or a missing token is said in seconds,
+not after the engine install.
 
 The model's steps overlap the engine install (issue #19, "the engine built fast"): ``run()`` starts the install
 and the model's work at once. The download needs nothing of the engine's and begins immediately; the conversion
