@@ -303,6 +303,7 @@ class _Early:
     ui_proc: subprocess.Popen[bytes]
     api_key: str
     stop: asyncio.Event
+    ui_keeper: UiKeeper
 
 
 async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: float) -> _Early | int:
@@ -316,7 +317,6 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
     preparer.publish_first()  # before the UI's first poll: never an old run's "stopped"
     api_key = settings.server.api_key or secrets.token_urlsafe(24)
     env = ui_environment(engine, log_dir)
-    ui_keeper: UiKeeper
     env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
     ui_cmd = command.build_ui_command(settings, python=sys.executable)
     ui_cmd = command.Command(ui_cmd.argv, {**ui_cmd.env, **env}, ui_cmd.unset)
@@ -472,6 +472,9 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
     ui_cmd = command.build_ui_command(settings, python=sys.executable)
     ui_cmd = command.Command(ui_cmd.argv, {**ui_cmd.env, **ui_env}, ui_cmd.unset)
     ui_proc = early.ui_proc if early else start_process(ui_cmd, log_dir / "ui.log")
+    # Restarts go on with the early UI's budget; the command is this launch's (now with the engine's key).
+    keeper = early.ui_keeper if early else UiKeeper(settings, ui_cmd, log_dir)
+    keeper.cmd = ui_cmd
     stop = early.stop if early else asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
@@ -485,9 +488,6 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
         if early is None:  # else said before the preparation
             say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url}")
         if supervisor and sup_task:
-    # Restarts go on with the early UI's budget; the command is this launch's (now with the engine's key).
-    keeper = early.ui_keeper if early else UiKeeper(settings, ui_cmd, log_dir)
-    keeper.cmd = ui_cmd
             ready_wait = asyncio.create_task(supervisor.ready_event.wait())
             stop_wait = asyncio.create_task(stop.wait())
             waits: set[asyncio.Task[object]] = {ready_wait, stop_wait, sup_task}
