@@ -7,6 +7,7 @@ from typing import Any
 
 import chainlit as cl
 from chainlit.input_widget import Select
+from chainlit.utils import utc_now
 
 from backend.chat import compare
 from backend.chat import service as ui
@@ -149,6 +150,9 @@ class CompareView(ChatView):
     async def open(self) -> None:
         """Show the side's bubble, headed, before its first token: A stays above B whichever answers first."""
         self.msg = cl.Message(content="", author=compare.author(self.pair, self.side))
+        # Chainlit stamps a streamed message when it is sent, at its end: the side that finished first would come
+        # first when the chat is read back from the history (B before A, out of its column). Stamped at opening.
+        self.msg.created_at = utc_now()
         await self.msg.stream_token(self.heading())  # a streaming bubble, as any answer is (not a sent one)
         self.opened = self.headed = True
 
@@ -167,6 +171,7 @@ class CompareView(ChatView):
             return
         await super().new_answer(model)
         self.bubble.author = compare.author(self.pair, self.side)
+        self.bubble.created_at = utc_now()  # as in open(): the history keeps the order the bubbles opened in
         self.headed = False
 
     async def _emit(self, kind: str, text: str) -> None:

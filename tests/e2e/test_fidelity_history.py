@@ -2,7 +2,8 @@
 in columns (#22): the owner's resumed chat and another user's shared view.
 
 The product with login and the history database, in external mode on the fake server (scripted answers). The
-owner types a message Chainlit's renderer used to cut, gets an answer of the same kind, then a compared turn;
+owner types a message Chainlit's renderer used to cut, gets an answer of the same kind, then a compared turn
+whose A side ends after its B side;
 the chat is reloaded from the database (a resumed chat) and opened through its share link by a second account.
 """
 
@@ -62,7 +63,8 @@ def chat(browser, live, fake):
     e2e.send(page, TYPED, timeout_ms=60_000)
     command(page, "compare")
     post(fake + "/fake/script", {"chunks": COMPARED})
-    e2e.send(page, "compare these", timeout_ms=60_000)
+    # A starts 2 s late and so ends after B: read back, A must still come first (left).
+    e2e.send(page, "[[fault:stall-first:stall=2:model=fake-qwen]] compare these", timeout_ms=60_000)
     page.wait_for_function(
         "() => ['a', 'b'].every(l => (SIDE)([l]) && (SIDE)([l]).text.includes(' · context: '))".replace("SIDE", SIDE_JS)
     )
@@ -81,8 +83,9 @@ def assert_shown_as_written(page) -> None:
     want = expected(page, answer_text())
     assert any(a.startswith(want + " fake-qwen · ") for a in answers), f"{answers}\nexpected: {want!r}"
     a, b = page.evaluate(SIDE_JS, ["a"]), page.evaluate(SIDE_JS, ["b"])
-    for side, head in ((a, "A · fake-qwen "), (b, "B · fake-adapter ")):
-        assert " ".join(side["text"].split()).startswith(head + expected(page, corpus.source("word-colon-word"))), side
+    assert " ".join(a["text"].split()).startswith("A · fake-qwen w0 w1 "), a  # the stalled side's own tokens
+    want_b = "B · fake-adapter " + expected(page, corpus.source("word-colon-word"))
+    assert " ".join(b["text"].split()).startswith(want_b), b
     assert a["right"] <= b["left"] and abs(a["top"] - b["top"]) < 4, (a, b)
 
 
