@@ -50,7 +50,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
         if hub.complete_snapshot(settings.model.hub) is None:
             _progress(f"downloading {settings.model.hub} into {hub.storage_dir(settings.model.hub)} ...")
-            rc = subprocess.call([sys.executable, "-m", "backend", "download-model", str(settings.model.hub)])
+            argv = [sys.executable, "-m", "backend", "download-model", "--text", str(settings.model.hub)]
+            rc = subprocess.call(argv)
             if rc != 0:
                 return rc
         _progress(f"model: {settings.model.resolved_path} (the hub's {settings.model.hub})")

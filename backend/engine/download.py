@@ -323,10 +323,40 @@ def _lines(stream: Any) -> Callable[[str], None]:
     return write
 
 
+def _for_people(write: Callable[[str], None]) -> Callable[[str], None]:
+    """``[download]`` lines → "[qwenchat] downloading the model 34 % · 2.7 of 8.0 GB · 45 MB/s" every 5 %; the
+    ``[download-error]`` line left out (the same error follows as a sentence)."""
+    said = [-5]
+
+    def people(line: str) -> None:
+        got = parse_progress(line)
+        if got is None:
+            if not line.startswith(ERROR_PREFIX):
+                write(line)
+            return
+        done, total, rate = got
+        percent = done * 100 // total if total else 0
+        if percent >= said[0] + 5 or (done == total and said[0] < 100):
+            said[0] = percent
+            size_done, size_total = hub.bytes_of(done, total)
+            text = t(
+                "health.downloading_pct",
+                "en",
+                percent=percent,
+                done=size_done,
+                total=size_total,
+                rate=hub.human_bytes(rate),
+            )
+            write(f"[qwenchat] {text}")
+
+    return people
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m backend download-model [ID]``: the hub id from the argument or [model] path."""
     ap = argparse.ArgumentParser(prog="python -m backend download-model")
     ap.add_argument("id", nargs="?", help="owner/name[@revision]; default: [model] path")
+    ap.add_argument("--text", action="store_true", help="progress for people (every 5 %%), not [download] lines")
     args = ap.parse_args(argv)
     if args.id:
         model = hub.parse_hub_id(args.id)
@@ -341,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     from huggingface_hub import constants
 
     constants.DOWNLOAD_CHUNK_SIZE = CHUNK
-    write = _lines(sys.stderr)
+    write = _for_people(_lines(sys.stderr)) if args.text else _lines(sys.stderr)
     # Ctrl-C (python -m backend prepare): stop at once; the worker threads would otherwise finish their files
     # first. What is on disk stays for the next run. (The launcher stops this process with SIGTERM: the same.)
     signal.signal(signal.SIGINT, lambda *_: (write("[qwenchat] stopped; start again to resume"), os._exit(130)))

@@ -262,3 +262,15 @@ def test_a_connection_dropped_mid_file_is_told_as_such():
 
     got = download.translate(httpx2.RemoteProtocolError("peer closed"), hub.HubModel("qwen/tiny"), file="x.safetensors")
     assert got.key == "download.dropped" and "x.safetensors" in str(got) and "start again" in str(got)
+
+
+def test_prepare_downloads_a_hub_id_in_the_foreground(fake_hub, tmp_path):
+    env = env_for(tmp_path, fake_hub.url, QWENCHAT_MODEL_PATH=REPO, QWENCHAT_CONFIG=str(ROOT / "tests" / "config.toml"))
+    done = subprocess.run(
+        [sys.executable, "-m", "backend", "prepare"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = hub.complete_snapshot(hub.HubModel(REPO), tmp_path / "hf" / "hub")
+    assert folder is not None and f"model: {folder} (the hub's {REPO})" in done.stdout, done.stdout
+    assert "[qwenchat] downloading the model 100 % · 35.7 of 35.7 MB · " in done.stderr  # for people
+    assert "[download] " not in done.stderr
