@@ -857,6 +857,12 @@ CATALOG: dict[str, tuple[str, str]] = {
         "模型库以 HF_TOKEN 中的令牌访问 {id} 时被拒绝（HTTP {status}）：该令牌无权读取；请在 {endpoint} 的模型页面上"
         "同意其条款，或将 HF_TOKEN 设为有权限的令牌",
     ),
+    "download.no_repo_or_private": (
+        "{endpoint} has no model {id} that it shows without a token (HTTP 401): check [model] path (owner/name, as on "
+        "the model's page), or, if the repo is private, set HF_TOKEN to a token that may read it",
+        "{endpoint} 上没有无需令牌即可访问的模型 {id}（HTTP 401）：请检查 [model] path（owner/name，与模型页面一致）；"
+        "若该模型为私有，请将 HF_TOKEN 设为有读取权限的令牌",
+    ),
     "download.no_repo": (
         "there is no model {id} on {endpoint} (HTTP 404): check [model] path (owner/name, as on the model's page)",
         "{endpoint} 上没有模型 {id}（HTTP 404）：请检查 [model] path（owner/name，与模型页面一致）",

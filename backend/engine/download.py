@@ -111,8 +111,13 @@ def translate(exc: BaseException, model: HubModel, file: str = "") -> DownloadEr
         html = "html" in exc.response.headers.get("content-type", "")
         if isinstance(exc, hf_errors.RevisionNotFoundError):
             return DownloadError("download.no_revision", id=model.repo_id, revision=model.revision, endpoint=ep)
-        if status in (401, 403) or isinstance(exc, hf_errors.GatedRepoError):
-            key = "download.token_refused" if os.environ.get("HF_TOKEN") else "download.needs_token"
+        token = bool(os.environ.get("HF_TOKEN"))
+        gated = isinstance(exc, hf_errors.GatedRepoError)  # a RepositoryNotFoundError too
+        if status == 401 and isinstance(exc, hf_errors.RepositoryNotFoundError) and not gated and not token:
+            # the hub answers a missing repo and a private one alike (401 RepoNotFound) to a caller without a token
+            return DownloadError("download.no_repo_or_private", id=model.repo_id, endpoint=ep)
+        if status in (401, 403) or gated:
+            key = "download.token_refused" if token else "download.needs_token"
             return DownloadError(key, id=model.repo_id, status=status, endpoint=ep)
         if html:
             return DownloadError("download.not_a_hub", endpoint=ep, detail=f"HTTP {status} with a web page")

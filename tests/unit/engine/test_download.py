@@ -230,7 +230,13 @@ def _translation_cases() -> list[tuple[str, Exception, str, dict[str, str]]]:
     file = "https://hub.example/qwen/tiny/resolve/abc/model.safetensors"
     return [
         ("gated 401", _http_error(401, api, code="GatedRepo"), "download.needs_token", {}),
-        ("private 401", _http_error(401, api), "download.needs_token", {}),
+        ("missing or private, no token", _http_error(401, api, code="RepoNotFound"), "download.no_repo_or_private", {}),
+        (
+            "private, a token refused",
+            _http_error(401, api, code="RepoNotFound"),
+            "download.token_refused",
+            {"HF_TOKEN": "x"},
+        ),
         ("forbidden 403", _http_error(403, file), "download.needs_token", {}),
         ("a token refused", _http_error(401, api, code="GatedRepo"), "download.token_refused", {"HF_TOKEN": "x"}),
         ("no repo", _http_error(404, api, code="RepoNotFound"), "download.no_repo", {}),
@@ -244,10 +250,10 @@ def _translation_cases() -> list[tuple[str, Exception, str, dict[str, str]]]:
     ]
 
 
-@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("case", range(13))
 def test_each_hub_failure_becomes_its_own_message(case, monkeypatch):
     cases = _translation_cases()
-    assert len(cases) == 12  # the parametrize range above
+    assert len(cases) == 13  # the parametrize range above
     name, exc, key, env = cases[case]
     monkeypatch.delenv("HF_TOKEN", raising=False)
     for k, v in env.items():
@@ -255,6 +261,8 @@ def test_each_hub_failure_becomes_its_own_message(case, monkeypatch):
     got = download.translate(exc, hub.HubModel("qwen/tiny"), file="model.safetensors")
     assert got.key == key, name
     assert "qwen/tiny" in str(got) or "HF_ENDPOINT" in str(got), str(got)
+    if key in ("download.needs_token", "download.token_refused", "download.no_repo_or_private"):
+        assert "HF_TOKEN" in str(got)
 
 
 def test_a_connection_dropped_mid_file_is_told_as_such():
