@@ -71,21 +71,28 @@ class Plan:
     commit: str
     sizes: dict[str, int]
     storage: Path
+    # per file: the blob name the repo info gives (an LFS file's sha256, else its git blob id), which is the ETag
+    # huggingface_hub names the blob by; the HEAD in fetch_file has the last word (where)
+    etags: dict[str, str] = field(default_factory=dict)
     # per file: where its bytes are on disk now (the partial file, then the blob); read by the progress thread
     where: dict[str, Path] = field(default_factory=dict)
 
     def on_disk(self) -> int:
+        """Bytes of the needed files on disk: linked, whole blobs, and partial ``.incomplete`` files."""
         done = 0
         snapshot = self.storage / "snapshots" / self.commit
         for name, size in self.sizes.items():
             if (snapshot / name).is_file():
                 done += size
                 continue
-            path = self.where.get(name)
-            try:
-                done += min(size, path.stat().st_size) if path else 0
-            except OSError:
-                pass
+            etag = self.etags.get(name)
+            guesses = [self.storage / "blobs" / etag, self.storage / "blobs" / f"{etag}.incomplete"] if etag else []
+            for path in [self.where[name]] if name in self.where else guesses:
+                try:
+                    done += min(size, path.stat().st_size)
+                    break
+                except OSError:
+                    pass
         return done
 
 
@@ -164,10 +171,12 @@ def plan(model: HubModel) -> Plan:
     if not isinstance(info.sha, str) or not info.siblings:
         raise DownloadError("download.not_a_hub", endpoint=endpoint(), detail="no commit or file list in its answer")
     sizes = {s.rfilename: int(s.size or 0) for s in info.siblings}
+    etags = {s.rfilename: (s.lfs.sha256 if s.lfs else s.blob_id) or "" for s in info.siblings}
     wanted = hub.select_files(sizes)
     if "config.json" not in wanted:
         raise DownloadError("download.not_a_model", id=str(model), files=", ".join(sorted(sizes)[:8]))
-    return Plan(model, info.sha, {n: sizes[n] for n in wanted}, hub.storage_dir(model))
+    storage = hub.storage_dir(model)
+    return Plan(model, info.sha, {n: sizes[n] for n in wanted}, storage, {n: etags[n] for n in wanted if etags[n]})
 
 
 def free_bytes(folder: Path) -> int:
@@ -181,7 +190,7 @@ def free_bytes(folder: Path) -> int:
 
 def check_disk(p: Plan) -> None:
     """Too little free space for what is still missing: a DownloadError with both numbers."""
-    need = sum(p.sizes.values()) - p.on_disk() - _partials(p)
+    need = sum(p.sizes.values()) - p.on_disk()
     free = free_bytes(hub.hub_cache_dir())
     if need > free:
         raise DownloadError(
@@ -193,11 +202,6 @@ def check_disk(p: Plan) -> None:
             free_bytes=free,
             cache=str(hub.hub_cache_dir()),
         )
-
-
-def _partials(p: Plan) -> int:
-    """Bytes already in ``*.incomplete`` files of this repo (an earlier run's), counted as fetched."""
-    return sum(f.stat().st_size for f in (p.storage / "blobs").glob("*.incomplete") if f.is_file())
 
 
 def fetch_file(p: Plan, name: str) -> None:
