@@ -152,6 +152,21 @@ def browser_page(url: str, *, locale: str = "en-US"):
             browser.close()
 
 
+def ui_pid(app: LiveApp) -> int:
+    """The Chainlit process serving ``app`` (its command line names its port)."""
+    port = app.url.rsplit(":", 1)[1].encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"chainlit" in argv and b"--port" in argv and argv[argv.index(b"--port") + 1] == port:
+            return int(entry)
+    raise LookupError(f"no Chainlit process on port {port.decode()}")
+
+
 def assistant_messages(page) -> list[str]:
     return page.locator('.step[data-step-type="assistant_message"] .message-content').all_inner_texts()
 

@@ -197,28 +197,13 @@ def test_kill_9_mid_answer_keeps_the_partial_shows_the_reason_and_recovers_by_it
     ), e2e.assistant_messages(page)
 
 
-def ui_pid(app) -> int:
-    """The Chainlit process serving ``app`` (its command line names its port)."""
-    port = app.url.rsplit(":", 1)[1]
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")  # noqa: SIM115
-        except OSError:
-            continue
-        if b"chainlit" in argv and b"--port" in argv and argv[argv.index(b"--port") + 1] == port.encode():
-            return int(entry)
-    pytest.fail(f"no Chainlit process on port {port}")
-
-
 def test_kill_9_of_the_ui_mid_answer_restarts_it_and_the_same_page_chats_on(live, page):
     """Issue #20: the launcher restarts a UI that died (here kill -9, as the OOM killer would), the engine keeps
     running (same pid), the page open before the crash reconnects by itself, its status line says what happened,
     and a message from that page is answered."""
     e2e.wait_ready_ui(page)
     engine_before = engine_status(live)
-    victim = ui_pid(live)
+    victim = e2e.ui_pid(live)
     before = len(e2e.assistant_messages(page))
     page.fill("#chat-input", "Write a long story about a dragon.")
     page.keyboard.press("Enter")
@@ -235,7 +220,7 @@ def test_kill_9_of_the_ui_mid_answer_restarts_it_and_the_same_page_chats_on(live
     state, text = wait_badge(page, ("ready",), 120, text="the UI restarted")
     t_back = time.monotonic()
     assert "SIGKILL" in text and "the model kept running" in text, text
-    assert ui_pid(live) != victim
+    assert e2e.ui_pid(live) != victim
     page.screenshot(path=str(live.log_dir / "ui-restarted.png"), full_page=True)
     engine_after = engine_status(live)
     assert engine_after["pid"] == engine_before["pid"] and engine_after["state"] == "running", engine_after
