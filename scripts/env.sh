@@ -141,11 +141,11 @@ qc_env() {
     qc_say "installing the $name environment failed; full pip output: $log"
     return 1
   done
-  if [ "$installer" = uv ] && [ "${name#engine-}" = "$name" ]; then
+  if [ "$installer" = uv ]; then
     # pip writes every .pyc at install; uv does not (and where PYTHONDONTWRITEBYTECODE is set, Python never would):
     # once for the whole environment, after both steps (uv's --compile-bytecode compiles only what that one call
-    # installed; the early packages must be usable before). An engine environment's post step compiles instead
-    # what vLLM's server imports (qc_engine_import_check): a third of the files, and the ones that matter.
+    # installed; the early packages must be usable before). Measured: compiling only what vLLM's server imports
+    # left the engine core's modules to be compiled at every start (a warm start 66 s instead of 31 s).
     "$dir/bin/python" -m compileall -q -j 0 "$dir"/lib/python3*/site-packages >/dev/null 2>&1 || true
   fi
   if [ -n "$post" ]; then "$post" "$dir" || return 1; fi
@@ -170,9 +170,8 @@ qc_engine_cpu_fixups() {
 
 qc_engine_gpu_check() { qc_engine_import_check "$1" vllm; }
 
-qc_engine_import_check() {  # DIR PACKAGE: vLLM's server imports, its .pyc written (the engine's starts need them)
-  env -u PYTHONDONTWRITEBYTECODE "$1/bin/python" -c "import vllm.entrypoints.openai.api_server" 2>/dev/null \
-    || { qc_say "$2 does not import in $1"; return 1; }
+qc_engine_import_check() {  # DIR PACKAGE
+  "$1/bin/python" -c "import vllm" 2>/dev/null || { qc_say "$2 does not import in $1"; return 1; }
 }
 
 qc_app_env() { qc_env app "" "$QC_ROOT/requirements.txt" "$QC_ROOT/requirements-lock/app.txt"; }
