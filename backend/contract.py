@@ -76,15 +76,15 @@ def replica_status_file_name(index: int) -> str:
     return REPLICA_STATUS_FILE_NAME.format(index=index)
 
 
-#: Set by launch.serve when it supervises an engine; read by service.from_environment (status file path).
-ENV_STATUS_FILE = "QWENCHAT_STATUS_FILE"
-#: Set by launch.serve (the log folder); read by service.excluded_adapters.
-ENV_LOG_DIR = "QWENCHAT_LOG_DIR"
 #: In the log folder: the UI process's own restarts (an EngineStatus: state, attempt, cause, reason, since), written
 #: by engine/ui_keeper.py when the UI died and was started again; read by the new UI (status line, chat note).
 UI_STATUS_FILE_NAME = "ui-status.json"
 
 
+#: Set by launch.serve when it supervises an engine; read by service.from_environment (status file path).
+ENV_STATUS_FILE = "QWENCHAT_STATUS_FILE"
+#: Set by launch.serve (the log folder); read by service.excluded_adapters.
+ENV_LOG_DIR = "QWENCHAT_LOG_DIR"
 #: Set by launch.serve (the per-launch key, never logged); read by settings.load_settings.
 ENV_ENGINE_API_KEY = "QWENCHAT_ENGINE_API_KEY"
 #: Set by launch.serve ("gpu", "cpu" or "external"); read by nobody yet, there for people and logs.
