@@ -190,6 +190,18 @@ def send(page, text: str, timeout_ms: int = 180_000) -> str:
     return assistant_messages(page)[-1]
 
 
+def whole_answer(page, timeout_ms: int = 120_000) -> str:
+    """The newest answer once its footer ("model · N tokens · …") is there. ``send`` can return while an answer is
+    still streaming: on a loaded machine the first words can show before the Stop button does, and waiting for a
+    Stop button that is not there yet returns at once."""
+    page.wait_for_function(
+        """() => { const m = document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content');
+                   return m.length > 0 && / tokens · /.test(m[m.length - 1].innerText); }""",
+        timeout=timeout_ms,
+    )
+    return assistant_messages(page)[-1]
+
+
 def choose_model(page, label_prefix: str) -> None:
     page.click("#chat-settings-open-modal")
     page.click("[role=dialog] button#model")

@@ -279,17 +279,6 @@ def test_thumbs_down_with_a_comment_is_stored_and_a_thumbs_up_answer_is_exported
     assert example["model"] == "fake-adapter" and example["messages"][-1]["content"].startswith(FULL)
 
 
-def answered(page) -> str:
-    """The newest answer once its footer is there (the answer is whole): on a loaded machine the page can show the
-    first words before its Stop button, so the end of e2e.send alone does not prove the answer ended."""
-    page.wait_for_function(
-        """() => { const m = document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content');
-                   return m.length > 0 && m[m.length - 1].innerText.includes('fake-qwen ·'); }""",
-        timeout=60_000,
-    )
-    return e2e.assistant_messages(page)[-1]
-
-
 def test_a_page_whose_ui_died_mid_answer_goes_on_in_the_same_chat_with_its_earlier_turns(live, fake, browser):
     """Issue #20: kill -9 of the UI (the launcher restarts it) mid-answer; the page reconnects by itself to the new
     process, which never saw it, and goes on in the chat it was in (resumed from the history, not a new empty chat):
@@ -299,7 +288,7 @@ def test_a_page_whose_ui_died_mid_answer_goes_on_in_the_same_chat_with_its_earli
     e2e.wait_ready_ui(pg, timeout_ms=60_000)
     first, third = "page one: capital?", "page three: after the UI died"
     e2e.send(pg, first, timeout_ms=60_000)
-    answered(pg)
+    e2e.whole_answer(pg, 60_000)
     pg.wait_for_url("**/thread/*")
     thread_url = pg.url
     pg.fill("#chat-input", "page two: a long one [[normal:tokens=400:rate=20]]")
@@ -315,7 +304,7 @@ def test_a_page_whose_ui_died_mid_answer_goes_on_in_the_same_chat_with_its_earli
     pg.wait_for_function("() => document.querySelectorAll('.step[data-step-type=\"user_message\"]').length >= 2")
     assert [m.strip() for m in user_messages(pg)][:1] == [first]
     e2e.send(pg, third, timeout_ms=60_000)
-    assert answered(pg).startswith(FULL)
+    assert e2e.whole_answer(pg, 60_000).startswith(FULL)
     assert pg.url == thread_url, "the page went on in a new chat"
     after = requests_seen(fake)[-1]
     # the first turn (question and its whole answer) went along with the new message: the chat was resumed

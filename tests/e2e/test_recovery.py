@@ -228,7 +228,8 @@ def test_kill_9_of_the_ui_mid_answer_restarts_it_and_the_same_page_chats_on(live
 
     # the same page (no reload) sends the next message, and it is answered
     page.wait_for_selector("#stop-button", state="detached", timeout=60_000)
-    answer = e2e.send(page, "What is the capital of France?", timeout_ms=120_000)
+    e2e.send(page, "What is the capital of France?", timeout_ms=120_000)
+    answer = e2e.whole_answer(page)
     print(
         f"\n[e2e] kill -9 of the UI mid-answer: the page's status line said why after {t_back - t_kill:.1f} s; "
         f"the next message from the same page answered {answer[:40]!r}"

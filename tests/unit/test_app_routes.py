@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -33,9 +34,15 @@ async def fake():
 @contextlib.asynccontextmanager
 async def imported_app(fake: FakeServer, tmp_path, **ui: str) -> AsyncIterator[ModuleType]:
     """app.py imported afresh with these [ui] settings (QWENCHAT_UI_*), against the fake server."""
+    from chainlit.config import config
+
     from backend.chat import health
 
+    # Importing app.py with login on registers a password callback in Chainlit's config and puts a login secret in
+    # os.environ (history.prepare): both outlive the import, and would turn login on for every later test.
+    secret_before = os.environ.get("CHAINLIT_AUTH_SECRET")
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(config.code, "password_auth_callback", config.code.password_auth_callback)
         mp.setenv("QWENCHAT_CONFIG", str(ROOT / "tests" / "config.toml"))
         mp.setenv("OPENAI_BASE_URL", fake.base_url)
         mp.setenv("OPENAI_API_KEY", "test")
@@ -54,6 +61,10 @@ async def imported_app(fake: FakeServer, tmp_path, **ui: str) -> AsyncIterator[M
             await module.app.client.aclose()
             await health.reset_shared()
             sys.modules.pop("app", None)
+            if secret_before is None:
+                os.environ.pop("CHAINLIT_AUTH_SECRET", None)
+            else:
+                os.environ["CHAINLIT_AUTH_SECRET"] = secret_before
 
 
 def ours(http_app) -> list:
