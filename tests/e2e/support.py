@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -150,6 +151,31 @@ def browser_page(url: str, *, locale: str = "en-US"):
             yield page
         finally:
             browser.close()
+
+
+def wait_page(app: LiveApp, timeout: float = 120) -> None:
+    """Poll the UI's page until it answers 200; fail with the launcher's output if it never does or serve exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(app.url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            if app.proc.poll() is not None or time.monotonic() > deadline:
+                stop(app)
+                pytest.fail(f"the UI did not answer at {app.url}:\n{app.log()}")
+            time.sleep(0.2)
+
+
+def interrupt(app: LiveApp) -> None:
+    """Ctrl-C to the launcher (as a person stops it), then stop whatever is left after a minute."""
+    if app.proc.poll() is None:
+        os.killpg(app.proc.pid, signal.SIGINT)
+        try:
+            app.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            stop(app)
 
 
 def ui_pid(app: LiveApp) -> int:

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -64,24 +61,9 @@ def downloading(tmp_path_factory, test_models):
         )
         app.fake = fake  # type: ignore[attr-defined]
         app.hf = tmp / "hf" / "hub"  # type: ignore[attr-defined]
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(app.url, timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    e2e.stop(app)
-                    pytest.fail(f"the UI did not answer at {app.url}:\n{app.log()}")
-                time.sleep(0.2)
+        e2e.wait_page(app, 120)
         yield app
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                e2e.stop(app)
+        e2e.interrupt(app)
 
 
 def test_the_status_line_shows_the_download_in_chinese(downloading):

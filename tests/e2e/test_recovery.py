@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import time
-import urllib.request
 
 import pytest
 
@@ -32,17 +31,7 @@ def live(tmp_path_factory):
         {"QWENCHAT_MODEL_TEMPERATURE": "0", "QWENCHAT_BUDGET_REPLY_RESERVE": "2048"},
         wait_engine=False,
     )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(app.url, timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            if time.monotonic() > deadline:
-                e2e.stop(app)
-                pytest.fail(f"the UI did not answer at {app.url}:\n{app.log()}")
-            time.sleep(0.1)
+    e2e.wait_page(app, 60)
     app.ui_reachable_s = time.monotonic() - t0
     app.engine_state_at_ui = engine_status(app)["state"]
     app.engine_pgids = set()
