@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 import urllib.error
 import urllib.parse
@@ -229,7 +228,6 @@ def test_thumbs_down_with_a_comment_is_stored_and_a_thumbs_up_answer_is_exported
 ):
     """Chainlit's own feedback buttons (shown because login brings a data layer), stored in its feedbacks table
     on the answer's run step; `export-feedback` turns the thumbs-up answer into a chat example."""
-    import os
     import sqlite3
     import subprocess
     import sys
@@ -277,40 +275,6 @@ def test_thumbs_down_with_a_comment_is_stored_and_a_thumbs_up_answer_is_exported
         "history two: and Spain?",
     ]
     assert example["model"] == "fake-adapter" and example["messages"][-1]["content"].startswith(FULL)
-
-
-def test_a_page_whose_ui_died_mid_answer_goes_on_in_the_same_chat_with_its_earlier_turns(live, fake, browser):
-    """Issue #20: kill -9 of the UI (the launcher restarts it) mid-answer; the page reconnects by itself to the new
-    process, which never saw it, and goes on in the chat it was in (resumed from the history, not a new empty chat):
-    the next message is answered with the earlier turns sent along."""
-    pg = new_page(browser)
-    log_in(pg, live.url)
-    e2e.wait_ready_ui(pg, timeout_ms=60_000)
-    first, third = "page one: capital?", "page three: after the UI died"
-    e2e.send(pg, first, timeout_ms=60_000)
-    e2e.whole_answer(pg, 60_000)
-    pg.wait_for_url("**/thread/*")
-    thread_url = pg.url
-    pg.fill("#chat-input", "page two: a long one [[normal:tokens=400:rate=20]]")
-    pg.keyboard.press("Enter")
-    pg.wait_for_selector("#stop-button", timeout=30_000)
-    os.kill(e2e.ui_pid(live), signal.SIGKILL)
-
-    pg.wait_for_function(
-        "() => (document.getElementById('qwenchat-status') || {}).textContent?.includes('the UI restarted')",
-        timeout=120_000,
-    )
-    pg.wait_for_selector("#stop-button", state="detached", timeout=60_000)
-    pg.wait_for_function("() => document.querySelectorAll('.step[data-step-type=\"user_message\"]').length >= 2")
-    assert [m.strip() for m in user_messages(pg)][:1] == [first]
-    e2e.send(pg, third, timeout_ms=60_000)
-    assert e2e.whole_answer(pg, 60_000).startswith(FULL)
-    assert pg.url == thread_url, "the page went on in a new chat"
-    after = requests_seen(fake)[-1]
-    # the first turn (question and its whole answer) went along with the new message: the chat was resumed
-    assert after["message_chars"] >= len(first) + len(expected_text(8)) + len(third), after
-    assert "Traceback" not in live.log("ui")
-    pg.context.close()
 
 
 def test_a_restart_keeps_the_login_and_the_history(live, fake, browser, tmp_path_factory, page):
