@@ -24,7 +24,7 @@ import logging
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -312,6 +312,18 @@ def _norm_base_name(name: str) -> str:
     return name.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1].lower()
 
 
+@dataclass(frozen=True)
+class _AdapterConfig:
+    """What the checks after adapter_config.json use from it (bad values already reported and left out)."""
+
+    base_name: str | None = None
+    lora: bool = True  # False: another PEFT type; nothing after the config is checked
+    r: int | None = None
+    rank_pattern: Mapping[str, Any] = field(default_factory=dict)
+    targets: tuple[str, ...] | str = ()
+    modules_to_save: tuple[str, ...] = ()
+
+
 def diagnose_adapter(
     adapter_dir: str | Path,
     base_dir: str | Path | None = None,
@@ -323,20 +335,33 @@ def diagnose_adapter(
     """Check one PEFT LoRA folder against the served base model, the way vLLM would load it.
 
     ``base_aliases``: other names of the served base (e.g. its hub id) that count as a match for
-    ``base_model_name_or_path``. Reads only JSON and safetensors headers.
+    ``base_model_name_or_path``. Reads only JSON and safetensors headers. The stages follow vLLM 0.32's
+    load: ``--max-lora-rank``, the folder and its config (``PEFTHelper.from_local_dir``: rank and
+    features), the weights file, the base model's modules (``check_unexpected_modules``), then the tensors
+    (``LoRAModel.from_lora_tensors``). A folder or config that cannot be read stops the check there.
     """
     path = Path(adapter_dir)
     name = name or path.name
     found = _Findings()
-    rank: int | None = None
-    base_name: str | None = None
-    targets: tuple[str, ...] | str = ()
     q = repr(name)
+    _check_max_rank(found, max_rank)
+    raw = _check_config_file(found, q, path)
+    config = _check_config(found, q, raw) if raw is not None else _AdapterConfig()
+    if raw is not None and config.lora:
+        _check_rank(found, q, config, max_rank)
+        _check_features(found, q, raw, config, path)
+        tensors = _check_weights_file(found, q, path)
+        base = _check_base(found, q, base_dir)
+        if base is not None:
+            _check_base_match(found, q, config.base_name, base, base_aliases)
+            _check_targets(found, q, config.targets, base, tensors)
+        if tensors is not None:
+            _check_tensors(found, q, tensors, config, base, path)
     base_label = str(base_dir) if base_dir is not None else ""
+    return Diagnosis(name, path, found.result(), config.r, config.base_name, config.targets, base_label)
 
-    def done() -> Diagnosis:
-        return Diagnosis(name, path, found.result(), rank, base_name, targets, base_label)
 
+def _check_max_rank(found: _Findings, max_rank: int) -> None:
     if max_rank not in VLLM_LORA_RANKS:
         found.add(
             "error",
@@ -345,13 +370,14 @@ def diagnose_adapter(
             + ", ".join(map(str, VLLM_LORA_RANKS)),
         )
 
+
+def _check_config_file(found: _Findings, q: str, path: Path) -> dict[str, Any] | None:
+    """The folder and its adapter_config.json as a JSON object; None (reported) when either is missing or bad."""
     if not path.is_dir():
         found.add(
             "error", "missing_folder", f"adapter {q}: folder {path} does not exist; check the path or [lora].modules"
         )
-        return done()
-
-    # ---- adapter_config.json
+        return None
     cfg_path = path / CONFIG_FILE
     if not cfg_path.is_file():
         hint = (
@@ -360,16 +386,20 @@ def diagnose_adapter(
             else "; save the adapter with PEFT's save_pretrained()"
         )
         found.add("error", "missing_config", f"adapter {q} has no {CONFIG_FILE} in {path}{hint}")
-        return done()
+        return None
     try:
         cfg = read_json(cfg_path)
     except (OSError, ValueError) as exc:
         found.add("error", "bad_config", f"adapter {q}: {CONFIG_FILE} is not valid JSON ({exc}); re-save it with PEFT")
-        return done()
+        return None
     if not isinstance(cfg, dict):
         found.add("error", "bad_config", f"adapter {q}: {CONFIG_FILE} is not a JSON object; re-save it with PEFT")
-        return done()
+        return None
+    return cfg
 
+
+def _check_config(found: _Findings, q: str, cfg: Mapping[str, Any]) -> _AdapterConfig:
+    """peft_type, the keys vLLM requires and their types (PEFTHelper.from_dict)."""
     base_name = cfg.get("base_model_name_or_path") if isinstance(cfg.get("base_model_name_or_path"), str) else None
     peft_type = cfg.get("peft_type")
     if peft_type is None:
@@ -385,7 +415,7 @@ def diagnose_adapter(
             f'adapter {q} has peft_type {peft_type!r}; vLLM serves only LoRA adapters (peft_type "LORA") — '
             "retrain it as LoRA",
         )
-        return done()
+        return _AdapterConfig(base_name, lora=False)
     missing = [k for k in ("r", "lora_alpha", "target_modules") if k not in cfg]
     if missing:
         found.add(
@@ -398,13 +428,13 @@ def diagnose_adapter(
         if "r" in cfg:
             found.add("error", "bad_config", f"adapter {q}: r = {r!r} in {CONFIG_FILE}; expected a positive integer")
         r = None
-    rank = r
     rank_pattern = cfg.get("rank_pattern") or {}
     if not isinstance(rank_pattern, dict):
         found.add(
             "error", "bad_config", f"adapter {q}: rank_pattern = {rank_pattern!r}; expected a table of module -> rank"
         )
         rank_pattern = {}
+    targets: tuple[str, ...] | str = ()
     raw_targets = cfg.get("target_modules")
     if isinstance(raw_targets, list) and all(isinstance(t, str) for t in raw_targets):
         targets = tuple(raw_targets)
@@ -414,9 +444,15 @@ def diagnose_adapter(
         found.add(
             "error", "bad_config", f"adapter {q}: target_modules = {raw_targets!r}; expected a list of names or a regex"
         )
+    mts = cfg.get("modules_to_save") or []
+    mts = [m for m in mts if isinstance(m, str)] if isinstance(mts, list) else []
+    return _AdapterConfig(base_name, True, r, rank_pattern, targets, tuple(mts))
 
-    # ---- rank
-    ranks = [x for x in [r, *rank_pattern.values()] if isinstance(x, int) and not isinstance(x, bool)]
+
+def _check_rank(found: _Findings, q: str, config: _AdapterConfig, max_rank: int) -> None:
+    """The largest rank (r or a rank_pattern entry) against --max-lora-rank (PEFTHelper.validate_legal)."""
+    r = config.r
+    ranks = [x for x in [r, *config.rank_pattern.values()] if isinstance(x, int) and not isinstance(x, bool)]
     if ranks and max(ranks) > max_rank:
         top = max(ranks)
         where = "" if top == r else " (from rank_pattern)"
@@ -429,10 +465,10 @@ def diagnose_adapter(
             "error", "rank_too_large", f"adapter {q} has rank {top}{where}, above --max-lora-rank {max_rank}; {fix}"
         )
 
-    # ---- features vLLM 0.32 refuses (PEFTHelper._validate_features)
-    mts = cfg.get("modules_to_save") or []
-    mts = [m for m in mts if isinstance(m, str)] if isinstance(mts, list) else []
-    bad_mts = [m for m in mts if m not in ("classifier", "score")]
+
+def _check_features(found: _Findings, q: str, cfg: Mapping[str, Any], config: _AdapterConfig, path: Path) -> None:
+    """Features vLLM 0.32 refuses (PEFTHelper._validate_features)."""
+    bad_mts = [m for m in config.modules_to_save if m not in ("classifier", "score")]
     if bad_mts:
         found.add(
             "error",
@@ -448,6 +484,18 @@ def diagnose_adapter(
             f"adapter {q} uses DoRA (use_dora = true), which vLLM does not support; retrain with use_dora=false "
             f"or merge it: python -m backend merge --base MODEL --adapter {path} --out DIR",
         )
+    unsupported = _unsupported_features(cfg)
+    if unsupported:
+        found.add(
+            "error",
+            "unsupported_feature",
+            f"adapter {q} uses {', '.join(unsupported)}, which vLLM does not support; retrain as a plain LoRA "
+            "or merge it into the base",
+        )
+
+
+def _unsupported_features(cfg: Mapping[str, Any]) -> list[str]:
+    """The config's settings that vLLM cannot serve, each as the phrase its finding names it by."""
     unsupported = []
     if cfg.get("bias", "none") != "none":
         unsupported.append(f'bias = {cfg.get("bias")!r} (only "none")')
@@ -464,20 +512,15 @@ def diagnose_adapter(
     ):
         if cfg.get(key):
             unsupported.append(label)
-    if unsupported:
-        found.add(
-            "error",
-            "unsupported_feature",
-            f"adapter {q} uses {', '.join(unsupported)}, which vLLM does not support; retrain as a plain LoRA "
-            "or merge it into the base",
-        )
+    return unsupported
 
-    # ---- weights
+
+def _check_weights_file(found: _Findings, q: str, path: Path) -> dict[str, tuple[int, ...]] | None:
+    """The safetensors header of the weights; None when there is none to read (reported)."""
     weights_path = path / WEIGHTS_FILE
-    tensors: dict[str, tuple[int, ...]] | None = None
     if weights_path.is_file():
         try:
-            tensors = read_safetensors_header(weights_path)
+            return read_safetensors_header(weights_path)
         except (OSError, ValueError) as exc:
             found.add("error", "bad_weights", f"adapter {q}: {exc}; re-save the adapter with PEFT")
     elif (path / "adapter_model.bin").is_file() or (path / "adapter_model.pt").is_file():
@@ -491,29 +534,23 @@ def diagnose_adapter(
         found.add(
             "error", "no_weights", f"adapter {q} has no {WEIGHTS_FILE} in {path}; vLLM refuses a folder without tensors"
         )
+    return None
 
-    # ---- base model
-    base: BaseModelInfo | None = None
-    if base_dir is not None:
-        try:
-            base = read_base_model(base_dir)
-        except (OSError, ValueError) as exc:
-            found.add("error", "base_unreadable", f"cannot check adapter {q} against the base: {exc}")
-    else:
+
+def _check_base(found: _Findings, q: str, base_dir: str | Path | None) -> BaseModelInfo | None:
+    """The served base model's modules and shapes; None when none was given or it cannot be read (reported)."""
+    if base_dir is None:
         found.add(
             "warning",
             "no_base",
             f"adapter {q} was not checked against a base model (module names, shapes); pass --base MODEL",
         )
-
-    if base is not None:
-        _check_base_match(found, q, base_name, base, base_aliases)
-        _check_targets(found, q, targets, base, tensors)
-
-    if tensors is not None:
-        _check_tensors(found, q, tensors, r, rank_pattern, mts, base, path)
-
-    return done()
+        return None
+    try:
+        return read_base_model(base_dir)
+    except (OSError, ValueError) as exc:
+        found.add("error", "base_unreadable", f"cannot check adapter {q} against the base: {exc}")
+        return None
 
 
 def _check_base_match(
@@ -616,22 +653,50 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
 
 
+@dataclass
+class _TensorKeys:
+    """An adapter's tensor keys sorted the way vLLM's parse_fine_tuned_lora_name reads them."""
+
+    modules: dict[str, _ModuleTensors] = field(default_factory=dict)
+    bad: list[str] = field(default_factory=list)  # not a LoRA key at all
+    named: list[str] = field(default_factory=list)  # the adapter's name left in the key
+    dora: list[str] = field(default_factory=list)
+    bias: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _ModuleFaults:
+    """Modules of the weights that vLLM cannot load as they are, by kind of fault."""
+
+    unpaired: dict[str, list[str]] = field(default_factory=lambda: {"lora_A": [], "lora_B": []})  # lacking A / B
+    unknown: list[str] = field(default_factory=list)  # not in the base
+    fused: list[str] = field(default_factory=list)  # vLLM's packed name for a base with separate members
+    inconsistent: list[tuple[str, str]] = field(default_factory=list)  # the adapter's own shapes disagree
+    misfits: list[tuple[str, str]] = field(default_factory=list)  # shapes that do not fit the base weight
+
+
 def _check_tensors(
     found: _Findings,
     q: str,
     tensors: Mapping[str, tuple[int, ...]],
-    r: int | None,
-    rank_pattern: Mapping[str, Any],
-    mts: list[str],
+    config: _AdapterConfig,
     base: BaseModelInfo | None,
     path: Path,
 ) -> None:
-    merge_hint = f"merge it: python -m backend merge --base MODEL --adapter {path} --out DIR"
-    modules: dict[str, _ModuleTensors] = {}
-    bad_keys: list[str] = []
-    named_keys: list[str] = []
-    dora_keys: list[str] = []
-    bias_keys: list[str] = []
+    """The weights as vLLM's LoRAModel.from_lora_tensors reads them: key names, then each module's pair and
+    shapes against the base, then vLLM's packed groups."""
+    keys = _sort_tensor_keys(tensors, config.modules_to_save)
+    _check_key_names(found, q, tensors, keys, path)
+    base_mods = base.modules if base is not None else {}
+    faults = _check_modules(found, q, keys.modules, config, base)
+    _check_pairs(found, q, faults.unpaired)
+    _check_module_names(found, q, faults, base_mods)
+    _check_shapes(found, q, faults, len(keys.modules))
+    _check_packed(found, q, keys.modules, base_mods if base is not None else None)
+
+
+def _sort_tensor_keys(tensors: Mapping[str, tuple[int, ...]], mts: Iterable[str]) -> _TensorKeys:
+    keys = _TensorKeys()
     for key, shape in tensors.items():
         module, kind = _parse_key(key)
         if kind == "base_copy":
@@ -639,119 +704,154 @@ def _check_tensors(
         if kind == "other":
             stripped = key[len(PEFT_PREFIX) :] if key.startswith(PEFT_PREFIX) else key
             if not any(stripped.startswith(m + ".") or f".{m}." in stripped for m in mts):
-                bad_keys.append(key)  # (modules_to_save copies are reported from the config)
+                keys.bad.append(key)  # (modules_to_save copies are reported from the config)
             continue
-        {"named": named_keys, "dora": dora_keys, "bias": bias_keys}.get(kind, []).append(key)
+        {"named": keys.named, "dora": keys.dora, "bias": keys.bias}.get(kind, []).append(key)
         if kind in ("named", "dora", "bias"):
             continue
         assert module is not None
-        mt = modules.setdefault(module, _ModuleTensors())
+        mt = keys.modules.setdefault(module, _ModuleTensors())
         if kind in ("A", "emb_A"):
             mt.a, mt.a_key = shape, key
         else:
             mt.b, mt.b_key = shape, key
         mt.embedding = mt.embedding or kind.startswith("emb")
+    return keys
 
+
+def _check_key_names(
+    found: _Findings, q: str, tensors: Mapping[str, tuple[int, ...]], keys: _TensorKeys, path: Path
+) -> None:
+    """Tensors vLLM refuses by their name: none at all, not LoRA keys, the adapter's name kept, DoRA, bias."""
+    merge_hint = f"merge it: python -m backend merge --base MODEL --adapter {path} --out DIR"
     if not tensors:
         found.add("error", "no_weights", f"adapter {q}: {WEIGHTS_FILE} holds no tensors; re-save the adapter with PEFT")
-    if bad_keys:
+    if keys.bad:
         found.add(
             "error",
             "bad_key_name",
-            f"adapter {q}: {_count(len(bad_keys), 'tensor')} not named the way vLLM reads LoRA weights, e.g. "
-            f"{bad_keys[0]!r} (expected base_model.model.<module>.lora_A.weight / .lora_B.weight); vLLM "
+            f"adapter {q}: {_count(len(keys.bad), 'tensor')} not named the way vLLM reads LoRA weights, e.g. "
+            f"{keys.bad[0]!r} (expected base_model.model.<module>.lora_A.weight / .lora_B.weight); vLLM "
             "refuses the adapter — re-save it with PEFT's save_pretrained()",
         )
-    if named_keys:
-        adapter_name = named_keys[0].rsplit(".", 2)[-2]
+    if keys.named:
+        adapter_name = keys.named[0].rsplit(".", 2)[-2]
         found.add(
             "error",
             "bad_key_name",
-            f"adapter {q}: {_count(len(named_keys), 'tensor')} still carry the adapter name {adapter_name!r}, "
-            f"e.g. {named_keys[0]!r}; vLLM refuses such keys — save with PEFT's save_pretrained() (it drops "
+            f"adapter {q}: {_count(len(keys.named), 'tensor')} still carry the adapter name {adapter_name!r}, "
+            f"e.g. {keys.named[0]!r}; vLLM refuses such keys — save with PEFT's save_pretrained() (it drops "
             "the name) or rename them to ….lora_A.weight / ….lora_B.weight",
         )
-    if dora_keys:
+    if keys.dora:
         found.add(
             "error",
             "dora",
-            f"adapter {q} has {_count(len(dora_keys), 'DoRA magnitude tensor')} (e.g. {dora_keys[0]!r}); vLLM "
+            f"adapter {q} has {_count(len(keys.dora), 'DoRA magnitude tensor')} (e.g. {keys.dora[0]!r}); vLLM "
             f"does not support DoRA — retrain with use_dora=false or {merge_hint}",
         )
-    if bias_keys:
+    if keys.bias:
         found.add(
             "error",
             "unsupported_feature",
-            f"adapter {q} has {_count(len(bias_keys), 'LoRA bias tensor')} (e.g. {bias_keys[0]!r}); vLLM does "
+            f"adapter {q} has {_count(len(keys.bias), 'LoRA bias tensor')} (e.g. {keys.bias[0]!r}); vLLM does "
             "not support lora_bias — retrain with lora_bias=false",
         )
 
+
+def _check_modules(
+    found: _Findings,
+    q: str,
+    modules: Mapping[str, _ModuleTensors],
+    config: _AdapterConfig,
+    base: BaseModelInfo | None,
+) -> _ModuleFaults:
+    """Each adapted module: its pair, its name in the base, its own shapes, their fit with the base weight.
+
+    Embedding targets are reported here; the other faults are gathered and reported per kind by the caller.
+    """
     base_mods = base.modules if base is not None else {}
-    unpaired: dict[str, list[str]] = {"lora_A": [], "lora_B": []}  # lacking lora_A / lora_B
-    unknown: list[str] = []
-    fused: list[str] = []
-    inconsistent: list[tuple[str, str]] = []
-    misfits: list[tuple[str, str]] = []
+    faults = _ModuleFaults()
     for module, mt in sorted(modules.items()):
-        short = _short(module)
         if mt.a is None or mt.b is None:
-            unpaired["lora_A" if mt.a is None else "lora_B"].append(module)
+            faults.unpaired["lora_A" if mt.a is None else "lora_B"].append(module)
         if base is not None and module not in base_mods:
             parent, _, leaf = module.rpartition(".")
             members = PACKED_GROUPS.get(leaf)
-            (fused if members and all(f"{parent}.{m}" in base_mods for m in members) else unknown).append(module)
+            packed = members is not None and all(f"{parent}.{m}" in base_mods for m in members)
+            (faults.fused if packed else faults.unknown).append(module)
             continue
-        # the adapter's own consistency: 2-D tensors, one rank per module, the rank the config says
-        rr = _rank_for(module, r, rank_pattern) if r is not None else None
+        rr = _rank_for(module, config.r, config.rank_pattern) if config.r is not None else None
         labels = ("lora_embedding_A", "lora_embedding_B") if mt.embedding else ("lora_A", "lora_B")
-        problems = [
-            f"{label} is {_fmt_shape(shape)}, not 2-D"
-            for label, shape in zip(labels, (mt.a, mt.b), strict=True)
-            if shape is not None and len(shape) != 2
-        ]
-        if not problems:
-            if mt.a is not None and mt.b is not None and mt.a[0] != mt.b[1]:
-                problems.append(f"{labels[0]} has rank {mt.a[0]} but {labels[1]} has rank {mt.b[1]}")
-            elif rr is not None and mt.a is not None and mt.a[0] != rr:
-                problems.append(f"{labels[0]} has rank {mt.a[0]} but {CONFIG_FILE} says r = {rr}")
-            elif rr is not None and mt.b is not None and mt.b[1] != rr:
-                problems.append(f"{labels[1]} has rank {mt.b[1]} but {CONFIG_FILE} says r = {rr}")
+        problems = _inconsistent_shapes(mt, rr, labels)
         if problems:
-            inconsistent.append((module, "; ".join(problems)))
+            faults.inconsistent.append((module, "; ".join(problems)))
             continue
-        # the fit with the base weight [out_features, in_features]
-        base_shape = base_mods.get(module)
-        if base_shape is not None and len(base_shape) == 2:
-            out_f, in_f = base_shape
-            if mt.embedding:  # base embedding weight is [vocab, hidden]; A is [r, vocab], B is [hidden, r]
-                out_f, in_f = in_f, out_f
-            fit = []
-            if mt.a is not None and mt.a[1] != in_f:
-                fit.append(f"{labels[0]} is {_fmt_shape(mt.a)}, expected [{mt.a[0]}, {in_f}]")
-            if mt.b is not None and mt.b[0] != out_f:
-                fit.append(f"{labels[1]} is {_fmt_shape(mt.b)}, expected [{out_f}, {mt.b[1]}]")
-            if fit:
-                misfits.append((module, f"{' and '.join(fit)} for the base weight {_fmt_shape(base_shape)}"))
+        misfit = _misfit(mt, base_mods.get(module), labels)
+        if misfit:
+            faults.misfits.append((module, misfit))
+        short = _short(module)
         if short in _EMBEDDING_NAMES or short == "lm_head":
-            archs = set(base.architectures) if base is not None else set()
-            if archs and not archs & EMBEDDING_LORA_ARCHS:
-                found.add(
-                    "error",
-                    "embedding_target",
-                    f"adapter {q} adapts {short!r}; vLLM serves embed_tokens/lm_head LoRA only for architectures "
-                    f"that declare embedding_modules (e.g. LlamaForCausalLM, Qwen3ForCausalLM), not "
-                    f"{'/'.join(sorted(archs))} — retrain without {short} or merge the adapter",
-                    group=f"emb:{short}",
-                )
-            else:
-                found.add(
-                    "warning",
-                    "embedding_target",
-                    f"adapter {q} adapts {short!r}; vLLM applies embed_tokens/lm_head LoRA only on some "
-                    "architectures and versions — check that answers change, or merge the adapter",
-                    group=f"emb:{short}",
-                )
+            _check_embedding_target(found, q, short, base)
+    return faults
 
+
+def _inconsistent_shapes(mt: _ModuleTensors, rr: int | None, labels: tuple[str, str]) -> list[str]:
+    """The adapter's own consistency: 2-D tensors, one rank per module, the rank the config says."""
+    problems = [
+        f"{label} is {_fmt_shape(shape)}, not 2-D"
+        for label, shape in zip(labels, (mt.a, mt.b), strict=True)
+        if shape is not None and len(shape) != 2
+    ]
+    if not problems:
+        if mt.a is not None and mt.b is not None and mt.a[0] != mt.b[1]:
+            problems.append(f"{labels[0]} has rank {mt.a[0]} but {labels[1]} has rank {mt.b[1]}")
+        elif rr is not None and mt.a is not None and mt.a[0] != rr:
+            problems.append(f"{labels[0]} has rank {mt.a[0]} but {CONFIG_FILE} says r = {rr}")
+        elif rr is not None and mt.b is not None and mt.b[1] != rr:
+            problems.append(f"{labels[1]} has rank {mt.b[1]} but {CONFIG_FILE} says r = {rr}")
+    return problems
+
+
+def _misfit(mt: _ModuleTensors, base_shape: tuple[int, ...] | None, labels: tuple[str, str]) -> str:
+    """How A and B fail to fit the base weight [out_features, in_features]; "" when they fit or it is unknown."""
+    if base_shape is None or len(base_shape) != 2:
+        return ""
+    out_f, in_f = base_shape
+    if mt.embedding:  # base embedding weight is [vocab, hidden]; A is [r, vocab], B is [hidden, r]
+        out_f, in_f = in_f, out_f
+    fit = []
+    if mt.a is not None and mt.a[1] != in_f:
+        fit.append(f"{labels[0]} is {_fmt_shape(mt.a)}, expected [{mt.a[0]}, {in_f}]")
+    if mt.b is not None and mt.b[0] != out_f:
+        fit.append(f"{labels[1]} is {_fmt_shape(mt.b)}, expected [{out_f}, {mt.b[1]}]")
+    return f"{' and '.join(fit)} for the base weight {_fmt_shape(base_shape)}" if fit else ""
+
+
+def _check_embedding_target(found: _Findings, q: str, short: str, base: BaseModelInfo | None) -> None:
+    """LoRA on embed_tokens / lm_head: only for architectures whose vLLM class declares embedding_modules."""
+    archs = set(base.architectures) if base is not None else set()
+    if archs and not archs & EMBEDDING_LORA_ARCHS:
+        found.add(
+            "error",
+            "embedding_target",
+            f"adapter {q} adapts {short!r}; vLLM serves embed_tokens/lm_head LoRA only for architectures "
+            f"that declare embedding_modules (e.g. LlamaForCausalLM, Qwen3ForCausalLM), not "
+            f"{'/'.join(sorted(archs))} — retrain without {short} or merge the adapter",
+            group=f"emb:{short}",
+        )
+    else:
+        found.add(
+            "warning",
+            "embedding_target",
+            f"adapter {q} adapts {short!r}; vLLM applies embed_tokens/lm_head LoRA only on some "
+            "architectures and versions — check that answers change, or merge the adapter",
+            group=f"emb:{short}",
+        )
+
+
+def _check_pairs(found: _Findings, q: str, unpaired: Mapping[str, list[str]]) -> None:
+    """Modules with lora_A but no lora_B, or the other way round."""
     for lack, have in (("lora_B", "lora_A"), ("lora_A", "lora_B")):
         mods = unpaired[lack]
         if mods:
@@ -762,6 +862,11 @@ def _check_tensors(
                 f"{have} but no {lack}, e.g. {mods[0]!r}; vLLM cannot load a half pair — the file is incomplete "
                 "or its keys were renamed; re-save the adapter with PEFT",
             )
+
+
+def _check_module_names(found: _Findings, q: str, faults: _ModuleFaults, base_mods: Mapping[str, Any]) -> None:
+    """Modules of the weights the base does not have: vLLM's fused names, other models' modules or layers."""
+    fused, unknown = faults.fused, faults.unknown
     if fused:
         leaf = _short(fused[0])
         split_names = "/".join(PACKED_GROUPS[leaf])
@@ -786,6 +891,11 @@ def _check_tensors(
             f"{'is' if len(unknown) == 1 else 'are'} missing from the base model ({why}), e.g. {unknown[0]!r}; "
             "vLLM would silently ignore them — the adapter was trained for a different model",
         )
+
+
+def _check_shapes(found: _Findings, q: str, faults: _ModuleFaults, n_modules: int) -> None:
+    """Shapes that disagree with each other or the config, then shapes that do not fit the base weights."""
+    inconsistent, misfits = faults.inconsistent, faults.misfits
     if inconsistent:
         module, text = inconsistent[0]
         found.add(
@@ -800,13 +910,11 @@ def _check_tensors(
         found.add(
             "error",
             "shape_mismatch",
-            f"adapter {q}: {len(misfits)} of {_count(len(modules), 'LoRA module')} "
+            f"adapter {q}: {len(misfits)} of {_count(n_modules, 'LoRA module')} "
             f"({_modules_phrase(m for m, _ in misfits)}) do not fit the base weights, e.g. {module!r}: {text}; "
             "vLLM either fails to load it or pads it into the wrong slots — it was trained for a different "
             "model (size); serve it with its own base or retrain",
         )
-
-    _check_packed(found, q, modules, base_mods if base is not None else None)
 
 
 def _count_layers(modules: Iterable[str]) -> int:

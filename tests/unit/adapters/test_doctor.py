@@ -132,6 +132,42 @@ def test_repeated_problems_collapse_to_one_line(tmp_path: Path, base: Path) -> N
     assert "16 tensors" in d.errors[0].message
 
 
+def test_a_many_fault_adapter_lists_its_findings_errors_first_in_the_order_vllm_meets_them(
+    tmp_path: Path, base: Path
+) -> None:
+    def break_it(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        d = zoo._rename("layers.1.self_attn.q_proj.lora_A.weight", "layers.1.self_attn.q_proj.lora_down.weight")(d)
+        d = {k: v for k, v in d.items() if "layers.0.self_attn.v_proj.lora_B" not in k}
+        d[f"{zoo.PREFIX}model.layers.0.self_attn.o_proj.lora_magnitude_vector"] = np.zeros(zoo.HIDDEN, np.float32)
+        d[f"{zoo.PREFIX}model.layers.1.self_attn.k_proj.lora_B.weight"] = np.zeros((zoo.HIDDEN, 8), np.float32)
+        d[f"{zoo.PREFIX}model.layers.7.self_attn.q_proj.lora_A.weight"] = np.zeros((8, zoo.HIDDEN), np.float32)
+        d[f"{zoo.PREFIX}model.layers.7.self_attn.q_proj.lora_B.weight"] = np.zeros((zoo.HIDDEN, 8), np.float32)
+        d[f"{zoo.PREFIX}model.embed_tokens.lora_embedding_A"] = np.zeros((8, zoo.VOCAB), np.float32)
+        d[f"{zoo.PREFIX}model.embed_tokens.lora_embedding_B"] = np.zeros((zoo.HIDDEN, 8), np.float32)
+        return d
+
+    config = {"use_dora": True, "modules_to_save": ["lm_head"], "rank_pattern": {"o_proj": 32}}
+    folder = zoo.make_adapter(
+        tmp_path / "many", targets=(*zoo.ATTN, "up_proj"), base_name="other/model", config=config, edit=break_it
+    )
+    d = diagnose_adapter(folder, base, 16)
+    assert d.codes == (
+        "rank_too_large",
+        "modules_to_save",
+        "dora",
+        "bad_key_name",
+        "dora",
+        "missing_lora_b",
+        "missing_lora_a",
+        "unknown_tensor_module",
+        "shape_mismatch",  # the adapter's own shapes (o_proj's rank_pattern)
+        "shape_mismatch",  # the fit with the base (k_proj)
+        "base_mismatch",
+        "embedding_target",
+        "partial_packed_group",
+    )
+
+
 def test_rank_from_rank_pattern_counts_against_max_rank(tmp_path: Path, base: Path) -> None:
     def bigger_q(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for k in list(d):
