@@ -345,7 +345,7 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
             return 0
         failed = work.result()
         if failed is not None:
-            say(f"{failed.said or failed.reason.split('; the full log is')[0]}; full log: {failed.log_path}")
+            say(f"{failed.said or str(failed.reason).split('; the full log is')[0]}; full log: {failed.log_path}")
             return 1
         early = _Early(ui_proc, api_key, stop, keeper)
         return early
@@ -402,19 +402,87 @@ def _single_supervisor(
     )
 
 
+def _engine_kind(settings: Settings) -> str:
+    """external, cpu or gpu; a tp/dp the machine cannot run stops here, before any build."""
+    engine = (
+        "external" if settings.external else command.resolve_engine(settings.server.engine, command.gpu_available())
+    )
+    if not settings.external:
+        command.check_parallel(settings, engine=engine, gpus=command.gpu_count() if engine == "gpu" else None)
+        if engine == "gpu" and settings.fleet.local:  # each local replica needs its own tp GPUs
+            fleet.gpu_groups(settings, fleet.visible_gpu_ids(command.gpu_count()))
+    return engine
+
+
+def _engine_supervisor(
+    settings: Settings, engine: str, api_key: str, log_dir: Path, status_path: Path
+) -> Supervisor | fleet.Fleet:
+    """The engine's (or the fleet's) supervisor, with this launch's static adapters and chat template; what the
+    doctor left out goes to the excluded-adapters file for the UI."""
+    adapters, excluded = static_adapters(settings)
+    for name, text in excluded.items():
+        say(f"adapter {name!r} left out: {text}")
+    (log_dir / contract.EXCLUDED_ADAPTERS_FILE_NAME).write_text(json.dumps(excluded, ensure_ascii=False, indent=2))
+    template = chat_template_for(settings, log_dir)
+    if template:
+        say(f"{settings.model.resolved_path} has no chat template; serving it with the ChatML fallback")
+    if settings.fleet.enabled:
+        plan = _fleet_plan(
+            settings, engine, api_key=api_key, adapters=adapters, chat_template=template, gpus=engine == "gpu"
+        )
+        for i in range(settings.fleet.local):  # an older launch's replica files must not describe this one
+            (log_dir / contract.replica_status_file_name(i)).unlink(missing_ok=True)
+        return fleet.build_fleet(settings, plan, api_key=api_key, log_dir=log_dir, status_path=status_path)
+    cmd = command.build_engine_command(
+        settings,
+        engine=engine,
+        python=engine_python(),
+        api_key=api_key,
+        adapters=adapters,
+        chat_template=template,
+    )
+    return _single_supervisor(settings, cmd, log_dir, status_path, api_key)
+
+
+def _say_engine_starting(settings: Settings, engine: str, log_dir: Path) -> None:
+    if settings.fleet.enabled:
+        remote = f" + {len(settings.fleet.remote)} remote" if settings.fleet.remote else ""
+        say(
+            f"engine fleet ({engine}): {settings.fleet.local} local replica(s) of {settings.model.name}{remote} "
+            f"behind vllm-router at {settings.engine_base_url} (policy {settings.fleet.policy})"
+        )
+        say(f"replica logs: {log_dir}/engine-replica-<i>.log; router log: {log_dir / 'router.log'}")
+    else:
+        say(f"engine ({engine}) starting: {settings.model.name} from {settings.model.resolved_path}")
+        say(f"engine log: {log_dir / 'engine.log'}")
+
+
+async def _wait_engine_ready(
+    supervisor: Supervisor | fleet.Fleet, sup_task: asyncio.Task[None], stop: asyncio.Event, log_dir: Path
+) -> bool:
+    """Until the engine is ready, Ctrl-C, or the supervisor gives up; False (said) when it failed."""
+    ready_wait = asyncio.create_task(supervisor.ready_event.wait())
+    stop_wait = asyncio.create_task(stop.wait())
+    waits: set[asyncio.Task[object]] = {ready_wait, stop_wait, sup_task}
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    ready_wait.cancel()
+    stop_wait.cancel()
+    if sup_task.done() and sup_task.exception():
+        say(f"the engine supervisor failed: {sup_task.exception()!r}; see {log_dir / 'engine.log'}")
+        return False
+    if supervisor.failed:
+        say(supervisor.failed.user_text("en"))
+        return False
+    return True
+
+
 async def serve(settings: Settings, *, prepare: bool = False) -> int:
     t0 = time.monotonic()
     log_dir = settings.logging.resolved_dir
     os.umask(0o077)  # logs, status files, history, secrets: readable by their owner only
     configure_logs(settings.logging.max_bytes, settings.logging.backups)  # engine.log and ui.log rotate
     private_log_dir(log_dir)
-    engine = (
-        "external" if settings.external else command.resolve_engine(settings.server.engine, command.gpu_available())
-    )
-    if not settings.external:  # before any build: a tp/dp the machine cannot run stops at once
-        command.check_parallel(settings, engine=engine, gpus=command.gpu_count() if engine == "gpu" else None)
-        if engine == "gpu" and settings.fleet.local:  # each local replica needs its own tp GPUs
-            fleet.gpu_groups(settings, fleet.visible_gpu_ids(command.gpu_count()))
+    engine = _engine_kind(settings)
     early: _Early | None = None
     if prepare and prepare_bg.needs_preparing(settings):
         prepared = await _prepare_first(settings, engine, log_dir, t0)
@@ -428,47 +496,14 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
             stop_process_group(early.ui_proc, grace=5)
         raise
     status_path = log_dir / contract.STATUS_FILE_NAME
-    excluded_path = log_dir / contract.EXCLUDED_ADAPTERS_FILE_NAME
-    excluded_path.unlink(missing_ok=True)  # only this launch's verdicts reach the UI
+    (log_dir / contract.EXCLUDED_ADAPTERS_FILE_NAME).unlink(missing_ok=True)  # only this launch's verdicts reach the UI
     ui_env = ui_environment(engine, log_dir)
     supervisor: Supervisor | fleet.Fleet | None = None
     if not settings.external:
         api_key = early.api_key if early else (settings.server.api_key or secrets.token_urlsafe(24))
-        adapters, excluded = static_adapters(settings)
-        for name, text in excluded.items():
-            say(f"adapter {name!r} left out: {text}")
-        excluded_path.write_text(json.dumps(excluded, ensure_ascii=False, indent=2))
-        template = chat_template_for(settings, log_dir)
-        if template:
-            say(f"{settings.model.resolved_path} has no chat template; serving it with the ChatML fallback")
-        if settings.fleet.enabled:
-            plan = _fleet_plan(
-                settings, engine, api_key=api_key, adapters=adapters, chat_template=template, gpus=engine == "gpu"
-            )
-            for i in range(settings.fleet.local):  # an older launch's replica files must not describe this one
-                (log_dir / contract.replica_status_file_name(i)).unlink(missing_ok=True)
-            supervisor = fleet.build_fleet(settings, plan, api_key=api_key, log_dir=log_dir, status_path=status_path)
-        else:
-            cmd = command.build_engine_command(
-                settings,
-                engine=engine,
-                python=engine_python(),
-                api_key=api_key,
-                adapters=adapters,
-                chat_template=template,
-            )
-            supervisor = _single_supervisor(settings, cmd, log_dir, status_path, api_key)
+        supervisor = _engine_supervisor(settings, engine, api_key, log_dir, status_path)
         ui_env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
-        if settings.fleet.enabled:
-            remote = f" + {len(settings.fleet.remote)} remote" if settings.fleet.remote else ""
-            say(
-                f"engine fleet ({engine}): {settings.fleet.local} local replica(s) of {settings.model.name}{remote} "
-                f"behind vllm-router at {settings.engine_base_url} (policy {settings.fleet.policy})"
-            )
-            say(f"replica logs: {log_dir}/engine-replica-<i>.log; router log: {log_dir / 'router.log'}")
-        else:
-            say(f"engine ({engine}) starting: {settings.model.name} from {settings.model.resolved_path}")
-            say(f"engine log: {log_dir / 'engine.log'}")
+        _say_engine_starting(settings, engine, log_dir)
     ui_cmd = command.build_ui_command(settings, python=sys.executable)
     ui_cmd = command.Command(ui_cmd.argv, {**ui_cmd.env, **ui_env}, ui_cmd.unset)
     ui_proc = early.ui_proc if early else start_process(ui_cmd, log_dir / "ui.log")
@@ -488,17 +523,7 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
         if early is None:  # else said before the preparation
             say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url}")
         if supervisor and sup_task:
-            ready_wait = asyncio.create_task(supervisor.ready_event.wait())
-            stop_wait = asyncio.create_task(stop.wait())
-            waits: set[asyncio.Task[object]] = {ready_wait, stop_wait, sup_task}
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            ready_wait.cancel()
-            stop_wait.cancel()
-            if sup_task.done() and sup_task.exception():
-                say(f"the engine supervisor failed: {sup_task.exception()!r}; see {log_dir / 'engine.log'}")
-                return 1
-            if supervisor.failed:
-                say(supervisor.failed.user_text("en"))
+            if not await _wait_engine_ready(supervisor, sup_task, stop, log_dir):
                 return 1
             if supervisor.ever_ready:
                 say(f"engine ready after {time.monotonic() - t0:.1f} s; chat at {url}  (Ctrl-C stops everything)")
@@ -520,17 +545,24 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
         if stop.is_set():
             say("stopping ...")
     finally:
-        try:
-            if supervisor:
-                supervisor.stop()
-        except Exception:
-            logger.exception("stopping the engine failed")
-        if sup_task:
-            sup_task.cancel()
-            await asyncio.gather(sup_task, return_exceptions=True)
-        stop_process_group(ui_proc, grace=5)
+        await _stop_all(supervisor, sup_task, ui_proc)
     say("stopped")
     return rc
+
+
+async def _stop_all(
+    supervisor: Supervisor | fleet.Fleet | None, sup_task: asyncio.Task[None] | None, ui_proc: subprocess.Popen[bytes]
+) -> None:
+    """The engine (or fleet) first, then the UI."""
+    try:
+        if supervisor:
+            supervisor.stop()
+    except Exception:
+        logger.exception("stopping the engine failed")
+    if sup_task:
+        sup_task.cancel()
+        await asyncio.gather(sup_task, return_exceptions=True)
+    stop_process_group(ui_proc, grace=5)
 
 
 def run_serve(settings: Settings, *, prepare: bool = False) -> int:
