@@ -12,7 +12,7 @@ side failing never hides the other: each side's turn catches its own errors. The
 the picked side (the first side, A, until the user picks another or votes for it); both answers stay in the
 chat (their message metadata says side, model, picked).
 
-No Chainlit here (webui/compare_view.py renders).
+No Chainlit here (backend/ui/compare_view.py renders).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .service import Service
 from .session import ChatSession
 from .turn import Outcome, Renderer
 from .turn import answer as answer_turn
-from .votes import Standing, Vote, Winner
+from .votes import Vote, Winner
 
 LABELS = ("A", "B")
 MAX_PAIRS = 50  # compared turns a chat keeps in memory for votes and picks (older buttons are refused)
@@ -243,15 +243,6 @@ def shown_model(pair: Pair, side: Side, lang: str) -> str:
     return side.model if pair.revealed else f"{side.label} ({t('compare.hidden', lang)})"
 
 
-def mask(text: str, pair: Pair, side: Side, lang: str) -> str:
-    """``text`` with the model names replaced by their hidden side labels while hidden (steps, errors)."""
-    if pair.revealed:
-        return text
-    for other in sorted(pair.sides, key=lambda s: -len(s.model)):  # "pirate-v2" before "pirate"
-        text = text.replace(other.model, shown_model(pair, other if other.model != side.model else side, lang))
-    return text
-
-
 def side_metadata(pair: Pair, side: Side) -> dict[str, Any]:
     """A side's message metadata: the raw answer (the history's), its model once revealed, side, picked."""
     index = pair.sides.index(side)
@@ -263,22 +254,6 @@ def side_metadata(pair: Pair, side: Side) -> dict[str, Any]:
             "compare": {"side": side.label, "picked": index == pair.picked, "blind": pair.blind},
         }
     }
-
-
-def note(pair: Pair, lang: str) -> str:
-    """The line under a compared pair: vote (blind, not voted yet) or which answer the chat continues from."""
-    if pair.blind and not pair.revealed:
-        return t("compare.vote_prompt", lang)
-    side = pair.sides[pair.picked]
-    text = t("compare.picked", lang, side=side.label, model=side.model)
-    if pair.vote is not None:
-        a, b = pair.sides
-        text = t("compare.voted", lang, winner=winner_text(pair.vote, lang), model_a=a.model, model_b=b.model) + (
-            "\n\n" + text
-        )
-    if pair.same:
-        text += "\n\n" + t("compare.same", lang, model=pair.sides[0].model)
-    return text
 
 
 def winner_text(winner: Winner, lang: str) -> str:
@@ -316,15 +291,6 @@ def to_vote(pair: Pair, winner: Winner, user: str, thread_id: str, comment: str 
     )
 
 
-def leaderboard_markdown(standings: Sequence[Standing], lang: str) -> str:
-    """``/leaderboard``: wins, losses and ties per model from the blind votes, as a markdown table."""
-    if not standings:
-        return t("leaderboard.empty", lang)
-    lines = [f"**{t('leaderboard.title', lang)}**", "", t("leaderboard.head", lang), "|---|--:|--:|--:|"]
-    lines += [f"| `{s.model}` | {s.wins} | {s.losses} | {s.ties} |" for s in standings]
-    return "\n".join(lines)
-
-
 def remember(pairs: dict[str, Pair], pair: Pair) -> None:
     """Keep the pair for its buttons; the oldest go past ``MAX_PAIRS``."""
     pairs[pair.turn_id] = pair
@@ -338,7 +304,7 @@ class CompareState:
 
     mode: CompareMode | None = None
     pairs: dict[str, Pair] = field(default_factory=dict)
-    views: dict[str, Any] = field(default_factory=dict)  # turn id -> the pair's views (webui/compare_view.py; reveal)
+    views: dict[str, Any] = field(default_factory=dict)  # turn id -> its views (backend/ui/compare_view.py)
     buttons: dict[str, list[Any]] = field(default_factory=dict)  # turn id -> the buttons shown under its note
 
     def latest(self, *, blind: bool | None = None) -> Pair | None:

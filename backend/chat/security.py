@@ -542,13 +542,9 @@ async def _plain(send: Any, status: int, body: bytes, headers: list[tuple[bytes,
 
 
 def install(http_app: Any, settings: Settings, *, throttle: LoginThrottle | None = None) -> None:
-    """Put the middleware in front of everything (Chainlit's routes and its socket.io mount); make
-    Chainlit's CORS answer only the allowed origins (its config.toml says "*"). Idempotent."""
+    """Put the middleware in front of everything (Chainlit's routes and its socket.io mount). Idempotent.
+    Chainlit's own CORS answers the same origins (backend/ui/chainlit_settings.py sets them)."""
     origins = [o for o in (canonical_origin(x) for x in settings.ui.allowed_origins) if o]
-    cors_origins = [o.removesuffix(":443") if o.startswith("https:") else o.removesuffix(":80") for o in origins]
-    for middleware in http_app.user_middleware:
-        if getattr(middleware.cls, "__name__", "") == "CORSMiddleware":
-            middleware.kwargs["allow_origins"] = cors_origins
     if any(m.cls is WebSecurityMiddleware for m in http_app.user_middleware):
         return
     hosts = served_host_names(settings)

@@ -33,7 +33,7 @@ from ..text import pick_language, t
 from . import budget as budget_mod
 from . import counters
 from .adapters_in_use import AdapterUsage
-from .client import ChatClient, Finish, Usage, anomaly_counts
+from .client import ChatClient, Finish, anomaly_counts
 from .health import EngineState, HealthPoller, HealthStatus, get_poller
 from .votes import VoteStore
 
@@ -585,24 +585,3 @@ def no_text_message(finish: Finish | None, lang: str) -> str:
     """What to show instead of an answer that carried no text (never a footer standing alone)."""
     why = (ending_note(finish, lang) if finish else None) or t("ending.stop", lang)
     return t("no_text", lang, why=why)
-
-
-def footer(
-    model: str,
-    usage: Usage | None,
-    fitted: budget_mod.FitResult | None,
-    seconds: float,
-    lang: str,
-    finish: Finish | None = None,
-) -> str:
-    """The line under each answer (after ``close_fence``): who answered, how much, how long, the context meter."""
-    parts = [f"`{model}`"]  # ids like my_adapter or a*b would break the italics
-    if usage and usage.completion_tokens is not None:
-        parts.append(t("tokens", lang, n=usage.completion_tokens))
-    parts.append(f"{seconds:.1f} s")
-    note = ending_note(finish, lang) if finish else None
-    if note:
-        parts.append(note)
-    if fitted is not None:
-        parts.append(fitted.meter_text(lang))
-    return "\n\n*" + " · ".join(parts) + "*"

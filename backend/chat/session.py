@@ -32,5 +32,5 @@ class ChatSession:
     # settings change): no watcher starts meanwhile, even from a chat start that was still running.
     connected: bool = True
     # A message, an edit or a button is being answered (a compare pair is one answer). Another one meanwhile is
-    # refused (webui/socket_guard.py, app.py answer_as_task): one answer streaming per chat (issue #18).
+    # refused (backend/ui/socket_guard.py, answering.py one_answer): one answer streaming per chat (issue #18).
     answering: bool = False

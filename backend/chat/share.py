@@ -2,7 +2,7 @@
 
 Chainlit 2.12 does the sharing: the owner's sidebar menu calls ``PUT /project/thread/share`` (it sets
 ``metadata.is_shared``) and copies ``/share/<thread id>``; that page reads ``GET /project/share/<id>`` and shows
-the thread with no composer. webui/routes.py puts two routes of ours in front of those, which decide here:
+the thread with no composer. backend/ui/routes.py puts two routes of ours in front of those, which decide here:
 
 - opening a link needs a login (Chainlit would show a shared thread to anyone who has the link);
 - a deleted (or never existing, or malformed) id, and a thread its owner has not shared (or stopped

@@ -1,5 +1,5 @@
 """One chat turn: wait for the engine, load the chosen adapter, fit the history, stream the answer,
-and say what went wrong, all shown through a ``Renderer`` (webui/views.py ``ChatView`` draws it with Chainlit).
+and say what went wrong, all shown through a ``Renderer`` (backend/ui/views.py ``ChatView`` draws it with Chainlit).
 
     outcome = await turn.answer(session, service, view)   # ANSWERED or FAILED; Stop raises CancelledError
     await turn.load_adapter(session, service, view, name)  # the user picked an adapter that is not served
@@ -92,7 +92,7 @@ class StepView(Protocol):
 
 
 class Renderer(Protocol):
-    """What a turn shows, and how; webui/views.py draws it with Chainlit messages, steps and buttons.
+    """What a turn shows, and how; backend/ui/views.py draws it with Chainlit messages, steps and buttons.
 
     One per turn. Each attempt starts a bubble with ``new_answer``, which is then shown
     (``show_answer``), kept cut (``keep_partial``) or removed (``drop_answer``); a turn that fails

@@ -89,7 +89,7 @@ def accent_hsl(colour: str) -> str:
 
 
 def theme_css(colour: str) -> str:
-    """CSS that sets the accent in both themes (appended to public/style.css by webui/routes.py). ``html:root``
+    """CSS that sets the accent in both themes (appended to public/style.css by backend/ui/routes.py). ``html:root``
     and ``html.dark`` outrank Chainlit's own ``:root`` and ``.dark`` wherever the two stylesheets load."""
     hsl = accent_hsl(colour)
     return f"html:root, html.dark {{ --primary: {hsl}; --ring: {hsl}; --sidebar-primary: {hsl}; }}\n"

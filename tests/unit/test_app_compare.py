@@ -216,7 +216,7 @@ async def test_stop_during_a_compare_stops_both_and_keeps_both_partials(chat, fa
 async def test_blind_mode_hides_the_names_until_the_vote_then_stores_and_reveals_it(chat, ui):
     on = await compare_on(chat, "blind")
     assert "Blind compare on" in on.answers[-1]
-    board_before = {s.model: s for s in ui.app.votes.leaderboard()}
+    board_before = {s.model: s for s in ui.service.votes.leaderboard()}
     m = marker()
     screen = await chat.send(f"blind question {m}")
     shown = sides(screen)
@@ -233,7 +233,7 @@ async def test_blind_mode_hides_the_names_until_the_vote_then_stores_and_reveals
 
     n2 = len(chat.events)
     await chat.click(votes["b"])
-    [stored] = [v for v in ui.app.votes.all() if v.turn_id == chat.conversation.turns[-2].id]
+    [stored] = [v for v in ui.service.votes.all() if v.turn_id == chat.conversation.turns[-2].id]
     assert stored.winner == "b" and {stored.model_a, stored.model_b} == {BASE, ADAPTER}
     assert stored.answer_a == stored.answer_b == expected_text(8)
     assert stored.prompt[-1] == {"role": "user", "content": f"blind question {m}"}
@@ -250,7 +250,7 @@ async def test_blind_mode_hides_the_names_until_the_vote_then_stores_and_reveals
     left = actions(chat.screen(), note)
     assert [(x["name"], x["payload"].get("side")) for x in left] == [("compare_pick", "A")], left
 
-    board = {s.model: s for s in ui.app.votes.leaderboard()}
+    board = {s.model: s for s in ui.service.votes.leaderboard()}
     won, lost = board[stored.model_b], board[stored.model_a]
     assert won.wins == (board_before[won.model].wins if won.model in board_before else 0) + 1
     assert lost.losses == (board_before[lost.model].losses if lost.model in board_before else 0) + 1
@@ -263,7 +263,7 @@ async def test_blind_mode_hides_the_names_until_the_vote_then_stores_and_reveals
     # A second vote on the same turn (with a comment): the last vote wins, and the chat says so.
     again = await send_command(chat, "vote", "tie both fine")
     assert any("the last vote counts" in a for a in again.answers), again.answers
-    [stored] = [v for v in ui.app.votes.all() if v.turn_id == stored.turn_id]
+    [stored] = [v for v in ui.service.votes.all() if v.turn_id == stored.turn_id]
     assert stored.winner == "tie" and stored.comment == "both fine"
     await compare_off(chat)
 
@@ -286,9 +286,9 @@ async def test_compare_bad_inputs_get_clear_messages(chat, ui):
 async def test_compare_with_only_one_model_served_says_so(chat, ui, monkeypatch):
     from dataclasses import replace
 
-    status = ui.app.poller.status
+    status = ui.service.poller.status
     only_base = replace(status, models=tuple(m for m in status.models if not m.is_adapter))
-    monkeypatch.setattr(type(ui.app.poller), "status", property(lambda self: only_base))
+    monkeypatch.setattr(type(ui.service.poller), "status", property(lambda self: only_base))
     screen = await send_command(chat, "compare", "")
     assert screen.errors and f"only `{BASE}` is served" in screen.errors[0]
     assert f"/compare {BASE} {BASE}" in screen.errors[0]
@@ -360,12 +360,14 @@ async def test_a_blind_sides_progress_lines_never_name_its_model(chat, ui):
     from chainlit.context import init_ws_context
 
     from backend.chat import compare
+    from backend.ui.compare_view import CompareView
+    from backend.ui.panel import Host
 
     init_ws_context(chat.session)
     pair = compare.new_pair(compare.CompareMode(BASE, ADAPTER, blind=True), "u", [])
     side = pair.side("B")
     n = len(chat.events)
-    async with ui.CompareView("en", ui.HOST, pair, side).step(f"Loading adapter {side.model}") as step:
+    async with CompareView("en", Host(ui), pair, side).step(f"Loading adapter {side.model}") as step:
         step.name = step.output = f"{side.model} loaded; {pair.side('A').model} unloaded to make room"
     shown = [d for e, d in chat.events[n:] if e in ("new_message", "update_message")]
     assert shown and all(BASE not in str(d) and ADAPTER not in str(d) for d in shown), shown

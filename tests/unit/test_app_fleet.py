@@ -7,9 +7,6 @@ fields. Driven like tests/unit/test_app_handlers.py (its ``Chat`` stands in for 
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 import pytest_asyncio
 
@@ -33,7 +30,9 @@ async def fleet():
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def ui(fleet, tmp_path_factory):
+    import backend.ui
     from backend.chat import health
+    from backend.chat.service import Service
 
     router, replicas = fleet
     lora_dir = tmp_path_factory.mktemp("lora-dir")
@@ -58,14 +57,12 @@ async def ui(fleet, tmp_path_factory):
         for key in ("QWENCHAT_STATUS_FILE", "QWENCHAT_LOG_DIR", "QWENCHAT_PROFILE"):
             mp.delenv(key, raising=False)
         await health.reset_shared()
-        sys.modules.pop("app", None)
-        module = importlib.import_module("app")
-        assert module.app.settings.fleet.size == 2
+        module = backend.ui.install(Service.from_environment())
+        assert module.service.settings.fleet.size == 2
         yield module
-        await module.app.poller.stop()
-        await module.app.client.aclose()
+        await module.service.poller.stop()
+        await module.service.client.aclose()
         await health.reset_shared()
-        sys.modules.pop("app", None)
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -87,7 +84,7 @@ async def test_the_picker_claims_base_model_only_for_the_base_when_the_server_hi
     for s in (router, *replicas):  # the list comes from the replicas (what every one serves): they hide it too
         s.lineage = False
         s.runtime_adapters["mystery"] = "/x"  # listed by the server, named nowhere in the config
-    await ui.app.poller.refresh()
+    await ui.service.poller.refresh()
     await chat.send("hello")  # a new model list: the panel is sent again
     await wait_for(lambda: "mystery" in labels(chat), 5, "the panel listing 'mystery'")
     shown = labels(chat)
@@ -104,7 +101,7 @@ async def test_the_picker_claims_base_model_only_for_the_base_when_the_server_hi
         s.lineage = True
     for s in (router, *replicas):
         del s.runtime_adapters["mystery"]
-    await ui.app.poller.refresh()
+    await ui.service.poller.refresh()
 
 
 async def test_an_adapter_one_replica_lacks_is_not_offered_and_a_chat_using_it_is_told_why(chat, fleet, ui):
@@ -116,7 +113,7 @@ async def test_an_adapter_one_replica_lacks_is_not_offered_and_a_chat_using_it_i
     router, replicas = fleet
     for s in (router, *replicas):
         s.runtime_adapters["scribe"] = "/srv/scribe"
-    await ui.app.poller.refresh()
+    await ui.service.poller.refresh()
     await wait_for(lambda: "scribe" in labels(chat), 5, "the panel listing 'scribe'")
     init_ws_context(chat.session)
     await config.code.on_settings_update({"model": "scribe"})  # chosen while every replica serves it
@@ -124,7 +121,7 @@ async def test_an_adapter_one_replica_lacks_is_not_offered_and_a_chat_using_it_i
     n = len(chat.events)
     del replicas[1].runtime_adapters["scribe"]  # replica 2 restarted without it (the router may still list it)
     try:
-        status = await ui.app.poller.refresh()
+        status = await ui.service.poller.refresh()
         assert "scribe" not in [m.id for m in status.models] and status.lacking("scribe") == (2,)
         where = f"replica 2 (127.0.0.1:{replicas[1].port})"
         why = f"'scribe' is not served by every replica of the fleet (missing on {where})"
@@ -142,7 +139,7 @@ async def test_an_adapter_one_replica_lacks_is_not_offered_and_a_chat_using_it_i
         assert user_session(chat).model == "fake-qwen"
         assert chat.received("hello scribe") == []  # never sent: the router might pick replica 2, "not found"
 
-        body = await ui.status_route()  # the status line's note, in both languages
+        body = await ui.routes.status()  # the status line's note, in both languages
         assert body["partial_models"] == [{"model": "scribe", "replicas": [2]}]
         assert body["partial_text"] == f"scribe not offered: not served by {where}"
         assert body["partial_text_zh"] == f"scribe 未提供：副本 2（127.0.0.1:{replicas[1].port}）未加载它"
@@ -161,16 +158,16 @@ async def test_an_adapter_one_replica_lacks_is_not_offered_and_a_chat_using_it_i
         ), notes
     finally:
         replicas[1].runtime_adapters["scribe"] = "/srv/scribe"  # loaded back on replica 2: offered again
-    status = await ui.app.poller.refresh()
+    status = await ui.service.poller.refresh()
     assert "scribe" in [m.id for m in status.models] and status.partial_models == ()
-    assert (await ui.status_route())["partial_text"] == ""
+    assert (await ui.routes.status())["partial_text"] == ""
     for s in (router, *replicas):
         del s.runtime_adapters["scribe"]
-    await ui.app.poller.refresh()
+    await ui.service.poller.refresh()
 
 
 async def test_the_status_route_counts_the_replicas(chat, ui):
-    body = await ui.status_route()
+    body = await ui.routes.status()
     assert (body["replicas_ready"], body["replicas_total"]) == (2, 2) and body["state"] == "ready"
     assert body["replicas_text"] == "2 of 2 replicas ready"
 
@@ -179,7 +176,7 @@ async def test_unload_refused_by_one_replica_names_it_and_keeps_the_adapter_on_e
     router, replicas = fleet
     for s in (router, *replicas):
         s.runtime_adapters["poet"] = "/srv/poet"
-    await ui.app.poller.refresh()
+    await ui.service.poller.refresh()
     replicas[1].lora_fault = 500
     try:
         screen = await send_command(chat, "unload", "poet")
@@ -189,7 +186,7 @@ async def test_unload_refused_by_one_replica_names_it_and_keeps_the_adapter_on_e
     assert error.startswith("could not unload adapter 'poet' from every replica of the fleet: replica 2 (")
     assert f"127.0.0.1:{replicas[1].port}" in error and "HTTP 500" in error
     assert "loaded back on replicas 1," in error
-    assert str(ui.app.settings.lora.resolved_dir) not in error and "fleet-key" not in error
+    assert str(ui.service.settings.lora.resolved_dir) not in error and "fleet-key" not in error
     assert all("poet" in r.runtime_adapters for r in replicas)  # uniform: still on both
     assert replicas[0].lora_calls[-1][2] == "Bearer fleet-key"
 
@@ -203,12 +200,12 @@ async def test_a_replica_killed_mid_conversation_shows_1_of_2_and_the_chat_goes_
     port = replicas[1].port
     await replicas[1].stop()
     try:
-        await wait_for(lambda: ui.app.poller.status.replicas_ready == 1, 10, "1 of 2 replicas ready")
-        body = await ui.status_route()
+        await wait_for(lambda: ui.service.poller.status.replicas_ready == 1, 10, "1 of 2 replicas ready")
+        body = await ui.routes.status()
         assert (body["replicas_ready"], body["replicas_total"], body["state"]) == (1, 2, "degraded")
         assert body["reason"].startswith(f"1 of 2 replicas ready; replica 2 (127.0.0.1:{port}): connection refused")
         assert (await chat.send("and now?")).answers  # degraded still answers
     finally:
         replicas[1].port = port
         await replicas[1].start()
-    await wait_for(lambda: ui.app.poller.status.replicas_ready == 2, 10, "both replicas back")
+    await wait_for(lambda: ui.service.poller.status.replicas_ready == 2, 10, "both replicas back")

@@ -59,11 +59,11 @@ async def test_compare_vote_is_refused_on_a_pair_that_is_not_blind(chat, ui):
     [note] = notes(screen)
     assert [a["name"] for a in screen.actions.get(note["id"], [])] == ["compare_pick"]
     turn = chat.conversation.last_user().id
-    before = len(ui.app.votes.all())
+    before = len(ui.service.votes.all())
     forged = {"name": "compare_vote", "payload": {"turn": turn, "winner": "a"}, "forId": note["id"], "id": "x"}
     refused = await chat.click(forged)
     assert any("Votes are for blind comparisons" in e for e in refused.errors), refused.errors
-    assert len(ui.app.votes.all()) == before  # nothing stored
+    assert len(ui.service.votes.all()) == before  # nothing stored
     await compare_off(chat)
 
 
@@ -71,11 +71,11 @@ async def test_a_vote_naming_no_side_is_refused_with_the_value(chat, ui):
     await compare_on(chat, "blind")
     await chat.send(f"blind question {marker()}")
     turn = chat.conversation.last_user().id
-    before = len(ui.app.votes.all())
+    before = len(ui.service.votes.all())
     forged = {"name": "compare_vote", "payload": {"turn": turn, "winner": "left"}, "forId": "n", "id": "y"}
     refused = await chat.click(forged)
     assert any("`left`" in e for e in refused.errors), refused.errors
-    assert len(ui.app.votes.all()) == before
+    assert len(ui.service.votes.all()) == before
     await compare_off(chat)
 
 

@@ -1,4 +1,4 @@
-"""The Chainlit handlers in app.py, driven through Chainlit's own socket handlers without a browser.
+"""The Chainlit handlers (backend/ui/), driven through Chainlit's own socket handlers without a browser.
 
 A real ``WebsocketSession`` whose ``emit`` records every event stands in for the browser; messages
 go through ``chainlit.socket.message`` (the ``client_message`` event, so Stop cancels the same task
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -95,8 +93,10 @@ async def fake():
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def ui(fake, tmp_path_factory):
-    """app.py imported with its settings from the environment, pointed at the fake server."""
+    """The UI installed as app.py installs it, with its settings from the environment, pointed at the fake server."""
+    import backend.ui
     from backend.chat import health
+    from backend.chat.service import Service
 
     env = {
         "OPENAI_BASE_URL": fake.base_url,
@@ -116,14 +116,12 @@ async def ui(fake, tmp_path_factory):
         for key in ("QWENCHAT_STATUS_FILE", "QWENCHAT_LOG_DIR", "QWENCHAT_PROFILE"):
             mp.delenv(key, raising=False)
         await health.reset_shared()
-        sys.modules.pop("app", None)
-        module = importlib.import_module("app")
-        assert module.app.settings.external and module.app.base_url == fake.base_url
+        module = backend.ui.install(Service.from_environment())
+        assert module.service.settings.external and module.service.base_url == fake.base_url
         yield module
-        await module.app.poller.stop()
-        await module.app.client.aclose()
+        await module.service.poller.stop()
+        await module.service.client.aclose()
         await health.reset_shared()
-        sys.modules.pop("app", None)
 
 
 class Chat:
@@ -159,7 +157,7 @@ class Chat:
 
         await socket.connection_successful(self.sid)
         await asyncio.wait_for(self.session.current_task, 30)  # on_chat_start
-        status = await self.ui.app.poller.wait_until_ready(20)
+        status = await self.ui.service.poller.wait_until_ready(20)
         assert status.answering, f"the fake server never became ready: {status}"
 
     async def end(self) -> None:
@@ -235,7 +233,9 @@ class Chat:
     def conversation(self) -> Conversation:
         from chainlit.user_session import user_sessions
 
-        return user_sessions[self.session.id][self.ui.SESSION_KEY].conversation
+        from backend.ui.context import SESSION_KEY
+
+        return user_sessions[self.session.id][SESSION_KEY].conversation
 
     def received(self, marker: str) -> list:
         """The chat requests the fake server got whose last user message contains ``marker``."""
@@ -299,7 +299,7 @@ async def test_a_chat_opened_while_the_engine_lists_no_model_yet_still_gets_its_
         async def __anext__(self):
             await asyncio.Event().wait()
 
-    monkeypatch.setattr(ui.app, "_poller", LoadingPoller())
+    monkeypatch.setattr(ui.service, "_poller", LoadingPoller())
     tab = Chat(ui, fake)
     from chainlit import socket
 
@@ -309,7 +309,7 @@ async def test_a_chat_opened_while_the_engine_lists_no_model_yet_still_gets_its_
         assert tab.screen().errors == []  # Select refuses an empty list; that error must not reach the user
         [widgets] = [data for event, data in tab.events if event == "chat_settings"]
         [model] = [w for w in widgets if w["id"] == "model"]
-        assert ui.app.settings.model.name in str(model["items"])
+        assert ui.service.settings.model.name in str(model["items"])
     finally:
         await tab.end()
 
@@ -465,11 +465,11 @@ async def test_a_web_page_names_the_exact_url_the_chat_asked(chat, fake):
 
 
 async def test_a_json_body_to_a_streaming_request_is_shown_whole_and_counted(chat, ui):
-    before = ui.app.status_json()["anomalies"].get("json_body", 0)
+    before = ui.service.status_json()["anomalies"].get("json_body", 0)
     screen = await chat.send(f"[[fault:json-body]] {marker()}")
     assert screen.errors == [] and screen.answers[0].startswith(FULL + "\n\n*`fake-qwen` ·")
     assert "without sending any text" not in screen.answers[0]
-    assert ui.app.status_json()["anomalies"]["json_body"] == before + 1
+    assert ui.service.status_json()["anomalies"]["json_body"] == before + 1
 
 
 async def test_the_status_line_gets_its_words_in_both_languages_from_the_catalog(chat, ui):
@@ -477,16 +477,16 @@ async def test_the_status_line_gets_its_words_in_both_languages_from_the_catalog
 
     from backend.chat.health import EngineState
 
-    st = ui.app.status_json()
+    st = ui.service.status_json()
     assert (st["state"], st["label"], st["label_zh"]) == ("ready", "ready", "就绪")
     assert (st["offline_label"], st["offline_label_zh"]) == ("UI offline", "界面未连接")
-    poller = ui.app.poller
+    poller = ui.service.poller
     real = poller.status
     try:  # while the launcher installs the engine the word is "preparing", whatever the state
         poller._status = dataclasses.replace(real, state=EngineState.STARTING, phase="install_engine")
-        assert (ui.app.status_json()["label"], ui.app.status_json()["label_zh"]) == ("preparing", "准备中")
+        assert (ui.service.status_json()["label"], ui.service.status_json()["label_zh"]) == ("preparing", "准备中")
         poller._status = dataclasses.replace(real, state=EngineState.DOWN)
-        assert ui.app.status_json()["label_zh"] == "引擎不可用"
+        assert ui.service.status_json()["label_zh"] == "引擎不可用"
     finally:
         poller._status = real
 
@@ -684,10 +684,10 @@ async def test_unload_refused_by_the_engine_is_shown_and_the_chat_goes_on(chat):
 
 
 async def test_status_route_exposes_the_anomaly_counters_by_kind(chat, ui):
-    before = (await ui.status_route())["anomalies"].get("empty_choices", 0)
+    before = (await ui.routes.status())["anomalies"].get("empty_choices", 0)
     screen = await chat.send(f"[[fault:empty-choices-first]] {marker()}")
     assert screen.answers  # tolerated: the answer still appears
-    assert (await ui.status_route())["anomalies"]["empty_choices"] == before + 1
+    assert (await ui.routes.status())["anomalies"]["empty_choices"] == before + 1
 
 
 async def test_a_model_picked_in_the_composer_answers_the_message_it_came_with(chat, fake):
@@ -708,10 +708,12 @@ async def test_a_model_picked_in_the_composer_answers_the_message_it_came_with(c
 
 
 def user_session(chat):
-    """The chat's ChatSession (app.py keeps it under one key of Chainlit's user_session)."""
+    """The chat's ChatSession (backend/ui/context.py keeps it under one key of Chainlit's user_session)."""
     from chainlit.user_session import user_sessions
 
-    return user_sessions[chat.session.id][chat.ui.SESSION_KEY]
+    from backend.ui.context import SESSION_KEY
+
+    return user_sessions[chat.session.id][SESSION_KEY]
 
 
 def settings_sent(chat, since: int = 0) -> list:
@@ -722,8 +724,8 @@ async def push_model_change(ui) -> None:
     """What the poller does when the engine's model list changes: a status with a new version."""
     import dataclasses
 
-    st = ui.app.poller.status
-    for q in list(ui.app.poller._subscribers):
+    st = ui.service.poller.status
+    for q in list(ui.service.poller._subscribers):
         q.put_nowait(dataclasses.replace(st, version=st.version + 1000))
 
 
@@ -731,25 +733,25 @@ async def test_a_reconnect_restarts_the_model_watcher_and_a_cancelled_one_unsubs
     from chainlit.config import config
     from chainlit.context import init_ws_context
 
-    subscribers = len(ui.app.poller._subscribers)
+    subscribers = len(ui.service.poller._subscribers)
     first = user_session(chat).watcher
     init_ws_context(chat.session)
     await config.code.on_chat_end()  # Chainlit calls it on every disconnect, also a brief network drop
     await asyncio.wait({first}, timeout=5)
     assert first.cancelled()
-    assert len(ui.app.poller._subscribers) == subscribers - 1  # its queue left the poller
+    assert len(ui.service.poller._subscribers) == subscribers - 1  # its queue left the poller
 
     await chat.send(f"after the reconnect {marker()}")  # same session: no on_chat_start
     again = user_session(chat).watcher
     assert again is not first and not again.done()
-    assert len(ui.app.poller._subscribers) == subscribers
+    assert len(ui.service.poller._subscribers) == subscribers
     n = len(chat.events)
     await push_model_change(ui)
     await wait_for(lambda: settings_sent(chat, n), 5, "the settings panel re-sent by the restarted watcher")
 
 
 async def test_a_failed_settings_update_does_not_end_the_model_watcher(chat, ui, monkeypatch):
-    real = ui.app.local_adapters
+    real = ui.service.local_adapters
     calls = []
 
     async def broken_once(status):
@@ -758,7 +760,7 @@ async def test_a_failed_settings_update_does_not_end_the_model_watcher(chat, ui,
             raise RuntimeError("adapter folder unreadable")
         return await real(status)
 
-    monkeypatch.setattr(ui.app, "local_adapters", broken_once)
+    monkeypatch.setattr(ui.service, "local_adapters", broken_once)
     watcher = user_session(chat).watcher
     await push_model_change(ui)
     await wait_for(lambda: calls, 5, "the watcher to try re-sending the settings")
@@ -774,7 +776,7 @@ async def test_an_app_bug_while_answering_is_reported_as_the_apps_with_a_request
     async def broken_fit(messages):
         raise KeyError("boom")
 
-    monkeypatch.setattr(ui.app, "fit", broken_fit)
+    monkeypatch.setattr(ui.service, "fit", broken_fit)
     screen = await chat.send(f"question {marker()}")
     [error] = screen.errors
     assert error.startswith("Something went wrong in the chat app (request ") and "it is logged" in error, error
@@ -786,7 +788,7 @@ async def test_an_app_bug_in_a_command_is_shown_not_swallowed(chat, ui, monkeypa
     def broken(*args, **kwargs):
         raise ValueError("broken overview")
 
-    monkeypatch.setattr(ui.app, "adapters_overview", broken)
+    monkeypatch.setattr(ui.service, "adapters_overview", broken)
     screen = await send_command(chat, "adapters", "")
     assert len(screen.errors) == 1 and "Something went wrong in the chat app" in screen.errors[0]
 
@@ -826,12 +828,14 @@ async def test_the_settings_panel_and_the_composer_picker_agree_when_a_choice_la
     monkeypatch.setattr(cl.ChatSettings, "send", slow_first_send)
     from chainlit.context import init_ws_context
 
+    from backend.ui import panel
+
     init_ws_context(chat.session)
     user_session(chat).model = "fake-qwen"
     n = len(chat.events)
-    watcher_update = asyncio.create_task(ui.send_settings())
+    watcher_update = asyncio.create_task(panel.send_settings(ui))
     await asyncio.wait_for(in_flight.wait(), 10)  # not a fixed 0.05 s: the update may take longer to get there
-    await ui.choose_model("fake-adapter")  # the user picks while that update is in flight
+    await panel.choose_model(ui, "fake-adapter")  # the user picks while that update is in flight
     await watcher_update
 
     modes = [d for e, d in chat.events[n:] if e == "set_modes"]
@@ -866,7 +870,7 @@ async def test_a_failure_after_the_answer_was_shown_records_it_once_and_unmarked
     async def broken_left_out(fitted, lang):
         raise RuntimeError("left-out note failed")
 
-    monkeypatch.setattr("webui.views.show_left_out", broken_left_out)
+    monkeypatch.setattr("backend.ui.views.show_left_out", broken_left_out)
     m = marker()
     screen = await chat.send(f"question {m}")
     assert screen.errors == [] and len(screen.answers) == 1 and "⚠" not in screen.answers[0]
@@ -882,7 +886,7 @@ async def test_stop_after_the_answer_was_shown_does_not_record_it_twice(chat, ui
         reached.set()
         await asyncio.sleep(30)
 
-    monkeypatch.setattr("webui.views.show_left_out", slow_left_out)
+    monkeypatch.setattr("backend.ui.views.show_left_out", slow_left_out)
     task = chat.start_sending(f"question {marker()}")
     await asyncio.wait_for(reached.wait(), 20)
     await chat.stop()
@@ -902,7 +906,7 @@ async def test_stop_during_an_adapter_load_from_the_settings_panel_cancels_it(ch
         started.set()
         await asyncio.sleep(30)
 
-    monkeypatch.setattr(ui.app, "ensure_loaded", slow_load)
+    monkeypatch.setattr(ui.service, "ensure_loaded", slow_load)
     change = asyncio.create_task(socket.change_settings(chat.sid, {"model": "slow-adapter"}))
     await asyncio.wait_for(started.wait(), 10)
     t0 = time.monotonic()

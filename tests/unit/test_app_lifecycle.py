@@ -1,4 +1,4 @@
-"""app.py's handlers on paths the main handler tests do not take: a browser leaving during chat start,
+"""The UI's handlers on paths the main handler tests do not take: a browser leaving during chat start,
 a system prompt past the limit, and the engine not answering when a message is sent (still loading past
 ``[ui] wait_for_ready``, already down, dying before the first token).
 
@@ -22,7 +22,7 @@ from tests.unit import test_app_handlers as handlers
 from tests.unit.chat.test_turn import RestartingPoller
 from tests.unit.test_app_handlers import FULL, Chat, marker, settings_sent, user_session
 
-# The handler tests' fixtures: app.py against the fault server, and one open chat.
+# The handler tests' fixtures: the UI installed against the fault server, and one open chat.
 fake, ui, chat = handlers.fake, handlers.ui, handlers.chat
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -50,17 +50,19 @@ async def test_a_browser_that_leaves_during_chat_start_leaves_no_model_watcher_b
     from chainlit.context import init_ws_context
 
     entered, release = asyncio.Event(), asyncio.Event()
-    real_send_commands = ui.send_commands
+    from backend.ui import chat as chat_handlers
 
-    async def slow_send_commands() -> None:  # chat start is still running when the browser goes away
+    real_send_commands = chat_handlers.send_commands
+
+    async def slow_send_commands(_ui) -> None:  # chat start is still running when the browser goes away
         entered.set()
         await release.wait()
-        await real_send_commands()
+        await real_send_commands(ui)
 
-    monkeypatch.setattr(ui, "send_commands", slow_send_commands)
-    await ui.app.start()
-    await asyncio.wait_for(ui.app._warm, 30)  # the start's warm-up waits on the poller too: let it finish first
-    subscribers = len(ui.app.poller._subscribers)
+    monkeypatch.setattr(chat_handlers, "send_commands", slow_send_commands)
+    await ui.service.start()
+    await asyncio.wait_for(ui.service._warm, 30)  # the start's warm-up waits on the poller too: let it finish first
+    subscribers = len(ui.service.poller._subscribers)
     tab = Chat(ui, fake)
     await socket.connection_successful(tab.sid)
     start = tab.session.current_task
@@ -71,20 +73,20 @@ async def test_a_browser_that_leaves_during_chat_start_leaves_no_model_watcher_b
         release.set()
         await asyncio.wait_for(start, 10)
         assert user_session(tab).watcher is None  # nothing left that no on_chat_end would cancel
-        assert len(ui.app.poller._subscribers) == subscribers
+        assert len(ui.service.poller._subscribers) == subscribers
 
-        monkeypatch.setattr(ui, "send_commands", real_send_commands)
-        assert (await ui.app.poller.wait_until_ready(20)).answering
+        monkeypatch.setattr(chat_handlers, "send_commands", real_send_commands)
+        assert (await ui.service.poller.wait_until_ready(20)).answering
         screen = await tab.send(f"back again {marker()}")  # the same session reconnects and sends a message
         assert screen.errors == [] and screen.answers[0].startswith(FULL), screen.errors
         watcher = user_session(tab).watcher
         assert watcher is not None and not watcher.done()
-        assert len(ui.app.poller._subscribers) == subscribers + 1
+        assert len(ui.service.poller._subscribers) == subscribers + 1
     finally:
         release.set()
         await tab.end()
     await asyncio.wait({watcher}, timeout=5)
-    assert watcher.cancelled() and len(ui.app.poller._subscribers) == subscribers
+    assert watcher.cancelled() and len(ui.service.poller._subscribers) == subscribers
 
 
 # ---------------------------------------------------------------- the system prompt is capped
@@ -129,12 +131,12 @@ def poller_for(url: str, status_file=None) -> HealthPoller:
 async def test_a_message_sent_while_the_model_loads_past_wait_for_ready_is_kept_with_retry(chat, ui, fake, monkeypatch):
     loading = poller_for(f"http://127.0.0.1:{free_port()}/v1")  # nothing answers yet: a model still loading
     await loading.start()
-    real = ui.app._poller
-    monkeypatch.setattr(ui.app, "_poller", loading)
+    real = ui.service._poller
+    monkeypatch.setattr(ui.service, "_poller", loading)
     monkeypatch.setattr(
-        ui.app,
+        ui.service,
         "settings",
-        dataclasses.replace(ui.app.settings, ui=dataclasses.replace(ui.app.settings.ui, wait_for_ready=1.0)),
+        dataclasses.replace(ui.service.settings, ui=dataclasses.replace(ui.service.settings.ui, wait_for_ready=1.0)),
     )
     m = marker()
     try:
@@ -148,7 +150,7 @@ async def test_a_message_sent_while_the_model_loads_past_wait_for_ready_is_kept_
     assert step["name"] == "Stopped waiting for the model after 1 s."  # shown live, and never "ready"
     assert chat.received(m) == [] and [t.role for t in chat.conversation.turns][-1] == "user"
 
-    monkeypatch.setattr(ui.app, "_poller", real)  # the model is ready now: Retry sends the kept message
+    monkeypatch.setattr(ui.service, "_poller", real)  # the model is ready now: Retry sends the kept message
     [retry] = [a for actions in screen.actions.values() for a in actions if a["name"] == "retry"]
     again = await chat.click(retry)
     assert again.errors == [] and again.answers[-1].startswith(FULL) and len(chat.received(m)) == 1
@@ -172,7 +174,7 @@ async def test_a_message_sent_while_the_engine_is_down_says_why_sends_nothing_an
     ).write(status_file)
     down = poller_for(f"http://127.0.0.1:{free_port()}/v1", status_file)  # the supervisor gave up
     await down.start()
-    monkeypatch.setattr(ui.app, "_poller", down)
+    monkeypatch.setattr(ui.service, "_poller", down)
     try:
         status = await down.wait_until_ready(5)
         assert status.state is EngineState.DOWN, status
@@ -190,8 +192,8 @@ async def test_a_message_sent_while_the_engine_is_down_says_why_sends_nothing_an
 async def test_an_engine_dying_before_the_first_token_is_waited_for_and_the_message_sent_once_more(
     chat, ui, monkeypatch, drops, answered
 ):
-    poller = RestartingPoller(ui.app._poller)  # after the failure: "restarting" until waited for
-    monkeypatch.setattr(ui.app, "_poller", poller)
+    poller = RestartingPoller(ui.service._poller)  # after the failure: "restarting" until waited for
+    monkeypatch.setattr(ui.service, "_poller", poller)
     m = marker()
     screen = await chat.send(f"[[fault:drop-mid:at=0:fail={drops}]] {m}")
     assert len(chat.received(m)) == 2 and poller.waits == 1  # waited once, sent again once, never twice

@@ -1,15 +1,13 @@
-"""Our HTTP routes (webui/routes.py) as app.py installs them: in front of Chainlit's, once each, bound to the
-Service of the latest import of app.py (tests import it afresh; webui/ stays imported)."""
+"""Our HTTP routes (backend/ui/routes.py) as the UI's installation puts them: in front of Chainlit's, once each,
+bound to the Service of the latest installation (each test installs the UI afresh against a new Service)."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -18,7 +16,10 @@ import pytest_asyncio
 from backend.chat import welcome
 from backend.settings import ROOT
 from tests.fakes.openai_server import FakeServer
-from webui import renderer
+
+if TYPE_CHECKING:
+    from backend.ui.context import Ui
+from backend.ui import renderer
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -32,14 +33,17 @@ async def fake():
 
 
 @contextlib.asynccontextmanager
-async def imported_app(fake: FakeServer, tmp_path, **ui: str) -> AsyncIterator[ModuleType]:
-    """app.py imported afresh with these [ui] settings (QWENCHAT_UI_*), against the fake server."""
+async def installed_ui(fake: FakeServer, tmp_path, **ui: str) -> AsyncIterator[Ui]:
+    """The UI installed afresh with these [ui] settings (QWENCHAT_UI_*), against the fake server."""
     from chainlit.config import config
 
+    import backend.ui
     from backend.chat import health
+    from backend.chat.service import Service
 
-    # Importing app.py with login on registers a password callback in Chainlit's config and puts a login secret in
-    # os.environ (history.prepare): both outlive the import, and would turn login on for every later test.
+    # An installation with login on registers a password callback in Chainlit's config and puts a login secret in
+    # os.environ (history.open_history): a later installation takes the callback out, but tests that install
+    # nothing would still see both.
     secret_before = os.environ.get("CHAINLIT_AUTH_SECRET")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(config.code, "password_auth_callback", config.code.password_auth_callback)
@@ -52,15 +56,13 @@ async def imported_app(fake: FakeServer, tmp_path, **ui: str) -> AsyncIterator[M
         for key, value in ui.items():
             mp.setenv(f"QWENCHAT_UI_{key.upper()}", value)
         await health.reset_shared()
-        sys.modules.pop("app", None)
-        module = importlib.import_module("app")
+        module = backend.ui.install(Service.from_environment())
         try:
             yield module
         finally:
-            await module.app.poller.stop()
-            await module.app.client.aclose()
+            await module.service.poller.stop()
+            await module.service.client.aclose()
             await health.reset_shared()
-            sys.modules.pop("app", None)
             if secret_before is None:
                 os.environ.pop("CHAINLIT_AUTH_SECRET", None)
             else:
@@ -68,7 +70,7 @@ async def imported_app(fake: FakeServer, tmp_path, **ui: str) -> AsyncIterator[M
 
 
 def ours(http_app) -> list:
-    from webui.routes import Routes
+    from backend.ui.routes import Routes
 
     return [
         r for r in http_app.router.routes if isinstance(getattr(getattr(r, "endpoint", None), "__self__", None), Routes)
@@ -83,19 +85,19 @@ async def get(path: str) -> httpx.Response:
         return await client.get(path)
 
 
-async def test_a_second_import_replaces_the_routes_bound_to_the_first_service(fake, tmp_path):
+async def test_a_second_installation_replaces_the_routes_bound_to_the_first_service(fake, tmp_path):
     from chainlit.server import app as http_app
 
     logo = tmp_path / "logo.svg"
     logo.write_text("<svg xmlns='http://www.w3.org/2000/svg'/>")
-    async with imported_app(fake, tmp_path, accent=RED, logo=str(logo), language="en") as first:
+    async with installed_ui(fake, tmp_path, accent=RED, logo=str(logo), language="en") as first:
         assert welcome.accent_hsl(RED) in (await get("/qwenchat/style.css")).text
         assert (await get("/logo")).text == logo.read_text()
         assert (await get("/qwenchat/status")).json()["lang"] == "en"
-        assert {r.endpoint.__self__.service for r in ours(http_app)} == {first.app}
-    async with imported_app(fake, tmp_path, accent=GREEN, language="zh") as second:
+        assert {r.endpoint.__self__.service for r in ours(http_app)} == {first.service}
+    async with installed_ui(fake, tmp_path, accent=GREEN, language="zh") as second:
         routes = ours(http_app)
-        assert {r.endpoint.__self__.service for r in routes} == {second.app}  # none left bound to the first
+        assert {r.endpoint.__self__.service for r in routes} == {second.service}  # none left bound to the first
         counts = Counter((r.path, tuple(sorted(r.methods))) for r in routes)
         assert counts == {
             ("/qwenchat/status", ("GET",)): 1,
@@ -114,7 +116,7 @@ async def test_a_second_import_replaces_the_routes_bound_to_the_first_service(fa
 async def test_chainlits_main_script_is_served_without_directives_or_alerts(fake, tmp_path):
     """#22: key:value is not a text directive, :::info not an alert; the other assets are Chainlit's files."""
     (shipped,) = [p for p in renderer.chainlit_assets().glob("index-*.js")]
-    async with imported_app(fake, tmp_path):
+    async with installed_ui(fake, tmp_path):
         first = await get(f"/assets/{shipped.name}")
         assert first.status_code == 200 and first.headers["content-type"].startswith("text/javascript")
         assert renderer.ALERT_PATTERN not in first.text and renderer.DIRECTIVE_SYNTAX.search(first.text) is None

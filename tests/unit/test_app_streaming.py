@@ -1,4 +1,4 @@
-"""app.py's ChatView streams through the coalescer: fewer socket messages, the same text (issue #11, P2).
+"""The ChatView streams through the coalescer: fewer socket messages, the same text (issue #11, P2).
 
 Driven like tests/unit/test_app_handlers.py (its fixtures and Chat), with the default [ui] stream_flush_ms.
 """
@@ -26,7 +26,7 @@ def answer_stream(tab: Chat, n: int) -> tuple[list[str], str]:
 
 
 async def test_a_fast_answer_reaches_the_browser_in_batches_and_whole(chat: Chat, ui):  # noqa: F811 - fixtures
-    assert ui.app.settings.ui.stream_flush_ms == 40
+    assert ui.service.settings.ui.stream_flush_ms == 40
     n = len(chat.events)
     screen = await chat.send(f"[[normal:tokens=300:rate=300]] {marker()}")
     pieces, _ = answer_stream(chat, n)
@@ -53,8 +53,8 @@ async def test_stop_mid_stream_sends_what_was_held_and_keeps_it(chat: Chat, fake
 
 
 async def test_chainlit_constructors_no_longer_sleep_on_the_event_loop(chat, monkeypatch):  # noqa: F811 - fixtures
-    """Chainlit's Message/Step constructors call time.sleep(0.001) for distinct timestamps; app.py keeps the
-    distinct timestamps and drops the blocking sleep (the largest stall under 200 sessions, bench/concurrency.py)."""
+    """Chainlit's Message/Step constructors call time.sleep(0.001) for distinct timestamps; backend/ui/server.py
+    keeps the distinct timestamps and drops the blocking sleep (the largest stall under 200 sessions, bench/concurrency.py)."""
     import time
 
     import chainlit as cl
@@ -78,4 +78,6 @@ async def test_chainlit_constructors_no_longer_sleep_on_the_event_loop(chat, mon
 async def test_a_pasted_document_fits_one_socket_message(ui):  # noqa: F811 - fixtures
     from chainlit.server import sio
 
-    assert sio.eio.max_http_buffer_size == ui.MAX_SOCKET_MESSAGE >= 10 * 1024 * 1024
+    from backend.ui import server
+
+    assert sio.eio.max_http_buffer_size == server.MAX_SOCKET_MESSAGE >= 10 * 1024 * 1024

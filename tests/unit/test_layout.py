@@ -1,5 +1,6 @@
-"""The layout is the architecture: the chat side (backend/chat, webui/) never imports the engine side; backend/
-never imports Chainlit or webui/."""
+"""The layout is the architecture: the Chainlit process's code (backend/chat, backend/ui) never imports the engine
+side, the engine side never imports either; only backend/ui (and app.py, which installs it) imports Chainlit, and
+backend/chat never imports backend/ui."""
 
 from __future__ import annotations
 
@@ -33,42 +34,55 @@ def _modules(folder: str) -> list[Path]:
     return sorted((BACKEND / folder).rglob("*.py")) if folder else sorted(BACKEND.rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", _modules("chat"), ids=lambda p: p.name)
-def test_the_chat_side_never_imports_the_engine_side(path):
-    engine = sorted(m for m in _imports(path) if m == "backend.engine" or m.startswith("backend.engine."))
-    assert not engine, (
-        f"{path.relative_to(BACKEND.parent)} imports {engine}: the Chainlit process must not need the launcher"
-    )
+def _under(modules: set[str], *packages: str) -> list[str]:
+    return sorted(m for m in modules if any(m == p or m.startswith(f"{p}.") for p in packages))
 
 
-@pytest.mark.parametrize("path", _modules(""), ids=lambda p: str(p.relative_to(BACKEND)))
-def test_backend_never_imports_chainlit(path):
-    chainlit = sorted(m for m in _imports(path) if m == "chainlit" or m.startswith("chainlit."))
-    assert not chainlit, (
-        f"{path.relative_to(BACKEND.parent)} imports {chainlit}: app.py and webui/ are the Chainlit code"
-    )
+def _name(path: Path) -> str:
+    return str(path.relative_to(BACKEND.parent))
 
 
-@pytest.mark.parametrize("path", _modules(""), ids=lambda p: str(p.relative_to(BACKEND)))
-def test_backend_never_imports_the_web_ui(path):
-    webui = sorted(m for m in _imports(path) if m == "webui" or m.startswith("webui."))
-    assert not webui, f"{path.relative_to(BACKEND.parent)} imports {webui}: webui/ renders what backend/ reports"
+@pytest.mark.parametrize("path", _modules("chat") + _modules("ui"), ids=_name)
+def test_the_chainlit_process_never_imports_the_engine_side(path):
+    """backend/chat and backend/ui run in the Chainlit process, which must not need the launcher."""
+    engine = _under(_imports(path), "backend.engine")
+    assert not engine, f"{_name(path)} imports {engine}: the Chainlit process must not need the launcher"
 
 
-WEBUI = sorted((BACKEND.parent / "webui").rglob("*.py"))
+@pytest.mark.parametrize("path", _modules("engine"), ids=_name)
+def test_the_engine_side_never_imports_the_chat_side(path):
+    chat = _under(_imports(path), "backend.chat", "backend.ui")
+    assert not chat, f"{_name(path)} imports {chat}: the launcher must not need the Chainlit process's code"
 
 
-@pytest.mark.parametrize("path", WEBUI, ids=lambda p: p.name)
-def test_the_web_ui_never_imports_the_engine_side(path):
-    """webui/ runs in the Chainlit process, as backend/chat does."""
-    engine = sorted(m for m in _imports(path) if m == "backend.engine" or m.startswith("backend.engine."))
-    assert not engine, (
-        f"{path.relative_to(BACKEND.parent)} imports {engine}: the Chainlit process must not need the launcher"
-    )
+@pytest.mark.parametrize("path", [p for p in _modules("") if "ui" not in p.relative_to(BACKEND).parts[:1]], ids=_name)
+def test_only_the_ui_package_imports_chainlit(path):
+    chainlit = _under(_imports(path), "chainlit")
+    assert not chainlit, f"{_name(path)} imports {chainlit}: backend/ui/ (and app.py) is the Chainlit code"
 
 
-def test_the_web_ui_package_is_scanned():
-    assert {p.name for p in WEBUI} >= {"__init__.py", "routes.py", "views.py", "compare_view.py"}
+@pytest.mark.parametrize("path", [p for p in _modules("") if "ui" not in p.relative_to(BACKEND).parts[:1]], ids=_name)
+def test_nothing_else_in_backend_imports_the_ui_package(path):
+    ui = _under(_imports(path), "backend.ui")
+    assert not ui, f"{_name(path)} imports {ui}: backend/ui/ shows what backend/chat reports, not the other way"
+
+
+def test_app_py_only_installs_the_ui():
+    """app.py is Chainlit's entry point: it builds the Service and installs backend/ui/, nothing more."""
+    app = BACKEND.parent / "app.py"
+    assert _imports(app) == {
+        "__future__",
+        "__future__.annotations",
+        "backend.ui",
+        "backend.chat.service",
+        "backend.chat.service.Service",
+    }
+    assert len(app.read_text(encoding="utf-8").splitlines()) < 60
+
+
+def test_the_ui_package_is_scanned():
+    assert {p.name for p in _modules("ui")} >= {"__init__.py", "routes.py", "views.py", "chat.py", "installation.py"}
+    assert not (BACKEND.parent / "webui").exists(), "webui/ moved to backend/ui/"
 
 
 SHARED = [
@@ -86,7 +100,9 @@ SHARED = [
 @pytest.mark.parametrize("name", SHARED)
 def test_shared_modules_import_neither_side(name):
     sides = sorted(
-        m for m in _imports(BACKEND / name) if m.startswith(("backend.engine", "backend.chat", "backend.adapters"))
+        m
+        for m in _imports(BACKEND / name)
+        if m.startswith(("backend.engine", "backend.chat", "backend.adapters", "backend.ui", "chainlit"))
     )
     assert not sides, f"backend/{name} is shared by both sides but imports {sides}"
 

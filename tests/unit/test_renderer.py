@@ -1,10 +1,10 @@
-"""webui/renderer.py: Chainlit's script without the directive syntax and the alert pattern (#22)."""
+"""backend/ui/renderer.py: Chainlit's script without the directive syntax and the alert pattern (#22)."""
 
 from __future__ import annotations
 
 import logging
 
-from webui import renderer
+from backend.ui import renderer
 
 DIRECTIVE = "function xMn(){return{text:{58:yMn},flow:{58:[iMn,hMn]}}}function CMn(){}"
 ALERT = 'I9n=()=>t=>{wC(t,"text",e=>{const n=' + renderer.ALERT_PATTERN + ",r=e.value.match(n)})}"
@@ -34,6 +34,6 @@ def test_the_installed_chainlit_bundle_is_patched_once():
 
 def test_another_chainlit_without_the_syntax_is_served_as_shipped_and_said(tmp_path, caplog):
     (tmp_path / "index-x.js").write_text("console.log('text:{58:')")
-    with caplog.at_level(logging.WARNING, logger="webui.renderer"):
+    with caplog.at_level(logging.WARNING, logger="backend.ui.renderer"):
         assert renderer.patched_bundles(tmp_path) == ()
     assert "key:value may be shown cut" in caplog.text and str(tmp_path) in caplog.text

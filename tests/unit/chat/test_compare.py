@@ -9,6 +9,7 @@ import pytest
 from backend.chat import compare
 from backend.chat.conversation import Conversation
 from backend.chat.votes import Standing
+from backend.ui import markdown
 
 SERVED = ["base", "pirate"]
 
@@ -87,11 +88,11 @@ def test_blind_pairs_are_shuffled_and_hide_the_names_until_the_vote():
     assert (a.label, b.label) == ("A", "B") and not pair.revealed
     assert compare.title(pair, a, "en") == "**A**" and compare.author(pair, a) == "A"
     assert compare.shown_model(pair, b, "en") == "B (hidden)"
-    assert compare.mask(f"loading adapter {b.model} and {a.model}", pair, b, "en") == (
+    assert markdown.mask(f"loading adapter {b.model} and {a.model}", pair, b, "en") == (
         "loading adapter B (hidden) and A (hidden)"
     )
     assert compare.side_metadata(pair, a)["qwenchat"]["model"] == ""
-    assert "revealed after your vote" in compare.note(pair, "en")
+    assert "revealed after your vote" in markdown.note(pair, "en")
 
 
 def test_a_vote_reveals_the_names_and_the_winner_is_what_the_chat_continues_from():
@@ -105,7 +106,7 @@ def test_a_vote_reveals_the_names_and_the_winner_is_what_the_chat_continues_from
     compare.apply_vote(pair, "b", conv)
     assert pair.revealed and conv.turns[-1].content == "two" and len(conv.turns) == 2
     assert compare.author(pair, pair.sides[1]) == f"B · {pair.sides[1].model}"
-    note = compare.note(pair, "en")
+    note = markdown.note(pair, "en")
     assert f"**A** was `{pair.sides[0].model}`, **B** was `{pair.sides[1].model}`" in note
     vote = compare.to_vote(pair, "b", "alice", "t1", "nice")
     assert (vote.answer_a, vote.answer_b, vote.model_b, vote.winner, vote.comment) == (
@@ -157,11 +158,11 @@ def test_a_bad_vote_names_the_value():
 
 def test_the_leaderboard_is_a_markdown_table_in_both_languages():
     board = [Standing("pirate", 3, 1, 2), Standing("base", 1, 3, 2)]
-    en = compare.leaderboard_markdown(board, "en")
+    en = markdown.leaderboard_markdown(board, "en")
     assert "| model | wins | losses | ties |" in en and "| `pirate` | 3 | 1 | 2 |" in en
     assert en.index("pirate") < en.index("`base`")
-    assert "| 模型 | 胜 | 负 | 平 |" in compare.leaderboard_markdown(board, "zh")
-    assert "No blind votes yet" in compare.leaderboard_markdown([], "en")
+    assert "| 模型 | 胜 | 负 | 平 |" in markdown.leaderboard_markdown(board, "zh")
+    assert "No blind votes yet" in markdown.leaderboard_markdown([], "en")
 
 
 def test_a_chat_keeps_a_bounded_number_of_pairs():

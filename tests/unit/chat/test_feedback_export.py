@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from backend.chat import datalayer, feedback_export, history, preferences
-from backend.chat.service import footer, interrupted_marker
 from backend.chat.votes import Vote, VoteStore
 from backend.settings import ROOT, LoggingSettings, Settings, UISettings
 from backend.training_data import TrainingDataError, read_examples
+from backend.ui.markdown import footer, interrupted_marker
 
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 

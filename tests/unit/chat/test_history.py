@@ -17,8 +17,8 @@ import pytest_asyncio
 
 from backend.chat import history
 from backend.chat.login import SECRET_FILE, auth_secret
-from backend.chat.service import footer, interrupted_marker
 from backend.settings import LoggingSettings, Settings, UISettings
+from backend.ui.markdown import footer, interrupted_marker
 
 RAW = "Arr, matey! Paris be the capital."
 

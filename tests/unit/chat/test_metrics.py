@@ -106,7 +106,7 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 def scrape(ui) -> Samples:  # noqa: F811
-    return parse(metrics.METRICS.render(engine=ui.app.poller.status, active_sessions=0, anomalies={}))[1]
+    return parse(metrics.METRICS.render(engine=ui.service.poller.status, active_sessions=0, anomalies={}))[1]
 
 
 # ---------------------------------------------------------------- the module alone
@@ -278,7 +278,7 @@ async def test_one_ok_and_one_faulted_answer_are_counted(ui, chat):  # noqa: F81
     assert faulted.errors and not faulted.answers
 
     samples = scrape(ui)
-    model = ui.app.default_model(ui.app.poller.status)  # what the fake server serves: "fake-qwen"
+    model = ui.service.default_model(ui.service.poller.status)  # what the fake server serves: "fake-qwen"
     answers = {tuple(sorted(k[1])): v for k, v in samples.items() if k[0] == "qwenchat_answers_total"}
     assert answers == {(("model", model), ("outcome", "ok")): 1, (("model", model), ("outcome", "engine_error")): 1}
     assert value(samples, "qwenchat_first_token_seconds_count", model=model) == 1  # the faulted one had no token
@@ -296,7 +296,7 @@ async def test_a_streaming_answer_shows_in_the_gauge_and_stop_is_its_outcome(ui,
         await asyncio.wait_for(task, 20)
     samples = scrape(ui)
     assert value(samples, "qwenchat_streaming_answers") == 0
-    model = ui.app.default_model(ui.app.poller.status)
+    model = ui.service.default_model(ui.service.poller.status)
     assert value(samples, "qwenchat_answers_total", model=model, outcome="stopped") == 1
 
 

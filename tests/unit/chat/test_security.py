@@ -281,19 +281,15 @@ async def test_answers_that_are_not_pages_allow_no_inline_script():
     )
 
 
-def test_install_adds_one_middleware_and_narrows_chainlits_cors():
+def test_install_adds_one_middleware():
+    """(Chainlit's CORS answers the same origins: backend/ui/chainlit_settings.py, its test narrows it.)"""
     from starlette.applications import Starlette
-    from starlette.middleware.cors import CORSMiddleware
 
     app = Starlette()
-    app.add_middleware(CORSMiddleware, allow_origins=["*"])
     settings = Settings(ui=UISettings(allowed_origins=("https://chat.example.com", "http://h:8080")))
     security.install(app, settings)
     security.install(app, settings)
     assert [m.cls for m in app.user_middleware].count(security.WebSecurityMiddleware) == 1
-    cors = next(m for m in app.user_middleware if m.cls is CORSMiddleware)
-    assert cors.kwargs["allow_origins"] == ["https://chat.example.com", "http://h:8080"]  # as browsers send them
-    security.install(Starlette(), Settings())  # no CORS middleware: nothing to narrow, no error
 
 
 # ---------------------------------------------------------------- login throttle
@@ -783,15 +779,17 @@ def passwords_iterations() -> int:
 @pytest.mark.asyncio
 async def test_login_hashing_runs_on_its_own_threads_not_the_default_pool(pbkdf2_calls, viewer_hash, tmp_path):
     """Token counting runs in the event loop's default pool (asyncio.to_thread): a burst of sign-ins must not
-    queue in front of it. Checked through app.py's own password callback."""
+    queue in front of it. Checked through the UI's own password callback (backend/ui/login.py)."""
+    from chainlit.config import config
+
     from tests.fakes.openai_server import FakeServer
-    from tests.unit.test_app_routes import imported_app
+    from tests.unit.test_app_routes import installed_ui
 
     settings = Settings(ui=UISettings(auth=True, password="pw", users={"viewer": viewer_hash}))
     assert await login.verify_login(settings, "viewer", VIEWER_PASSWORD)
-    async with FakeServer() as fake, imported_app(fake, tmp_path, auth="true", password="pw") as module:
-        assert await module.login("admin", "pw") is not None
-        assert await module.login("admin", "wrong") is None
+    async with FakeServer() as fake, installed_ui(fake, tmp_path, auth="true", password="pw"):
+        assert await config.code.password_auth_callback("admin", "pw") is not None
+        assert await config.code.password_auth_callback("admin", "wrong") is None
     threads = [thread for _, thread in pbkdf2_calls]
     assert len(threads) == 3 and all(name.startswith("qwenchat-login") for name in threads), threads
 

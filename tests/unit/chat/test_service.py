@@ -1,11 +1,12 @@
-"""Pure UI helpers: dropdown items, sampling fields, the footer under each answer."""
+"""Pure UI helpers: dropdown items, sampling fields; the footer under each answer (backend/ui/markdown.py)."""
 
 from __future__ import annotations
 
 from backend.chat.budget import FitResult
 from backend.chat.client import Finish, Usage
 from backend.chat.health import HealthStatus, ModelEntry
-from backend.chat.service import LocalAdapter, footer, model_options, sampling_body, sampling_from
+from backend.chat.service import LocalAdapter, model_options, sampling_body, sampling_from
+from backend.ui.markdown import footer
 
 
 def status(*models: ModelEntry) -> HealthStatus:
@@ -55,8 +56,8 @@ import asyncio  # noqa: E402
 
 import pytest  # noqa: E402
 
-from backend.chat.service import close_fence, interrupted_marker  # noqa: E402
-from backend.chat.service import footer as footer_  # noqa: E402
+from backend.ui.markdown import close_fence, interrupted_marker  # noqa: E402
+from backend.ui.markdown import footer as footer_  # noqa: E402
 
 
 @pytest.mark.parametrize(

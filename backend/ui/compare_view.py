@@ -10,13 +10,12 @@ from chainlit.input_widget import Select
 from chainlit.utils import utc_now
 
 from backend.chat import compare
-from backend.chat import service as ui
 from backend.chat.budget import FitResult
 from backend.chat.coalesce import Coalescer
 from backend.chat.turn import Reply
 from backend.text import t
-from webui import views
-from webui.views import ChatView, ViewHost
+from backend.ui import markdown, views
+from backend.ui.views import ChatView, ViewHost
 
 COMPARE_KEY = "compare"  # the chat's CompareState, beside its ChatSession
 COMPARE_COMMANDS = ("compare", "leaderboard", "vote")
@@ -72,13 +71,13 @@ async def update_pair(pair: compare.Pair, lang: str, *, new_note: bool = False) 
     actions = compare_actions(pair, lang)
     buttons = compare_state().buttons
     if new_note or pair.note_id is None:
-        msg = cl.Message(content=compare.note(pair, lang), actions=actions, author="compare")
+        msg = cl.Message(content=markdown.note(pair, lang), actions=actions, author="compare")
         await msg.send()
         pair.note_id = msg.id
     else:
         for old in buttons.get(pair.turn_id, []):  # the vote buttons after a vote, the other "continue with"
             await old.remove()
-        msg = cl.Message(content=compare.note(pair, lang), actions=actions, author="compare", id=pair.note_id)
+        msg = cl.Message(content=markdown.note(pair, lang), actions=actions, author="compare", id=pair.note_id)
         await msg.update()  # sends the new buttons too
     buttons[pair.turn_id] = actions
     for turn_id in list(buttons):
@@ -123,8 +122,8 @@ class MaskedStep(cl.Step):
 
     def _masked(self) -> None:
         pair, side, lang = self.view.pair, self.view.side, self.view.lang
-        self.name = compare.mask(self.name, pair, side, lang)
-        self.output = compare.mask(self.output or "", pair, side, lang)
+        self.name = markdown.mask(self.name, pair, side, lang)
+        self.output = markdown.mask(self.output or "", pair, side, lang)
 
     async def send(self) -> Any:
         self._masked()
@@ -186,9 +185,13 @@ class CompareView(ChatView):
         shown = compare.shown_model(pair, side, lang)
         if self.reply is not None:
             r = self.reply
-            return head + ui.close_fence(r.text) + ui.footer(shown, r.usage, r.fitted, r.seconds, lang, r.finish)
+            return (
+                head
+                + markdown.close_fence(r.text)
+                + markdown.footer(shown, r.usage, r.fitted, r.seconds, lang, r.finish)
+            )
         text, why = self.cut or ("", "")
-        return head + ui.close_fence(text) + ui.interrupted_marker(why, shown)
+        return head + markdown.close_fence(text) + markdown.interrupted_marker(why, shown)
 
     async def drop_answer(self) -> None:
         self.opened = False  # a retry within the turn (the engine came back) opens a new bubble
@@ -227,7 +230,7 @@ class CompareView(ChatView):
     async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
         label = compare.author(self.pair, self.side)
         await super().show_error(
-            f"{column_mark(self.side.label, f'**{label}**')}: {compare.mask(text, self.pair, self.side, self.lang)}",
+            f"{column_mark(self.side.label, f'**{label}**')}: {markdown.mask(text, self.pair, self.side, self.lang)}",
             retry=retry,
             trimmed=trimmed,
         )

@@ -32,7 +32,7 @@ from backend.chat.database import failure
 from backend.chat.history import META_KEY
 from backend.chat.session import ChatSession
 from backend.text import t
-from webui.views import show_error
+from backend.ui.views import show_error
 
 logger = logging.getLogger(__name__)
 

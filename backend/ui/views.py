@@ -8,11 +8,11 @@ from typing import Any, Protocol
 import chainlit as cl
 
 from backend.chat import history
-from backend.chat import service as ui
 from backend.chat.budget import FitResult
 from backend.chat.coalesce import Coalescer
 from backend.chat.turn import Reply
 from backend.text import t
+from backend.ui import markdown
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class ChatView:
         await self.flushed()
         msg = self.bubble
         msg.author = reply.model
-        msg.content = ui.close_fence(reply.text) + ui.footer(
+        msg.content = markdown.close_fence(reply.text) + markdown.footer(
             reply.model, reply.usage, reply.fitted, reply.seconds, self.lang, reply.finish
         )
         msg.metadata = history.answer_metadata(reply.text, reply.model)  # the history keeps no footer
@@ -116,7 +116,7 @@ class ChatView:
     async def keep_partial(self, text: str, model: str, why: str) -> str:
         await self.flushed()
         msg = self.bubble
-        msg.content = ui.close_fence(text) + ui.interrupted_marker(why, model)
+        msg.content = markdown.close_fence(text) + markdown.interrupted_marker(why, model)
         msg.metadata = history.answer_metadata(text, model, interrupted=True)
         await msg.send()
         return msg.id

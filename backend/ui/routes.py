@@ -1,8 +1,8 @@
 """Our HTTP routes in front of Chainlit's: status, /metrics, sharing, feedback owner checks, branding.
 
 ``Routes`` binds them to one Service; ``install_routes`` puts them before Chainlit's catch-all and its own share,
-feedback, logo and favicon routes, replacing the routes of an earlier install (a test imports app.py afresh
-with a new Service: no route may stay bound to the old one).
+feedback, logo and favicon routes, replacing those of an earlier installation (Chainlit's server is one per
+process; a test installs the UI again against a new Service: no route may stay bound to the old one).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 
 import chainlit as cl
 from chainlit.auth import get_current_user
-from chainlit.config import config as chainlit_config
 from chainlit.data import get_data_layer
 from chainlit.server import sio
 from chainlit.types import DeleteFeedbackRequest, ShareThreadRequest, UpdateFeedbackRequest
@@ -24,7 +23,8 @@ from backend.chat.client import anomaly_counts
 from backend.chat.service import Service
 from backend.settings import ROOT, resolve_path
 from backend.text import pick_language, t
-from webui import renderer
+from backend.ui import renderer
+from backend.ui.chainlit_settings import THEME_CSS
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ async def feedback_refusal(step_ids: list[str | None], user: cl.User | None) -> 
 
 
 class Routes:
-    """The endpoints, bound to this import of app.py's Service. ``sharing``: the history is on ([ui].auth)."""
+    """The endpoints, bound to one installation's Service. ``sharing``: the history is on ([ui].auth)."""
 
     def __init__(self, service: Service, *, sharing: bool) -> None:
         self.service, self.sharing = service, sharing
@@ -178,7 +178,7 @@ class Routes:
         return FileResponse(resolve_path(self.service.settings.ui.favicon))
 
     def renderer_script(self, request: Request) -> Response:
-        """Chainlit's script of that name, its Markdown without the directive syntax (webui/renderer.py, #22)."""
+        """Chainlit's script of that name, its Markdown without the directive syntax (renderer.py, #22)."""
         name = request.url.path.rsplit("/", 1)[-1]
         bundle = next(b for b in renderer.patched_bundles(renderer.chainlit_assets()) if b.name == name)
         headers = {"ETag": bundle.etag, "Cache-Control": "no-cache"}
@@ -198,10 +198,9 @@ def _ours(route: object) -> bool:
 
 def install_routes(http_app: FastAPI, routes: Routes) -> None:
     """Our routes in front of Chainlit's catch-all (its SPA) and its own share/feedback/logo/favicon routes;
-    those of an earlier install (an earlier import of app.py, another Service) are taken out first."""
+    those of an earlier installation (another Service) are taken out first."""
     http_app.router.routes[:] = [r for r in http_app.router.routes if not _ours(r)]
     ui_settings = routes.service.settings.ui
-    chainlit_config.ui.name = ui_settings.name
     table: list[tuple[str, object, list[str]]] = [
         ("/qwenchat/status", routes.status, ["GET"]),
         ("/metrics", routes.metrics, ["GET"]),
@@ -211,7 +210,6 @@ def install_routes(http_app: FastAPI, routes: Routes) -> None:
         for b in renderer.patched_bundles(renderer.chainlit_assets())
     ]
     if routes.sharing:  # sharing needs the history (and so the login)
-        chainlit_config.features.allow_thread_sharing = True
         table += [
             ("/project/share/{thread_id}", routes.shared_thread, ["GET"]),
             ("/project/thread/share", routes.share, ["PUT"]),
@@ -223,8 +221,7 @@ def install_routes(http_app: FastAPI, routes: Routes) -> None:
     if ui_settings.favicon:
         table.append(("/favicon", routes.favicon, ["GET"]))
     if ui_settings.accent:
-        chainlit_config.ui.custom_css = "/qwenchat/style.css"
-        table.append(("/qwenchat/style.css", routes.theme_css, ["GET"]))
+        table.append((THEME_CSS, routes.theme_css, ["GET"]))
     for path, endpoint, methods in table:
         http_app.add_api_route(path, endpoint, methods=methods)  # type: ignore[arg-type]
         http_app.router.routes.insert(0, http_app.router.routes.pop())

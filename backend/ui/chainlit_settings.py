@@ -1,0 +1,44 @@
+"""Chainlit's own settings that follow ours, set in this one place: its name, thread sharing, the stylesheet,
+the origins its CORS answers. ``.chainlit/config.toml`` holds what these come to for the default settings
+(tests/unit/test_chainlit_settings.py checks that the two never disagree); at start ``apply`` sets them from
+config.toml's [ui] section, over what Chainlit read from its file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chainlit.config import config as chainlit_config
+
+from backend.settings import Settings, canonical_origin
+
+SHIPPED_CSS = "/public/style.css"  # public/style.css as it is
+THEME_CSS = "/qwenchat/style.css"  # the same plus the [ui].accent colours (routes.Routes.theme_css)
+
+
+def cors_origins(settings: Settings) -> list[str]:
+    """[ui].allowed_origins as Chainlit's CORS compares them (the browser sends no default port)."""
+    origins = [o for o in (canonical_origin(x) for x in settings.ui.allowed_origins) if o]
+    return [o.removesuffix(":443") if o.startswith("https:") else o.removesuffix(":80") for o in origins]
+
+
+def chainlit_settings(settings: Settings, *, sharing: bool) -> dict[str, Any]:
+    """Chainlit's settings, by section and key as .chainlit/config.toml names them, for ours. ``sharing``: the
+    history is on ([ui].auth with a database), so chats can be shared."""
+    return {
+        "UI.name": settings.ui.name,
+        "UI.custom_css": THEME_CSS if settings.ui.accent else SHIPPED_CSS,
+        "features.allow_thread_sharing": sharing,
+        "project.allow_origins": cors_origins(settings),
+    }
+
+
+def apply(settings: Settings, *, sharing: bool, http_app: Any) -> None:
+    """Set them in Chainlit's config, and in its CORS middleware (added when Chainlit's server was imported)."""
+    values = chainlit_settings(settings, sharing=sharing)
+    chainlit_config.ui.name = values["UI.name"]
+    chainlit_config.ui.custom_css = values["UI.custom_css"]
+    chainlit_config.features.allow_thread_sharing = values["features.allow_thread_sharing"]
+    chainlit_config.project.allow_origins = values["project.allow_origins"]
+    for middleware in http_app.user_middleware:
+        if getattr(middleware.cls, "__name__", "") == "CORSMiddleware":
+            middleware.kwargs["allow_origins"] = values["project.allow_origins"]

@@ -1,0 +1,44 @@
+"""``install(service)``: the UI against one Service, in Chainlit's process-wide registries (its callbacks on
+``config.code``, our routes on its server, the socket guards). A later installation (tests build one per
+module) replaces every registration of an earlier one."""
+
+from __future__ import annotations
+
+import chainlit as cl
+from chainlit.server import app as http_app
+
+from backend.chat import history, preferences
+from backend.chat.service import Service
+from backend.ui import answering, chainlit_settings, chat, compare_chat, login, server, socket_guard
+from backend.ui.context import Ui, bound
+from backend.ui.routes import Routes, install_routes
+
+
+def install(service: Service) -> Ui:
+    """Open what the UI keeps (history, preferences, files folder) and register its handlers with Chainlit."""
+    settings = service.settings
+    # Sets CHAINLIT_AUTH_SECRET: Chainlit reads it only after importing app.py. With [ui].auth the history is in
+    # SQLite or PostgreSQL ([ui].history_db); a PostgreSQL that cannot be reached leaves login on, history off.
+    started = history.open_history(settings)
+    prefs = preferences.open_preferences(settings)  # SQLite or PG; an old ui-preferences.json is imported once
+    ui = Ui(service, started, prefs, server.own_files_directory())
+    login.install(ui)
+    ui.routes = Routes(service, sharing=bool(started.url))
+    install_routes(http_app, ui.routes)
+    chainlit_settings.apply(settings, sharing=bool(started.url), http_app=http_app)
+    server.patch(settings)
+    # The browser's client_message and edit_message, checked before Chainlit takes them (socket_guard.py).
+    socket_guard.install(ui.chat, ui.lang)
+
+    cl.on_app_startup(bound(ui, server.on_app_startup))
+    cl.set_starters(bound(ui, chat.set_starters))
+    cl.on_chat_start(bound(ui, chat.on_chat_start))
+    cl.on_chat_resume(bound(ui, chat.on_chat_resume))
+    cl.on_chat_end(bound(ui, chat.on_chat_end))
+    cl.on_settings_update(bound(ui, chat.on_settings_update))
+    cl.on_message(bound(ui, chat.on_message))
+    cl.action_callback("retry")(bound(ui, answering.on_retry))
+    cl.action_callback("send_trimmed")(bound(ui, answering.on_send_trimmed))
+    cl.action_callback("compare_vote")(bound(ui, compare_chat.on_compare_vote))
+    cl.action_callback("compare_pick")(bound(ui, compare_chat.on_compare_pick))
+    return ui

@@ -1,0 +1,59 @@
+"""[ui].auth in Chainlit: the password callback, the history as Chainlit's data layer (SQLite or PostgreSQL,
+behind backend/chat/datalayer.py's guard), and who may view a shared chat. With login off, none is set (an
+earlier installation's are taken out)."""
+
+from __future__ import annotations
+
+import logging
+from typing import cast
+
+import chainlit as cl
+from chainlit.config import config as chainlit_config
+from chainlit.data.base import BaseDataLayer
+from chainlit.types import ThreadDict
+
+from backend.chat import security, share
+from backend.chat.datalayer import GuardedDataLayer
+from backend.chat.login import verify_login
+from backend.ui.context import Ui
+
+logger = logging.getLogger(__name__)
+
+
+async def login(ui: Ui, username: str, password: str) -> cl.User | None:
+    # One PBKDF2 (~0.25 s) per attempt, on the login's own threads: not on the event loop, and not in the
+    # default pool where token counting runs, so open chats do not stall.
+    if await verify_login(ui.settings, username, password):
+        return cl.User(identifier=username, metadata={"provider": "credentials"})
+    logger.warning("login refused: %s", security.login_refused_note(ui.settings, username))
+    return None
+
+
+def data_layer(ui: Ui) -> GuardedDataLayer:
+    """Thread ids checked (UUIDs only), stored text sanitised, SQLite in WAL, no prompt text in SQL errors; a step
+    never moves to another thread; the answers it stores are signed (export-feedback checks)."""
+    from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
+
+    assert ui.history.db is not None and ui.history.url is not None
+    inner = SQLAlchemyDataLayer(ui.history.url, connect_args=ui.history.db.connect_args)
+    return GuardedDataLayer(inner, answer_key=ui.history.answer_key)
+
+
+async def on_shared_thread_view(thread: ThreadDict, viewer: cl.User | None) -> bool:
+    """Chainlit asks this for a non-owner; our route has already checked the same."""
+    return viewer is not None and share.is_shared(thread)
+
+
+def install(ui: Ui) -> None:
+    """The login and history callbacks for ``ui``'s settings (HistoryStart.url: the history is on)."""
+    code = chainlit_config.code
+    code.data_layer = code.password_auth_callback = code.on_shared_thread_view = None
+    if ui.history.url:
+        cl.data_layer(lambda: cast(BaseDataLayer, data_layer(ui)))  # a wrapper, not a subclass
+        cl.on_shared_thread_view(on_shared_thread_view)
+    if ui.settings.ui.auth:
+
+        async def password_login(username: str, password: str) -> cl.User | None:
+            return await login(ui, username, password)
+
+        cl.password_auth_callback(password_login)

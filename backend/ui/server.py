@@ -1,0 +1,79 @@
+"""What this process changes in Chainlit's server once: its files folder, the socket's message size, the
+timestamps of its messages, the browser-cookie and security middleware, and the tasks started with the app."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import chainlit as cl
+import chainlit.config as chainlit_config_module
+import chainlit.server as chainlit_server
+from chainlit.server import app as http_app
+from chainlit.server import sio
+
+from backend.chat import files, loopstats, metrics, preferences, security
+from backend.settings import Settings
+from backend.ui.chat import log_unserved_starters
+from backend.ui.context import Ui
+
+# One socket message may carry a pasted document: python-engineio's default cap (1 MB) closes the
+# connection on a larger one and the message is lost. 256K tokens of CJK text are ~3 MB of UTF-8;
+# 16 MB leaves room for a paste the budget then trims, with a clear message, on the same connection.
+MAX_SOCKET_MESSAGE = 16 * 1024 * 1024
+
+
+def own_files_directory() -> Path:
+    """Chainlit deletes <app root>/.files when its process stops: a folder of this process's own, so another UI
+    process on the same checkout (a second port) stopping cannot take this one's uploads and files with it.
+    Owner-only (0700); also removes those of killed UI processes."""
+    directory = files.own_directory()
+    chainlit_config_module.FILES_DIRECTORY = directory  # both read at use
+    chainlit_server.FILES_DIRECTORY = directory  # type: ignore[attr-defined]
+    return directory
+
+
+class _NonBlockingTime:
+    """Chainlit 2.12's Message and Step constructors call time.sleep(0.001), so that consecutive objects get
+    distinct timestamps. On the event loop that blocks every session: ~1 ms per message or step, ~3.5 ms on a
+    loaded machine (the largest stall found by bench/concurrency.py's profile). This keeps the guarantee,
+    a later timestamp, by waiting for the microsecond clock to move (about 1 µs), without the sleep."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(_seconds: float) -> None:
+        now = time.time_ns() // 1000
+        while time.time_ns() // 1000 == now:
+            pass
+
+
+def patch(settings: Settings) -> None:
+    """The socket's message size, the constructors' sleep, and the middleware (each once per process)."""
+    sio.eio.max_http_buffer_size = MAX_SOCKET_MESSAGE
+    # By the classes' own globals: the package's name "chainlit.step" is the @step decorator, not the module.
+    for cls in (cl.Message, cl.Step):
+        cls.__init__.__globals__["time"] = _NonBlockingTime()
+    # Without login, the page sets a browser cookie that the websocket carries: settings survive a reload.
+    if not any(getattr(m, "cls", None) is preferences.BrowserCookieMiddleware for m in http_app.user_middleware):
+        http_app.add_middleware(preferences.BrowserCookieMiddleware)
+    # Outermost: origin check (HTTP and the socket.io websocket/polling), security headers, login throttle.
+    security.install(http_app, settings)
+
+
+async def on_app_startup(ui: Ui) -> None:
+    """Poll the engine from the first second, so the status line is right before anyone chats."""
+    loopstats.start_from_environment()  # benchmarks only: nothing unless QWENCHAT_LOOPSTATS is set
+    await ui.service.start()
+    ui.tasks.add(asyncio.create_task(log_unserved_starters(ui)))
+    ui.tasks.add(asyncio.create_task(count_restarts(ui)))
+
+
+async def count_restarts(ui: Ui) -> None:
+    """Every poller snapshot to /metrics, so a restart between two scrapes is still counted."""
+    async with ui.service.poller.subscribe() as statuses:
+        async for status in statuses:
+            metrics.METRICS.observe_engine(status)
