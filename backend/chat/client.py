@@ -757,6 +757,79 @@ async def _drain(chunks: AsyncIterator[bytes], limit: int = 64 * 1024, seconds: 
                     return
 
 
+def _events_of(st: _Request, data: Any, decoder: _TolerantSSEDecoder) -> list[Event]:
+    """The events one item of ``_body_data`` gives: an anomaly as is, a whole body's answer, or a chunk's."""
+    if isinstance(data, Anomaly):
+        events: list[Event] = [data]
+    elif isinstance(data, _WholeBody):
+        a = st.anomaly("json_body", "a whole chat.completion body, not an event stream")
+        events = ([a] if a else []) + _body_events(st, data.data)
+    else:
+        events = _stream_chunk(st, data)
+    if decoder.replaced_lines > st.utf8_seen:
+        st.utf8_seen = decoder.replaced_lines
+        a = st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced", data)
+        events += [a] if a else []
+    return events
+
+
+def _stream_ending(st: _Request) -> list[Event]:
+    """The events after a stream's last chunk: how it ended (anomalies), the usage, the finish. Raises
+    ``StreamCut`` for a stream that ended early and ``EmptyAnswer`` for one with nothing in it."""
+    if st.finish is None and not st.done:
+        # Neither a finish reason nor [DONE]: the response ended early (a proxy, a crash).
+        raise StreamCut(f"after {st.chunks} chunks, {st.text_chars} characters")
+    if not st.shown and st.finish is None:
+        raise EmptyAnswer()
+    events: list[Event] = []
+    if st.finish is None:
+        a = st.anomaly("no_finish_reason", "stream ended without finish_reason")
+        events += [a] if a else []
+    elif not st.done:
+        a = st.anomaly("no_done", "stream ended after its finish_reason without data: [DONE]")
+        events += [a] if a else []
+    if st.usage is not None:
+        events.append(st.usage)
+    events.append(Finish(st.finish, st.model, tuple(st.tools)))
+    return events
+
+
+class _Deadlines:
+    """A streamed request's deadlines: the first token, then the idle gap between chunks, and the total."""
+
+    __slots__ = ("_settings", "_loop", "t0", "_total_at", "_first_at")
+
+    def __init__(self, settings: ClientSettings, loop: asyncio.AbstractEventLoop) -> None:
+        self._settings, self._loop = settings, loop
+        self.t0 = loop.time()
+        self._total_at, self._first_at = self.t0 + settings.total_timeout, self.t0 + settings.first_token_timeout
+
+    def elapsed(self) -> float:
+        return self._loop.time() - self.t0
+
+    async def bounded(self, awaitable: Any, idle: bool) -> Any:
+        """Await under the binding deadline (``idle``: something was shown); raise the matching RequestTimeout.
+
+        Called for every chunk: the error is built only when a deadline passed (building one
+        formats its message, which cost more than the rest of a chunk's handling)."""
+        s, total_at = self._settings, self._total_at
+        when = min(total_at, self._loop.time() + s.idle_timeout if idle else self._first_at)
+        try:
+            async with asyncio.timeout_at(when) as cm:
+                return await awaitable
+        except TimeoutError:
+            if cm.expired():
+                err: RequestTimeout
+                if when == total_at:
+                    err = TotalTimeout(s.total_timeout)
+                elif idle:
+                    err = IdleTimeout(s.idle_timeout)
+                else:
+                    err = FirstTokenTimeout(s.first_token_timeout)
+                raise err from None
+            raise
+
+
 # ---------------------------------------------------------------- the client
 
 
@@ -853,110 +926,67 @@ class ChatClient:
         Close it when you stop early (``contextlib.aclosing``); cancelling the consuming task
         also closes the upstream connection.
         """
-        s = self.settings
         body = self._body(messages, model, max_tokens, sampling, stream=True)
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        total_at, first_at = t0 + s.total_timeout, t0 + s.first_token_timeout
-
-        async def bounded(awaitable: Any) -> Any:
-            """Await under the binding deadline; raise the matching RequestTimeout.
-
-            Called for every chunk: the error is built only when a deadline passed (building one
-            formats its message, which cost more than the rest of a chunk's handling)."""
-            idle = st.shown
-            when = min(total_at, loop.time() + s.idle_timeout if idle else first_at)
-            try:
-                async with asyncio.timeout_at(when) as cm:
-                    return await awaitable
-            except TimeoutError:
-                if cm.expired():
-                    err: RequestTimeout
-                    if when == total_at:
-                        err = TotalTimeout(s.total_timeout)
-                    elif idle:
-                        err = IdleTimeout(s.idle_timeout)
-                    else:
-                        err = FirstTokenTimeout(s.first_token_timeout)
-                    raise err from None
-                raise
-
+        clock = _Deadlines(self.settings, asyncio.get_running_loop())
         response: httpx2.Response | None = None
         with self._request(model, request_id) as st:
             try:
-                logger.debug(
-                    "[%s] POST %s/chat/completions model=%s messages=%d stream",
-                    st.rid,
-                    self.base_url,
-                    model,
-                    len(messages),
-                )
-                # The raw response (the SDK still does the request, its retries and status errors): its
-                # body is read below for what it is, not taken to be an event stream.
-                response = await bounded(
-                    self._api.post(
-                        "/chat/completions",
-                        body=body,
-                        cast_to=httpx2.Response,
-                        stream=True,
-                        stream_cls=openai.AsyncStream[object],
-                        options={"headers": {"X-Request-Id": st.rid}},
-                    )
-                )
-                logger.debug(
-                    "[%s] response %s (%s) after %.3fs",
-                    st.rid,
-                    response.status_code,
-                    response.headers.get("content-type", "no content type"),
-                    loop.time() - t0,
-                )
+                response = await self._open_stream(st, body, len(messages), clock)
                 decoder = _TolerantSSEDecoder()
                 source = _body_data(st, response, decoder, f"{self.base_url}/chat/completions")
                 try:
                     for _ in range(10**9):  # bounded by total_timeout in practice
                         try:
-                            data = await bounded(source.__anext__())
+                            data = await clock.bounded(source.__anext__(), st.shown)
                         except StopAsyncIteration:
                             break
-                        if isinstance(data, Anomaly):
-                            events: list[Event] = [data]
-                        elif isinstance(data, _WholeBody):
-                            a = st.anomaly("json_body", "a whole chat.completion body, not an event stream")
-                            events = ([a] if a else []) + _body_events(st, data.data)
-                        else:
-                            events = _stream_chunk(st, data)
-                        if decoder.replaced_lines > st.utf8_seen:
-                            st.utf8_seen = decoder.replaced_lines
-                            a = st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced", data)
-                            events += [a] if a else []
-                        for ev in events:
+                        for ev in _events_of(st, data, decoder):
                             yield ev
                 finally:
                     await source.aclose()
                 for ev in st.count(st.splitter.flush()):
                     yield ev
-                if st.finish is None and not st.done:
-                    # Neither a finish reason nor [DONE]: the response ended early (a proxy, a crash).
-                    raise StreamCut(f"after {st.chunks} chunks, {st.text_chars} characters")
-                if not st.shown and st.finish is None:
-                    raise EmptyAnswer()
-                if st.finish is None:
-                    a = st.anomaly("no_finish_reason", "stream ended without finish_reason")
-                    if a:
-                        yield a
-                elif not st.done:
-                    a = st.anomaly("no_done", "stream ended after its finish_reason without data: [DONE]")
-                    if a:
-                        yield a
-                if st.usage is not None:
-                    yield st.usage
-                yield Finish(st.finish, st.model, tuple(st.tools))
+                for ev in _stream_ending(st):
+                    yield ev
             finally:
                 if response is not None:
                     try:
                         await response.aclose()  # the engine sees the connection close
                     except Exception as exc:  # noqa: BLE001 - closing must never mask the real outcome
                         logger.debug("[%s] closing the response failed: %r", st.rid, exc)
+
+    async def _open_stream(
+        self, st: _Request, body: dict[str, Any], n_messages: int, clock: _Deadlines
+    ) -> httpx2.Response:
+        """POST a streamed request, under the first-token deadline."""
+        logger.debug(
+            "[%s] POST %s/chat/completions model=%s messages=%d stream",
+            st.rid,
+            self.base_url,
+            st.model,
+            n_messages,
+        )
+        # The raw response (the SDK still does the request, its retries and status errors): its
+        # body is read by _body_data for what it is, not taken to be an event stream.
+        response: httpx2.Response = await clock.bounded(
+            self._api.post(
+                "/chat/completions",
+                body=body,
+                cast_to=httpx2.Response,
+                stream=True,
+                stream_cls=openai.AsyncStream[object],
+                options={"headers": {"X-Request-Id": st.rid}},
+            ),
+            st.shown,
+        )
+        logger.debug(
+            "[%s] response %s (%s) after %.3fs",
+            st.rid,
+            response.status_code,
+            response.headers.get("content-type", "no content type"),
+            clock.elapsed(),
+        )
+        return response
 
     async def complete(
         self,
