@@ -236,7 +236,7 @@ class CompareView(ChatView):
         )
 
     def retry_payload(self) -> dict[str, Any]:
-        """A side's Retry runs that side again (app.py retry_compared_side), not both."""
+        """A side's Retry runs that side again (compare_chat.retry_compared_side), not both."""
         return {**super().retry_payload(), "side": self.side.label}
 
     async def model_changed(self) -> None:

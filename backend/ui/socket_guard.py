@@ -62,7 +62,7 @@ def _who(session: WebsocketSession) -> str:
 
 
 class Guard:
-    """The wrappers around Chainlit's handlers; ``chat_session`` and ``lang`` are app.py's."""
+    """The wrappers around Chainlit's handlers; ``chat_session`` and ``lang`` are the installation's (context.Ui)."""
 
     def __init__(self, chat_session: Callable[[], ChatSession], lang: Callable[[], str]) -> None:
         self.chat_session, self.lang = chat_session, lang
@@ -167,7 +167,7 @@ class Guard:
 
 
 def install(chat_session: Callable[[], ChatSession], lang: Callable[[], str]) -> None:
-    """Put the guards in front of Chainlit's own handlers (again on a re-import of app.py: around Chainlit's, not
+    """Put the guards in front of Chainlit's own handlers (again by a later installation: around Chainlit's, not
     around an earlier guard)."""
     guard = Guard(chat_session, lang)
     handlers = sio.handlers.setdefault(NAMESPACE, {})

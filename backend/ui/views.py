@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 class ViewHost(Protocol):
-    """What a view asks of app.py, at the moment it asks (app.py is imported afresh with a new Service)."""
+    """What a view asks of the handlers (panel.Host, bound to one installation), at the moment it asks."""
 
     def flush_seconds(self) -> float:
         """[ui].stream_flush_ms in seconds: how long streamed tokens are held to go out in one batch."""

@@ -1,0 +1,64 @@
+"""Chainlit's settings that follow ours (backend/ui/chainlit_settings.py): .chainlit/config.toml says what we set
+for the shipped settings, and ``apply`` sets every one of them where Chainlit reads it."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from backend.settings import ROOT, Settings, UISettings, load_settings
+from backend.ui.chainlit_settings import SHIPPED_CSS, THEME_CSS, apply, chainlit_settings
+
+CHAINLIT_TOML = ROOT / ".chainlit" / "config.toml"
+
+
+def _in_toml(key: str) -> object:
+    section, name = key.split(".")
+    return tomllib.loads(CHAINLIT_TOML.read_text(encoding="utf-8"))[section][name]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [load_settings(ROOT / "config.toml", env={}), Settings()],
+    ids=["shipped config.toml", "defaults"],
+)
+def test_chainlits_config_toml_says_what_we_set_for_the_shipped_settings(settings):
+    assert not settings.ui.auth  # no login, so no history to share from
+    ours = chainlit_settings(settings, sharing=False)
+    differ = {key: (value, _in_toml(key)) for key, value in ours.items() if _in_toml(key) != value}
+    assert not differ, f"(ours, .chainlit/config.toml): {differ}; change .chainlit/config.toml to say what we set"
+
+
+def test_apply_sets_each_setting_where_chainlit_reads_it(monkeypatch):
+    from chainlit.config import config
+    from starlette.applications import Starlette
+    from starlette.middleware.cors import CORSMiddleware
+
+    for section, name in (key.split(".") for key in chainlit_settings(Settings(), sharing=False)):
+        part = getattr(config, section.lower())
+        monkeypatch.setattr(part, name, getattr(part, name))  # put back after the test
+    http_app = Starlette()
+    http_app.add_middleware(CORSMiddleware, allow_origins=["*"])
+    settings = Settings(
+        ui=UISettings(name="Team chat", accent="#16a34a", allowed_origins=("https://chat.example.com", "http://h:8080"))
+    )
+
+    apply(settings, sharing=True, http_app=http_app)
+
+    wanted = chainlit_settings(settings, sharing=True)
+    assert wanted == {
+        "UI.name": "Team chat",
+        "UI.custom_css": THEME_CSS,
+        "features.allow_thread_sharing": True,
+        "project.allow_origins": ["https://chat.example.com", "http://h:8080"],  # as browsers send them
+    }
+    for key, value in wanted.items():
+        section, name = key.split(".")
+        assert getattr(getattr(config, section.lower()), name) == value, key
+    cors = next(m for m in http_app.user_middleware if m.cls is CORSMiddleware)
+    assert cors.kwargs["allow_origins"] == wanted["project.allow_origins"]
+
+    apply(Settings(), sharing=False, http_app=Starlette())  # back to the shipped ones; no CORS middleware: no error
+    assert config.ui.custom_css == SHIPPED_CSS and config.ui.name == "Qwen Chat"
+    assert config.features.allow_thread_sharing is False and config.project.allow_origins == []
