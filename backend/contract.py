@@ -1,6 +1,6 @@
 """What the launcher tells the UI process: environment variables, two files in the log folder.
 
-    launcher (backend/engine)                          UI (app.py, backend/chat)
+    launcher (backend/engine)                          UI (app.py, backend/ui, backend/chat)
     ───────────────────────────────────────────────    ─────────────────────────────────────────────
     env QWENCHAT_ENGINE_API_KEY  launch.serve      →   settings.load_settings: the engine's key
     env QWENCHAT_STATUS_FILE     launch.serve      →   service.from_environment → the health poller

@@ -15,7 +15,7 @@ buffered token waits at most ``interval`` (a timer flushes it when no further to
 switch of kind (reasoning ↔ answer) sends what was buffered of the other kind first.
 ``interval = 0`` sends every token at once, one sink call each (the behaviour without coalescing).
 
-No Chainlit here: app.py passes the sink.
+No Chainlit here: backend/ui/views.py passes the sink.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Chainlit's history data layer, hardened: thread ids checked, text made storable, SQLite tuned.
 
-    layer = GuardedDataLayer(SQLAlchemyDataLayer(url))    # app.py's @cl.data_layer (no Chainlit import here)
+    layer = GuardedDataLayer(SQLAlchemyDataLayer(url))    # backend/ui/login.py's data layer (no Chainlit import here)
 
 - **Thread ids are UUIDs** (Chainlit makes them with ``uuid4``). One that is not never reaches SQL:
   reads answer "no such thread" (Chainlit's routes then say 404), writes raise ``InvalidThreadId``.

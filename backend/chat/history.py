@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 WAIT_STEP = 1.0  # s between attempts while waiting for a PostgreSQL that is not there yet ([ui].history_wait)
 META_KEY = "qwenchat"  # our key inside Chainlit's step and thread metadata
-# Composer commands (app.py): talk to the app, never to the model.
+# Composer commands (backend/ui/commands.py): talk to the app, never to the model.
 COMMANDS = ("adapters", "unload", "export", "compare", "leaderboard", "vote")
 
 # Columns Chainlit 2.12's SQLAlchemyDataLayer reads and writes (chainlit/data/sql_alchemy.py: the keys

@@ -111,7 +111,7 @@ LOGIN_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_pr
 
 
 async def verify_login(settings: Settings, username: str, password: str) -> bool:
-    """``check_password`` on the login pool (app.py's password callback)."""
+    """``check_password`` on the login pool (backend/ui/login.py's password callback)."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(LOGIN_POOL, check_password, settings, username, password)
 

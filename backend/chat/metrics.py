@@ -4,7 +4,7 @@
     metrics.METRICS.answered(model, seconds)         # turn.py: an answer shown whole
     metrics.METRICS.outcome("ok" | error code, model)   # turn.py: how each answer ended, by the model asked
     with metrics.METRICS.streaming(): ...            # turn.py: an answer streaming now
-    metrics.METRICS.observe_engine(status)           # app.py: every poller snapshot (restarts by cause, per replica)
+    metrics.METRICS.observe_engine(status)           # ui/server.py: every poller snapshot (restarts by cause, per replica)
     text = metrics.METRICS.render(engine=status, active_sessions=n, anomalies=client.anomaly_counts())
 
 Per process, since it started (several UI processes each have their own; Prometheus sums them). The counts are

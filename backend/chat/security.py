@@ -1,6 +1,6 @@
 """Web security of the chat UI: the Host and origin checks, security headers and the login throttle.
 
-    install(http_app, settings)         # app.py: one ASGI middleware in front of HTTP and the websocket
+    install(http_app, settings)         # ui/server.py: one ASGI middleware in front of HTTP and the websocket
     WebSecurityMiddleware(asgi_app, hosts=(), allowed_origins=(), throttle=LoginThrottle(), accounts=None)
     login_refused_note(settings, name)  # what the log says about a refused login (never the typed name)
 

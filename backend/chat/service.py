@@ -1,7 +1,7 @@
 """What the Chainlit app holds once per process: settings, the shared poller, the client, the
 token counter — and the small pure helpers that turn their state into UI values.
 
-No Chainlit here: app.py asks, this answers.
+No Chainlit here: backend/ui/ asks, this answers.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """One open chat's state: its turns, its settings, and the tasks that serve it, in one typed object.
 
-app.py keeps it under a single key of Chainlit's ``user_session`` and rebuilds it when that key
+backend/ui/context.py keeps it under a single key of Chainlit's ``user_session`` and rebuilds it when that key
 holds anything else: on resume Chainlit hands back a JSON copy of the old ``user_session``, in
 which this object (like the lock and the task inside it) has become None. What must survive a
-resume is stored apart from it, as plain JSON (``history.META_KEY``, see app.py's ``remember``).
+resume is stored apart from it, as plain JSON (``history.META_KEY``, see backend/ui/panel.py's ``remember``).
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@
 Starters come from ``[lora.starters]`` (name = ["question", ...]); the 'pirate' demo adapter, when it is in
 [lora] modules, has built-in examples from backend/text.py (English and Chinese) unless its list is configured. A starter sends its question
 with its model chosen for the chat: the button sends the model's name as the message's ``command`` (Chainlit's
-Starter.command), so a typed message with the same words is never taken for a starter; app.py's on_message
+Starter.command), so a typed message with the same words is never taken for a starter; ui/chat.py's on_message
 asks ``starter_model`` for the first message.
 A starter naming a model that is not served is still offered (the engine may be loading, or the adapter
-in [lora].dir loads on first use); app.py logs the unserved ones once the model list is known, and a click
+in [lora].dir loads on first use); backend/ui/chat.py logs the unserved ones once the model list is known, and a click
 on one says which model is missing instead of asking another model.
 """
 
