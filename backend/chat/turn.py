@@ -39,7 +39,7 @@ import logging
 import time
 import uuid
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import (
@@ -171,6 +171,19 @@ async def load_adapter(session: ChatSession, service: Service, view: Renderer, m
     await _Turn(session, service, view).load_adapter(model)
 
 
+@dataclass
+class _Attempt:
+    """One attempt's state so far: what its error handling and its count in /metrics need."""
+
+    rid: str
+    model: str  # the model that answers (after a runtime adapter load, the one loaded)
+    t0: float = field(default_factory=time.monotonic)
+    text: str = ""
+    usage: Usage | None = None
+    finish: Finish | None = None
+    ended: str | None = None  # how it ended, for /metrics: "ok" or an error code; None: not counted (retried)
+
+
 class _Turn:
     """One turn's parts, shared by its attempts."""
 
@@ -196,103 +209,129 @@ class _Turn:
 
     async def attempt(self, *, may_wait_again: bool) -> Outcome:
         """One attempt; ENGINE_GONE when the engine died before any text and it is worth waiting."""
-        service, view, lang = self.service, self.view, self.view.lang
-        conv = self.session.conversation
-        model = self.model()
-        rid = new_request_id()
-        await view.new_answer(model)
-        text, usage, finish, t0 = "", None, None, time.monotonic()
-        ended: str | None = None  # how it ended, for /metrics: "ok" or an error code; None: not counted (retried)
-        first = True
+        model, rid = self.model(), new_request_id()
+        await self.view.new_answer(model)
+        a = _Attempt(rid, model)
         try:
-            if not await self.wait_for_engine():
-                down = service.poller.status.state is EngineState.DOWN
-                ended = metrics.ENGINE_DOWN if down else ServerStarting.code
+            if not await self._ready_for(a):
                 return Outcome.FAILED
-            status = service.poller.status
-            lacking = status.lacking(model)  # a fleet: some ready replicas serve it, some not (not offered)
-            if lacking and not await service.needs_runtime_load(model):
-                # the router could send it to a replica lacking it: say so now rather than "model not found" later
-                raise ModelPartial(model, status.replicas_named(lacking, lang))
-            if await service.needs_runtime_load(model):  # e.g. chosen before a restart, restored on reload
-                if not await self.load_adapter(model) and self.fixed_model:
-                    ended = metrics.ADAPTER
-                    return Outcome.FAILED  # a compare side: its error is shown, the chat's choice unchanged
-                model = self.model()
-                await view.new_answer(model)  # nothing shown yet: the bubble is by the model that answers
-            fitted = await service.fit(conv.messages(self.session.system_prompt))
-            # While it streams, the adapter is in use: never the one evicted to make room for another load.
-            with service.adapter_usage.streaming(model), metrics.METRICS.streaming():
-                async with contextlib.aclosing(
-                    service.client.stream(
-                        fitted.messages,
-                        model,
-                        max_tokens=service.reply_tokens(),
-                        sampling=sampling_body(self.session.sampling),
-                        request_id=rid,
-                    )
-                ) as events:
-                    async for ev in events:
-                        if first and isinstance(ev, (TextDelta, ReasoningDelta)):
-                            first = False
-                            metrics.METRICS.first_token(model, time.monotonic() - t0)
-                        if isinstance(ev, TextDelta):
-                            text += ev.text
-                            await view.stream_token(ev.text)
-                        elif isinstance(ev, ReasoningDelta) and service.settings.ui.show_reasoning:
-                            await view.stream_reasoning(ev.text)
-                        elif isinstance(ev, Usage):
-                            usage = ev
-                        elif isinstance(ev, Finish):
-                            finish = ev
-            if not text.strip():
-                # No answer text (a tool call, a content filter, reasoning only): say why; a footer never stands alone.
-                logger.info("[%s] the answer carried no text (finish %s)", rid, finish.reason if finish else None)
-                with contextlib.suppress(Exception):
-                    await view.drop_answer()
-                await view.show_error(no_text_message(finish, lang), retry=True)
-                ended = metrics.NO_TEXT
+            fitted = await self._stream(a)
+            if not await self._show(a, fitted):
                 return Outcome.FAILED
-            served = finish.model if finish and finish.model else model
-            seconds = time.monotonic() - t0
-            turn_id = await view.show_answer(Reply(text, served, usage, finish, fitted, seconds))
-            self.record(turn_id, text, served, False)
-            ended = metrics.OK
-            metrics.METRICS.answered(served, seconds)
-        except PromptTooLong as exc:
-            ended = exc.code
-            last = conv.last_user()
-            try:
-                assert last is not None  # the message too long is the newest user turn
-                trimmed = await service.trimmed(last.content, exc)
-            except Exception:  # without a trimmed version the numbers still help
-                logger.exception("[%s] could not build a trimmed version", rid)
-                await view.show_error(exc.user_text(lang))
-            else:
-                await view.show_error(exc.user_text(lang), trimmed=trimmed)
         except asyncio.CancelledError:
             # Stop button: Chainlit cancels this task; the client closes the upstream request.
-            ended = metrics.STOPPED
-            await self.keep_partial(text, model, t("stopped", lang))
+            a.ended = metrics.STOPPED
+            await self.keep_partial(a.text, a.model, t("stopped", self.view.lang))
             raise
-        except (ServerUnreachable, ConnectionLost) as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure is said there, a bug in the app included
+            return await self._failed(a, exc, may_wait_again=may_wait_again)
+        else:
+            # The answer is recorded: a failure or Stop from here on must not record it again as interrupted.
+            try:
+                await self.view.left_out(fitted)
+            except Exception:  # the answer stands; the left-out note is extra
+                logger.exception("[%s] could not show the left-out turns", rid)
+            return Outcome.ANSWERED
+        finally:
+            if a.ended is not None:
+                metrics.METRICS.outcome(a.ended, a.model)
+            with contextlib.suppress(Exception):  # never left streaming after an error or Stop
+                await self.view.reasoning_done()
+
+    async def _ready_for(self, a: _Attempt) -> bool:
+        """The engine answering and the model served (a runtime adapter loaded first); False (said) when not."""
+        service = self.service
+        if not await self.wait_for_engine():
+            down = service.poller.status.state is EngineState.DOWN
+            a.ended = metrics.ENGINE_DOWN if down else ServerStarting.code
+            return False
+        status = service.poller.status
+        lacking = status.lacking(a.model)  # a fleet: some ready replicas serve it, some not (not offered)
+        if lacking and not await service.needs_runtime_load(a.model):
+            # the router could send it to a replica lacking it: say so now rather than "model not found" later
+            raise ModelPartial(a.model, status.replicas_named(lacking, self.view.lang))
+        if await service.needs_runtime_load(a.model):  # e.g. chosen before a restart, restored on reload
+            if not await self.load_adapter(a.model) and self.fixed_model:
+                a.ended = metrics.ADAPTER
+                return False  # a compare side: its error is shown, the chat's choice unchanged
+            a.model = self.model()
+            await self.view.new_answer(a.model)  # nothing shown yet: the bubble is by the model that answers
+        return True
+
+    async def _stream(self, a: _Attempt) -> FitResult:
+        """Fit the history and stream the answer into the view (``a`` keeps its text, usage and finish)."""
+        service, view, model = self.service, self.view, a.model
+        fitted = await service.fit(self.session.conversation.messages(self.session.system_prompt))
+        first = True
+        # While it streams, the adapter is in use: never the one evicted to make room for another load.
+        with service.adapter_usage.streaming(model), metrics.METRICS.streaming():
+            async with contextlib.aclosing(
+                service.client.stream(
+                    fitted.messages,
+                    model,
+                    max_tokens=service.reply_tokens(),
+                    sampling=sampling_body(self.session.sampling),
+                    request_id=a.rid,
+                )
+            ) as events:
+                async for ev in events:
+                    if first and isinstance(ev, (TextDelta, ReasoningDelta)):
+                        first = False
+                        metrics.METRICS.first_token(model, time.monotonic() - a.t0)
+                    if isinstance(ev, TextDelta):
+                        a.text += ev.text
+                        await view.stream_token(ev.text)
+                    elif isinstance(ev, ReasoningDelta) and service.settings.ui.show_reasoning:
+                        await view.stream_reasoning(ev.text)
+                    elif isinstance(ev, Usage):
+                        a.usage = ev
+                    elif isinstance(ev, Finish):
+                        a.finish = ev
+        return fitted
+
+    async def _show(self, a: _Attempt, fitted: FitResult) -> bool:
+        """The answer shown with its footer and recorded; False (said why) when it carried no text."""
+        view, finish = self.view, a.finish
+        if not a.text.strip():
+            # No answer text (a tool call, a content filter, reasoning only): say why; a footer never stands alone.
+            logger.info("[%s] the answer carried no text (finish %s)", a.rid, finish.reason if finish else None)
+            with contextlib.suppress(Exception):
+                await view.drop_answer()
+            await view.show_error(no_text_message(finish, view.lang), retry=True)
+            a.ended = metrics.NO_TEXT
+            return False
+        served = finish.model if finish and finish.model else a.model
+        seconds = time.monotonic() - a.t0
+        turn_id = await view.show_answer(Reply(a.text, served, a.usage, finish, fitted, seconds))
+        self.record(turn_id, a.text, served, False)
+        a.ended = metrics.OK
+        metrics.METRICS.answered(served, seconds)
+        return True
+
+    async def _failed(self, a: _Attempt, exc: Exception, *, may_wait_again: bool) -> Outcome:
+        """Say why the attempt failed and keep what was shown, marked; ENGINE_GONE: worth waiting for the engine."""
+        service, view, lang, rid, model = self.service, self.view, self.view.lang, a.rid, a.model
+        if isinstance(exc, PromptTooLong):
+            a.ended = exc.code
+            await self._offer_trimmed(a, exc)
+        elif isinstance(exc, (ServerUnreachable, ConnectionLost)):
             # The engine went away (crash, kill, restart): say why, and if nothing was shown yet,
             # wait for the supervisor to bring it back like during start-up, then try once more.
             logger.info("[%s] engine connection failed: %s", rid, exc.code)
             status = await service.status_after_failure()
-            if not text and may_wait_again and not status.answering and status.state is not EngineState.DOWN:
+            if not a.text and may_wait_again and not status.answering and status.state is not EngineState.DOWN:
                 return Outcome.ENGINE_GONE  # not counted: the next attempt is
-            ended = exc.code
-            await self.keep_partial(text, model, t("interrupted", lang))
+            a.ended = exc.code
+            await self.keep_partial(a.text, model, t("interrupted", lang))
             why = status.text(lang) if not status.answering else ""
             await view.show_error(
                 exc.user_text(lang) + (f"\n\n{t('engine_state', lang, reason=why)}" if why else ""), retry=True
             )
-        except ModelNotFound as exc:
+        elif isinstance(exc, ModelNotFound):
             # The adapter is gone (unloaded elsewhere, engine restarted): left selected, every later message fails.
             logger.info("[%s] model %r is not served", rid, model)
-            ended = exc.code
-            await self.keep_partial(text, model, t("interrupted", lang))
+            a.ended = exc.code
+            await self.keep_partial(a.text, model, t("interrupted", lang))
             default = service.default_model(service.poller.status)
             if model == default or self.fixed_model:
                 await view.show_error(exc.user_text(lang))
@@ -300,29 +339,30 @@ class _Turn:
                 self.session.model = default
                 await view.model_changed()
                 await view.show_error(f"{exc.user_text(lang)}\n\n{t('model_reset', lang, model=default)}", retry=True)
-        except QwenChatError as exc:
+        elif isinstance(exc, QwenChatError):
             logger.info("[%s] answer failed: %s", rid, exc.code)
-            ended = exc.code
-            await self.keep_partial(text, model, t("interrupted", lang))
+            a.ended = exc.code
+            await self.keep_partial(a.text, model, t("interrupted", lang))
             await view.show_error(exc.user_text(lang), retry=getattr(exc, "retryable", True))
-        except Exception:  # a bug in the app, not the engine's fault: say so; the log has the id
-            logger.exception("[%s] unexpected failure", rid)
-            ended = metrics.APP_ERROR
-            await self.keep_partial(text, model, t("interrupted", lang))
+        else:  # a bug in the app, not the engine's fault: say so; the log has the id
+            logger.error("[%s] unexpected failure", rid, exc_info=exc)
+            a.ended = metrics.APP_ERROR
+            await self.keep_partial(a.text, model, t("interrupted", lang))
             await view.show_error(t("app_error", lang, rid=rid), retry=True)
-        else:
-            # The answer is recorded: a failure or Stop from here on must not record it again as interrupted.
-            try:
-                await view.left_out(fitted)
-            except Exception:  # the answer stands; the left-out note is extra
-                logger.exception("[%s] could not show the left-out turns", rid)
-            return Outcome.ANSWERED
-        finally:
-            if ended is not None:
-                metrics.METRICS.outcome(ended, model)
-            with contextlib.suppress(Exception):  # never left streaming after an error or Stop
-                await view.reasoning_done()
         return Outcome.FAILED
+
+    async def _offer_trimmed(self, a: _Attempt, exc: PromptTooLong) -> None:
+        """A message too long for the model: say so, with a trimmed version to send instead when one can be made."""
+        view, lang = self.view, self.view.lang
+        last = self.session.conversation.last_user()
+        try:
+            assert last is not None  # the message too long is the newest user turn
+            trimmed = await self.service.trimmed(last.content, exc)
+        except Exception:  # without a trimmed version the numbers still help
+            logger.exception("[%s] could not build a trimmed version", a.rid)
+            await view.show_error(exc.user_text(lang))
+        else:
+            await view.show_error(exc.user_text(lang), trimmed=trimmed)
 
     async def wait_for_engine(self) -> bool:
         """Wait (with a live step) while the model loads; False when the user must retry later."""
