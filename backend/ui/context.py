@@ -43,7 +43,7 @@ class Ui:
     history: HistoryStart  # [ui].auth: the history database, or why it is off
     prefs: Preferences  # remembered settings per user or browser
     files_directory: Path  # this process's own folder for uploads and /export files
-    routes: Routes | None = None
+    routes: Routes  # our HTTP routes, bound to ``service``
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # started at app startup, kept referenced
 
     @property

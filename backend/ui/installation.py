@@ -22,10 +22,10 @@ def install(service: Service) -> Ui:
     # off.
     started = history.open_history(settings)
     prefs = preferences.open_preferences(settings)  # SQLite or PG; an old ui-preferences.json is imported once
-    ui = Ui(service, started, prefs, server.own_files_directory())
+    routes = Routes(service, sharing=bool(started.url))
+    ui = Ui(service, started, prefs, server.own_files_directory(), routes)
     login.install(ui)
-    ui.routes = Routes(service, sharing=bool(started.url))
-    install_routes(http_app, ui.routes)
+    install_routes(http_app, routes)
     chainlit_settings.apply(settings, sharing=bool(started.url), http_app=http_app)
     server.patch(settings)
     # The browser's client_message and edit_message, checked before Chainlit takes them (socket_guard.py).

@@ -130,3 +130,15 @@ async def test_chainlits_main_script_is_served_without_directives_or_alerts(fake
         assert again.status_code == 304
         other = sorted(renderer.chainlit_assets().glob("*.css"))[0]
         assert (await get(f"/assets/{other.name}")).content == other.read_bytes()
+
+
+async def test_a_second_installation_without_login_takes_the_first_ones_login_and_history_out(fake, tmp_path):
+    """Chainlit keeps its callbacks in one global config: an installation sets or clears every one it owns."""
+    from chainlit.config import config
+
+    async with installed_ui(fake, tmp_path, auth="true", password="pw") as first:
+        assert first.history.url and config.code.data_layer is not None
+        assert config.code.password_auth_callback is not None and config.code.on_shared_thread_view is not None
+        async with installed_ui(fake, tmp_path, auth="false"):  # (the first one's variables are still set)
+            assert config.code.password_auth_callback is None and config.code.data_layer is None
+            assert config.code.on_shared_thread_view is None and config.features.allow_thread_sharing is False
