@@ -423,13 +423,21 @@ def _probe_ids(vocab: int) -> list[int]:
     return [(i * 7919 + 13) % vocab for i in range(_PROBE_LEN)]
 
 
+@dataclass
+class _Logits:
+    """The probe's logits before and after the merge (in memory), to check the saved model against."""
+
+    probe: Any  # torch.Tensor [1, _PROBE_LEN]
+    unmerged: Any  # base + adapter
+    expected: Any  # the merged model in memory
+    dtype_name: str
+
+
 def run_merge(plan: MergePlan, progress: Callable[[str], None] = _say) -> MergedReport:
     """Load base + adapter, merge_and_unload, save to a temp folder, verify, rename to ``plan.out``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only; there is no hub to ask
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -440,77 +448,10 @@ def run_merge(plan: MergePlan, progress: Callable[[str], None] = _say) -> Merged
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the model from an engine running as another user
     try:
-        progress(f"loading base {plan.base} (dtype {plan.dtype}) …")
-        model = AutoModelForCausalLM.from_pretrained(str(plan.base), dtype=torch_dtype)
-        dtype_name = str(model.dtype).removeprefix("torch.")
-        probe = torch.tensor([_probe_ids(model.get_input_embeddings().weight.shape[0])])  # before PEFT wraps it
-        if plan.untie and model.get_output_embeddings() is not None:
-            # Merging a LoRA into a tied embed_tokens would also change lm_head (and vice versa): the merged
-            # model would answer differently from base+adapter (measured: top token wrong at 8/8 probes).
-            progress("untying lm_head from embed_tokens (the base ties them; the adapter changes one of them) …")
-            embedding = model.get_input_embeddings().weight
-            model.get_output_embeddings().weight = torch.nn.Parameter(embedding.detach().clone())
-            model.config.tie_word_embeddings = False
-            model.config.get_text_config().tie_word_embeddings = False
-        progress(f"loading adapter {plan.adapter} …")
-        model = PeftModel.from_pretrained(model, str(plan.adapter))
-        model.eval()
-        with torch.no_grad():
-            unmerged = model(probe).logits.float()
-        progress("merging (merge_and_unload) …")
-        merged = model.merge_and_unload()
-        with torch.no_grad():
-            expected = merged(probe).logits.float()
-        progress(f"saving to {plan.out} ({dtype_name}) …")
-        merged.save_pretrained(str(tmp))
-        copied = [p.name for p in tokenizer_files(plan.base)]
-        for name in copied:
-            shutil.copy2(plan.base / name, tmp / name)
-        if not any(n.startswith("tokenizer") or n in ("vocab.json", "qwen.tiktoken") for n in copied):
-            progress(f"warning: {plan.base} has no tokenizer files; copy them into {plan.out} before serving it")
-        del model, merged
-        gc.collect()
-
+        logits = _merge_into(plan, tmp, torch_dtype, progress)
         progress("verifying …")
         report = inspect_merged(tmp, plan.base)
-        reloaded = AutoModelForCausalLM.from_pretrained(str(tmp), dtype=torch_dtype).eval()
-        with torch.no_grad():
-            got = reloaded(probe).logits.float()
-        del reloaded
-        if not torch.isfinite(got).all():
-            raise MergeError("the merged model produces non-finite logits; nothing was written — try --dtype float32")
-        saved_diff = (got - expected).abs().max().item()
-        scale = max(1.0, expected.abs().max().item())
-        if saved_diff > 1e-4 * scale:
-            raise MergeError(
-                f"the merged model reloaded from disk differs from the merged model in memory "
-                f"(max |Δlogit| {saved_diff:.3g}); the saved weights are wrong — nothing was written"
-            )
-        agree = int((got.argmax(-1) == unmerged.argmax(-1)).sum().item())
-        merge_diff = (got - unmerged).abs().max().item()
-        exact = dtype_name == "float32"
-        progress(
-            f"merged vs base+adapter on {_PROBE_LEN} probe tokens: top token agrees at {agree}/{_PROBE_LEN}, "
-            f"max |Δlogit| {merge_diff:.3g}" + ("" if exact else f" ({dtype_name} rounding of merged weights)")
-        )
-        # float32 merges reproduce base+adapter to rounding noise; 16-bit weights add ~2^-8 relative error each.
-        tolerance = (1e-3 if exact else 5e-2) * max(1.0, unmerged.abs().max().item())
-        if merge_diff > tolerance:
-            raise MergeError(
-                f"the merged model does not reproduce base+adapter (max |Δlogit| {merge_diff:.3g} > "
-                f"{tolerance:.3g} on {_PROBE_LEN} probe tokens, top token agrees at {agree}/{_PROBE_LEN}); "
-                f"nothing was written to {plan.out}. "
-                + (
-                    "Retry with --dtype float32."
-                    if not exact
-                    else "PEFT cannot merge this adapter faithfully; serve it unmerged if vLLM can."
-                )
-            )
-        if agree < _PROBE_LEN:
-            progress(
-                f"warning: the top token differs from base+adapter at {_PROBE_LEN - agree} of {_PROBE_LEN} probe "
-                f"positions ({dtype_name} rounding); --dtype float32 merges without rounding"
-            )
+        _verify_saved(plan, tmp, torch_dtype, logits, progress)
         for w in report.warnings:
             progress(f"warning: {w}")
         _publish(tmp, plan.out)
@@ -526,6 +467,93 @@ def run_merge(plan: MergePlan, progress: Callable[[str], None] = _say) -> Merged
         report.architectures,
         report.warnings,
     )
+
+
+def _merge_into(plan: MergePlan, tmp: Path, torch_dtype: Any, progress: Callable[[str], None]) -> _Logits:
+    """Base + adapter merged in memory and saved to ``tmp`` with the base's tokenizer files."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    progress(f"loading base {plan.base} (dtype {plan.dtype}) …")
+    model = AutoModelForCausalLM.from_pretrained(str(plan.base), dtype=torch_dtype)
+    dtype_name = str(model.dtype).removeprefix("torch.")
+    probe = torch.tensor([_probe_ids(model.get_input_embeddings().weight.shape[0])])  # before PEFT wraps it
+    if plan.untie and model.get_output_embeddings() is not None:
+        # Merging a LoRA into a tied embed_tokens would also change lm_head (and vice versa): the merged
+        # model would answer differently from base+adapter (measured: top token wrong at 8/8 probes).
+        progress("untying lm_head from embed_tokens (the base ties them; the adapter changes one of them) …")
+        embedding = model.get_input_embeddings().weight
+        model.get_output_embeddings().weight = torch.nn.Parameter(embedding.detach().clone())
+        model.config.tie_word_embeddings = False
+        model.config.get_text_config().tie_word_embeddings = False
+    progress(f"loading adapter {plan.adapter} …")
+    model = PeftModel.from_pretrained(model, str(plan.adapter))
+    model.eval()
+    with torch.no_grad():
+        unmerged = model(probe).logits.float()
+    progress("merging (merge_and_unload) …")
+    merged = model.merge_and_unload()
+    with torch.no_grad():
+        expected = merged(probe).logits.float()
+    progress(f"saving to {plan.out} ({dtype_name}) …")
+    merged.save_pretrained(str(tmp))
+    copied = [p.name for p in tokenizer_files(plan.base)]
+    for name in copied:
+        shutil.copy2(plan.base / name, tmp / name)
+    if not any(n.startswith("tokenizer") or n in ("vocab.json", "qwen.tiktoken") for n in copied):
+        progress(f"warning: {plan.base} has no tokenizer files; copy them into {plan.out} before serving it")
+    del model, merged
+    gc.collect()
+    return _Logits(probe, unmerged, expected, dtype_name)
+
+
+def _verify_saved(
+    plan: MergePlan, tmp: Path, torch_dtype: Any, logits: _Logits, progress: Callable[[str], None]
+) -> None:
+    """The saved model, reloaded, gives the merged model's logits and reproduces base + adapter; MergeError if not."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp), dtype=torch_dtype).eval()
+    with torch.no_grad():
+        got = reloaded(logits.probe).logits.float()
+    del reloaded
+    if not torch.isfinite(got).all():
+        raise MergeError("the merged model produces non-finite logits; nothing was written — try --dtype float32")
+    expected, unmerged, dtype_name = logits.expected, logits.unmerged, logits.dtype_name
+    saved_diff = (got - expected).abs().max().item()
+    scale = max(1.0, expected.abs().max().item())
+    if saved_diff > 1e-4 * scale:
+        raise MergeError(
+            f"the merged model reloaded from disk differs from the merged model in memory "
+            f"(max |Δlogit| {saved_diff:.3g}); the saved weights are wrong — nothing was written"
+        )
+    agree = int((got.argmax(-1) == unmerged.argmax(-1)).sum().item())
+    merge_diff = (got - unmerged).abs().max().item()
+    exact = dtype_name == "float32"
+    progress(
+        f"merged vs base+adapter on {_PROBE_LEN} probe tokens: top token agrees at {agree}/{_PROBE_LEN}, "
+        f"max |Δlogit| {merge_diff:.3g}" + ("" if exact else f" ({dtype_name} rounding of merged weights)")
+    )
+    # float32 merges reproduce base+adapter to rounding noise; 16-bit weights add ~2^-8 relative error each.
+    tolerance = (1e-3 if exact else 5e-2) * max(1.0, unmerged.abs().max().item())
+    if merge_diff > tolerance:
+        raise MergeError(
+            f"the merged model does not reproduce base+adapter (max |Δlogit| {merge_diff:.3g} > "
+            f"{tolerance:.3g} on {_PROBE_LEN} probe tokens, top token agrees at {agree}/{_PROBE_LEN}); "
+            f"nothing was written to {plan.out}. "
+            + (
+                "Retry with --dtype float32."
+                if not exact
+                else "PEFT cannot merge this adapter faithfully; serve it unmerged if vLLM can."
+            )
+        )
+    if agree < _PROBE_LEN:
+        progress(
+            f"warning: the top token differs from base+adapter at {_PROBE_LEN - agree} of {_PROBE_LEN} probe "
+            f"positions ({dtype_name} rounding); --dtype float32 merges without rounding"
+        )
 
 
 def serve_hint(out: Path) -> list[str]:
