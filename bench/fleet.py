@@ -96,7 +96,7 @@ async def _measure(sides: dict[str, str], key: str, model: str, chats: int, toke
             await client.close()
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chats", type=int, default=8, help="concurrent chats per round (default 8)")
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated per chat (default 128)")
@@ -108,22 +108,15 @@ def main() -> None:
     a = ap.parse_args()
     if not a.engine_python:
         sys.exit("set QWENCHAT_ENGINE_PYTHON (or --engine-python) to the engine environment's python")
+    return a
 
+
+def _start(a: argparse.Namespace, settings, logs: Path, key: str):
+    """The fleet's replicas, the baseline engine with --baseline single, and the router, as the product starts
+    them; (the fleet's plan, [(name, process)], the baseline's URL or "")."""
     from backend.engine import command, fleet, supervisor
     from backend.engine.launch import chat_template_for, static_adapters
-    from backend.settings import FleetSettings, ModelSettings, ServerSettings, Settings
 
-    port = _free_block(5)
-    model = ModelSettings(path=a.model, served_model_name=a.served) if a.model else ModelSettings()
-    settings = Settings(
-        model=model,
-        server=ServerSettings(port=port, max_num_seqs=a.chats),
-        fleet=FleetSettings(local=2),
-    )
-    if not (settings.model.resolved_path / "config.json").exists():
-        sys.exit(f"no model at {settings.model.resolved_path}: run ./start.sh once (it builds the embedded model)")
-    logs = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
-    key = secrets.token_hex(16)
     adapters, _ = static_adapters(settings, check=False)
     template = chat_template_for(settings, logs)
     plan = fleet.plan(
@@ -141,13 +134,35 @@ def main() -> None:
     ]
     single_url = ""
     if a.baseline == "single":
-        single = dataclasses.replace(settings, server=dataclasses.replace(settings.server, port=port + 4))
+        single = dataclasses.replace(
+            settings, server=dataclasses.replace(settings.server, port=settings.server.port + 4)
+        )
         cmd = command.build_engine_command(
             single, engine="cpu", python=a.engine_python, api_key=key, adapters=adapters, chat_template=template
         )
         procs.append(("single", supervisor.start_process(cmd, logs / "single.log")))
         single_url = single.engine_base_url
     procs.append(("router", supervisor.start_process(plan.router, logs / "router.log")))
+    return plan, procs, single_url
+
+
+def main() -> None:
+    a = _arguments()
+    from backend.engine import fleet, supervisor
+    from backend.settings import FleetSettings, ModelSettings, ServerSettings, Settings
+
+    port = _free_block(5)
+    model = ModelSettings(path=a.model, served_model_name=a.served) if a.model else ModelSettings()
+    settings = Settings(
+        model=model,
+        server=ServerSettings(port=port, max_num_seqs=a.chats),
+        fleet=FleetSettings(local=2),
+    )
+    if not (settings.model.resolved_path / "config.json").exists():
+        sys.exit(f"no model at {settings.model.resolved_path}: run ./start.sh once (it builds the embedded model)")
+    logs = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
+    key = secrets.token_hex(16)
+    plan, procs, single_url = _start(a, settings, logs, key)
     try:
         router = settings.engine_base_url.removesuffix("/v1")
 
@@ -159,7 +174,6 @@ def main() -> None:
         t0 = time.perf_counter()
         _wait("the fleet (and the baseline) ready", all_ready, procs, logs)
         print(f"ready after {time.perf_counter() - t0:.0f} s; logs in {logs}")
-        binds = ", ".join(c.env.get("VLLM_CPU_OMP_THREADS_BIND", "?") for c in plan.replicas)
         base_name = "1 replica (replica 0 direct)" if a.baseline == "replica" else "1 engine (single command)"
         sides = {
             "2 replicas behind router": settings.engine_base_url,
@@ -170,12 +184,16 @@ def main() -> None:
     finally:
         for _, proc in reversed(procs):
             supervisor.stop_process_group(proc)
-
+    binds = ", ".join(c.env.get("VLLM_CPU_OMP_THREADS_BIND", "?") for c in plan.replicas)
     print(
         f"machine: {platform.machine()}, {len(fleet.usable_cpus())} usable CPUs (replica cores: {binds}), load "
         f"{load:.2f} before / {os.getloadavg()[0]:.2f} after; model {settings.model.name}; {a.chats} concurrent "
         f"chats x {a.tokens} tokens, greedy, ignore_eos; {a.rounds} rounds, alternating"
     )
+    _print_figures(figures)
+
+
+def _print_figures(figures: dict[str, list[float]]) -> None:
     print(f"{'setup':<30}{'tokens/s median (min-max)':>30}")
     for name, values in figures.items():
         print(f"{name:<30}{spread(values):>30}")
