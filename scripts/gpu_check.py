@@ -43,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend import contract  # noqa: E402
+from backend import contract, hub  # noqa: E402
 
 DEFAULT_MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 DEFAULT_PROFILE = "qwen3-4b-instruct-2507"
@@ -324,18 +324,29 @@ def model_config(model: str) -> dict[str, Any]:
         return dict(json.loads((folder / "config.json").read_text()))
     from huggingface_hub import hf_hub_download
 
-    repo, _, revision = model.partition("@")
-    return dict(json.loads(Path(hf_hub_download(repo, "config.json", revision=revision or None)).read_text()))
+    repo = hub_model(model)
+    return dict(json.loads(Path(hf_hub_download(repo.repo_id, "config.json", revision=repo.revision)).read_text()))
 
 
 def tokenizer_counter(model: str) -> Callable[[str], int]:
     """Token count by the model's own tokenizer (its folder, or the hub cache)."""
     from transformers import AutoTokenizer
 
-    repo, _, revision = model.partition("@")
     folder = Path(model).expanduser()
-    tok = AutoTokenizer.from_pretrained(str(folder) if folder.is_dir() else repo, revision=revision or None)
+    if folder.is_dir():
+        tok = AutoTokenizer.from_pretrained(str(folder))
+    else:
+        repo = hub_model(model)
+        tok = AutoTokenizer.from_pretrained(repo.repo_id, revision=repo.revision)
     return lambda text: len(tok.encode(text, add_special_tokens=False))
+
+
+def hub_model(model: str) -> hub.HubModel:
+    """The hub id and revision of a model that is no folder here, read as the product reads ``[model] path``."""
+    repo = hub.parse_hub_id(model)
+    if repo is None:
+        raise SystemExit(f"[gpu-check] {model}: not a model folder here, nor a hub id; expected {hub.PATH_FORMS}")
+    return repo
 
 
 def dry_run(args: argparse.Namespace) -> int:
@@ -363,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="leave the product running at the end")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the vLLM command; launch nothing")
     args = ap.parse_args(argv)
+    if hub.classify_model_path(args.model, ROOT) is None:
+        ap.error(f"{args.model}: neither a model folder nor a hub id; expected {hub.PATH_FORMS}")
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
         ap.error(f"--adapter {args.adapter}: no adapter_config.json there (a PEFT LoRA folder is expected)")
     if not (ROOT / "profiles" / f"{args.profile}.toml").is_file():

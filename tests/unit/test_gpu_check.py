@@ -15,6 +15,7 @@ import pytest
 from backend.adapters.doctor import diagnose_adapter
 from backend.settings import ROOT
 from tests.conftest import need_env
+from tests.fakes.hub_server import FakeHub
 
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
@@ -102,6 +103,7 @@ def test_dry_run_prints_the_plan_and_the_launchers_vllm_command_without_a_gpu(tm
         (["--adapter", "/nonexistent/lora"], "--adapter /nonexistent/lora: no adapter_config.json there"),
         (["--profile", "nope"], "--profile nope: no profiles/nope.toml"),
         (["--paste-tokens", "0"], "--paste-tokens 0: a positive number"),
+        (["a//b"], "a//b: neither a model folder nor a hub id; expected an existing model folder"),
     ],
 )
 def test_bad_arguments_are_refused_naming_the_value(tmp_path, args, said):
@@ -112,3 +114,20 @@ def test_bad_arguments_are_refused_naming_the_value(tmp_path, args, said):
 def test_a_real_run_without_a_gpu_stops_at_once_saying_so(tmp_path):
     out = run(tmp_path, str(tmp_path / "model"))
     assert out.returncode == 2 and "no NVIDIA GPU here" in out.stderr
+
+
+def test_the_models_config_comes_from_the_hub_at_the_revision_its_id_names(tmp_path):
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"hidden_size": 64}')
+    script = "import json, sys; sys.path.insert(0, 'scripts'); import gpu_check; print(json.dumps(gpu_check.model_config(sys.argv[1])))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    with FakeHub({"qwen/tiny": folder}) as fake:
+        env.update({"HF_ENDPOINT": fake.url, "HF_HOME": str(tmp_path / "hf"), "NO_PROXY": "127.0.0.1"})
+        commit = fake.repos["qwen/tiny"].commit
+        argv = [sys.executable, "-c", script, f"qwen/tiny@{commit}"]
+        out = subprocess.run(argv, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and json.loads(out.stdout) == {"hidden_size": 64}, out.stderr
+        assert any(path == f"/qwen/tiny/resolve/{commit}/config.json" for _, path, _, _ in fake.requests)
+        bad = subprocess.run([*argv[:3], "qwen/tiny@"], cwd=str(ROOT), env=env, capture_output=True, text=True)
+        assert bad.returncode == 1 and "qwen/tiny@: not a model folder here, nor a hub id" in bad.stderr
