@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,39 +148,10 @@ def top_of_profile(path: Path, n: int = 15) -> str:
 
 
 def launch_plain(tmp: Path, base_url: str) -> tuple[subprocess.Popen[bytes], str]:
-    from tests.conftest import free_port
-
-    port = free_port()
-    env = {
-        **os.environ,
-        "OPENAI_BASE_URL": base_url,
-        "OPENAI_API_KEY": "test",
-        "CHAINLIT_APP_ROOT": str(ROOT),
-        "PYTHONPATH": str(ROOT),
-        loopstats.ENV: str(tmp / "loop.json"),
-    }
-    env.pop("CI", None)
-    out = tmp / "plain.out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "chainlit", "run", str(ROOT / "bench" / "plain_with_loopstats.py"), "--headless"]
-        + ["--host", "127.0.0.1", "--port", str(port)],
-        cwd=str(ROOT),
-        env=env,
-        stdout=out.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"the plain Chainlit app did not start:\n{out.read_text()[-3000:]}") from None
-            time.sleep(0.3)
+    """The plain example with the loop sampler (tests/support/live_app.py launches it as test_fidelity does)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {loopstats.ENV: str(tmp / "loop.json")}
+    return live_app.launch_plain(tmp, base_url, "plain_with_loopstats.py", app_root=ROOT, env=env, timeout=60)
 
 
 async def warm_up(url: str, chat_start: bool) -> None:

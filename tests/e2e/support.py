@@ -118,6 +118,23 @@ def _launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool, time
     pytest.fail(f"no '{marker}' after {timeout:.0f} s:\n{app.log()}")
 
 
+def launch_prepare(tmp: Path, env: dict[str, str], engine_port: int, ui_port: int) -> LiveApp:
+    """`python -m backend serve --prepare` as start.sh runs it on a first run, with exactly ``env`` (the caller's
+    environment, fakes included), output to ``tmp``/serve.out; returned once its UI answers (2 minutes at most)."""
+    output = tmp / "serve.out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend", "serve", "--prepare"],
+        cwd=str(ROOT),
+        env=env,
+        stdout=output.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    app = LiveApp(proc, f"http://127.0.0.1:{ui_port}", tmp / "logs", output, f"http://127.0.0.1:{engine_port}/v1")
+    wait_page(app, 120)
+    return app
+
+
 def stop(app: LiveApp) -> None:
     supervisor.stop_process_group(app.proc, grace=20)
 
@@ -136,21 +153,43 @@ def chromium_path() -> str:
     return path
 
 
-@contextlib.contextmanager
-def browser_page(url: str, *, locale: str = "en-US"):
-    """Real headless Debian Chromium (no `playwright install`) with one page open at ``url``."""
+def start_browser():
+    """Playwright (sync API) and a real headless Debian Chromium in it (no `playwright install`): (pw, browser)."""
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+    pw = sync_playwright().start()
+    try:
+        return pw, pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+    except BaseException:
+        pw.stop()
+        raise
+
+
+def stop_browser(started) -> None:
+    pw, browser = started
+    try:
+        browser.close()
+    finally:
+        pw.stop()
+
+
+@contextlib.contextmanager
+def browser_page(url: str, *, locale: str = "en-US", browser=None):
+    """A page open at ``url`` in a new context of ``browser`` (the shared ``browser`` fixture), closed after; with
+    no browser given, in a Chromium of its own for this one use."""
+    started = None if browser is not None else start_browser()
+    try:
+        context = (browser or started[1]).new_context(locale=locale, viewport={"width": 1280, "height": 900})
         try:
-            context = browser.new_context(locale=locale, viewport={"width": 1280, "height": 900})
             page = context.new_page()
             page.set_default_timeout(60_000)
             page.goto(url)
             yield page
         finally:
-            browser.close()
+            context.close()
+    finally:
+        if started is not None:
+            stop_browser(started)
 
 
 def wait_page(app: LiveApp, timeout: float = 120) -> None:

@@ -14,23 +14,15 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    # A small token budget (1,200 - 150 reply) so a few long messages push early turns out.
-    app = e2e.launch(
-        tmp_path_factory.mktemp("e2e-chat"),
-        {
-            "QWENCHAT_MODEL_TEMPERATURE": "0",
-            "QWENCHAT_BUDGET_MAX_MODEL_LEN": "1200",
-            "QWENCHAT_BUDGET_REPLY_RESERVE": "150",
-        },
-    )
-    yield app
-    e2e.stop(app)
+def live(embedded_product):
+    # shared with test_compare (tests/e2e/conftest.py): a small token budget (1,200 - 150 reply) so a few long
+    # messages push early turns out
+    return embedded_product
 
 
 @pytest.fixture(scope="module")
-def page(live):
-    with e2e.browser_page(live.url) as pg:
+def page(live, browser):
+    with e2e.browser_page(live.url, browser=browser) as pg:
         e2e.wait_ready_ui(pg)
         yield pg
 

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from backend import contract
 from backend.engine import prepare_bg
-from backend.settings import ROOT
 from tests.e2e import support as e2e
 
 pytestmark = pytest.mark.e2e
@@ -68,26 +65,16 @@ def cold(tmp_path_factory):
         "QWENCHAT_UI_WAIT_FOR_READY": "600",
     }
     (tmp / "adapters").mkdir()
-    output = tmp / "serve.out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "backend", "serve", "--prepare"],
-        cwd=str(ROOT),
-        env=env,
-        stdout=output.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    app = e2e.LiveApp(proc, f"http://127.0.0.1:{ui_port}", tmp / "logs", output, f"http://127.0.0.1:{engine_port}/v1")
+    app = e2e.launch_prepare(tmp, env, engine_port, ui_port)
     app.fake = fake  # type: ignore[attr-defined]
-    e2e.wait_page(app, 120)
     yield app
     e2e.interrupt(app)
 
 
-def test_the_status_line_says_the_engine_is_being_installed_in_chinese(cold):
+def test_the_status_line_says_the_engine_is_being_installed_in_chinese(cold, browser):
     pct = prepare_bg.PipProgress.COLLECTED * COLLECTED // prepare_bg.lock_count("cpu")
     assert not (cold.fake / "envs").exists()  # the UI answers before the engine environment exists
-    with e2e.browser_page(cold.url, locale="zh-CN") as page:
+    with e2e.browser_page(cold.url, locale="zh-CN", browser=browser) as page:
         page.wait_for_function(
             "(pct) => (document.getElementById('qwenchat-status')?.textContent || '').includes('正在安装引擎 ' + pct + '%')",
             arg=pct,
@@ -97,9 +84,9 @@ def test_the_status_line_says_the_engine_is_being_installed_in_chinese(cold):
         assert "准备中" in text and page.get_attribute("#qwenchat-status", "data-state") == "starting"
 
 
-def test_a_message_sent_while_installing_waits_and_is_answered_once_the_engine_is_ready(cold):
+def test_a_message_sent_while_installing_waits_and_is_answered_once_the_engine_is_ready(cold, browser):
     pct = prepare_bg.PipProgress.COLLECTED * COLLECTED // prepare_bg.lock_count("cpu")
-    with e2e.browser_page(cold.url) as page:
+    with e2e.browser_page(cold.url, browser=browser) as page:
         page.wait_for_function(
             "(pct) => (document.getElementById('qwenchat-status')?.textContent || '').includes("
             "'preparing') && document.getElementById('qwenchat-status').textContent.includes("

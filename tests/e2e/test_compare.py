@@ -32,15 +32,13 @@ SIDES_JS = """() => [...document.querySelectorAll('.step[data-step-type="assista
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    app = e2e.launch(tmp_path_factory.mktemp("e2e-compare"), {"QWENCHAT_MODEL_TEMPERATURE": "0"})
-    yield app
-    e2e.stop(app)
+def live(embedded_product):
+    return embedded_product  # the product test_chat chats with (tests/e2e/conftest.py), greedy
 
 
 @pytest.fixture(scope="module")
-def page(live):
-    with e2e.browser_page(live.url) as pg:
+def page(live, browser):
+    with e2e.browser_page(live.url, browser=browser) as pg:
         e2e.wait_ready_ui(pg)
         yield pg
 

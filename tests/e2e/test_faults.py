@@ -25,9 +25,8 @@ PARTIAL = expected_text(3).strip()  # what a mid-stream fault lets through (at=3
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    with e2e.fake_server(tmp_path_factory.mktemp("fakeserver")) as url:
-        yield url
+def fake(fake_openai):
+    return fake_openai  # shared (tests/conftest.py), reset for this module
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +62,8 @@ def live(fake, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(live):
-    with e2e.browser_page(live.url) as pg:
+def page(live, browser):
+    with e2e.browser_page(live.url, browser=browser) as pg:
         e2e.wait_ready_ui(pg, timeout_ms=60_000)
         yield pg
 

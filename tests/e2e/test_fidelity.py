@@ -11,18 +11,15 @@ and all others must pass: the comparison itself is shown to tell the two apart.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
 from backend.engine import supervisor
-from backend.settings import ROOT
 from tests.e2e import fidelity_corpus as corpus
 from tests.e2e import support as e2e
+from tests.support import live_app
 
 pytestmark = pytest.mark.e2e
 
@@ -78,50 +75,22 @@ def post(url: str, body: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    with e2e.fake_server(tmp_path_factory.mktemp("fake-fidelity")) as url:
-        yield url
+def fake(fake_openai):
+    return fake_openai  # shared (tests/conftest.py), reset for this module
 
 
 @pytest.fixture(scope="module")
-def live(fake, tmp_path_factory):
-    env = {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en"}
-    app = e2e.launch(tmp_path_factory.mktemp("e2e-fidelity"), env, wait_engine=False, timeout=120)
-    yield app
-    e2e.stop(app)
+def live(external_app):
+    return external_app  # on the fake server, English (tests/e2e/conftest.py); test_compare_columns uses it too
 
 
 @pytest.fixture(scope="module")
 def plain(fake, tmp_path_factory):
     """The plain streaming example from Chainlit's docs, against the same fake server (the failing baseline)."""
-    from tests.conftest import free_port
-
-    tmp = tmp_path_factory.mktemp("plain-chainlit")
-    (tmp / "root").mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("QWENCHAT_", "OPENAI_"))}
-    env |= {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "CHAINLIT_APP_ROOT": str(tmp / "root")}
-    port = free_port()
-    argv = [sys.executable, "-m", "chainlit", "run", str(ROOT / "bench" / "plain_chainlit_app.py"), "--headless"]
-    out = tmp / "plain.out"
-    proc = subprocess.Popen(
-        argv + ["--host", "127.0.0.1", "--port", str(port)],
-        cwd=str(ROOT),
-        env=env,
-        stdout=out.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                supervisor.stop_process_group(proc, grace=5)
-                pytest.fail(f"the plain Chainlit example did not start:\n{out.read_text()[-3000:]}")
-            time.sleep(0.3)
+    try:
+        proc, url = live_app.launch_plain(tmp_path_factory.mktemp("plain-chainlit"), fake + "/v1")
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     yield url
     supervisor.stop_process_group(proc, grace=5)
 

@@ -29,9 +29,8 @@ COMPARED = corpus.CORPUS["word-colon-word"]
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    with e2e.fake_server(tmp_path_factory.mktemp("fake-fidelity-history")) as url:
-        yield url
+def fake(fake_openai):
+    return fake_openai  # shared (tests/conftest.py), reset for this module
 
 
 @pytest.fixture(scope="module")

@@ -30,9 +30,8 @@ FULL = expected_text(8).strip()  # the fake server's normal answer
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    with e2e.fake_server(tmp_path_factory.mktemp("fakeserver")) as url:
-        yield url
+def fake(fake_openai):
+    return fake_openai  # shared (tests/conftest.py), reset for this module
 
 
 def is_probe(record: dict) -> bool:

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from backend import hub
-from backend.settings import ROOT
 from tests.e2e import support as e2e
 from tests.fakes.hub_server import FakeHub
 
@@ -47,27 +44,15 @@ def downloading(tmp_path_factory, test_models):
             "HF_HOME": str(tmp / "hf"),
             "NO_PROXY": "127.0.0.1,localhost",
         }
-        output = tmp / "serve.out"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "backend", "serve", "--prepare"],
-            cwd=str(ROOT),
-            env=env,
-            stdout=output.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        app = e2e.LiveApp(
-            proc, f"http://127.0.0.1:{ui_port}", tmp / "logs", output, f"http://127.0.0.1:{engine_port}/v1"
-        )
+        app = e2e.launch_prepare(tmp, env, engine_port, ui_port)
         app.fake = fake  # type: ignore[attr-defined]
         app.hf = tmp / "hf" / "hub"  # type: ignore[attr-defined]
-        e2e.wait_page(app, 120)
         yield app
         e2e.interrupt(app)
 
 
-def test_the_status_line_shows_the_download_in_chinese(downloading):
-    with e2e.browser_page(downloading.url, locale="zh-CN") as page:
+def test_the_status_line_shows_the_download_in_chinese(downloading, browser):
+    with e2e.browser_page(downloading.url, locale="zh-CN", browser=browser) as page:
         page.wait_for_function(
             "() => /正在下载模型 \\d+% · [\\d.]+ \\/ 35\\.7 MB · [\\d.]+ (kB|MB)\\/s/.test("
             "document.getElementById('qwenchat-status')?.textContent || '')",
@@ -76,8 +61,8 @@ def test_the_status_line_shows_the_download_in_chinese(downloading):
         assert page.get_attribute("#qwenchat-status", "data-state") == "starting"
 
 
-def test_a_message_sent_while_downloading_waits_and_is_answered_from_the_downloaded_model(downloading):
-    with e2e.browser_page(downloading.url) as page:
+def test_a_message_sent_while_downloading_waits_and_is_answered_from_the_downloaded_model(downloading, browser):
+    with e2e.browser_page(downloading.url, browser=browser) as page:
         page.wait_for_function(
             "() => (document.getElementById('qwenchat-status')?.textContent || '').includes('downloading the model ')",
             timeout=120_000,

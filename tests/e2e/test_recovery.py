@@ -42,8 +42,8 @@ def live(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(live):
-    with e2e.browser_page(live.url) as pg:
+def page(live, browser):
+    with e2e.browser_page(live.url, browser=browser) as pg:
         yield pg
 
 

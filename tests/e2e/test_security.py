@@ -77,9 +77,8 @@ class Listener:
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    with e2e.fake_server(tmp_path_factory.mktemp("fakeserver")) as url:
-        yield url
+def fake(fake_openai):
+    return fake_openai  # shared (tests/conftest.py), reset for this module
 
 
 @contextlib.contextmanager

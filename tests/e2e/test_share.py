@@ -31,9 +31,8 @@ LOGO = "<svg xmlns='http://www.w3.org/2000/svg' width='8' height='8'><!-- qwench
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    with e2e.fake_server(tmp_path_factory.mktemp("fakeserver")) as url:
-        yield url
+def fake(fake_openai):
+    return fake_openai  # shared (tests/conftest.py), reset for this module
 
 
 @pytest.fixture(scope="module")

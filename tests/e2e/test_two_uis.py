@@ -21,9 +21,8 @@ FULL = expected_text(8).strip()
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    with e2e.fake_server(tmp_path_factory.mktemp("fakeserver-two-uis")) as url:
-        yield url
+def fake(fake_openai):
+    return fake_openai  # shared (tests/conftest.py), reset for this module
 
 
 @pytest.fixture(scope="module")

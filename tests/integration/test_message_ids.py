@@ -29,9 +29,8 @@ SLOW = "[[normal:tokens=40:rate=8]]"  # the fake server streams this answer for 
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    with e2e.fake_server(tmp_path_factory.mktemp("fakeserver")) as url:
-        yield url
+def fake(fake_openai):
+    return fake_openai  # shared (tests/conftest.py), reset for this module
 
 
 def launch(fake: str, tmp, history_db: str = "") -> e2e.LiveApp:

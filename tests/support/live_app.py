@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -17,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.chat import loopstats
+from backend.engine import supervisor
+from backend.settings import ROOT
 from tests.e2e import support as e2e
 
 # What the app log must never contain under load: tracebacks (an unhandled exception, also one Python
@@ -63,6 +68,57 @@ def launch_external(tmp: Path, base_url: str, env: dict[str, str] | None = None,
         e2e.stop(app)
         raise
     return app
+
+
+def launch_plain(
+    tmp: Path,
+    base_url: str,
+    app_file: str = "plain_chainlit_app.py",
+    *,
+    app_root: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The plain streaming example from Chainlit's docs (``bench/<app_file>``) against ``base_url`` (ending in /v1)
+    on a free port, in its own process group: (process, URL) once its page answers. Nothing of ours in its
+    environment but ``env`` (no QWENCHAT_ / OPENAI_ variable of the caller's, no CI); Chainlit's app root is
+    ``app_root`` (default: an empty folder in ``tmp``, Chainlit's defaults). Output in ``tmp``/plain.out; a
+    RuntimeError with its tail when it does not start."""
+    from tests.conftest import free_port
+
+    if app_root is None:
+        app_root = tmp / "root"
+        app_root.mkdir(parents=True, exist_ok=True)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("QWENCHAT_", "OPENAI_")) and k != "CI"}
+    full_env |= {
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_API_KEY": "test",
+        "CHAINLIT_APP_ROOT": str(app_root),
+        "PYTHONPATH": str(ROOT),  # bench/plain_with_loopstats.py imports bench and backend
+        **(env or {}),
+    }
+    port = free_port()
+    out = tmp / "plain.out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chainlit", "run", str(ROOT / "bench" / app_file), "--headless"]
+        + ["--host", "127.0.0.1", "--port", str(port)],
+        cwd=str(ROOT),
+        env=full_env,
+        stdout=out.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                supervisor.stop_process_group(proc, grace=5)
+                raise RuntimeError(f"the plain Chainlit example did not start:\n{out.read_text()[-3000:]}") from None
+            time.sleep(0.3)
 
 
 def loop_file(app: e2e.LiveApp) -> Path:
