@@ -196,5 +196,6 @@ def main() -> None:
 if __name__ == "__main__":
     from bench.environment import use_test_environment
 
-    use_test_environment()  # as ./test.sh sets it up, when run from the documented command alone
+    vllm = "--vllm" in sys.argv[1:]  # only the vLLM part needs the engine environment and the test models
+    use_test_environment(engine=vllm, test_models=vllm)  # as ./test.sh sets them up, from the documented command alone
     main()

@@ -248,5 +248,5 @@ def run(argv: list[str] | None = None) -> Any:
 if __name__ == "__main__":
     from bench.environment import use_test_environment
 
-    use_test_environment()  # as ./test.sh sets it up, when run from the documented command alone
+    use_test_environment(engine=True)  # as ./test.sh sets it up, when run from the documented command alone
     sys.exit(run())

@@ -208,5 +208,5 @@ def _print_figures(figures: dict[str, list[float]]) -> None:
 if __name__ == "__main__":
     from bench.environment import use_test_environment
 
-    use_test_environment()  # as ./test.sh sets it up, when run from the documented command alone
+    use_test_environment(engine=True)  # as ./test.sh sets it up, when run from the documented command alone
     main()

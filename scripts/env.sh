@@ -175,7 +175,9 @@ qc_engine_import_check() {  # DIR PACKAGE
 }
 
 qc_app_env() { qc_env app "" "$QC_ROOT/requirements.txt" "$QC_ROOT/requirements-lock/app.txt"; }
-qc_test_env() { qc_env app-test "" "$QC_ROOT/requirements.txt" "$QC_ROOT/requirements-test.txt" "$QC_ROOT/requirements-lock/app.txt"; }
+qc_test_files() { QC_TEST_FILES=("$QC_ROOT/requirements.txt" "$QC_ROOT/requirements-test.txt" "$QC_ROOT/requirements-lock/app.txt"); }
+qc_test_dir() { qc_test_files; echo "$QWENCHAT_HOME/envs/app-test-$(qc_hash "${QC_TEST_FILES[@]}")"; }  # built or not
+qc_test_env() { qc_test_files; qc_env app-test "" "${QC_TEST_FILES[@]}"; }
 
 qc_engine_files() {  # $1 = cpu | gpu; sets the array QC_ENGINE_FILES (paths may hold spaces)
   if [ "$1" = gpu ]; then QC_ENGINE_FILES=("$QC_ROOT/requirements-engine-gpu.txt")
