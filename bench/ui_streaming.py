@@ -358,7 +358,8 @@ def report(res: Results, cases: list[Case], flush_ms: float, runs: int) -> None:
         f"\nsummary: {met}/{len(verdicts)} cases within 1.3 × emit + 1 s and not slower than the plain example "
         f"(stream_flush_ms {flush_ms:g}); "
         + ", ".join(
-            f"({c.key}) {med(c.key, 'after', 'last') or 0:.2f} s vs plain {med(c.key, 'plain', 'last') or 0:.2f} s"
+            f"({c.key}) {med(c.key, 'after', 'last') or 0:.2f} s vs plain "
+            + (f"{p:.2f} s" if (p := med(c.key, "plain", "last")) is not None else "not run (--apps)")
             for c in cases
         )
     )
