@@ -23,8 +23,8 @@ The status file is one JSON object (``EngineStatus``), replaced atomically on ev
     pid           the engine process (leader of its process group), or null when none was launched
     attempt       restarts within the window (0 for the first start)
     max_attempts  [server].restart_attempts
-    reason        the cause alone, English ("" when none); the UI adds "attempt 2 of 5"
-    reason_zh     the same in Chinese
+    reason        the cause alone, a catalog text {"key": "cause.engine_hung", "params": {...}} (backend/text.py Text;
+                  null when none); the UI makes it in the viewer's language and adds "attempt 2 of 5"
     cause         log_diagnosis kind ("oom_gpu", "unknown" …), "hung" (the supervisor's probe), "" when none
     message       the whole sentence, for people reading the file (the UI does not show it)
     log_path      the engine log
@@ -39,7 +39,8 @@ The status file is one JSON object (``EngineStatus``), replaced atomically on ev
 ``preparing`` (the launcher builds the engine environment and the model while the UI is already up) and the
 phase/progress keys came later, the bytes_* keys later still: an older UI ignores the keys and reads the state as
 unknown text (it then decides from HTTP alone: "starting"); a newer UI reads an older file's missing keys as "" and
-null.
+null. Before the catalog became data (#21) ``reason`` was English text beside ``reason_zh``: such a file reads
+as that English text, untranslated (``Text.verbatim``), until the launcher writes the file again.
 
 This module is shared by both sides: it imports nothing from backend.engine or backend.chat.
 """
@@ -56,6 +57,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .text import Text
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +127,7 @@ class EngineStatus:
     pid: int | None = None
     attempt: int | None = None
     max_attempts: int | None = None
-    reason: str = ""
-    reason_zh: str = ""
+    reason: Text | None = None
     cause: str = ""
     message: str = ""
     log_path: str = ""
@@ -148,6 +150,7 @@ class EngineStatus:
         """The file's object: every field, in order; ``updated`` is now unless set."""
         data = dataclasses.asdict(self)
         data["state"] = self.state.value if isinstance(self.state, SupervisorState) else self.state
+        data["reason"] = self.reason.to_json() if self.reason is not None else None
         if data["updated"] is None:
             data["updated"] = time.time()
         return data
@@ -190,8 +193,7 @@ class EngineStatus:
             pid=num("pid", int),
             attempt=num("attempt", int),
             max_attempts=num("max_attempts", int),
-            reason=text("reason"),
-            reason_zh=text("reason_zh"),
+            reason=_reason(data.get("reason")),
             cause=text("cause"),
             message=text("message"),
             log_path=text("log_path"),
@@ -203,3 +205,10 @@ class EngineStatus:
             bytes_total=num("bytes_total", int),
             bytes_rate=num("bytes_rate", int),
         )
+
+
+def _reason(value: Any) -> Text | None:
+    """The file's ``reason``: a catalog text, or an older launcher's English words (read as they are)."""
+    if isinstance(value, str):
+        return Text.verbatim(value) if value else None
+    return Text.from_json(value)

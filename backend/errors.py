@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .text import pick_language, t
+from .text import Text, t
 
 
 class QwenChatError(Exception):
@@ -78,9 +78,13 @@ class QwenChatError(Exception):
         """The placeholders of this error's text: its public attributes."""
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
+    def as_text(self) -> Text:
+        """This error's words to make later, in the reader's language (the status line, the status file)."""
+        return Text(self.text_key, self.params)
+
     def user_text(self, lang: str | None = "en") -> str:
         try:
-            return t(self.text_key, lang, **self.params)
+            return self.as_text().in_(lang)
         except (KeyError, IndexError, ValueError, TypeError):
             return f"{t(self.text_key, lang)} {self.params}"
 
@@ -269,8 +273,8 @@ class AdapterFileRefused(AdapterError):
         self.name, self.file, self.reason = name, file, reason
         super().__init__()
 
-    def user_text(self, lang: str | None = "en") -> str:
-        return t(self.REASONS.get(self.reason, self.text_key), lang, name=self.name, file=self.file)
+    def as_text(self) -> Text:
+        return Text(self.REASONS.get(self.reason, self.text_key), {"name": self.name, "file": self.file})
 
 
 class AdapterStatic(AdapterError):
@@ -309,9 +313,9 @@ class AdapterSlotsBusy(AdapterError):
 class AdapterFleetPartial(AdapterError):
     """A runtime load or unload, sent to every fleet replica, failed on some of them (``adapters/runtime.py``).
 
-    ``failures_en``/``_zh`` name each failed replica (number, host:port) and why; ``after_en``/``_zh`` say what
-    was done about the others (the load undone, the unload undone, or what is left uneven). Plain strings, so
-    ``hide_error_paths`` can take server paths out of them like any other error's parameters.
+    ``failures`` names each failed replica (number, host:port) and why; ``after`` says what was done about the
+    others (the load undone, the unload undone, or what is left uneven; None when nothing). Catalog Texts:
+    ``hide_error_paths`` takes server paths out of their plain-string parameters like any other error's.
     """
 
     code = "adapter_fleet_partial"
@@ -323,20 +327,15 @@ class AdapterFleetPartial(AdapterError):
         name: str,
         action: str,
         failed: tuple[int, ...],
-        failures_en: str,
-        failures_zh: str,
-        after_en: str,
-        after_zh: str,
+        failures: Text,
+        after: Text | None = None,
     ) -> None:
-        self.name, self.action, self.failed = name, action, failed
-        self.failures_en, self.failures_zh, self.after_en, self.after_zh = failures_en, failures_zh, after_en, after_zh
+        self.name, self.action, self.failed, self.failures, self.after = name, action, failed, failures, after
         super().__init__()
 
-    def user_text(self, lang: str | None = "en") -> str:
-        zh = pick_language(lang) == "zh"
-        failures, after = (self.failures_zh, self.after_zh) if zh else (self.failures_en, self.after_en)
-        text = t(self.TEXTS.get(self.action, self.text_key), lang, name=self.name, failures=failures)
-        return f"{text}{'' if zh else ' '}{after}".strip()
+    def as_text(self) -> Text:
+        said = Text(self.TEXTS.get(self.action, self.text_key), {"name": self.name, "failures": self.failures})
+        return Text("sentences", {"first": said, "then": self.after}) if self.after else said
 
 
 # ---------------------------------------------------------------- budget

@@ -126,7 +126,7 @@ class Text:
     """A text to make later, in the reader's language: a catalog key and its parameters (which may be Texts).
 
     ``Text.verbatim(s)`` is words that are not translated (a server's own message); ``Text.join(sep, parts)``
-    joins texts with a separator (a Text or plain string)."""
+    joins texts with a separator (a Text or plain string); ``Text.trimmed(text, chars)`` drops trailing chars."""
 
     key: str
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -139,10 +139,17 @@ class Text:
     def join(cls, sep: Text | str, parts: Iterable[Text | str]) -> Text:
         return cls("", {"sep": sep, "parts": list(parts)})
 
+    @classmethod
+    def trimmed(cls, text: Text, chars: str) -> Text:
+        """``text`` without the trailing ``chars`` (a sentence's full stop, when it goes inside another)."""
+        return cls("", {"trim": text, "chars": chars})
+
     def in_(self, lang: str | None) -> str:
         """The words in the best language for ``lang``."""
         if self.key:
             return t(self.key, lang, **self.params)
+        if "trim" in self.params:
+            return str(_render(self.params["trim"], pick_language(lang))).rstrip(str(self.params.get("chars", "")))
         if "parts" in self.params:
             chosen = pick_language(lang)
             sep = _render(self.params.get("sep", ""), chosen)
@@ -153,7 +160,7 @@ class Text:
         return self.in_(DEFAULT_LANGUAGE)
 
     def __bool__(self) -> bool:
-        return bool(self.key) or bool(self.params.get("text")) or bool(self.params.get("parts"))
+        return bool(self.key) or any(bool(self.params.get(k)) for k in ("text", "parts", "trim"))
 
     def map_strings(self, change: Any) -> Text:
         """The same Text with ``change(s)`` applied to every plain-string parameter (e.g. taking paths out)."""

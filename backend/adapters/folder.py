@@ -27,6 +27,7 @@ from ..errors import (
     AdapterRejected,
     QwenChatError,
 )
+from ..text import Text
 from .doctor import CONFIG_FILE, Diagnosis, diagnose_adapter, read_json
 
 logger = logging.getLogger(__name__)
@@ -216,5 +217,7 @@ def hide_error_paths(exc: QwenChatError, places: Mapping[str, str]) -> QwenChatE
     for key, value in list(vars(exc).items()):
         if not key.startswith("_") and isinstance(value, str):
             setattr(exc, key, hide_paths(value, places))
+        elif not key.startswith("_") and isinstance(value, Text):  # a text within the text (AdapterFleetPartial)
+            setattr(exc, key, value.map_strings(lambda s: hide_paths(s, places)))
     exc.args = (exc.user_text("en"),)
     return exc

@@ -36,7 +36,7 @@ from ..errors import (
     ModelNotFound,
     QwenChatError,
 )
-from ..text import t
+from ..text import Text
 from .doctor import Diagnosis
 from .folder import prepare_runtime_load
 
@@ -164,16 +164,16 @@ async def _each(indexes: Iterable[int], call: Callable[[int], Awaitable[None]]) 
     return out
 
 
-def _listing(urls: Sequence[str], errors: Sequence[tuple[int, QwenChatError]], lang: str) -> str:
-    return "; ".join(
-        t(
-            "error.adapter_fleet.replica",
-            lang,
-            number=i + 1,
-            address=replica_address(urls[i]),
-            reason=e.user_text(lang).rstrip(".\u3002 "),
-        )
-        for i, e in errors
+def _listing(urls: Sequence[str], errors: Sequence[tuple[int, QwenChatError]]) -> Text:
+    return Text.join(
+        "; ",
+        (
+            Text(
+                "error.adapter_fleet.replica",
+                {"number": i + 1, "address": replica_address(urls[i]), "reason": Text.trimmed(e.as_text(), ".\u3002 ")},
+            )
+            for i, e in errors
+        ),
     )
 
 
@@ -189,11 +189,10 @@ def _partial(
     after: tuple[str, dict[str, Any]] | None,
     undo_failed: list[tuple[int, QwenChatError]],
 ) -> AdapterFleetPartial:
-    def after_text(lang: str) -> str:
-        parts = [t(after[0], lang, **after[1])] if after else []
-        if undo_failed:
-            parts.append(t("error.adapter_fleet.undo_failed", lang, failures=_listing(urls, undo_failed, lang)))
-        return ("" if lang == "zh" else " ").join(parts)
+    parts = [Text(after[0], after[1])] if after else []
+    if undo_failed:
+        parts.append(Text("error.adapter_fleet.undo_failed", {"failures": _listing(urls, undo_failed)}))
+    then = Text("sentences", {"first": parts[0], "then": parts[1]}) if len(parts) == 2 else next(iter(parts), None)
 
     for i, e in failed:
         logger.warning("%s of adapter %s failed on replica %d (%s): %s", action, name, i + 1, public_url(urls[i]), e)
@@ -203,10 +202,8 @@ def _partial(
         name,
         action,
         tuple(i + 1 for i, _ in failed),
-        _listing(urls, failed, "en"),
-        _listing(urls, failed, "zh"),
-        after_text("en"),
-        after_text("zh"),
+        _listing(urls, failed),
+        then,
     )
 
 

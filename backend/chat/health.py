@@ -2,7 +2,8 @@
 
     poller = get_poller(settings.engine_base_url, settings.api_key, HealthSettings(), status_file=path)
     await poller.start()                          # idempotent; every session may call it
-    poller.status                                 # HealthStatus snapshot: state, reason(_zh), models, ...
+    poller.status                                 # HealthStatus snapshot: state, reason (a Text), models, ...
+    poller.status.text("zh-CN")                   # the reason in the viewer's language
     status = await poller.wait_until_ready(300, on_progress=show)   # show(elapsed, status), sync or async
     async for status in poller.subscribe(): ...   # current status first, then every change
     await poller.refresh()                        # poll now (after loading an adapter)
@@ -24,7 +25,8 @@ States (``EngineState``):
               "ready" here); never up within startup_limit; supervisor down/stopped; the engine refused our API key
 
 A transition (state or reason) is logged once and pushed to subscribers once; a steady state is
-not re-logged. Reasons are stable texts (no ticking numbers) so they can be compared.
+not re-logged. Reasons are catalog Texts (key + parameters, no ticking numbers) so they can be compared; the
+words are made where they are shown (the status line, in the viewer's language; logs, in English).
 
 A fleet (``replicas``: each replica's OpenAI base URL; the base URL is then the router in front of them):
 every poll also asks each replica's ``GET /health`` and ``GET /v1/models`` directly, in parallel with the
@@ -86,7 +88,7 @@ from ..contract import (
 from ..engine_http import Route, auth_headers, error_message, public_url, replica_address, status_error
 from ..probe import probe_body
 from ..settings import HealthSettings  # re-exported: the [health] section
-from ..text import both, pick_language, t
+from ..text import Text, t
 
 logger = logging.getLogger(__name__)
 
@@ -128,21 +130,22 @@ class ReplicaHealth:
     number: int  # 1-based, in [fleet] order (local replicas first)
     address: str  # host:port: no scheme, credentials or path (it is shown in the browser)
     ready: bool = False
-    detail: str = ""  # why not ready ("connection refused", "HTTP 503", "no answer within 5 s"); "" when ready
-    detail_zh: str = ""  # the same in Chinese ("" = as ``detail``: a server's own words are not translated)
+    detail: Text | None = (
+        None  # why not ready ("connection refused", "HTTP 503", "no answer within 5 s"); None when ready
+    )
     # a replica this launcher supervises (its status file): restarts in the supervisor's window, and the last cause
     attempt: int | None = None
     cause: str = ""
 
-    def detail_in(self, lang: str) -> str:
-        return (self.detail_zh or self.detail) if lang == "zh" else self.detail
+    def detail_in(self, lang: str | None) -> str:
+        return self.detail.in_(lang) if self.detail else ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, lang: str | None = "en") -> dict[str, Any]:
         return {
             "replica": self.number,
             "address": self.address,
             "ready": self.ready,
-            "detail": self.detail,
+            "detail": self.detail_in(lang),
             "attempt": self.attempt,
             "cause": self.cause or None,
         }
@@ -154,8 +157,7 @@ class HealthStatus:
     ``models_stale``, while the engine is down); ``version`` changes only when that list changes."""
 
     state: EngineState = EngineState.STARTING
-    reason: str = ""
-    reason_zh: str = ""
+    reason: Text | None = None  # why (made in the viewer's language by ``text``)
     since: float = 0.0  # epoch: entered this state (or reason)
     starting_elapsed: float = 0.0  # seconds this engine life has been starting; 0 unless STARTING
     models: tuple[ModelEntry, ...] = ()
@@ -222,7 +224,8 @@ class HealthStatus:
         return tuple(m for m in self.models if m.is_adapter)
 
     def text(self, lang: str | None = "en") -> str:
-        return self.reason_zh if pick_language(lang) == "zh" else self.reason
+        """The reason in the best language for ``lang`` ("" when there is none)."""
+        return self.reason.in_(lang) if self.reason else ""
 
 
 # ---------------------------------------------------------------- one poll's observations
@@ -362,8 +365,7 @@ class HealthPoller:
         now = time.time()
         self._status = HealthStatus(
             state=EngineState.STARTING,
-            reason=t("health.waiting", "en"),
-            reason_zh=t("health.waiting", "zh"),
+            reason=Text("health.waiting"),
             since=now,
             checked_at=0.0,
             replicas=self._replica_view,
@@ -382,7 +384,7 @@ class HealthPoller:
         self._last_probe_at: float | None = None  # monotonic
         # the outcome of the last probe that answered (READY or slow DEGRADED), replayed between
         # probes; None while probes fail or after /health or /v1/models failed: probe on every poll
-        self._answered: tuple[EngineState, str, str] | None = None
+        self._answered: tuple[EngineState, Text] | None = None
         self._health_404_logged = False
         self._published: tuple[Any, ...] = ()
         self._poll_seq = 0  # polls started
@@ -573,10 +575,28 @@ class HealthPoller:
             return _Http(error=f"{type(exc).__name__}: {exc}", latency=time.monotonic() - started)
 
     async def _poll_once(self) -> None:
+        """One poll: the supervisor's file, then /health, /v1/models and the probe; a stage that cannot go on
+        sets the state it found (``_set``) and ends the poll."""
         # Any early return below (health or models failing) leaves this None, so the next poll
         # that gets through probes again before it may report READY.
         answered, self._answered = self._answered, None
-        s = self.settings
+        sup = await self._read_supervisor()
+        if sup is not None and sup.state in _SUP_DOWN:
+            self._set(EngineState.DOWN, _supervisor_down_text(sup), sup=sup, models_ok=False)
+            return
+        if sup is not None and sup.state is SupervisorState.PREPARING:
+            # no engine process yet: nothing to ask over HTTP, and no start-up limit while the launcher prepares
+            self._set(EngineState.STARTING, _supervisor_starting_text(sup), sup=sup, models_ok=False)
+            return
+        replica_lists = await self._check_health(sup)
+        if replica_lists is None:
+            return
+        base = await self._check_models(sup, replica_lists)
+        if base is not None:
+            await self._check_probe(base, answered, sup)
+
+    async def _read_supervisor(self) -> EngineStatus | None:
+        """The supervisor's status file (None without one); a (re)start or a new engine process begins a new life."""
         sup = await asyncio.to_thread(EngineStatus.read, self.status_file) if self.status_file else None
         if sup is not None:
             key = (sup.state, sup.pid, sup.attempt)
@@ -587,15 +607,12 @@ class HealthPoller:
                 if sup.state in _SUP_STARTING or new_process or self._sup_key is None:
                     self._new_life(sup.since)
                 self._sup_key = key
+        return sup
 
-        if sup is not None and sup.state in _SUP_DOWN:
-            self._set(EngineState.DOWN, *_supervisor_down_text(sup), sup=sup, models_ok=False)
-            return
-        if sup is not None and sup.state is SupervisorState.PREPARING:
-            # no engine process yet: nothing to ask over HTTP, and no start-up limit while the launcher prepares
-            self._set(EngineState.STARTING, *_supervisor_starting_text(sup), sup=sup, models_ok=False)
-            return
-
+    async def _check_health(self, sup: EngineStatus | None) -> dict[int, tuple[ModelEntry, ...]] | None:
+        """``GET /health`` (and a fleet's replicas, at the same time): the replicas' model lists when it may go on
+        (``{}`` without a fleet), None when the state is set."""
+        s = self.settings
         self._fresh_answer = False
         replica_lists: dict[int, tuple[ModelEntry, ...]] = {}
         if self.replica_roots:  # the replicas' /health and /v1/models at the same time as the router's: one poll's time
@@ -614,66 +631,69 @@ class HealthPoller:
             logger.info("%s/health is not served (404); readiness from /v1/models and the probe only", self.root_url)
 
         if sup is not None and sup.state in _SUP_STARTING and not health_ok:
-            self._set(EngineState.STARTING, *_supervisor_starting_text(sup), sup=sup, models_ok=False)
-            return
+            self._set(EngineState.STARTING, _supervisor_starting_text(sup), sup=sup, models_ok=False)
+        elif not health.ok:
+            self._health_unanswered(health, sup)
+        elif health.status in (401, 403):
+            self._set(EngineState.DOWN, _refused(health, Route.HEALTH), sup=sup, models_ok=False)
+        elif not health_ok and self._ever_ready:
+            self._set(EngineState.DOWN, Text("health.unhealthy", {"status": health.status}), sup=sup, models_ok=False)
+        elif not health_ok:
+            self._starting_or_timed_out(Text("health.loading"), sup)
+        else:
+            return replica_lists
+        return None
 
-        if not health.ok:
-            how = "connection refused" if health.error == "refused" else health.error
-            if self._ever_ready and health.error == "timeout":
-                self._set(
-                    EngineState.DEGRADED,
-                    *both("health.health_slow", seconds=s.request_timeout),
-                    sup=sup,
-                    models_ok=False,
-                )
-            elif self._ever_ready:
-                self._set(
-                    EngineState.DOWN,
-                    *both("health.stopped_answering", how=how, url=self.root_url),
-                    sup=sup,
-                    models_ok=False,
-                )
-            else:
-                self._starting_or_timed_out(*both("health.not_listening"), sup)
-            return
+    def _health_unanswered(self, health: _Http, sup: EngineStatus | None) -> None:
+        """/health got no answer: slow or gone after having been ready, else still starting."""
+        if self._ever_ready and health.error == "timeout":
+            reason = Text("health.health_slow", {"seconds": self.settings.request_timeout})
+            self._set(EngineState.DEGRADED, reason, sup=sup, models_ok=False)
+        elif self._ever_ready:
+            how = Text("health.replica_refused") if health.error == "refused" else Text.verbatim(health.error)
+            reason = Text("health.stopped_answering", {"how": how, "url": self.root_url})
+            self._set(EngineState.DOWN, reason, sup=sup, models_ok=False)
+        else:
+            self._starting_or_timed_out(Text("health.not_listening"), sup)
 
-        if health.status in (401, 403):
-            self._set(EngineState.DOWN, *_refused(health, Route.HEALTH), sup=sup, models_ok=False)
-            return
-        if not health_ok:
-            if self._ever_ready:
-                self._set(EngineState.DOWN, *both("health.unhealthy", status=health.status), sup=sup, models_ok=False)
-            else:
-                self._starting_or_timed_out(*both("health.loading"), sup)
-            return
-
+    async def _check_models(
+        self, sup: EngineStatus | None, replica_lists: dict[int, tuple[ModelEntry, ...]]
+    ) -> ModelEntry | None:
+        """The model list (a fleet's: what every ready replica serves), kept; its base model, or None when the
+        state is set."""
         partial: tuple[tuple[str, tuple[int, ...]], ...] = ()
         if replica_lists:  # a fleet: what every ready replica serves (the router's list is one replica's)
             models: tuple[ModelEntry, ...] | None
             models, partial = _fleet_models(replica_lists)
             models_resp = _Http(ok=True, status=200)
         else:  # no fleet, or no replica's list could be read from here: the router's
-            models_resp = await self._get(self.api_url + "/models", s.request_timeout)
+            models_resp = await self._get(self.api_url + "/models", self.settings.request_timeout)
             models = (
                 _parse_models(models_resp.body, self.parents, self.base_name)
                 if models_resp.ok and models_resp.status == 200
                 else None
             )
         if models_resp.ok and models_resp.status in (401, 403):
-            self._set(EngineState.DOWN, *_refused(models_resp, Route.MODELS), sup=sup, models_ok=False)
-            return
+            self._set(EngineState.DOWN, _refused(models_resp, Route.MODELS), sup=sup, models_ok=False)
+            return None
         base = _base_of(models or ())
-        if base is None:
-            if self._ever_ready:
-                detail = models_resp.error or (
-                    _error_detail(models_resp) if models_resp.status != 200 else "no base model listed"
-                )
-                self._set(EngineState.DEGRADED, *both("health.no_model_list", detail=detail), sup=sup, models_ok=False)
-            else:
-                self._starting_or_timed_out(*both("health.waiting_models"), sup)
-            return
-        self._update_models(models or (), partial)
+        if base is None and self._ever_ready:
+            detail = Text.verbatim(models_resp.error or _error_detail(models_resp))
+            if not models_resp.error and models_resp.status == 200:
+                detail = Text("health.no_base_model")
+            reason = Text("health.no_model_list", {"detail": detail})
+            self._set(EngineState.DEGRADED, reason, sup=sup, models_ok=False)
+        elif base is None:
+            self._starting_or_timed_out(Text("health.waiting_models"), sup)
+        else:
+            self._update_models(models or (), partial)
+        return base
 
+    async def _check_probe(
+        self, base: ModelEntry, answered: tuple[EngineState, Text] | None, sup: EngineStatus | None
+    ) -> None:
+        """A one-token generation on the base model when one is due; else the last answer's state again."""
+        s = self.settings
         now = time.monotonic()
         due = (
             self._force_probe
@@ -698,25 +718,19 @@ class HealthPoller:
             self._ever_ready = True  # it answered: a later refusal is a crash (DOWN), not "starting"
             self._fresh_answer = True
             if probe.latency > s.probe_slow:
-                self._answered = (EngineState.DEGRADED, *both("health.slow", seconds=s.probe_slow))
+                self._answered = (EngineState.DEGRADED, Text("health.slow", {"seconds": s.probe_slow}))
             else:
-                self._answered = (EngineState.READY, *both("health.ready"))
+                self._answered = (EngineState.READY, Text("health.ready"))
             self._set(*self._answered, sup=sup, models_ok=True, latency=probe.latency)
-            return
-        if probe.error == "timeout":
-            en, zh = both("health.probe_timeout", seconds=s.probe_timeout)
         elif probe.error == "refused":
-            self._set(
-                EngineState.DOWN if self._ever_ready else EngineState.STARTING,
-                *both("health.probe_dropped"),
-                sup=sup,
-                models_ok=True,
-            )
-            return
+            state = EngineState.DOWN if self._ever_ready else EngineState.STARTING
+            self._set(state, Text("health.probe_dropped"), sup=sup, models_ok=True)
+        elif probe.error == "timeout":
+            reason = Text("health.probe_timeout", {"seconds": s.probe_timeout})
+            self._set(EngineState.DEGRADED, reason, sup=sup, models_ok=True)
         else:
-            detail = probe.error or _error_detail(probe)
-            en, zh = both("health.probe_failed", detail=detail)
-        self._set(EngineState.DEGRADED, en, zh, sup=sup, models_ok=True)
+            reason = Text("health.probe_failed", {"detail": probe.error or _error_detail(probe)})
+            self._set(EngineState.DEGRADED, reason, sup=sup, models_ok=True)
 
     # ------------------------------------------------------------ fleet replicas
 
@@ -737,12 +751,12 @@ class HealthPoller:
         for (number, address, _), resp, listed in zip(self.replica_roots, answers[:n], answers[n:], strict=True):
             sup = sups.get(number)
             ready = resp.ok and resp.status == 200
-            text: tuple[str, str]
+            text: Text | None
             if sup is not None and not ready and sup.state in (*_SUP_STARTING, *_SUP_DOWN):
                 # the launcher's own replica: what its supervisor says (restarting, attempt 1 of 5, and why)
                 text = _supervisor_down_text(sup) if sup.state in _SUP_DOWN else _supervisor_starting_text(sup)
             elif ready:
-                text = ("", "")
+                text = None
                 models = (
                     _parse_models(listed.body, self.parents, self.base_name)
                     if listed.ok and listed.status == 200
@@ -751,15 +765,15 @@ class HealthPoller:
                 if models is not None:
                     lists[number] = models
             elif resp.ok:
-                text = (_error_detail(resp), "")
+                text = Text.verbatim(_error_detail(resp))
             elif resp.error == "refused":
-                text = both("health.replica_refused")
+                text = Text("health.replica_refused")
             elif resp.error == "timeout":
-                text = both("health.replica_timeout", seconds=timeout)
+                text = Text("health.replica_timeout", {"seconds": timeout})
             else:  # an aiohttp error: its class only (its text may quote the URL)
-                text = (resp.error.split(":", 1)[0], "")
+                text = Text.verbatim(resp.error.split(":", 1)[0])
             attempt, cause = (sup.attempt, sup.cause) if sup is not None else (None, "")
-            out.append(ReplicaHealth(number, address, ready, *text, attempt=attempt, cause=cause))
+            out.append(ReplicaHealth(number, address, ready, text, attempt=attempt, cause=cause))
         return tuple(out), lists
 
     def _read_replica_status(self) -> dict[int, EngineStatus]:
@@ -788,19 +802,20 @@ class HealthPoller:
                 )
         self._replica_view = replicas
 
-    def _fleet_view(self, state: EngineState, en: str, zh: str) -> tuple[EngineState, str, str]:
+    def _fleet_view(self, state: EngineState, reason: Text) -> tuple[EngineState, Text]:
         """The router's answering state (READY/DEGRADED) seen through its replicas (module docstring)."""
         reps = self._replica_view
         ready = sum(1 for r in reps if r.ready)
         if ready == len(reps):
-            return state, en, zh
-        down = [r for r in reps if not r.ready]
-
-        def which(lang: str) -> str:
-            return "; ".join(
-                t("health.replica_down", lang, number=r.number, address=r.address, detail=r.detail_in(lang) or "?")
-                for r in down
-            )
+            return state, reason
+        which = Text.join(
+            "; ",
+            (
+                Text("health.replica_down", {"number": r.number, "address": r.address, "detail": r.detail or "?"})
+                for r in reps
+                if not r.ready
+            ),
+        )
 
         if ready == 0:
             self._force_probe = True  # each poll asks the router again: is anything still answering?
@@ -810,11 +825,10 @@ class HealthPoller:
                 key, new_state = "health.replicas_none", EngineState.DOWN
         else:
             key, new_state = "health.replicas_some", EngineState.DEGRADED
-        new_en = t(key, "en", ready=ready, total=len(reps), which=which("en"))
-        new_zh = t(key, "zh", ready=ready, total=len(reps), which=which("zh"))
+        said = Text(key, {"ready": ready, "total": len(reps), "which": which})
         if state is EngineState.DEGRADED and new_state is EngineState.DEGRADED:  # e.g. slow as well: say both
-            new_en, new_zh = f"{new_en} · {en}", f"{new_zh} · {zh}"
-        return new_state, new_en, new_zh
+            said = Text.join(" · ", [said, reason])
+        return new_state, said
 
     # ------------------------------------------------------------ state bookkeeping
 
@@ -827,12 +841,12 @@ class HealthPoller:
         else:
             self._life_started = time.monotonic()
 
-    def _starting_or_timed_out(self, en: str, zh: str, sup: EngineStatus | None) -> None:
+    def _starting_or_timed_out(self, reason: Text, sup: EngineStatus | None) -> None:
         limit = self.settings.startup_limit
         if time.monotonic() - self._life_started >= limit:
-            self._set(EngineState.DOWN, *both("health.never_ready", seconds=limit), sup=sup, models_ok=False)
+            self._set(EngineState.DOWN, Text("health.never_ready", {"seconds": limit}), sup=sup, models_ok=False)
         else:
-            self._set(EngineState.STARTING, en, zh, sup=sup, models_ok=False)
+            self._set(EngineState.STARTING, reason, sup=sup, models_ok=False)
 
     def _update_models(
         self, models: tuple[ModelEntry, ...], partial: tuple[tuple[str, tuple[int, ...]], ...] = ()
@@ -878,23 +892,21 @@ class HealthPoller:
     def _set(
         self,
         state: EngineState,
-        en: str,
-        zh: str,
+        reason: Text,
         *,
         sup: EngineStatus | None,
         models_ok: bool,
         latency: float | None = None,
     ) -> None:
         if self.replica_roots and state in (EngineState.READY, EngineState.DEGRADED):
-            state, en, zh = self._fleet_view(state, en, zh)
+            state, reason = self._fleet_view(state, reason)
         old = self._status
         now = time.time()
-        changed = state is not old.state or en != old.reason
+        changed = state is not old.state or reason != old.reason
         new = dataclasses.replace(
             old,
             state=state,
-            reason=en,
-            reason_zh=zh,
+            reason=reason,
             since=now if state is not old.state else old.since,
             models_stale=bool(old.models) and not models_ok,
             last_probe_latency=latency if latency is not None else old.last_probe_latency,
@@ -907,15 +919,15 @@ class HealthPoller:
             replicas=self._replica_view,
         )
         self._status = new
-        key = (state, en, new.version, new.models_stale, new.attempt, new.replicas, new.partial_models)
+        key = (state, reason, new.version, new.models_stale, new.attempt, new.replicas, new.partial_models)
         notify = key != self._published
         self._published = key
         if changed:
             level = logging.INFO if state in (EngineState.STARTING, EngineState.READY) else logging.WARNING
             if state is old.state:
-                logger.log(level, "engine %s: %s", state.value, en)
+                logger.log(level, "engine %s: %s", state.value, reason)  # English
             else:
-                logger.log(level, "engine %s → %s: %s", old.state.value, state.value, en)
+                logger.log(level, "engine %s → %s: %s", old.state.value, state.value, reason)
         if notify:
             snapshot = self.status
             for q in list(self._subscribers):
@@ -970,57 +982,51 @@ _SUP_STARTING = (SupervisorState.PREPARING, SupervisorState.STARTING, Supervisor
 _SUP_DOWN = (SupervisorState.DOWN, SupervisorState.STOPPED)
 
 
-def _supervisor_starting_text(sup: EngineStatus) -> tuple[str, str]:
+def _supervisor_starting_text(sup: EngineStatus) -> Text:
     if sup.state is SupervisorState.PREPARING:
         if sup.phase == PHASE_INSTALL_ENGINE and sup.progress is not None:
-            return both("health.installing_pct", percent=max(0, min(100, sup.progress)))
+            return Text("health.installing_pct", {"percent": max(0, min(100, sup.progress))})
         if sup.phase == PHASE_INSTALL_ENGINE:
-            return both("health.installing")
+            return Text("health.installing")
         if sup.phase == PHASE_CONVERT_MODEL:
-            return both("health.converting")
+            return Text("health.converting")
         if sup.phase == PHASE_DOWNLOAD_MODEL:
             return _downloading_text(sup)
-        return both("health.preparing")
+        return Text("health.preparing")
     if sup.state is SupervisorState.RESTARTING:
-        reasons = _reasons(sup)
         if sup.attempt and sup.max_attempts:
-            return _in_both("health.restarting_attempt", reasons, attempt=sup.attempt, attempts=sup.max_attempts)
-        return _in_both("health.restarting", reasons)
-    return both("health.starting")
+            params = {"reason": _reason(sup), "attempt": sup.attempt, "attempts": sup.max_attempts}
+            return Text("health.restarting_attempt", params)
+        return Text("health.restarting", {"reason": _reason(sup)})
+    return Text("health.starting")
 
 
-def _downloading_text(sup: EngineStatus) -> tuple[str, str]:
+def _downloading_text(sup: EngineStatus) -> Text:
     """``downloading the model 34 % · 2.7 of 8.0 GB · 45 MB/s`` ([model] path's hub id, engine/download.py)."""
     if sup.progress is None or not sup.bytes_total or sup.bytes_done is None:
-        return both("health.downloading")
+        return Text("health.downloading")
     done, total = hub.bytes_of(sup.bytes_done, sup.bytes_total)
     rate = hub.human_bytes(sup.bytes_rate or 0)
-    return both("health.downloading_pct", percent=max(0, min(100, sup.progress)), done=done, total=total, rate=rate)
+    percent = max(0, min(100, sup.progress))
+    return Text("health.downloading_pct", {"percent": percent, "done": done, "total": total, "rate": rate})
 
 
-def _supervisor_down_text(sup: EngineStatus) -> tuple[str, str]:
+def _supervisor_down_text(sup: EngineStatus) -> Text:
     if sup.state is SupervisorState.STOPPED:
-        return both("health.stopped")
-    reasons = _reasons(sup)
+        return Text("health.stopped")
     if sup.attempt:
-        return _in_both("health.down_after", reasons, attempt=sup.attempt)
-    return _in_both("health.down", reasons)
+        return Text("health.down_after", {"reason": _reason(sup), "attempt": sup.attempt})
+    return Text("health.down", {"reason": _reason(sup)})
 
 
-def _reasons(sup: EngineStatus) -> tuple[str, str]:
-    """The supervisor's cause in both languages (the file may hold only English, or nothing)."""
-    en, zh = both("health.engine_stopped")
-    return sup.reason or en, sup.reason_zh or sup.reason or zh
+def _reason(sup: EngineStatus) -> Text:
+    """The supervisor's cause (the file may hold none)."""
+    return sup.reason or Text("health.engine_stopped")
 
 
-def _in_both(key: str, reasons: tuple[str, str], **params: object) -> tuple[str, str]:
-    return t(key, "en", reason=reasons[0], **params), t(key, "zh", reason=reasons[1], **params)
-
-
-def _refused(resp: _Http, route: Route) -> tuple[str, str]:
+def _refused(resp: _Http, route: Route) -> Text:
     """The status line for an answer the poller cannot get past (the key refused), from the one error table."""
-    err = status_error(resp.status, resp.body, route)
-    return err.user_text("en"), err.user_text("zh")
+    return status_error(resp.status, resp.body, route).as_text()
 
 
 # ---------------------------------------------------------------- the shared instance

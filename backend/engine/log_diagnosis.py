@@ -1,10 +1,11 @@
-"""Why did vLLM stop? Read its log and say so in one sentence (en + zh), with the evidence.
+"""Why did vLLM stop? Read its log and say so in one sentence (a catalog Text), with the evidence.
 
     cause = classify_failure(log_text)      # Cause | None (None: nothing in the log looks like a failure)
     cause.kind                              # "oom_gpu" | "oom_cpu_kvcache" | "lora_load_failed" | "model_missing"
                                             # | "port_in_use" | "unsupported_flag" | "unknown"
     cause.adapter                           # the LoRA adapter's name when one is to blame and known
-    cause.text("zh")                        # what the UI shows
+    cause.reason                            # Text: catalog key + parameters (the status file carries it)
+    cause.text("zh-CN")                     # what the UI shows, in the viewer's language
     cause.evidence                          # the log line(s) the verdict rests on
     tail_relevant(log_text, n=20)           # last error lines, without frames, INFO noise or repeats
 
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from ..text import both, pick_language, t
+from ..text import Text
 
 CauseKind = Literal[
     "oom_gpu", "oom_cpu_kvcache", "lora_load_failed", "model_missing", "port_in_use", "unsupported_flag", "unknown"
@@ -39,19 +40,18 @@ _MAX_LINE = 500
 
 @dataclass(frozen=True)
 class Cause:
-    """One classified engine failure: a stable ``kind``, user text in en/zh, and the lines it rests on.
+    """One classified engine failure: a stable ``kind``, its user text, and the lines it rests on.
 
-    ``reason``/``reason_zh`` are both kept (the supervisor's status file carries them to the UI, which
-    picks one); they are rendered from the catalog's ``cause.*`` keys (``text.py``)."""
+    ``reason`` is a catalog ``cause.*`` key with its parameters (the supervisor's status file carries it to the
+    UI, which makes the words in the viewer's language)."""
 
     kind: CauseKind
-    reason: str
-    reason_zh: str
+    reason: Text
     evidence: tuple[str, ...] = ()
     adapter: str | None = None
 
     def text(self, lang: str | None = "en") -> str:
-        return self.reason_zh if pick_language(lang) == "zh" else self.reason
+        return self.reason.in_(lang)
 
     @property
     def restart_may_help(self) -> bool:
@@ -62,8 +62,7 @@ class Cause:
         """Plain JSON-able form (for the supervisor's status file)."""
         return {
             "cause": self.kind,
-            "reason": self.reason,
-            "reason_zh": self.reason_zh,
+            "reason": self.reason.to_json(),
             "adapter": self.adapter,
             "evidence": list(self.evidence),
         }
@@ -208,8 +207,8 @@ def _context(lines: list[_Line]) -> _Context:
 # ---------------------------------------------------------------- rules
 
 # A rule's builder gets the match, the context and the lines before the match (for tracebacks);
-# it returns (kind, en, zh, adapter) or None to pass. The texts are catalog keys ``cause.*`` (text.py).
-_Verdict = tuple[CauseKind, str, str, "str | None"]
+# it returns (kind, text, adapter) or None to pass. The texts are catalog keys ``cause.*`` (backend/catalog/).
+_Verdict = tuple[CauseKind, Text, "str | None"]
 _Builder = Callable[[re.Match[str], _Context, list[_Line]], "_Verdict | None"]
 
 _FLAG_SETTINGS = {
@@ -230,23 +229,27 @@ def _gib(text: str) -> str:
 
 def _flag_unrecognized(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     flags = m.group(1).strip()
-    return ("unsupported_flag", *both("cause.unrecognized_flag", flags=flags), None)
+    return ("unsupported_flag", Text("cause.unrecognized_flag", {"flags": flags}), None)
 
 
 def _flag_choice(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     flag, value, choices = m.group(1), m.group(2).strip("'"), m.group(3)
     where = _FLAG_SETTINGS.get(flag, "[server].extra_args")
-    return ("unsupported_flag", *both("cause.flag_choice", flag=flag, value=value, choices=choices, where=where), None)
+    return (
+        "unsupported_flag",
+        Text("cause.flag_choice", {"flag": flag, "value": value, "choices": choices, "where": where}),
+        None,
+    )
 
 
 def _flag_other(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     detail = m.group(1).strip()
-    return ("unsupported_flag", *both("cause.flag_refused", detail=detail), None)
+    return ("unsupported_flag", Text("cause.flag_refused", {"detail": detail}), None)
 
 
 def _flag_max_len(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     asked, limit = m.group(1), m.group(2).removesuffix(".0")
-    return ("unsupported_flag", *both("cause.max_model_len_above_limit", asked=asked, limit=limit), None)
+    return ("unsupported_flag", Text("cause.max_model_len_above_limit", {"asked": asked, "limit": limit}), None)
 
 
 def _kvspace_not_int(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict | None:
@@ -254,25 +257,22 @@ def _kvspace_not_int(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _V
     if not ctx.on_cpu:
         return None
     value = m.group(1)
-    return ("unsupported_flag", *both("cause.kvcache_space_not_integer", value=value), None)
+    return ("unsupported_flag", Text("cause.kvcache_space_not_integer", {"value": value}), None)
 
 
 def _port(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     bound = re.search(r"\('[^']*', (\d+)\)", m.string)  # uvicorn: "bind on address ('127.0.0.1', 8000)"
     port = bound.group(1) if bound else (str(ctx.port) if ctx.port else "")
 
-    def text(lang: str) -> str:
-        what = t("cause.port_in_use.port", lang, port=port) if port else t("cause.port_in_use.no_port", lang)
-        return t("cause.port_in_use", lang, what=what)
-
-    return ("port_in_use", text("en"), text("zh"), None)
+    what = Text("cause.port_in_use.port", {"port": port}) if port else Text("cause.port_in_use.no_port")
+    return ("port_in_use", Text("cause.port_in_use", {"what": what}), None)
 
 
 def _cpu_node_kv(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     avail, total, requested = _gib(m.group(1)), _gib(m.group(2)), m.group(3).split("/")[0]
     return (
         "oom_cpu_kvcache",
-        *both("cause.cpu_kvcache_above_free_ram", requested=requested, avail=avail, total=total),
+        Text("cause.cpu_kvcache_above_free_ram", {"requested": requested, "avail": avail, "total": total}),
         None,
     )
 
@@ -281,7 +281,9 @@ def _cpu_node_startup(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _
     avail, total, frac, requested = _gib(m.group(1)), _gib(m.group(2)), m.group(3), _gib(m.group(4))
     return (
         "oom_cpu_kvcache",
-        *both("cause.cpu_reserve_above_free_ram", frac=frac, requested=requested, avail=avail, total=total),
+        Text(
+            "cause.cpu_reserve_above_free_ram", {"frac": frac, "requested": requested, "avail": avail, "total": total}
+        ),
         None,
     )
 
@@ -295,18 +297,22 @@ def _kv_too_small(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verd
     else:
         kind = "oom_gpu"
         key = "cause.kv_cache_too_small_gpu.estimate" if est else "cause.kv_cache_too_small_gpu"
-    return (kind, *both(key, avail=avail, max_len=max_len, needed=needed, estimate=est.group(1) if est else ""), None)
+    return (
+        kind,
+        Text(key, {"avail": avail, "max_len": max_len, "needed": needed, "estimate": est.group(1) if est else ""}),
+        None,
+    )
 
 
 def _no_cache_blocks(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     if ctx.on_cpu:
-        return ("oom_cpu_kvcache", *both("cause.no_cache_blocks_cpu"), None)
-    return ("oom_gpu", *both("cause.no_cache_blocks_gpu"), None)
+        return ("oom_cpu_kvcache", Text("cause.no_cache_blocks_cpu"), None)
+    return ("oom_gpu", Text("cause.no_cache_blocks_gpu"), None)
 
 
 def _cpu_alloc(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     size = f" ({int(m.group(1)) / 2**30:.2f} GiB)" if m.group(1) else ""
-    return ("oom_cpu_kvcache", *both("cause.cpu_out_of_memory", size=size), None)
+    return ("oom_cpu_kvcache", Text("cause.cpu_out_of_memory", {"size": size}), None)
 
 
 def _cuda_oom(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
@@ -319,7 +325,7 @@ def _cuda_oom(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     if free:
         parts.append(f"{free.group(2)} of {free.group(1)} free")
     detail = f" ({', '.join(parts)})" if parts else ""
-    return ("oom_gpu", *both("cause.gpu_out_of_memory", detail=detail), None)
+    return ("oom_gpu", Text("cause.gpu_out_of_memory", {"detail": detail}), None)
 
 
 def _lora(
@@ -344,16 +350,11 @@ def _lora(
         if path == "" and name:
             path = dict(ctx.lora_modules).get(name, "")
         detail = m.group(detail_group).strip().rstrip(".") if detail_group else ""
-        values = {"path": path or "its folder", "detail": detail}
-        groups = m.groups()
-        values.update({f"g{i + 1}": g for i, g in enumerate(groups)})
-
-        def text(lang: str) -> str:
-            who = t("cause.lora.adapter", lang, name=name) if name else t("cause.lora.some_adapter", lang)
-            reason = t(key, lang, who=who, **values)
-            return t("cause.lora.advice", lang, reason=reason) if advice else reason
-
-        return ("lora_load_failed", text("en"), text("zh"), name)
+        values: dict[str, object] = {"path": path or Text("cause.lora.its_folder"), "detail": detail}
+        values.update({f"g{i + 1}": g for i, g in enumerate(m.groups())})
+        who = Text("cause.lora.adapter", {"name": name}) if name else Text("cause.lora.some_adapter")
+        reason = Text(key, {"who": who, **values})
+        return ("lora_load_failed", Text("cause.lora.advice", {"reason": reason}) if advice else reason, name)
 
     return build
 
@@ -371,8 +372,7 @@ def _model_missing(key: str, path_group: int | None = 1) -> _Builder:
     def build(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
         path = m.group(path_group) if path_group else ""
         values = {"path": path, **{f"g{i + 1}": g for i, g in enumerate(m.groups())}}
-        en, zh = (t("cause.model_missing.advice", lang, reason=t(key, lang, **values)) for lang in ("en", "zh"))
-        return ("model_missing", en, zh, None)
+        return ("model_missing", Text("cause.model_missing.advice", {"reason": Text(key, values)}), None)
 
     return build
 
@@ -382,7 +382,7 @@ def _quirk(key: str) -> _Builder:
 
     def build(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
         values = {f"g{i + 1}": g for i, g in enumerate(m.groups())}
-        return ("unknown", *both(key, **values), None)
+        return ("unknown", Text(key, {**values}), None)
 
     return build
 
@@ -398,8 +398,9 @@ _WARNING_OK = {_DIED}  # the only rule whose evidence is logged at WARNING level
 
 def _died(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     code = m.group(2)
-    how = f" (exit code {code})" if code else ""
-    return ("unknown", *both("cause.engine_died", how=how), None)
+    if code:
+        return ("unknown", Text("cause.engine_died_code", {"code": code}), None)
+    return ("unknown", Text("cause.engine_died"), None)
 
 
 # Order is priority: the first rule that matches anywhere in the launch wins. Memory comes before LoRA
@@ -514,7 +515,7 @@ def _generic(lines: list[_Line]) -> Cause | None:
     detail = pick.msg.strip()
     if len(detail) > 200:
         detail = detail[:197] + "..."
-    return Cause("unknown", *both("cause.unknown", detail=detail), (pick.raw,))
+    return Cause("unknown", Text("cause.unknown", {"detail": detail}), (pick.raw,))
 
 
 def classify_failure(log_text: str) -> Cause | None:
@@ -535,8 +536,8 @@ def classify_failure(log_text: str) -> Cause | None:
             verdict = build(m, ctx, lines[:i])
             if verdict is None:
                 continue
-            kind, en, zh, adapter = verdict
+            kind, reason, adapter = verdict
             evidence = [line.raw]
             # the same message is usually repeated by Worker, EngineCore and APIServer: keep the first only
-            return Cause(kind, en, zh, tuple(evidence), adapter)
+            return Cause(kind, reason, tuple(evidence), adapter)
     return _generic(lines)

@@ -27,7 +27,7 @@ engine installs. A conversion that fails in the unfinished environment is tried 
 either step failing stops the other. While the install runs the status line shows it; the model's step takes the
 line when the install is done.
 
-A failure returns ``PrepareFailed``: the reason in both languages (the last error lines, no absolute paths) and
+A failure returns ``PrepareFailed``: the reason (a catalog Text: the last error lines, no absolute paths) and
 the log; the launcher writes it to the status file as DOWN and exits 1, like a failed first start.
 """
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from .. import contract, hub, packages
 from ..contract import PHASE_CONVERT_MODEL, PHASE_DOWNLOAD_MODEL, PHASE_INSTALL_ENGINE, EngineStatus, SupervisorState
 from ..settings import ROOT, Settings
-from ..text import both, t
+from ..text import Text, t
 from . import download
 from .supervisor import _die_with_parent
 
@@ -190,11 +190,10 @@ def failure_detail(lines: list[str], limit: int = 300) -> str:
 
 @dataclass(frozen=True)
 class PrepareFailed:
-    """A preparation step failed: what to tell (both languages, no absolute paths) and where the full log is."""
+    """A preparation step failed: what to tell (a catalog Text, no absolute paths) and where the full log is."""
 
     phase: str
-    reason: str
-    reason_zh: str
+    reason: Text
     log_path: Path
     rc: int | None
     said: str = ""  # for the terminal, when it may say more than the browser (the cache folder's path)
@@ -363,24 +362,23 @@ class Preparer:
         if told is not None:  # the downloader's own sentence; the browser's copy without server paths
             key, params = told
             said = t(key, "en", **params)
-            en, zh = (scrub_paths(text) for text in both(key, **params))
+            reason = Text(key, params).map_strings(scrub_paths)
         else:
             key = {
                 PHASE_INSTALL_ENGINE: "prepare.install_failed",
                 PHASE_CONVERT_MODEL: "prepare.convert_failed",
                 PHASE_DOWNLOAD_MODEL: "prepare.download_failed",
             }[phase]
-            en, zh = both(key, detail=failure_detail(tail), log=log.name)
+            reason = Text(key, {"detail": failure_detail(tail), "log": log.name})
         EngineStatus(
             state=SupervisorState.DOWN,
-            reason=en,
-            reason_zh=zh,
+            reason=reason,
             cause=f"{phase}_failed",
-            message=en,
+            message=str(reason),
             log_path=str(log),
             since=time.time(),
         ).write(self.status_path)
-        return PrepareFailed(phase, en, zh, log, rc, said)
+        return PrepareFailed(phase, reason, log, rc, said)
 
     async def download_model(self) -> PrepareFailed | None:
         """[model].path's hub id into huggingface_hub's cache (engine/download.py), when not all there yet."""

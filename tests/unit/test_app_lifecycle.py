@@ -17,6 +17,7 @@ from backend.chat import preferences
 from backend.chat.health import EngineState, HealthPoller
 from backend.contract import EngineStatus, SupervisorState
 from backend.settings import HealthSettings
+from backend.text import Text, t
 from tests.conftest import free_port
 from tests.unit import test_app_handlers as handlers
 from tests.unit.chat.test_turn import RestartingPoller
@@ -165,8 +166,7 @@ async def test_a_message_sent_while_the_engine_is_down_says_why_sends_nothing_an
         pid=None,
         attempt=5,
         max_attempts=5,
-        reason="the engine ran out of memory",
-        reason_zh="引擎内存不足",
+        reason=Text("cause.cpu_out_of_memory", {"size": "2 GiB"}),
         cause="oom",
         message="the engine ran out of memory; gave up after 5 restarts in 10 min",
         log_path="engine.log",
@@ -183,7 +183,7 @@ async def test_a_message_sent_while_the_engine_is_down_says_why_sends_nothing_an
     finally:
         await down.stop()
     [error] = screen.errors
-    assert error.startswith("The engine is not answering:") and "ran out of memory" in error
+    assert error.startswith("The engine is not answering:") and t("cause.cpu_out_of_memory", size="2 GiB") in error
     assert "retry" in screen.error_actions() and screen.answers == []
     assert chat.received(m) == [] and chat.conversation.turns[-1].content == f"anyone there? {m}"
 

@@ -17,14 +17,14 @@ from backend.contract import EngineStatus, SupervisorState
 from backend.engine.command import Command
 from backend.engine.supervisor import Supervisor
 from backend.settings import ROOT
+from backend.text import Text
 
 FULL = EngineStatus(
     state=SupervisorState.RESTARTING,
     pid=4242,
     attempt=2,
     max_attempts=5,
-    reason="the engine ran out of memory",
-    reason_zh="引擎内存不足",
+    reason=Text("cause.lora.advice", {"reason": Text("cause.lora.adapter", {"name": "pirate"})}),
     cause="oom_gpu",
     message="the engine ran out of memory; restarting — attempt 2 of 5",
     log_path="/logs/engine.log",
@@ -39,7 +39,6 @@ KEYS = [
     "attempt",
     "max_attempts",
     "reason",
-    "reason_zh",
     "cause",
     "message",
     "log_path",
@@ -63,6 +62,26 @@ def test_a_written_status_reads_back_equal(tmp_path):
     FULL.write(path)
     assert EngineStatus.read(path) == FULL
     assert json.loads(path.read_text(encoding="utf-8"))["state"] == "restarting"
+
+
+def test_the_reason_is_a_catalog_text_made_in_the_readers_language(tmp_path):
+    path = tmp_path / contract.STATUS_FILE_NAME
+    FULL.write(path)
+    assert json.loads(path.read_text(encoding="utf-8"))["reason"] == {
+        "key": "cause.lora.advice",
+        "params": {"reason": {"key": "cause.lora.adapter", "params": {"name": "pirate"}}},
+    }
+    seen = EngineStatus.read(path)
+    assert seen is not None and seen.reason is not None
+    assert seen.reason.in_("zh-CN").startswith("适配器 'pirate'") and str(seen.reason).startswith("adapter 'pirate'")
+
+
+def test_a_file_from_before_the_catalog_texts_reads_its_english_reason(tmp_path):
+    """An older launcher wrote reason (English) and reason_zh: the reason reads as its words; reason_zh is ignored."""
+    old = {"state": "restarting", "pid": 7, "reason": "the engine ran out of memory", "reason_zh": "引擎内存不足"}
+    status = EngineStatus.read(write_json(tmp_path / "s.json", old))
+    assert status is not None and status.reason is not None and status.pid == 7
+    assert status.reason.in_("zh-CN") == status.reason.in_("en") == "the engine ran out of memory"
 
 
 def test_updated_is_the_time_of_writing_unless_given(tmp_path):
@@ -114,8 +133,8 @@ def test_a_missing_file_or_a_folder_in_its_place_reads_as_none(tmp_path):
         ("since", 1700000000, 1700000000.0),
         ("since", "yesterday", None),
         ("updated", {}, None),
-        ("reason", 5, ""),
-        ("reason_zh", None, ""),
+        ("reason", 5, None),
+        ("reason", {"key": "cause.unknown"}, None),  # no params: not a text this version wrote
         ("cause", None, ""),
         ("message", ["a"], ""),
         ("log_path", 0, ""),
@@ -190,8 +209,7 @@ def test_the_keys_the_supervisor_writes_are_exactly_the_ones_the_ui_reads(tmp_pa
     sup.proc = types.SimpleNamespace(pid=4242)  # type: ignore[assignment]
     sup._status(
         SupervisorState.RESTARTING,
-        "the engine ran out of memory",
-        "引擎内存不足",
+        Text("cause.no_cache_blocks_gpu"),
         "oom_gpu",
         2,
         "the engine ran out of memory; restarting — attempt 2 of 5",
@@ -221,4 +239,4 @@ def test_the_contract_imports_neither_side_nor_any_third_party_package():
         " | {m for m in sys.modules if m.startswith('backend.')})))"
     )
     out = subprocess.run([sys.executable, "-S", "-E", "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == ["backend", "backend.contract"]
+    assert json.loads(out.stdout) == ["backend", "backend.contract", "backend.text"]  # text: the catalog's loader

@@ -207,8 +207,8 @@ async def test_health_shows_the_tables_text_for_a_refused_key(engine):
     poller = HealthPoller(url + "/v1", "bad", HealthSettings(request_timeout=2))
     status = await poller.refresh()
     assert status.state.value == "down"
-    assert status.reason == E.AuthenticationFailed(401, "Unauthorized").user_text("en")
-    assert status.reason_zh == E.AuthenticationFailed(401, "Unauthorized").user_text("zh")
+    assert status.text("en") == E.AuthenticationFailed(401, "Unauthorized").user_text("en")
+    assert status.text("zh-CN") == E.AuthenticationFailed(401, "Unauthorized").user_text("zh-CN")
 
 
 @pytest.mark.asyncio

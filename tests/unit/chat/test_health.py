@@ -15,6 +15,7 @@ import pytest_asyncio
 from backend.chat import health
 from backend.chat.health import EngineState, HealthPoller, HealthSettings, get_poller, reset_shared
 from backend.errors import ConfigError
+from backend.text import Text, t
 from tests.fakes.vllm_server import FakeEngine, adapter
 
 FAST = HealthSettings(
@@ -65,7 +66,7 @@ async def poller(engine):
 @pytest.mark.asyncio
 async def test_starting_while_refused_then_ready_once_the_server_listens_on_the_port(engine, poller):
     await poller.start()
-    st = await until(poller, lambda s: "not listening" in s.reason, what="refused → starting")
+    st = await until(poller, lambda s: "not listening" in s.text("en"), what="refused → starting")
     assert st.state is EngineState.STARTING and st.models == () and st.version == 0
     await asyncio.sleep(0.2)
     assert poller.status.state is EngineState.STARTING  # refused, never ready: still starting, not down
@@ -93,8 +94,8 @@ async def test_health_200_but_hung_generation_is_degraded_with_the_timeout_in_th
     await until(poller, lambda s: s.ready, what="ready")
     engine.probe = "hang"
     st = await until(poller, lambda s: s.state is EngineState.DEGRADED, what="degraded")
-    assert "health 200" in st.reason and "timed out after 0.4 s" in st.reason
-    assert "0.4" in st.reason_zh and st.answering and not st.ready
+    assert "health 200" in st.text("en") and "timed out after 0.4 s" in st.text("en")
+    assert "0.4" in st.text("zh") and st.answering and not st.ready
     engine.probe = "ok"
     await until(poller, lambda s: s.ready, what="ready again once the engine answers")
 
@@ -111,7 +112,7 @@ async def test_slow_or_failing_probe_is_degraded_and_says_why(engine, mode, word
     try:
         st = await until(poller, lambda s: s.state is EngineState.DEGRADED, what="degraded")
         for w in words:
-            assert w in st.reason, st.reason
+            assert w in st.text("en"), st.text("en")
         if mode == "slow":
             assert st.last_probe_latency is not None and st.last_probe_latency >= 0.3
     finally:
@@ -151,7 +152,7 @@ async def test_down_after_ready_recovers_by_itself_and_keeps_the_model_list_stal
 
     await engine.stop()
     down = await until(poller, lambda s: s.state is EngineState.DOWN, what="down")
-    assert "stopped answering" in down.reason and "connection refused" in down.reason
+    assert "stopped answering" in down.text("en") and "connection refused" in down.text("en")
     assert down.models == ready.models and down.models_stale
     assert down.version == ready.version and down.base_model == "base-model"
     assert [a.id for a in down.adapters] == ["pirate"]
@@ -194,8 +195,7 @@ def write_status(path: Path, **fields) -> None:
         "pid": 4242,
         "attempt": 1,
         "max_attempts": 5,
-        "reason": "",
-        "reason_zh": "",
+        "reason": None,
         "cause": None,
         "log_path": "/logs/engine.log",
         "since": time.time(),
@@ -216,16 +216,17 @@ async def test_status_file_restarting_attempt_2_of_5_is_what_the_user_is_told(en
         pid=4242,
         attempt=2,
         cause="oom_gpu",
-        reason="the engine ran out of memory",
-        reason_zh="引擎内存不足",
+        reason=Text("cause.cpu_out_of_memory", {"size": "2 GiB"}).to_json(),
     )
     poller = HealthPoller(engine.url, KEY, FAST, status_file=status_file)
     await poller.start()
     try:
-        st = await until(poller, lambda s: "restarting" in s.reason, what="restarting")
+        st = await until(poller, lambda s: "restarting" in s.text("en"), what="restarting")
         assert st.state is EngineState.STARTING
-        assert st.reason == "the engine ran out of memory; it is restarting — attempt 2 of 5"
-        assert "引擎内存不足" in st.reason_zh and "2/5" in st.reason_zh
+        assert st.text("en") == t("cause.cpu_out_of_memory", size="2 GiB") + "; it is restarting — attempt 2 of 5"
+        assert st.text("zh-CN").startswith(t("cause.cpu_out_of_memory", "zh-CN", size="2 GiB")) and "2/5" in st.text(
+            "zh"
+        )
         assert (st.cause, st.attempt, st.max_attempts, st.log_path) == ("oom_gpu", 2, 5, "/logs/engine.log")
 
         # a message waiting now is told at once why, then answered once the engine is back
@@ -240,11 +241,11 @@ async def test_status_file_restarting_attempt_2_of_5_is_what_the_user_is_told(en
             pid=5151,
             attempt=5,
             cause="lora_load_failed",
-            reason="adapter 'pirate' was not found",
+            reason="adapter 'pirate' was not found",  # a file an older launcher wrote: English words, kept
             reason_zh="找不到适配器 'pirate'",
         )
         down = await until(poller, lambda s: s.state is EngineState.DOWN, what="supervisor gave up")
-        assert down.reason == "adapter 'pirate' was not found; it is down after 5 attempts"
+        assert down.text("en") == "adapter 'pirate' was not found; it is down after 5 attempts"
         assert down.models_stale and down.cause == "lora_load_failed"
         t0 = time.monotonic()
         assert (await poller.wait_until_ready(5)).state is EngineState.DOWN  # no waiting on a dead engine
@@ -262,7 +263,7 @@ async def test_never_up_within_the_startup_limit_is_down_and_waiting_gives_up_at
         st = await poller.wait_until_ready(0.25)
         assert st.state is EngineState.STARTING  # returned at its own timeout, still starting
         down = await until(poller, lambda s: s.state is EngineState.DOWN, timeout=10, what="startup limit")
-        assert "did not become ready within 2 s" in down.reason
+        assert "did not become ready within 2 s" in down.text("en")
     finally:
         await poller.stop()
 
@@ -274,7 +275,7 @@ async def test_bearer_key_goes_on_every_request_and_a_wrong_key_is_down_with_the
     await wrong.start()
     try:
         st = await until(wrong, lambda s: s.state is EngineState.DOWN, what="401 → down")
-        assert "HTTP 401" in st.reason and "OPENAI_API_KEY" in st.reason
+        assert "HTTP 401" in st.text("en") and "OPENAI_API_KEY" in st.text("en")
     finally:
         await wrong.stop()
 
@@ -318,13 +319,13 @@ async def test_a_503_health_while_loading_is_starting_and_after_ready_is_down(en
     engine.health_status = 503
     await engine.start()
     await poller.start()
-    st = await until(poller, lambda s: s.reason == "the model is loading", what="503 → loading")
+    st = await until(poller, lambda s: s.text("en") == "the model is loading", what="503 → loading")
     assert st.state is EngineState.STARTING
     engine.health_status = 200
     await until(poller, lambda s: s.ready, what="ready")
     engine.health_status = 503  # what vLLM answers for ~3 s after its EngineCore is killed
     st = await until(poller, lambda s: s.state is EngineState.DOWN, what="unhealthy")
-    assert "unhealthy" in st.reason and "503" in st.reason
+    assert "unhealthy" in st.text("en") and "503" in st.text("en")
 
 
 @pytest.mark.asyncio
@@ -415,12 +416,12 @@ async def test_a_slow_but_answering_engine_is_probed_every_probe_every_not_every
     poller = HealthPoller(engine.url, KEY, settings)
     await poller.start()
     try:
-        st = await until(poller, lambda s: s.state is EngineState.DEGRADED and "slowly" in s.reason, what="slow")
+        st = await until(poller, lambda s: s.state is EngineState.DEGRADED and "slowly" in s.text("en"), what="slow")
         probes, health_calls = engine.probes, sum(p == "/health" for p, _ in engine.seen)
         await asyncio.sleep(0.6)
         assert engine.probes == probes == 1, f"a slow probe was repeated before probe_every: {engine.probes}"
         assert sum(p == "/health" for p, _ in engine.seen) >= health_calls + 4  # still polling /health
-        assert poller.status.state is EngineState.DEGRADED and poller.status.reason == st.reason
+        assert poller.status.state is EngineState.DEGRADED and poller.status.text("en") == st.text("en")
     finally:
         await poller.stop()
 
@@ -432,11 +433,11 @@ async def test_an_engine_that_only_ever_answered_slowly_is_down_when_it_crashes_
     poller = HealthPoller(engine.url, KEY, SLOW_OK)
     await poller.start()
     try:
-        await until(poller, lambda s: s.state is EngineState.DEGRADED and "slowly" in s.reason, what="slow")
+        await until(poller, lambda s: s.state is EngineState.DEGRADED and "slowly" in s.text("en"), what="slow")
         await engine.stop()
         st = await until(poller, lambda s: s.state is not EngineState.DEGRADED, what="the crash noticed")
         assert st.state is EngineState.DOWN, st
-        assert "stopped answering" in st.reason and "not listening yet" not in st.reason
+        assert "stopped answering" in st.text("en") and "not listening yet" not in st.text("en")
     finally:
         await poller.stop()
 
@@ -459,6 +460,6 @@ async def test_after_health_fails_a_ready_state_is_not_replayed_without_a_new_pr
         engine.probe = "error"
         await engine.start()
         st = await until(poller, lambda s: s.state is EngineState.DEGRADED, what="probe fails after restart")
-        assert "test generation failed" in st.reason and engine.probes > probes
+        assert "test generation failed" in st.text("en") and engine.probes > probes
     finally:
         await poller.stop()

@@ -14,6 +14,7 @@ from backend.chat import health
 from backend.chat.health import EngineState, HealthPoller
 from backend.chat.service import Service
 from backend.settings import FleetSettings, Settings
+from backend.text import Text, t
 from tests.fakes.vllm_server import FakeEngine, adapter
 from tests.unit.chat.test_health import FAST, KEY, until
 
@@ -47,7 +48,7 @@ async def test_all_replicas_ready_is_ready_with_the_count_and_each_replica_polle
     router, replicas = fleet
     await poller.start()
     st = await until(poller, lambda s: s.ready and s.replicas_ready == 3, what="ready, 3 replicas")
-    assert st.replicas_total == 3 and st.reason == "the model is ready"
+    assert st.replicas_total == 3 and st.text("en") == "the model is ready"
     assert st.replicas_text("en") == "3 of 3 replicas ready" and st.replicas_text("zh") == "3 个副本中 3 个就绪"
     assert [(r.number, r.address, r.ready) for r in st.replicas] == [
         (i + 1, addr(e), True) for i, e in enumerate(replicas)
@@ -70,8 +71,8 @@ async def test_one_replica_down_is_degraded_naming_it_and_ready_again_when_it_re
     st = await until(poller, lambda s: s.state is EngineState.DEGRADED, what="one replica down → degraded")
     assert st.answering  # messages still go: the router has the other two
     assert (st.replicas_ready, st.replicas_total) == (2, 3)
-    assert st.reason == f"2 of 3 replicas ready; replica 2 ({addr(replicas[1])}): connection refused"
-    assert st.reason_zh == f"3 个副本中 2 个就绪；副本 2（{addr(replicas[1])}）：连接被拒绝"  # all in Chinese
+    assert st.text("en") == f"2 of 3 replicas ready; replica 2 ({addr(replicas[1])}): connection refused"
+    assert st.text("zh-CN") == f"3 个副本中 2 个就绪；副本 2（{addr(replicas[1])}）：连接被拒绝"  # all in Chinese
     assert [r.ready for r in st.replicas] == [True, False, True]
     await asyncio.sleep(0.3)  # steady: logged once, not every poll
     down_logs = [r for r in caplog.records if "replica 2" in r.getMessage() and "not ready" in r.getMessage()]
@@ -80,7 +81,7 @@ async def test_one_replica_down_is_degraded_naming_it_and_ready_again_when_it_re
 
     await replicas[1].start()
     st = await until(poller, lambda s: s.ready, what="replica back → ready")
-    assert st.replicas_ready == 3 and st.reason == "the model is ready"
+    assert st.replicas_ready == 3 and st.text("en") == "the model is ready"
 
 
 @pytest.mark.asyncio
@@ -92,8 +93,8 @@ async def test_no_replica_ready_and_the_router_failing_is_down(fleet, poller):
     for r in replicas:
         await r.stop()
     st = await until(poller, lambda s: s.state is EngineState.DOWN, what="no replica → down")
-    assert st.reason.startswith("no replica is ready (0 of 3); replica 1 (") and st.replicas_ready == 0
-    assert st.reason.count("connection refused") == 3
+    assert st.text("en").startswith("no replica is ready (0 of 3); replica 1 (") and st.replicas_ready == 0
+    assert st.text("en").count("connection refused") == 3
 
 
 @pytest.mark.asyncio
@@ -107,7 +108,7 @@ async def test_replicas_out_of_reach_while_the_router_answers_is_degraded_not_do
     await asyncio.sleep(0.3)
     st = poller.status
     assert st.state is EngineState.DEGRADED and st.answering  # steady, not flapping to DOWN between probes
-    assert "the router answers, but this app reaches none of its 3 replicas directly" in st.reason
+    assert "the router answers, but this app reaches none of its 3 replicas directly" in st.text("en")
 
 
 @pytest.mark.asyncio
@@ -116,7 +117,7 @@ async def test_a_replica_answering_503_is_not_ready_with_the_status_in_the_detai
     replicas[0].health_status = 503
     await poller.start()
     st = await until(poller, lambda s: s.state is EngineState.DEGRADED, what="degraded")
-    assert st.replicas[0].detail == "HTTP 503" and "replica 1" in st.reason and "HTTP 503" in st.reason
+    assert st.replicas[0].detail_in("en") == "HTTP 503" and "replica 1" in st.text("en") and "HTTP 503" in st.text("en")
 
 
 @pytest.mark.asyncio
@@ -178,7 +179,7 @@ async def test_the_routers_503_while_one_replica_is_down_is_degraded_not_down(fl
     await asyncio.sleep(0.3)
     st = poller.status
     assert st.state is EngineState.DEGRADED and st.answering, st
-    assert st.reason.startswith("2 of 3 replicas ready; replica 1 (")
+    assert st.text("en").startswith("2 of 3 replicas ready; replica 1 (")
 
     for r in replicas[1:]:  # all gone: the 503 is the engine being down
         await r.stop()
@@ -305,8 +306,8 @@ async def test_the_routers_model_list_failing_while_replicas_answer_keeps_the_li
     await asyncio.sleep(0.3)
     st = poller.status
     assert ids(st) == ["base-model", "pirate"] and not st.models_stale
-    assert st.state is EngineState.DEGRADED and st.reason.startswith("2 of 3 replicas ready; replica 3 (")
-    assert "model list" not in st.reason
+    assert st.state is EngineState.DEGRADED and st.text("en").startswith("2 of 3 replicas ready; replica 3 (")
+    assert "model list" not in st.text("en")
 
 
 @pytest.mark.asyncio
@@ -328,21 +329,27 @@ async def test_a_local_replica_restarting_is_named_with_its_supervisors_words_an
         assert [(r.attempt, r.cause) for r in st.replicas] == [(0, ""), (0, ""), (None, "")]
 
         await replicas[1].stop()  # replica 2 killed; its supervisor restarts it
-        reason = "the engine process was killed (SIGKILL)"
+        reason = "the engine was killed (SIGKILL); if nobody killed it, the system may have run out of memory"
         restarting = EngineStatus(
-            SupervisorState.RESTARTING, pid=11, attempt=1, max_attempts=5, cause="killed", reason=reason
+            SupervisorState.RESTARTING,
+            pid=11,
+            attempt=1,
+            max_attempts=5,
+            cause="killed",
+            reason=Text("supervisor.killed", {"signal": "SIGKILL"}),
         )
         restarting.write(tmp_path / replica_status_file_name(1))
         st = await until(p, lambda s: s.replicas_ready == 2 and s.replicas[1].attempt == 1, what="restarting")
         two = st.replicas[1]
         assert (two.ready, two.cause) == (False, "killed")
-        assert "attempt 1 of 5" in two.detail and reason in two.detail and "connection refused" not in two.detail
-        assert "attempt 1 of 5" in st.reason and f"replica 2 ({addr(replicas[1])})" in st.reason
-        assert two.detail_zh and two.detail_zh != two.detail  # the supervisor's words in Chinese too
+        detail = two.detail_in("en")
+        assert "attempt 1 of 5" in detail and reason in detail and "connection refused" not in detail
+        assert "attempt 1 of 5" in st.text("en") and f"replica 2 ({addr(replicas[1])})" in st.text("en")
+        assert two.detail_in("zh-CN").startswith(t("supervisor.killed", "zh-CN", signal="SIGKILL"))  # in Chinese too
 
         await replicas[2].stop()  # replica 3 is remote: HTTP only
         st = await until(p, lambda s: s.replicas_ready == 1, what="remote down")
-        assert st.replicas[2].detail == "connection refused" and st.replicas[2].attempt is None
+        assert st.replicas[2].detail_in("en") == "connection refused" and st.replicas[2].attempt is None
 
         await replicas[1].start()
         await replicas[2].start()

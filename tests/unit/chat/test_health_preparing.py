@@ -48,14 +48,14 @@ async def test_preparing_is_starting_with_the_step_in_both_languages_and_no_engi
     try:
         st = await until(poller, lambda s: s.phase == PHASE_INSTALL_ENGINE, what="preparing")
         assert st.state is EngineState.STARTING
-        assert (st.reason, st.reason_zh) == ("installing the engine 40 %", "正在安装引擎 40%")
+        assert (st.text("en"), st.text("zh")) == ("installing the engine 40 %", "正在安装引擎 40%")
         assert st.starting_elapsed >= 99  # counted from the launcher's "since"
 
         preparing(status_file, PHASE_INSTALL_ENGINE, 60, since)
-        st = await until(poller, lambda s: "60 %" in s.reason, what="60 %")
+        st = await until(poller, lambda s: "60 %" in s.text("en"), what="60 %")
         preparing(status_file, PHASE_CONVERT_MODEL, None, since)
         st = await until(poller, lambda s: s.phase == PHASE_CONVERT_MODEL, what="converting")
-        assert (st.reason, st.reason_zh) == ("converting the model", "正在转换模型")
+        assert (st.text("en"), st.text("zh")) == ("converting the model", "正在转换模型")
         await asyncio.sleep(0.6)  # longer than startup_limit: still starting, never "did not become ready"
         st = poller.status
         assert st.state is EngineState.STARTING and st.phase == PHASE_CONVERT_MODEL
@@ -73,7 +73,11 @@ async def test_an_unknown_phase_still_reads_as_preparing(engine, tmp_path):
     await poller.start()
     try:
         st = await until(poller, lambda s: s.phase == "warming_up", what="an unknown phase")
-        assert (st.state, st.reason, st.reason_zh) == (EngineState.STARTING, "preparing the engine", "正在准备引擎")
+        assert (st.state, st.text("en"), st.text("zh")) == (
+            EngineState.STARTING,
+            "preparing the engine",
+            "正在准备引擎",
+        )
     finally:
         await poller.stop()
 
@@ -89,7 +93,9 @@ async def test_a_message_sent_while_preparing_waits_and_goes_through_once_ready(
         await until(poller, lambda s: s.phase == PHASE_INSTALL_ENGINE, what="preparing")
         seen: list[tuple[EngineState, str]] = []
         waiter = asyncio.create_task(
-            poller.wait_until_ready(10, on_progress=lambda e, s: seen.append((s.state, s.reason)), progress_every=0.05)
+            poller.wait_until_ready(
+                10, on_progress=lambda e, s: seen.append((s.state, s.text("en"))), progress_every=0.05
+            )
         )
         await asyncio.sleep(0.3)
         assert not waiter.done()  # it waits, as during loading

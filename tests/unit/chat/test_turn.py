@@ -24,6 +24,7 @@ from backend.chat.service import Service
 from backend.chat.session import ChatSession
 from backend.chat.turn import Outcome, Reply
 from backend.settings import ClientSettings, HealthSettings, LoggingSettings, Settings, UISettings
+from backend.text import Text
 from tests.fakes.openai_server import FakeServer, expected_text
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -235,7 +236,11 @@ class RestartingPoller:
     @property
     def status(self) -> HealthStatus:
         st = self.real.status
-        return dataclasses.replace(st, state=EngineState.STARTING, reason="restarting") if self.restarting else st
+        return (
+            dataclasses.replace(st, state=EngineState.STARTING, reason=Text.verbatim("restarting"))
+            if self.restarting
+            else st
+        )
 
     async def refresh(self, probe: bool = False) -> HealthStatus:
         self.restarting = True
@@ -277,7 +282,7 @@ async def test_an_engine_gone_before_any_text_is_waited_for_and_asked_once_more(
 class DownPoller:
     """The engine is down and the supervisor gave up: nothing to wait for."""
 
-    status = HealthStatus(state=EngineState.DOWN, reason="the model server crashed")
+    status = HealthStatus(state=EngineState.DOWN, reason=Text.verbatim("the model server crashed"))
 
 
 async def test_a_down_engine_is_an_error_with_retry_and_nothing_is_sent(service, fake, monkeypatch):

@@ -63,12 +63,11 @@ def test_the_status_line_says_how_far_the_download_is_in_both_languages():
         bytes_total=8_000_000_000,
         bytes_rate=45_000_000,
     )
-    assert _supervisor_starting_text(status) == (
-        "downloading the model 34 % · 2.7 of 8.0 GB · 45 MB/s",
-        "正在下载模型 34% · 2.7 / 8.0 GB · 45 MB/s",
-    )
-    before = EngineStatus(state=SupervisorState.PREPARING, phase=PHASE_DOWNLOAD_MODEL)
-    assert _supervisor_starting_text(before) == ("downloading the model", "正在下载模型")
+    said = _supervisor_starting_text(status)
+    assert said.in_("en") == "downloading the model 34 % · 2.7 of 8.0 GB · 45 MB/s"
+    assert said.in_("zh-CN") == "正在下载模型 34% · 2.7 / 8.0 GB · 45 MB/s"
+    before = _supervisor_starting_text(EngineStatus(state=SupervisorState.PREPARING, phase=PHASE_DOWNLOAD_MODEL))
+    assert (before.in_("en"), before.in_("zh-CN")) == ("downloading the model", "正在下载模型")
 
 
 def test_a_hub_id_not_all_downloaded_needs_preparing(tmp_path, monkeypatch):
@@ -97,11 +96,10 @@ def test_a_failed_download_tells_the_browser_without_paths_and_the_terminal_with
     line = download.ERROR_PREFIX + json.dumps({"key": "download.offline", "params": params})
     failed = preparer.fail(PHASE_DOWNLOAD_MODEL, 2, ["something", line, "[qwenchat] ..."])
     assert "/srv/hf/hub" in failed.said and QWEN in failed.said
-    assert "/srv/" not in failed.reason + failed.reason_zh and "…/hub" in failed.reason
+    en, zh = failed.reason.in_("en"), failed.reason.in_("zh-CN")
+    assert "/srv/" not in en + zh and "…/hub" in en
     st = EngineStatus.read(status_path)
     assert st is not None and st.state is SupervisorState.DOWN and st.cause == "download_model_failed"
     assert (
-        st.reason == failed.reason
-        and st.reason_zh.startswith("无法连接")
-        and Path(st.log_path).name == (prepare_bg.DOWNLOAD_LOG)
+        st.reason == failed.reason and zh.startswith("无法连接") and Path(st.log_path).name == (prepare_bg.DOWNLOAD_LOG)
     )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from backend.engine.log_diagnosis import ATTEMPT_MARKER, Cause, classify_failure, tail_relevant
+from backend.text import Text
 
 LOGS = Path(__file__).resolve().parents[2] / "logs"  # tests/logs
 
@@ -123,8 +125,9 @@ def test_each_recorded_failure_gets_its_cause_reason_and_evidence(name, kind, ad
     assert cause.kind == kind
     assert cause.adapter == adapter
     for word in words:
-        assert word in cause.reason, (word, cause.reason)
-    assert cause.reason_zh and cause.reason_zh != cause.reason
+        assert word in cause.text("en"), (word, cause.text("en"))
+    zh = cause.text("zh-CN")
+    assert zh and zh != cause.text("en") and not re.search(r"\((?:exit code|its folder)", zh)  # no English inside
     assert any(evidence in line for line in cause.evidence), cause.evidence
 
 
@@ -161,7 +164,7 @@ def test_an_unrecognised_error_is_unknown_with_the_root_exception_not_the_wrappe
     )
     cause = classify_failure(text)
     assert cause is not None and cause.kind == "unknown"
-    assert "ZeroDivisionError: division by zero" in cause.reason
+    assert "ZeroDivisionError: division by zero" in cause.text("en")
     assert "ZeroDivisionError" in cause.evidence[0]
 
 
@@ -209,7 +212,7 @@ def test_an_oom_while_loading_an_adapter_is_an_oom():
 def test_running_out_of_ram_on_cpu_names_the_size(line, fragment):
     cause = classify_failure(line)
     assert cause.kind == "oom_cpu_kvcache"
-    assert fragment in cause.reason
+    assert fragment in cause.text("en")
 
 
 def test_vllm_cpu_startup_reservation_of_92_percent_is_explained():
@@ -220,7 +223,7 @@ def test_vllm_cpu_startup_reservation_of_92_percent_is_explained():
     )
     cause = classify_failure(line)
     assert cause.kind == "oom_cpu_kvcache"
-    assert "0.92" in cause.reason and "VLLM_CPU_KVCACHE_SPACE" in cause.reason
+    assert "0.92" in cause.text("en") and "VLLM_CPU_KVCACHE_SPACE" in cause.text("en")
 
 
 def test_a_failed_adapter_is_named_from_its_path_among_several():
@@ -242,7 +245,8 @@ def test_cause_serialises_for_the_status_file_and_speaks_both_languages():
     assert isinstance(cause, Cause)
     d = cause.as_dict()
     assert d["cause"] == "lora_load_failed" and d["adapter"] == "ghost" and d["evidence"]
-    assert cause.text("zh-CN") == cause.reason_zh and cause.text("en-US") == cause.reason
+    assert d["reason"] == cause.reason.to_json() and Text.from_json(d["reason"]) == cause.reason
+    assert cause.text("zh-CN") == cause.reason.in_("zh-CN") != cause.text("en-US") == str(cause.reason)
     assert cause.restart_may_help is False
     assert classify_failure(log("reconstructed_gpu_cuda_oom_while_serving")).restart_may_help is True
 

@@ -358,7 +358,7 @@ async def test_a_failed_install_stops_the_conversion_running_beside_it(beside):
         (fake / "go-convert").touch()
         await asyncio.gather(run, return_exceptions=True)
     assert failed is not None and failed.phase == contract.PHASE_INSTALL_ENGINE
-    assert "No matching distribution found" in failed.reason
+    assert "No matching distribution found" in str(failed.reason)
     await _until(lambda: not _alive(convert_pid), "the conversion to be stopped", 10)
     assert not packages_built(preparer)
     st = contract.EngineStatus.read(status)

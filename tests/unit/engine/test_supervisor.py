@@ -21,8 +21,17 @@ from backend.contract import EngineStatus
 from backend.engine import supervisor
 from backend.engine.command import Command
 from backend.errors import EngineStartFailed
+from backend.text import Text
 from tests.conftest import free_port
 from tests.support.supervision import Running, group_members, launches, wait_group_empty
+
+
+def said(status: dict, lang: str = "en") -> str:
+    """The words of a status file's reason (a catalog text) in ``lang``."""
+    reason = Text.from_json(status["reason"])
+    assert reason is not None, status
+    return reason.in_(lang)
+
 
 # ---------------------------------------------------------------- a fake engine: restart policy in seconds
 
@@ -94,12 +103,12 @@ def test_restarts_are_bounded_n_in_the_window_then_down_with_the_reason(tmp_path
     assert [st["attempt"] for st in restarting] == [1, 2], run.history()
     # reason: the cause alone, classified from the log (the app adds the attempt from the numbers);
     # message: the whole sentence for people reading the file
-    assert restarting[0]["reason"] == "the engine stopped with an error: RuntimeError: the fake engine crashed"
+    assert said(restarting[0]) == "the engine stopped with an error: RuntimeError: the fake engine crashed"
     assert [(st["attempt"], st["max_attempts"]) for st in restarting] == [(1, 2), (2, 2)]
     pids = [st["pid"] for _, st in run.seen]
     assert all(pid is not None for pid in pids), run.history()  # the file always names the process
     assert "attempt 1 of 2" in restarting[0]["message"] and "attempt 2 of 2" in restarting[1]["message"]
-    assert "RuntimeError" in restarting[0]["reason_zh"]
+    assert "RuntimeError" in said(restarting[0], "zh-CN") and said(restarting[0], "zh-CN") != said(restarting[0])
     down = [st for _, st in run.seen if st["state"] == "down"]
     assert down, run.history()
     assert down[-1]["reason"] == restarting[0]["reason"] and down[-1]["attempt"] == 2
@@ -121,7 +130,7 @@ def test_what_the_app_tells_the_user_from_the_status_file_names_the_cause_and_th
     poller = HealthPoller(f"http://127.0.0.1:{free_port()}/v1", "k", status_file=snapshot)
     st = asyncio.run(poller.refresh())
     assert st.state is EngineState.STARTING
-    assert st.reason == (
+    assert st.text("en") == (
         "the engine stopped with an error: RuntimeError: the fake engine crashed; it is restarting — attempt 1 of 3"
     )
 
@@ -133,8 +142,8 @@ def test_an_engine_killed_by_a_signal_is_reported_as_killed_naming_the_signal(tm
         _, restarting = run.wait_for("restarting", lambda st: st["state"] == "restarting", 30)
     finally:
         run.stop()
-    assert restarting["reason"].startswith("the engine was killed (SIGKILL); if nobody killed it"), restarting
-    assert "SIGKILL" in restarting["reason_zh"]
+    assert restarting["reason"] == {"key": "supervisor.killed", "params": {"signal": "SIGKILL"}}, restarting
+    assert said(restarting).startswith("the engine was killed (SIGKILL); if nobody killed it")
 
 
 def test_crashes_further_apart_than_the_window_are_restarted_without_giving_up(tmp_path):
@@ -186,7 +195,7 @@ def test_a_first_start_that_never_becomes_healthy_is_stopped_at_the_startup_limi
     assert isinstance(sup.failed, EngineStartFailed)
     assert "did not become healthy within 2 s ([server].startup_timeout)" in sup.failed.user_text("en")
     down = [st for _, st in run.seen if st["state"] == "down"]
-    assert down and "startup_timeout" in down[0]["reason"] and down[0]["cause"] == "startup_timeout", run.history()
+    assert down and "startup_timeout" in said(down[0]) and down[0]["cause"] == "startup_timeout", run.history()
     assert wait_group_empty(sup.proc.pid, 5) == []
 
 

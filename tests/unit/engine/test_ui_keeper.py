@@ -16,6 +16,7 @@ from backend.engine.command import Command
 from backend.engine.supervisor import start_process, stop_process_group
 from backend.engine.ui_keeper import UiKeeper, exit_cause
 from backend.settings import ServerSettings, Settings
+from backend.text import Text
 
 pytestmark = pytest.mark.asyncio
 
@@ -40,7 +41,8 @@ def dead(cmd: Command, log_dir, how: int | None) -> subprocess.Popen[bytes]:
     [(-9, "killed", "the UI was killed (SIGKILL); if nobody killed it"), (3, "exited", "the UI exited with code 3")],
 )
 async def test_the_cause_names_the_signal_or_the_exit_code(rc, cause, said):
-    en, zh, code = exit_cause(rc)
+    reason, code = exit_cause(rc)
+    en, zh = reason.in_("en"), reason.in_("zh-CN")
     assert code == cause and en.startswith(said) and zh and zh != en
 
 
@@ -54,7 +56,7 @@ async def test_a_killed_ui_is_started_again_and_its_status_file_says_why(tmp_pat
         assert new is not None and new.poll() is None and new.pid != proc.pid
         status = contract.EngineStatus.read(tmp_path / contract.UI_STATUS_FILE_NAME)
         assert status is not None and status.cause == "killed" and status.attempt == 1 and status.pid == new.pid
-        assert "SIGKILL" in status.reason and status.reason_zh
+        assert status.reason == Text("ui_keeper.killed", {"signal": "SIGKILL"}) and "SIGKILL" in str(status.reason)
         assert lines == [status.message] and "restarting — attempt 1 of 2 (the engine keeps running)" in lines[0]
     finally:
         if new is not None:

@@ -27,7 +27,7 @@ from backend.engine.command import Command
 from backend.errors import ConfigError
 from backend.probe import OneTokenProbe, ProbeResult, probe_body
 from backend.settings import HealthSettings, load_settings
-from backend.text import both
+from backend.text import Text, t
 from tests.conftest import free_port
 from tests.support.supervision import Running, group_members, launches, wait_group_empty
 
@@ -158,7 +158,7 @@ def test_restart_after_1_failed_probe(tmp_path):
 
 
 def test_the_cause_text_names_the_silence_in_both_languages():
-    en, zh = both("cause.engine_hung", seconds=30.4)
+    en, zh = t("cause.engine_hung", "en", seconds=30.4), t("cause.engine_hung", "zh-CN", seconds=30.4)
     assert en == "the engine stopped answering (no reply to a one-token probe for 30 s)"
     assert "30" in zh and "探测" in zh
 
@@ -258,8 +258,10 @@ def test_a_hung_engine_is_restarted_with_the_cause_counted_in_the_budget_then_do
     assert [st["attempt"] for st in restarting] == [1, 2], run.history()
     first = restarting[0]
     assert first["cause"] == "hung", run.history()
-    assert first["reason"].startswith("the engine stopped answering (no reply to a one-token probe for "), first
-    assert "探测" in first["reason_zh"]
+    reason = Text.from_json(first["reason"])
+    assert reason is not None and reason.key == "cause.engine_hung", first
+    assert str(reason).startswith("the engine stopped answering (no reply to a one-token probe for "), first
+    assert "探测" in reason.in_("zh-CN")
     assert "restarting — attempt 1 of 2" in first["message"]
     # the budget is the crash budget: two restarts, then down with the same cause
     assert final["state"] == "down" and final["cause"] == "hung" and final["attempt"] == 2, run.history()
@@ -286,9 +288,9 @@ def test_what_the_app_shows_while_a_hung_engine_restarts(tmp_path):
     poller = HealthPoller(f"http://127.0.0.1:{free_port()}/v1", "k", status_file=snapshot)
     st = asyncio.run(poller.refresh())
     assert st.state is EngineState.STARTING  # a message sent now waits for the restart instead of failing
-    assert st.reason.startswith("the engine stopped answering (no reply to a one-token probe for ")
-    assert st.reason.endswith("; it is restarting — attempt 1 of 3")
-    assert "引擎停止响应" in st.reason_zh and "1/3" in st.reason_zh
+    assert st.text("en").startswith("the engine stopped answering (no reply to a one-token probe for ")
+    assert st.text("en").endswith("; it is restarting — attempt 1 of 3")
+    assert "引擎停止响应" in st.text("zh-CN") and "1/3" in st.text("zh-CN")
     assert st.cause == "hung"
 
 
