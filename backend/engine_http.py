@@ -57,6 +57,7 @@ from .errors import (
     ServerUnreachable,
     WebPageResponse,
 )
+from .text import Text
 
 #: vLLM's ``param`` on a 400 that means "the prompt or the reply does not fit the context"
 #: (input_text: newer vLLM rejects over-long text before tokenising it).
@@ -239,8 +240,8 @@ class Limits:
 
     connect: float
     read: float  # whole answer (health, /tokenize, LoRA) or the gap between chunks (chat)
-    read_setting: str
-    what: str  # what was waited for, e.g. "counting tokens (/tokenize)"
+    read_setting: str | Text  # "[client].idle_timeout"; a Text when no setting holds it
+    what: Text  # what was waited for, e.g. Text("error.timeout.tokenize"): made in the reader's language
 
 
 def causes(exc: BaseException) -> Iterator[BaseException]:

@@ -424,10 +424,10 @@ class RequestTimeout(BackendError):
     text_key = "error.timeout"
     default_setting: ClassVar[str] = "[client]"
 
-    def __init__(self, seconds: float, setting: str = "", what: str = "") -> None:
+    def __init__(self, seconds: float, setting: str | Text = "", what: Text | None = None) -> None:
         self.seconds = seconds
         self.setting = setting or self.default_setting
-        self.what = what or "the model server"
+        self.what = what or Text("error.timeout.model_server")
         super().__init__()
 
 

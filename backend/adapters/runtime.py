@@ -75,8 +75,8 @@ def _map(exc: Exception, route: Route, name: str, path: str, url: str, timeout: 
 
     if isinstance(exc, openai.APIStatusError):
         return status_error(exc.status_code, exc.body, route, url=url, model=name, path=path, message=exc.message)
-    what = f"{'loading' if route is Route.LOAD_ADAPTER else 'unloading'} adapter {name!r}"
-    return transport_error(exc, route, url=url, limits=Limits(timeout, timeout, "a fixed limit of the app", what))
+    what = Text("error.timeout.loading" if route is Route.LOAD_ADAPTER else "error.timeout.unloading", {"name": name})
+    return transport_error(exc, route, url=url, limits=Limits(timeout, timeout, Text("error.timeout.fixed"), what))
 
 
 def _url_of(client_or_base_url: Any) -> str:

@@ -86,6 +86,7 @@ from ..errors import (
     WebPageResponse,
 )
 from ..settings import ClientSettings
+from ..text import Text
 
 logger = logging.getLogger(__name__)
 
@@ -374,7 +375,7 @@ def map_error(
     if isinstance(exc, openai.APIStatusError):
         return _chat_error(exc.status_code, exc.body, exc.message, model=model, url=url)
     if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, httpx2.TransportError, OSError)):
-        limits = Limits(s.connect_timeout, s.idle_timeout, "[client].idle_timeout", "the model server")
+        limits = Limits(s.connect_timeout, s.idle_timeout, "[client].idle_timeout", Text("error.timeout.model_server"))
         return transport_error(exc, Route.CHAT, url=url, limits=limits)
     if isinstance(exc, openai.APIError):  # the SDK's own error event inside a stream
         return _chat_error(None, exc.body, exc.message, model=model, url=url)

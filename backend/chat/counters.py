@@ -33,6 +33,7 @@ from ..errors import (
     ModelPathError,
 )
 from ..settings import ClientSettings
+from ..text import Text
 from .template import (
     CHATML_FORMAT,
     REMOTE_SPECIALS,
@@ -478,7 +479,7 @@ class RemoteCounter:
             self.connect_timeout,
             self.timeout,
             "[client].first_token_timeout",
-            "the model server's /tokenize (token counting)",
+            Text("error.timeout.tokenize"),
         )
         self.concurrency = concurrency
         self.specials = tuple(specials)

@@ -264,8 +264,11 @@ def _port(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     bound = re.search(r"\('[^']*', (\d+)\)", m.string)  # uvicorn: "bind on address ('127.0.0.1', 8000)"
     port = bound.group(1) if bound else (str(ctx.port) if ctx.port else "")
 
-    what = Text("cause.port_in_use.port", {"port": port}) if port else Text("cause.port_in_use.no_port")
-    return ("port_in_use", Text("cause.port_in_use", {"what": what}), None)
+    return (
+        "port_in_use",
+        Text("cause.port_in_use", {"port": port}) if port else Text("cause.port_in_use.no_port"),
+        None,
+    )
 
 
 def _cpu_node_kv(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:

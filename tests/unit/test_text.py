@@ -151,6 +151,51 @@ def test_no_chinese_text_lives_outside_the_catalog():
     assert not offenders, _listing(offenders)
 
 
+# ---------------------------------------------------------------- the Chinese file reads as Chinese
+
+# Two or more English words in a row, outside {placeholders}, `code`, [section] key names and /commands: prose that
+# was left untranslated ("finish reason", "bearer token"). Single words (LoRA, GiB, config.json) are names.
+_ENGLISH_PHRASE = re.compile(r"(?<![\w/.\-\[`'])[a-z]{2,}(?: [a-z]{2,})+(?![\w/.\-\]`'])")
+_NOT_PROSE = [r"\{[^}]*\}", r"`[^`]*`", r"\[[a-z_]+\][ .]?[a-z_]+", r"/\w+(?: [\w\[\]|]+)*", r"python -m \S+"]
+_CJK_GAP = re.compile(
+    "[\u4e00-\u9fff\u3000-\u303f\uff00-\uffef] +[\u4e00-\u9fff]|[\u4e00-\u9fff] +[\u3000-\u303f\uff00-\uffef]"
+)
+
+
+def _prose(text: str) -> str:
+    for pattern in _NOT_PROSE:
+        text = re.sub(pattern, "", text)
+    return text
+
+
+def test_no_english_phrase_is_left_inside_a_chinese_text():
+    left = {k: _ENGLISH_PHRASE.findall(_prose(v)) for k, v in catalog()["zh-CN"].items()}
+    left = {k: found for k, found in left.items() if found}
+    assert not left, f"English left in zh-CN.json: {left}"
+
+
+def test_the_english_phrase_check_can_fail():
+    assert _ENGLISH_PHRASE.findall(_prose("服务器没有说明（无 finish reason）；请检查 `a b` 和 [ui] auth")) == [
+        "finish reason"
+    ]
+
+
+def test_no_space_between_two_chinese_words():
+    gaps = {k: v for k, v in catalog()["zh-CN"].items() if _CJK_GAP.search(v)}
+    assert not gaps, f"a space between Chinese characters in zh-CN.json: {gaps}"
+    assert _CJK_GAP.search("引擎端口 已被占用")
+
+
+@pytest.mark.parametrize(
+    "what", [None, Text("error.timeout.tokenize"), Text("error.timeout.loading", {"name": "pirate"})], ids=str
+)
+def test_a_timeout_names_what_it_waited_for_in_the_readers_language(what):
+    from backend.errors import RequestTimeout
+
+    zh = RequestTimeout(5.0, "[client].first_token_timeout", what).user_text("zh-CN")
+    assert not re.search(r"[A-Za-z]{3,} [a-z]{3,}", _prose(zh)), zh  # "the model server", "loading adapter"
+
+
 # ---------------------------------------------------------------- languages
 
 
