@@ -166,10 +166,14 @@ def main() -> None:
     try:
         router = settings.engine_base_url.removesuffix("/v1")
 
+        # Each engine's own /health too: the router's healthy_workers once said 2 while replica 0 was not yet
+        # listening (seen at load 10-14: the measurement's first request to replica 0 was refused).
+        engines = [settings.replica_url(i) for i in range(2)] + ([single_url] if single_url else [])
+
         def all_ready() -> bool:
             status, body = _get(router + "/readiness", key)  # the router's gate: every route needs the key
             ready = status == 200 and json.loads(body or b"{}").get("healthy_workers") == 2
-            return ready and (not single_url or _get(single_url.removesuffix("/v1") + "/health")[0] == 200)
+            return ready and all(_get(url.removesuffix("/v1") + "/health")[0] == 200 for url in engines)
 
         t0 = time.perf_counter()
         _wait("the fleet (and the baseline) ready", all_ready, procs, logs)
