@@ -29,7 +29,7 @@ from ..errors import (
     QwenChatError,
 )
 from ..settings import ROOT, HealthSettings, Settings, load_settings
-from ..text import pick_language, t
+from ..text import Text, pick_language, t
 from . import budget as budget_mod
 from . import counters
 from .adapters_in_use import AdapterUsage
@@ -134,15 +134,19 @@ class Service:
         except Exception:  # an optimisation; never worth a failure
             logger.warning("warm-up failed; the first message loads what it needs", exc_info=True)
 
-    def status_json(self) -> dict[str, Any]:
-        """For the always-visible status line (public/status.js polls it)."""
+    def status_json(self, lang: str | None = "en") -> dict[str, Any]:
+        """For the always-visible status line (public/status.js polls it), in the viewer's language: [ui].language
+        when it forces one, else ``lang`` (the browser's tag). Every word is made here, from the catalog."""
         st = self.poller.status
+        forced = self.settings.ui.language
+        lang = pick_language(forced if forced != "auto" else lang)
         word = "status.preparing" if st.phase else f"status.{st.state.value}"  # the state's word on the line
+        note = self.ui_restart_note()
         return {
             "state": st.state.value,
-            "reason": st.reason,
-            "reason_zh": st.reason_zh,
+            "reason": st.text(lang),
             "elapsed": round(st.starting_elapsed),
+            "elapsed_text": t("status.elapsed", lang, seconds=round(st.starting_elapsed)),
             "attempt": st.attempt,
             "max_attempts": st.max_attempts,
             "model": st.base_model or self.settings.model.name,
@@ -152,45 +156,41 @@ class Service:
             "phase": st.phase,
             # Off-spec chunks tolerated since start, by kind (e.g. {"empty_choices": 3}): whose backend misbehaves.
             "anomalies": anomaly_counts(),
-            # [ui].language: "en"/"zh" force the badge's language too; "auto" lets the browser decide.
-            "lang": self.settings.ui.language,
-            # The line's state word in both languages (backend/text.py), and the one the page shows by itself when
-            # this server stops answering (it keeps the last it was sent).
-            "label": t(word, "en"),
-            "label_zh": t(word, "zh"),
-            "offline_label": t("status.offline", "en"),
-            "offline_label_zh": t("status.offline", "zh"),
+            # The catalog language the words are in ("en", "zh-CN", …): [ui].language, else the browser's.
+            "lang": lang,
+            # The line's state word, and the one the page shows by itself when this server stops answering (it keeps
+            # the last it was sent).
+            "label": t(word, lang),
+            "offline_label": t("status.offline", lang),
             # A fleet ([fleet]): replicas answering their own /health, of how many (0 and 0 without a fleet), each
             # replica by number and host:port (never its URL's credentials), and the count as the line shows it.
             "replicas_ready": st.replicas_ready,
             "replicas_total": st.replicas_total,
-            "replicas": [r.to_json() for r in st.replicas],
-            "replicas_text": st.replicas_text("en"),
-            "replicas_text_zh": st.replicas_text("zh"),
+            "replicas": [r.to_json(lang) for r in st.replicas],
+            "replicas_text": st.replicas_text(lang),
             # A fleet: models some ready replicas serve but not all (so not offered), with the replicas lacking each,
             # and the line's note on them ("" when there are none).
             "partial_models": [{"model": name, "replicas": list(numbers)} for name, numbers in st.partial_models],
-            "partial_text": st.partial_text("en"),
-            "partial_text_zh": st.partial_text("zh"),
+            "partial_text": st.partial_text(lang),
             # The UI process itself was restarted by the launcher lately (it died: killed, out of memory, a crash):
             # why, and that the model kept running ("" when it was not, or long ago).
-            "ui_note": self.ui_restart_note("en"),
-            "ui_note_zh": self.ui_restart_note("zh"),
+            "ui_note": note.in_(lang) if note else "",
         }
 
-    def ui_restart_note(self, lang: str, *, now: float | None = None, shown_for: float = 600.0) -> str:
+    def ui_restart_note(self, *, now: float | None = None, shown_for: float = 600.0) -> Text | None:
         """ "the UI restarted 12 s ago (the UI was killed (SIGKILL) …); the model kept running", for ``shown_for``
-        seconds after the launcher restarted this process (logs/ui-status.json); else ""."""
+        seconds after the launcher restarted this very process (logs/ui-status.json, read once); else None."""
         folder = os.environ.get(contract.ENV_LOG_DIR)
         status = contract.EngineStatus.read(Path(folder) / contract.UI_STATUS_FILE_NAME) if folder else None
         if status is None or status.since is None or status.pid != os.getpid():
-            return ""  # no restart, or the file describes another process (an older one, a test's)
+            return None  # no restart, or the file describes another process (an older one, a test's)
         ago = max(0, int((time.time() if now is None else now) - status.since))
         if ago > shown_for:
-            return ""
-        when = t("ui_keeper.ago_seconds", lang, n=ago) if ago < 120 else t("ui_keeper.ago_minutes", lang, n=ago // 60)
-        reason = status.reason_zh if pick_language(lang) == "zh" else status.reason
-        return t("ui_keeper.restarted", lang, ago=when, reason=reason)
+            return None
+        when = (
+            Text("ui_keeper.ago_seconds", {"n": ago}) if ago < 120 else Text("ui_keeper.ago_minutes", {"n": ago // 60})
+        )
+        return Text("ui_keeper.restarted", {"ago": when, "reason": status.reason or Text.verbatim("?")})
 
     async def status_after_failure(self) -> HealthStatus:
         """The poller's fresh view after a connection failure (the supervisor needs a moment to notice)."""
@@ -539,26 +539,6 @@ def sampling_body(sampling: Mapping[str, float]) -> dict[str, Any]:
     if sampling.get("min_p"):
         body["min_p"] = float(sampling["min_p"])
     return body
-
-
-def close_fence(text: str) -> str:
-    """``text`` with a code fence left open (an answer cut mid-block) closed, so what follows renders."""
-    fence = None
-    for line in text.splitlines():
-        stripped = line.lstrip()
-        for mark in ("```", "~~~"):
-            if stripped.startswith(mark):
-                if fence is None:
-                    fence = mark
-                elif fence == mark and not stripped.strip(mark[0]).strip():
-                    fence = None
-                break
-    return text if fence is None else f"{text}\n{fence}"
-
-
-def interrupted_marker(why: str, model: str) -> str:
-    """The line under a cut answer (after ``close_fence``): why, and which model."""
-    return f"\n\n*⚠ {why} · `{model}`*"
 
 
 #: finish reasons that need no word under the answer

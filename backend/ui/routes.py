@@ -79,14 +79,15 @@ class Routes:
     def __init__(self, service: Service, *, sharing: bool) -> None:
         self.service, self.sharing = service, sharing
 
-    async def status(self, user: cl.User | None = Depends(get_current_user)) -> dict[str, Any]:
-        """Polled by public/status.js: the engine state line shown at all times.
+    async def status(self, lang: str = "", user: cl.User | None = Depends(get_current_user)) -> dict[str, Any]:
+        """Polled by public/status.js: the engine state line shown at all times, in the viewer's language (``?lang=``,
+        the browser's navigator.language; English without one; [ui].language forces one).
 
         With [ui].auth it names models, adapters and failure paths: Chainlit's own dependency answers
         401 without a login (and returns None when login is off).
         """
         await self.service.start()
-        return self.service.status_json()
+        return self.service.status_json(lang)
 
     async def metrics(self, user: cl.User | None = Depends(get_current_user)) -> Response:
         """Prometheus text format (backend/chat/metrics.py); 401 without a login when [ui].auth is on."""

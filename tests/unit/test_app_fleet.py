@@ -12,7 +12,7 @@ import pytest_asyncio
 
 from backend.settings import ROOT
 from tests.fakes.openai_server import FakeServer
-from tests.unit.test_app_handlers import Chat, send_command, wait_for
+from tests.unit.test_app_handlers import Chat, browser_language, send_command, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -139,10 +139,13 @@ async def test_an_adapter_one_replica_lacks_is_not_offered_and_a_chat_using_it_i
         assert user_session(chat).model == "fake-qwen"
         assert chat.received("hello scribe") == []  # never sent: the router might pick replica 2, "not found"
 
-        body = await ui.routes.status()  # the status line's note, in both languages
+        body = await ui.routes.status()  # the status line's note, in the viewer's language
         assert body["partial_models"] == [{"model": "scribe", "replicas": [2]}]
         assert body["partial_text"] == f"scribe not offered: not served by {where}"
-        assert body["partial_text_zh"] == f"scribe 未提供：副本 2（127.0.0.1:{replicas[1].port}）未加载它"
+        with pytest.MonkeyPatch.context() as mp:
+            browser_language(ui.service, mp)
+            zh = (await ui.routes.status("zh-CN"))["partial_text"]
+        assert zh == f"scribe 未提供：副本 2（127.0.0.1:{replicas[1].port}）未加载它"
         screen = await send_command(chat, "adapters", "")
         assert f"- ~~`scribe`~~ — scribe not offered: not served by {where}" in screen.answers[-1]
 

@@ -472,21 +472,36 @@ async def test_a_json_body_to_a_streaming_request_is_shown_whole_and_counted(cha
     assert ui.service.status_json()["anomalies"]["json_body"] == before + 1
 
 
-async def test_the_status_line_gets_its_words_in_both_languages_from_the_catalog(chat, ui):
+def browser_language(service, monkeypatch) -> None:
+    """The fixture's app forces English ([ui].language = "en"); here the viewer's browser decides ("auto")."""
+    settings = service.settings
+    if hasattr(settings, "model_copy"):  # pydantic settings
+        auto = settings.model_copy(update={"ui": settings.ui.model_copy(update={"language": "auto"})})
+    else:
+        import dataclasses
+
+        auto = dataclasses.replace(settings, ui=dataclasses.replace(settings.ui, language="auto"))
+    monkeypatch.setattr(service, "settings", auto)
+
+
+async def test_the_status_line_gets_its_words_in_both_languages_from_the_catalog(chat, ui, monkeypatch):
     import dataclasses
 
     from backend.chat.health import EngineState
 
-    st = ui.service.status_json()
-    assert (st["state"], st["label"], st["label_zh"]) == ("ready", "ready", "就绪")
-    assert (st["offline_label"], st["offline_label_zh"]) == ("UI offline", "界面未连接")
+    assert ui.service.status_json("zh-CN")["label"] == "ready"  # [ui].language = "en" forces the badge's language
+    browser_language(ui.service, monkeypatch)
+    st, zh = ui.service.status_json("en-US"), ui.service.status_json("zh-CN")
+    assert (st["state"], st["label"], zh["label"]) == ("ready", "ready", "就绪")
+    assert (st["offline_label"], zh["offline_label"]) == ("UI offline", "界面未连接")
+    assert (st["lang"], zh["lang"]) == ("en", "zh-CN")
     poller = ui.service.poller
     real = poller.status
     try:  # while the launcher installs the engine the word is "preparing", whatever the state
         poller._status = dataclasses.replace(real, state=EngineState.STARTING, phase="install_engine")
-        assert (ui.service.status_json()["label"], ui.service.status_json()["label_zh"]) == ("preparing", "准备中")
+        assert (ui.service.status_json()["label"], ui.service.status_json("zh-CN")["label"]) == ("preparing", "准备中")
         poller._status = dataclasses.replace(real, state=EngineState.DOWN)
-        assert ui.service.status_json()["label_zh"] == "引擎不可用"
+        assert ui.service.status_json("zh-TW")["label"] == "引擎不可用"
     finally:
         poller._status = real
 

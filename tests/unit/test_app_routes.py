@@ -107,7 +107,7 @@ async def test_a_second_installation_replaces_the_routes_bound_to_the_first_serv
         }
         css = (await get("/qwenchat/style.css")).text
         assert welcome.accent_hsl(GREEN) in css and welcome.accent_hsl(RED) not in css
-        assert (await get("/qwenchat/status")).json()["lang"] == "zh"
+        assert (await get("/qwenchat/status?lang=en-US")).json()["lang"] == "zh-CN"  # [ui].language forces it
         assert (await get("/logo")).text != logo.read_text()  # Chainlit's own /logo again
         # ours come before Chainlit's routes (its SPA catch-all last of all)
         assert [id(r) for r in http_app.router.routes[: len(routes)]] == [id(r) for r in routes]

@@ -250,5 +250,24 @@ def test_a_third_language_is_one_new_file(with_french):
     assert reason.in_("fr-FR") == "le moteur s'est arrêté avec le code 3 ; arrêté après 2 tentatives"
 
 
+def test_a_third_language_reaches_the_status_line_and_the_model_picker(with_french):
+    """A browser in French (fr-FR) gets the status line's words and the picker's labels from fr.json."""
+    from backend.chat.health import HealthStatus, ModelEntry
+    from backend.chat.service import Service, model_options
+    from backend.settings import Settings
+
+    class Poller:
+        status = HealthStatus(reason=Text("health.ready"), models=(ModelEntry("base"),), base_model="base")
+
+    service = Service(Settings())  # [ui].language "auto": the browser decides
+    service._poller = Poller()  # type: ignore[assignment]
+    line = service.status_json("fr-FR")
+    assert (line["lang"], line["label"], line["offline_label"]) == ("fr", "démarrage", "interface hors ligne")
+    assert line["reason"] == "le modèle est prêt"
+    assert service.status_json("de-DE")["label"] == t("status.starting", "en")  # no German file: English
+    [label] = model_options(Poller.status, [], "fr-FR")
+    assert "modèle de base" in label
+
+
 def test_the_catalog_in_use_comes_back_after_the_fixture():
     assert pick_language("fr-FR") == "en" and "fr" not in text.languages()

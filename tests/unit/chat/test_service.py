@@ -136,3 +136,86 @@ def test_two_sessions_loading_at_once_see_each_others_adapter_in_the_limit_check
     # "b" found the one slot taken by "a" (counted although the stale view had not seen it) and made room;
     # the second "a" then found "b" there, not its own earlier load.
     assert seen == [("a", []), ("b", []), ("a", [])]
+
+
+# ---------------------------------------------------------------- the UI's own restart, on the status line
+
+
+def _restarted(tmp_path, monkeypatch, *, pid: int, since: float):
+    """A Service whose launcher's log folder holds ui-status.json: the UI (``pid``) restarted at ``since``."""
+    from backend import contract
+    from backend.chat.service import Service
+    from backend.contract import EngineStatus, SupervisorState
+    from backend.settings import Settings
+    from backend.text import Text
+
+    monkeypatch.setenv(contract.ENV_LOG_DIR, str(tmp_path))
+    reason = Text("ui_keeper.killed", {"signal": "SIGKILL"})
+    EngineStatus(state=SupervisorState.RUNNING, pid=pid, attempt=1, reason=reason, since=since).write(
+        tmp_path / contract.UI_STATUS_FILE_NAME
+    )
+    return Service(Settings())
+
+
+@pytest.mark.parametrize(
+    "ago, en",
+    [
+        (0, "the UI restarted 0 s ago"),
+        (119, "the UI restarted 119 s ago"),
+        (120, "the UI restarted 2 min ago"),
+        (600, "the UI restarted 10 min ago"),  # the last second it is shown
+    ],
+)
+def test_the_ui_restart_note_is_shown_for_ten_minutes_after_this_process_was_restarted(tmp_path, monkeypatch, ago, en):
+    import os
+
+    service = _restarted(tmp_path, monkeypatch, pid=os.getpid(), since=1_000_000.0)
+    note = service.ui_restart_note(now=1_000_000.0 + ago)
+    assert note is not None and note.in_("en").startswith(en + " (the UI was killed (SIGKILL)")
+    assert note.in_("en").endswith("the model kept running")
+    assert note.in_("zh-CN").startswith("界面进程在 ") and "SIGKILL" in note.in_("zh-CN")
+
+
+def test_the_ui_restart_note_is_gone_after_ten_minutes(tmp_path, monkeypatch):
+    import os
+
+    service = _restarted(tmp_path, monkeypatch, pid=os.getpid(), since=1_000_000.0)
+    assert service.ui_restart_note(now=1_000_000.0 + 601) is None
+    assert service.ui_restart_note(now=1_000_000.0 + 601, shown_for=3600) is not None
+
+
+def test_the_ui_restart_note_is_only_for_the_process_the_file_names(tmp_path, monkeypatch):
+    """An older UI's file (its pid, not ours) says nothing about this process."""
+    import os
+
+    service = _restarted(tmp_path, monkeypatch, pid=os.getpid() + 1, since=1_000_000.0)
+    assert service.ui_restart_note(now=1_000_000.0 + 5) is None
+
+
+def test_without_a_log_folder_or_a_file_there_is_no_note(tmp_path, monkeypatch):
+    from backend import contract
+    from backend.chat.service import Service
+    from backend.settings import Settings
+
+    monkeypatch.delenv(contract.ENV_LOG_DIR, raising=False)
+    assert Service(Settings()).ui_restart_note() is None
+    monkeypatch.setenv(contract.ENV_LOG_DIR, str(tmp_path))  # the folder, but no restart written
+    assert Service(Settings()).ui_restart_note() is None
+
+
+def test_the_status_line_reads_the_ui_status_file_once_and_speaks_the_viewers_language(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from backend import contract
+    from backend.contract import EngineStatus
+
+    service = _restarted(tmp_path, monkeypatch, pid=os.getpid(), since=time.time() - 30)
+    service._poller = FakePoller()
+    reads: list[object] = []
+    real_read = EngineStatus.read
+    monkeypatch.setattr(EngineStatus, "read", classmethod(lambda cls, path: reads.append(path) or real_read(path)))
+    zh = service.status_json("zh-CN")
+    assert reads == [tmp_path / contract.UI_STATUS_FILE_NAME]  # once per poll, not once per language
+    assert zh["lang"] == "zh-CN" and zh["ui_note"].startswith("界面进程在 ") and "模型一直在运行" in zh["ui_note"]
+    assert service.status_json("en-GB")["ui_note"].startswith("the UI restarted 30 s ago")
