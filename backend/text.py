@@ -200,8 +200,3 @@ def _from_json(value: Any) -> Any:
         found = Text.from_json(value)
         return value if found is None else found
     return value
-
-
-def both(key: str, /, **params: Any) -> tuple[str, str]:
-    """(English, Chinese) of ``key``: transitional, until every caller carries a Text."""
-    return t(key, "en", **params), t(key, "zh", **params)

@@ -6,7 +6,7 @@
     welcome.accent_hsl("#2563eb")              # "221 83% 53%": Chainlit's --primary variable
 
 Starters come from ``[lora.starters]`` (name = ["question", ...]); the 'pirate' demo adapter, when it is in
-[lora] modules, has built-in examples from backend/text.py (English and Chinese) unless its list is configured. A starter sends its question
+[lora] modules, has built-in examples from the catalog (backend/catalog/, each language) unless its list is configured. A starter sends its question
 with its model chosen for the chat: the button sends the model's name as the message's ``command`` (Chainlit's
 Starter.command), so a typed message with the same words is never taken for a starter; ui/chat.py's on_message
 asks ``starter_model`` for the first message.
@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..settings import EMBEDDED_ADAPTER_NAME, Settings
-from ..text import t
+from ..text import languages, t
 
 #: The built-in starters of the demo adapter (text keys; [lora.starters] pirate = [...] replaces them).
 DEFAULT_STARTER_KEYS: dict[str, tuple[str, ...]] = {
@@ -68,7 +68,7 @@ def starter_model(settings: Settings, text: str, command: str | None) -> str | N
     """The model of the starter that sent this message (its button sends the model as ``command``), or None
     for a typed message, even one with a starter's words."""
     wanted = text.strip()
-    for lang in ("en", "zh"):
+    for lang in languages():  # the button's words were in the viewer's language: any catalog language
         texts = configured(settings, lang).get(command or "", ())
         if wanted in (x.strip() for x in texts):
             return command

@@ -174,7 +174,7 @@ async def test_without_the_doctor_one_bad_static_adapter_makes_vllm_exit_rc1(tes
     cause = classify_failure(text)
     assert cause is not None and cause.kind == "lora_load_failed", cause
     assert cause.adapter == "too-big"
-    assert f"rank {BIG_RANK}" in cause.reason and "'too-big'" in cause.reason
+    assert f"rank {BIG_RANK}" in cause.text("en") and "'too-big'" in cause.text("en")
 
 
 async def test_doctor_leaves_the_bad_static_adapter_out_and_vllm_serves_the_good_one(engine):

@@ -366,7 +366,7 @@ def outage(fleet, page) -> None:
     th.join(120)
     # the launcher's supervisor says so at once (read now: later in this test the replica may already be back)
     restarting = wait_for(f"replica {v} restarting", lambda: (s := fleet.replica_status(v)).attempt == 1 and s, 30)
-    assert restarting.state == contract.SupervisorState.RESTARTING and "SIGKILL" in restarting.reason, restarting
+    assert restarting.state == contract.SupervisorState.RESTARTING and "SIGKILL" in str(restarting.reason), restarting
     # the cut shows: the router ends the stream (or the connection) with neither a finish reason nor [DONE],
     # which the chat client reports as an interrupted answer
     assert result.get("ended", "").startswith("cut") or not (result.get("done_marker") or result.get("finish")), result

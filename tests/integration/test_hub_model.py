@@ -95,7 +95,7 @@ def test_a_hub_id_downloads_behind_the_ui_resumes_after_ctrl_c_and_serves_offlin
             assert st["state"] == "starting" and st["phase"] == contract.PHASE_DOWNLOAD_MODEL
             assert st["reason"].startswith("downloading the model ") and st["reason"].endswith("/s"), st
             assert " % · " in st["reason"] and " MB · " in st["reason"], st
-            assert st["reason_zh"].startswith("正在下载模型 "), st
+            assert (ui_status(env, "zh-CN") or {}).get("reason", "").startswith("正在下载模型 "), st
             sup = contract.EngineStatus.read(tmp_path / "logs" / contract.STATUS_FILE_NAME)
             assert sup is not None and sup.bytes_total == total and sup.progress is not None
 

