@@ -69,7 +69,7 @@ class QwenChatError(Exception):
     code: ClassVar[str] = "error"
     text_key: ClassVar[str] = "error.error"
 
-    def __init__(self, detail: str = "") -> None:
+    def __init__(self, detail: str | Text = "") -> None:
         self.detail = detail
         super().__init__(self.user_text("en"))
 
@@ -215,7 +215,7 @@ class AdapterRejected(AdapterError):
     code = "adapter_rejected"
     text_key = "error.adapter_rejected"
 
-    def __init__(self, name: str, detail: str) -> None:
+    def __init__(self, name: str, detail: str | Text) -> None:  # a Text: the doctor's findings, in the reader's words
         self.name = name
         super().__init__(detail)
 

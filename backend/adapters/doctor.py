@@ -32,6 +32,7 @@ from ..errors import (
     ConfigError,
 )
 from ..settings import VLLM_LORA_RANKS
+from ..text import Text
 from .safetensors import read_safetensors_header
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,12 @@ class Finding:
 
     severity: Severity
     code: str  # stable, e.g. "rank_too_large"; tests and the UI key on it
-    message: str  # names the bad value and the fix
+    text: Text  # names the bad value and the fix: a catalog doctor.* text, made in the reader's language
+
+    @property
+    def message(self) -> str:
+        """The text in English (the command line, logs, the JSON report)."""
+        return str(self.text)
 
     def to_dict(self) -> dict[str, str]:
         return {"severity": self.severity, "code": self.code, "message": self.message}
@@ -116,8 +122,12 @@ class Diagnosis:
         return f"{self.name}: {e} error{'s' * (e != 1)}, {w} warning{'s' * (w != 1)} — {verdict}"
 
     def error_text(self) -> str:
-        """All error messages on one line each (for AdapterRejected / logs)."""
-        return "; ".join(f.message for f in self.errors)
+        """All error messages on one line, in English (logs, the command line)."""
+        return str(self.errors_text())
+
+    def errors_text(self) -> Text:
+        """All error messages on one line, to make in the reader's language (AdapterRejected, the excluded list)."""
+        return Text.join("; ", [f.text for f in self.errors])
 
     def format_text(self) -> str:
         if self.kind == "model":
@@ -173,24 +183,26 @@ class _Findings:
     def __init__(self) -> None:
         self._items: dict[tuple[Severity, str, str], list[Any]] = {}
 
-    def add(self, severity: Severity, code: str, message: str, group: str | None = None, where: str = "") -> None:
-        key = (severity, code, group or message)
+    def add(self, severity: Severity, code: str, text: Text, group: str | None = None, where: str = "") -> None:
+        key = (severity, code, group or repr(text))
         if key in self._items:
             self._items[key][1].append(where)
         else:
-            self._items[key] = [message, [where]]
+            self._items[key] = [text, [where]]
 
     def result(self) -> tuple[Finding, ...]:
         out = []
-        for (severity, code, _), (message, wheres) in self._items.items():
+        for (severity, code, _), (text, wheres) in self._items.items():
             if len(wheres) > 1:
                 more = [w for w in wheres[1:] if w]
-                message += (
-                    f" (same in {len(wheres) - 1} more: {', '.join(more[:6])}{', …' if len(more) > 6 else ''})"
+                where = f"{', '.join(more[:6])}{', …' if len(more) > 6 else ''}"
+                n = len(wheres) - 1
+                text = (
+                    Text("doctor.same_in_more", {"text": text, "n": n, "where": where})
                     if more
-                    else f" (and {len(wheres) - 1} more)"
+                    else (Text("doctor.and_more", {"text": text, "n": n}))
                 )
-            out.append(Finding(severity, code, message))
+            out.append(Finding(severity, code, text))
         # errors first, stable order otherwise
         return tuple(sorted(out, key=lambda f: f.severity != "error"))
 
@@ -363,37 +375,29 @@ def diagnose_adapter(
 
 def _check_max_rank(found: _Findings, max_rank: int) -> None:
     if max_rank not in VLLM_LORA_RANKS:
-        found.add(
-            "error",
-            "bad_max_rank",
-            f"--max-lora-rank {max_rank} is not a value vLLM accepts; set [lora].max_lora_rank to one of "
-            + ", ".join(map(str, VLLM_LORA_RANKS)),
-        )
+        ranks = ", ".join(map(str, VLLM_LORA_RANKS))
+        found.add("error", "bad_max_rank", Text("doctor.bad_max_rank", {"max_rank": max_rank, "ranks": ranks}))
 
 
 def _check_config_file(found: _Findings, q: str, path: Path) -> dict[str, Any] | None:
     """The folder and its adapter_config.json as a JSON object; None (reported) when either is missing or bad."""
     if not path.is_dir():
-        found.add(
-            "error", "missing_folder", f"adapter {q}: folder {path} does not exist; check the path or [lora].modules"
-        )
+        found.add("error", "missing_folder", Text("doctor.missing_folder", {"q": q, "path": str(path)}))
         return None
     cfg_path = path / CONFIG_FILE
     if not cfg_path.is_file():
-        hint = (
-            " — this looks like a model folder, not an adapter; serve it as [model].path"
-            if (path / "config.json").is_file()
-            else "; save the adapter with PEFT's save_pretrained()"
-        )
-        found.add("error", "missing_config", f"adapter {q} has no {CONFIG_FILE} in {path}{hint}")
+        key = "doctor.missing_config.model" if (path / "config.json").is_file() else "doctor.missing_config"
+        found.add("error", "missing_config", Text(key, {"q": q, "file": CONFIG_FILE, "path": str(path)}))
         return None
     try:
         cfg = read_json(cfg_path)
     except (OSError, ValueError) as exc:
-        found.add("error", "bad_config", f"adapter {q}: {CONFIG_FILE} is not valid JSON ({exc}); re-save it with PEFT")
+        found.add(
+            "error", "bad_config", Text("doctor.config_not_json", {"q": q, "file": CONFIG_FILE, "detail": str(exc)})
+        )
         return None
     if not isinstance(cfg, dict):
-        found.add("error", "bad_config", f"adapter {q}: {CONFIG_FILE} is not a JSON object; re-save it with PEFT")
+        found.add("error", "bad_config", Text("doctor.config_not_object", {"q": q, "file": CONFIG_FILE}))
         return None
     return cfg
 
@@ -403,36 +407,22 @@ def _check_config(found: _Findings, q: str, cfg: Mapping[str, Any]) -> _AdapterC
     base_name = cfg.get("base_model_name_or_path") if isinstance(cfg.get("base_model_name_or_path"), str) else None
     peft_type = cfg.get("peft_type")
     if peft_type is None:
-        found.add(
-            "warning",
-            "missing_peft_type",
-            f'adapter {q}: {CONFIG_FILE} has no peft_type; vLLM assumes LoRA — add "peft_type": "LORA"',
-        )
+        found.add("warning", "missing_peft_type", Text("doctor.missing_peft_type", {"q": q, "file": CONFIG_FILE}))
     elif str(peft_type).upper() != "LORA":
-        found.add(
-            "error",
-            "not_lora",
-            f'adapter {q} has peft_type {peft_type!r}; vLLM serves only LoRA adapters (peft_type "LORA") — '
-            "retrain it as LoRA",
-        )
+        found.add("error", "not_lora", Text("doctor.not_lora", {"q": q, "peft_type": repr(peft_type)}))
         return _AdapterConfig(base_name, lora=False)
     missing = [k for k in ("r", "lora_alpha", "target_modules") if k not in cfg]
     if missing:
-        found.add(
-            "error",
-            "bad_config",
-            f"adapter {q}: {CONFIG_FILE} lacks {', '.join(missing)}, which vLLM requires; re-save it with PEFT",
-        )
+        lacks = {"q": q, "file": CONFIG_FILE, "keys": ", ".join(missing)}
+        found.add("error", "bad_config", Text("doctor.config_lacks", lacks))
     r = cfg.get("r")
     if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
         if "r" in cfg:
-            found.add("error", "bad_config", f"adapter {q}: r = {r!r} in {CONFIG_FILE}; expected a positive integer")
+            found.add("error", "bad_config", Text("doctor.config_bad_r", {"q": q, "r": repr(r), "file": CONFIG_FILE}))
         r = None
     rank_pattern = cfg.get("rank_pattern") or {}
     if not isinstance(rank_pattern, dict):
-        found.add(
-            "error", "bad_config", f"adapter {q}: rank_pattern = {rank_pattern!r}; expected a table of module -> rank"
-        )
+        found.add("error", "bad_config", Text("doctor.config_bad_rank_pattern", {"q": q, "value": repr(rank_pattern)}))
         rank_pattern = {}
     targets: tuple[str, ...] | str = ()
     raw_targets = cfg.get("target_modules")
@@ -441,9 +431,7 @@ def _check_config(found: _Findings, q: str, cfg: Mapping[str, Any]) -> _AdapterC
     elif isinstance(raw_targets, str):
         targets = raw_targets
     elif raw_targets is not None:
-        found.add(
-            "error", "bad_config", f"adapter {q}: target_modules = {raw_targets!r}; expected a list of names or a regex"
-        )
+        found.add("error", "bad_config", Text("doctor.config_bad_targets", {"q": q, "value": repr(raw_targets)}))
     mts = cfg.get("modules_to_save") or []
     mts = [m for m in mts if isinstance(m, str)] if isinstance(mts, list) else []
     return _AdapterConfig(base_name, True, r, rank_pattern, targets, tuple(mts))
@@ -455,55 +443,39 @@ def _check_rank(found: _Findings, q: str, config: _AdapterConfig, max_rank: int)
     ranks = [x for x in [r, *config.rank_pattern.values()] if isinstance(x, int) and not isinstance(x, bool)]
     if ranks and max(ranks) > max_rank:
         top = max(ranks)
-        where = "" if top == r else " (from rank_pattern)"
         fix = (
-            f"raise [lora].max_lora_rank to {next(v for v in VLLM_LORA_RANKS if v >= top)} or retrain with r<={max_rank}"
+            Text("doctor.rank_fix.raise", {"to": next(v for v in VLLM_LORA_RANKS if v >= top), "max_rank": max_rank})
             if top <= VLLM_LORA_RANKS[-1]
-            else f"retrain with r<={max_rank} (vLLM's largest rank is {VLLM_LORA_RANKS[-1]})"
+            else Text("doctor.rank_fix.retrain", {"max_rank": max_rank, "largest": VLLM_LORA_RANKS[-1]})
         )
-        found.add(
-            "error", "rank_too_large", f"adapter {q} has rank {top}{where}, above --max-lora-rank {max_rank}; {fix}"
-        )
+        key = "doctor.rank_too_large" if top == r else "doctor.rank_too_large.pattern"
+        found.add("error", "rank_too_large", Text(key, {"q": q, "rank": top, "max_rank": max_rank, "fix": fix}))
 
 
 def _check_features(found: _Findings, q: str, cfg: Mapping[str, Any], config: _AdapterConfig, path: Path) -> None:
     """Features vLLM 0.32 refuses (PEFTHelper._validate_features)."""
     bad_mts = [m for m in config.modules_to_save if m not in ("classifier", "score")]
     if bad_mts:
-        found.add(
-            "error",
-            "modules_to_save",
-            f"adapter {q} saves full copies of {', '.join(bad_mts)} (modules_to_save); vLLM cannot serve that — "
-            "retrain without modules_to_save, or merge it: python -m backend merge --base MODEL "
-            f"--adapter {path} --out DIR",
-        )
+        params = {"q": q, "modules": ", ".join(bad_mts), "path": str(path)}
+        found.add("error", "modules_to_save", Text("doctor.modules_to_save", params))
     if cfg.get("use_dora"):
-        found.add(
-            "error",
-            "dora",
-            f"adapter {q} uses DoRA (use_dora = true), which vLLM does not support; retrain with use_dora=false "
-            f"or merge it: python -m backend merge --base MODEL --adapter {path} --out DIR",
-        )
+        found.add("error", "dora", Text("doctor.dora", {"q": q, "path": str(path)}))
     unsupported = _unsupported_features(cfg)
     if unsupported:
-        found.add(
-            "error",
-            "unsupported_feature",
-            f"adapter {q} uses {', '.join(unsupported)}, which vLLM does not support; retrain as a plain LoRA "
-            "or merge it into the base",
-        )
+        features = Text.join(Text("doctor.list_sep"), unsupported)
+        found.add("error", "unsupported_feature", Text("doctor.unsupported_feature", {"q": q, "features": features}))
 
 
-def _unsupported_features(cfg: Mapping[str, Any]) -> list[str]:
+def _unsupported_features(cfg: Mapping[str, Any]) -> list[Text]:
     """The config's settings that vLLM cannot serve, each as the phrase its finding names it by."""
     unsupported = []
     if cfg.get("bias", "none") != "none":
-        unsupported.append(f'bias = {cfg.get("bias")!r} (only "none")')
+        unsupported.append(Text("doctor.feature.bias", {"value": repr(cfg.get("bias"))}))
     if cfg.get("lora_bias"):
-        unsupported.append("lora_bias = true")
+        unsupported.append(Text.verbatim("lora_bias = true"))
     init = cfg.get("init_lora_weights", True)
     if isinstance(init, str) and init.lower() not in ("gaussian", "eva", "orthogonal", "mica", "lora_ga"):
-        unsupported.append(f"init_lora_weights = {init!r} (it changes the base weights)")
+        unsupported.append(Text("doctor.feature.init", {"value": repr(init)}))
     for key, label in (
         ("alora_invocation_tokens", "aLoRA"),
         ("layer_replication", "layer_replication"),
@@ -511,7 +483,7 @@ def _unsupported_features(cfg: Mapping[str, Any]) -> list[str]:
         ("use_qalora", "QALoRA"),
     ):
         if cfg.get(key):
-            unsupported.append(label)
+            unsupported.append(Text.verbatim(label))
     return unsupported
 
 
@@ -522,34 +494,23 @@ def _check_weights_file(found: _Findings, q: str, path: Path) -> dict[str, tuple
         try:
             return read_safetensors_header(weights_path)
         except (OSError, ValueError) as exc:
-            found.add("error", "bad_weights", f"adapter {q}: {exc}; re-save the adapter with PEFT")
+            found.add("error", "bad_weights", Text("doctor.bad_weights", {"q": q, "detail": str(exc)}))
     elif (path / "adapter_model.bin").is_file() or (path / "adapter_model.pt").is_file():
-        found.add(
-            "warning",
-            "weights_not_inspected",
-            f"adapter {q} stores its weights as a pickle (adapter_model.bin), which the doctor does not open; "
-            "re-save with safe_serialization=True to have them checked",
-        )
+        found.add("warning", "weights_not_inspected", Text("doctor.weights_not_inspected", {"q": q}))
     else:
-        found.add(
-            "error", "no_weights", f"adapter {q} has no {WEIGHTS_FILE} in {path}; vLLM refuses a folder without tensors"
-        )
+        found.add("error", "no_weights", Text("doctor.no_weights", {"q": q, "file": WEIGHTS_FILE, "path": str(path)}))
     return None
 
 
 def _check_base(found: _Findings, q: str, base_dir: str | Path | None) -> BaseModelInfo | None:
     """The served base model's modules and shapes; None when none was given or it cannot be read (reported)."""
     if base_dir is None:
-        found.add(
-            "warning",
-            "no_base",
-            f"adapter {q} was not checked against a base model (module names, shapes); pass --base MODEL",
-        )
+        found.add("warning", "no_base", Text("doctor.no_base", {"q": q}))
         return None
     try:
         return read_base_model(base_dir)
     except (OSError, ValueError) as exc:
-        found.add("error", "base_unreadable", f"cannot check adapter {q} against the base: {exc}")
+        found.add("error", "base_unreadable", Text("doctor.base_unreadable", {"q": q, "detail": str(exc)}))
         return None
 
 
@@ -560,12 +521,8 @@ def _check_base_match(
         return
     served = {_norm_base_name(n) for n in (str(base.path), base.name_or_path, *aliases) if n}
     if _norm_base_name(base_name) not in served:
-        found.add(
-            "warning",
-            "base_mismatch",
-            f"adapter {q} was trained on {base_name!r} but the served base is {base.path.name!r}; "
-            "it may load but answer badly — serve it with the base it was trained on",
-        )
+        params = {"q": q, "trained": repr(base_name), "served": repr(base.path.name)}
+        found.add("warning", "base_mismatch", Text("doctor.base_mismatch", params))
 
 
 def _check_targets(
@@ -583,33 +540,24 @@ def _check_targets(
         try:
             hit = any(re.fullmatch(targets, m) for m in names)
         except re.error as exc:
-            found.add("error", "bad_config", f"adapter {q}: target_modules regex {targets!r} is invalid ({exc})")
+            found.add(
+                "error", "bad_config", Text("doctor.bad_regex", {"q": q, "regex": repr(targets), "detail": str(exc)})
+            )
             return
         if not hit:
-            found.add(
-                "error",
-                "unknown_target_module",
-                f"adapter {q}: target_modules regex {targets!r} matches no module of the base model "
-                f"(its linear modules: {some}); it was probably trained for a different model",
-            )
+            params = {"q": q, "regex": repr(targets), "some": some}
+            found.add("error", "unknown_target_module", Text("doctor.regex_matches_nothing", params))
         return
     lora_modules = {m for m, _ in (_parse_key(k) for k in (tensors or {})) if m}
     for t in targets:
         if t in PACKED_GROUPS and any(_short(m) == t for m in lora_modules):
             continue  # tensors for vLLM's fused name: reported as fused_packed_key
         if not any(_matches_target(m, t) for m in names):
-            found.add(
-                "error",
-                "unknown_target_module",
-                f"adapter {q} targets module {t!r}, which the base model does not have (its linear modules: "
-                f"{some}); vLLM would silently ignore it — the adapter was probably trained for a different model",
-            )
+            params = {"q": q, "module": repr(t), "some": some}
+            found.add("error", "unknown_target_module", Text("doctor.unknown_target_module", params))
         elif tensors is not None and not any(_matches_target(m, t) for m in lora_modules):
             found.add(
-                "warning",
-                "target_without_tensors",
-                f"adapter {q} lists {t!r} in target_modules but has no weights for it; that part of the "
-                "fine-tune is missing — re-save the adapter",
+                "warning", "target_without_tensors", Text("doctor.target_without_tensors", {"q": q, "module": repr(t)})
             )
 
 
@@ -638,19 +586,31 @@ def _parse_key(key: str) -> tuple[str | None, str]:
     return None, "other"
 
 
-def _modules_phrase(modules: Iterable[str]) -> str:
+def _modules_phrase(modules: Iterable[str]) -> Text:
     """'k_proj, q_proj in layers 0, 1' — which kinds of module, in which layers."""
     modules = list(modules)
     kinds = sorted({_short(m) for m in modules})
     layers = sorted({_layer_of(m) for m in modules if _layer_of(m)}, key=int)
     text = ", ".join(kinds[:8]) + (", …" if len(kinds) > 8 else "")
-    if layers:
-        text += f" in layer{'s' * (len(layers) != 1)} {', '.join(layers[:8])}{', …' if len(layers) > 8 else ''}"
-    return text
+    if not layers:
+        return Text.verbatim(text)
+    return Text("doctor.modules_in_layers", {"modules": text, "layers": _layers(layers)})
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'s' * (n != 1)}"
+def _layers(layers: list[str]) -> Text:
+    """'layers 0, 1, …' / 'layer 3'."""
+    listed = f"{', '.join(layers[:8])}{', …' if len(layers) > 8 else ''}"
+    return Text("doctor.layer" if len(layers) == 1 else "doctor.layers", {"layers": listed})
+
+
+def _count(n: int, noun: str) -> Text:
+    """'16 tensors' / '1 module': ``noun`` names catalog texts doctor.count.<noun> and doctor.count.<noun>.one."""
+    return Text(f"doctor.count.{noun}" + (".one" if n == 1 else ""), {"n": n})
+
+
+def _one(n: int, key: str) -> str:
+    """``key`` for a count of many, ``key.one`` for one (English's has/have, is/are)."""
+    return key + (".one" if n == 1 else "")
 
 
 @dataclass
@@ -671,8 +631,8 @@ class _ModuleFaults:
     unpaired: dict[str, list[str]] = field(default_factory=lambda: {"lora_A": [], "lora_B": []})  # lacking A / B
     unknown: list[str] = field(default_factory=list)  # not in the base
     fused: list[str] = field(default_factory=list)  # vLLM's packed name for a base with separate members
-    inconsistent: list[tuple[str, str]] = field(default_factory=list)  # the adapter's own shapes disagree
-    misfits: list[tuple[str, str]] = field(default_factory=list)  # shapes that do not fit the base weight
+    inconsistent: list[tuple[str, Text]] = field(default_factory=list)  # the adapter's own shapes disagree
+    misfits: list[tuple[str, Text]] = field(default_factory=list)  # shapes that do not fit the base weight
 
 
 def _check_tensors(
@@ -723,40 +683,27 @@ def _check_key_names(
     found: _Findings, q: str, tensors: Mapping[str, tuple[int, ...]], keys: _TensorKeys, path: Path
 ) -> None:
     """Tensors vLLM refuses by their name: none at all, not LoRA keys, the adapter's name kept, DoRA, bias."""
-    merge_hint = f"merge it: python -m backend merge --base MODEL --adapter {path} --out DIR"
     if not tensors:
-        found.add("error", "no_weights", f"adapter {q}: {WEIGHTS_FILE} holds no tensors; re-save the adapter with PEFT")
+        found.add("error", "no_weights", Text("doctor.no_tensors", {"q": q, "file": WEIGHTS_FILE}))
     if keys.bad:
-        found.add(
-            "error",
-            "bad_key_name",
-            f"adapter {q}: {_count(len(keys.bad), 'tensor')} not named the way vLLM reads LoRA weights, e.g. "
-            f"{keys.bad[0]!r} (expected base_model.model.<module>.lora_A.weight / .lora_B.weight); vLLM "
-            "refuses the adapter — re-save it with PEFT's save_pretrained()",
-        )
+        params = {"q": q, "count": _count(len(keys.bad), "tensor"), "example": repr(keys.bad[0])}
+        found.add("error", "bad_key_name", Text("doctor.bad_key_name", params))
     if keys.named:
         adapter_name = keys.named[0].rsplit(".", 2)[-2]
-        found.add(
-            "error",
-            "bad_key_name",
-            f"adapter {q}: {_count(len(keys.named), 'tensor')} still carry the adapter name {adapter_name!r}, "
-            f"e.g. {keys.named[0]!r}; vLLM refuses such keys — save with PEFT's save_pretrained() (it drops "
-            "the name) or rename them to ….lora_A.weight / ….lora_B.weight",
-        )
+        count = _count(len(keys.named), "tensor")
+        params = {"q": q, "count": count, "adapter": repr(adapter_name), "example": repr(keys.named[0])}
+        found.add("error", "bad_key_name", Text("doctor.named_keys", params))
     if keys.dora:
-        found.add(
-            "error",
-            "dora",
-            f"adapter {q} has {_count(len(keys.dora), 'DoRA magnitude tensor')} (e.g. {keys.dora[0]!r}); vLLM "
-            f"does not support DoRA — retrain with use_dora=false or {merge_hint}",
-        )
+        params = {
+            "q": q,
+            "count": _count(len(keys.dora), "dora_tensor"),
+            "example": repr(keys.dora[0]),
+            "path": str(path),
+        }
+        found.add("error", "dora", Text("doctor.dora_tensors", params))
     if keys.bias:
-        found.add(
-            "error",
-            "unsupported_feature",
-            f"adapter {q} has {_count(len(keys.bias), 'LoRA bias tensor')} (e.g. {keys.bias[0]!r}); vLLM does "
-            "not support lora_bias — retrain with lora_bias=false",
-        )
+        params = {"q": q, "count": _count(len(keys.bias), "bias_tensor"), "example": repr(keys.bias[0])}
+        found.add("error", "unsupported_feature", Text("doctor.bias_tensors", params))
 
 
 def _check_modules(
@@ -785,7 +732,7 @@ def _check_modules(
         labels = ("lora_embedding_A", "lora_embedding_B") if mt.embedding else ("lora_A", "lora_B")
         problems = _inconsistent_shapes(mt, rr, labels)
         if problems:
-            faults.inconsistent.append((module, "; ".join(problems)))
+            faults.inconsistent.append((module, Text.join("; ", problems)))
             continue
         misfit = _misfit(mt, base_mods.get(module), labels)
         if misfit:
@@ -796,58 +743,62 @@ def _check_modules(
     return faults
 
 
-def _inconsistent_shapes(mt: _ModuleTensors, rr: int | None, labels: tuple[str, str]) -> list[str]:
+def _inconsistent_shapes(mt: _ModuleTensors, rr: int | None, labels: tuple[str, str]) -> list[Text]:
     """The adapter's own consistency: 2-D tensors, one rank per module, the rank the config says."""
     problems = [
-        f"{label} is {_fmt_shape(shape)}, not 2-D"
+        Text("doctor.shape.not_2d", {"label": label, "shape": _fmt_shape(shape)})
         for label, shape in zip(labels, (mt.a, mt.b), strict=True)
         if shape is not None and len(shape) != 2
     ]
     if not problems:
         if mt.a is not None and mt.b is not None and mt.a[0] != mt.b[1]:
-            problems.append(f"{labels[0]} has rank {mt.a[0]} but {labels[1]} has rank {mt.b[1]}")
+            params: dict[str, object] = {"a": labels[0], "ra": mt.a[0], "b": labels[1], "rb": mt.b[1]}
+            problems.append(Text("doctor.shape.ranks_differ", params))
         elif rr is not None and mt.a is not None and mt.a[0] != rr:
-            problems.append(f"{labels[0]} has rank {mt.a[0]} but {CONFIG_FILE} says r = {rr}")
+            params = {"label": labels[0], "rank": mt.a[0], "file": CONFIG_FILE, "r": rr}
+            problems.append(Text("doctor.shape.rank_not_r", params))
         elif rr is not None and mt.b is not None and mt.b[1] != rr:
-            problems.append(f"{labels[1]} has rank {mt.b[1]} but {CONFIG_FILE} says r = {rr}")
+            params = {"label": labels[1], "rank": mt.b[1], "file": CONFIG_FILE, "r": rr}
+            problems.append(Text("doctor.shape.rank_not_r", params))
     return problems
 
 
-def _misfit(mt: _ModuleTensors, base_shape: tuple[int, ...] | None, labels: tuple[str, str]) -> str:
-    """How A and B fail to fit the base weight [out_features, in_features]; "" when they fit or it is unknown."""
+def _misfit(mt: _ModuleTensors, base_shape: tuple[int, ...] | None, labels: tuple[str, str]) -> Text | None:
+    """How A and B fail to fit the base weight [out_features, in_features]; None when they fit or it is unknown."""
     if base_shape is None or len(base_shape) != 2:
-        return ""
+        return None
     out_f, in_f = base_shape
     if mt.embedding:  # base embedding weight is [vocab, hidden]; A is [r, vocab], B is [hidden, r]
         out_f, in_f = in_f, out_f
     fit = []
     if mt.a is not None and mt.a[1] != in_f:
-        fit.append(f"{labels[0]} is {_fmt_shape(mt.a)}, expected [{mt.a[0]}, {in_f}]")
+        fit.append(
+            Text(
+                "doctor.shape.expected",
+                {"label": labels[0], "shape": _fmt_shape(mt.a), "expected": f"[{mt.a[0]}, {in_f}]"},
+            )
+        )
     if mt.b is not None and mt.b[0] != out_f:
-        fit.append(f"{labels[1]} is {_fmt_shape(mt.b)}, expected [{out_f}, {mt.b[1]}]")
-    return f"{' and '.join(fit)} for the base weight {_fmt_shape(base_shape)}" if fit else ""
+        fit.append(
+            Text(
+                "doctor.shape.expected",
+                {"label": labels[1], "shape": _fmt_shape(mt.b), "expected": f"[{out_f}, {mt.b[1]}]"},
+            )
+        )
+    if not fit:
+        return None
+    return Text("doctor.shape.for_base", {"fit": Text.join(Text("doctor.and"), fit), "base": _fmt_shape(base_shape)})
 
 
 def _check_embedding_target(found: _Findings, q: str, short: str, base: BaseModelInfo | None) -> None:
     """LoRA on embed_tokens / lm_head: only for architectures whose vLLM class declares embedding_modules."""
     archs = set(base.architectures) if base is not None else set()
     if archs and not archs & EMBEDDING_LORA_ARCHS:
-        found.add(
-            "error",
-            "embedding_target",
-            f"adapter {q} adapts {short!r}; vLLM serves embed_tokens/lm_head LoRA only for architectures "
-            f"that declare embedding_modules (e.g. LlamaForCausalLM, Qwen3ForCausalLM), not "
-            f"{'/'.join(sorted(archs))} — retrain without {short} or merge the adapter",
-            group=f"emb:{short}",
-        )
+        params = {"q": q, "module": repr(short), "short": short, "archs": "/".join(sorted(archs))}
+        found.add("error", "embedding_target", Text("doctor.embedding_target", params), group=f"emb:{short}")
     else:
-        found.add(
-            "warning",
-            "embedding_target",
-            f"adapter {q} adapts {short!r}; vLLM applies embed_tokens/lm_head LoRA only on some "
-            "architectures and versions — check that answers change, or merge the adapter",
-            group=f"emb:{short}",
-        )
+        params = {"q": q, "module": repr(short)}
+        found.add("warning", "embedding_target", Text("doctor.embedding_target.maybe", params), group=f"emb:{short}")
 
 
 def _check_pairs(found: _Findings, q: str, unpaired: Mapping[str, list[str]]) -> None:
@@ -855,13 +806,15 @@ def _check_pairs(found: _Findings, q: str, unpaired: Mapping[str, list[str]]) ->
     for lack, have in (("lora_B", "lora_A"), ("lora_A", "lora_B")):
         mods = unpaired[lack]
         if mods:
-            found.add(
-                "error",
-                f"missing_{lack.lower()}",
-                f"adapter {q}: {_count(len(mods), 'module')} ({_modules_phrase(mods)}) {'has' if len(mods) == 1 else 'have'} "
-                f"{have} but no {lack}, e.g. {mods[0]!r}; vLLM cannot load a half pair — the file is incomplete "
-                "or its keys were renamed; re-save the adapter with PEFT",
-            )
+            params = {
+                "q": q,
+                "count": _count(len(mods), "module"),
+                "modules": _modules_phrase(mods),
+                "have": have,
+                "lack": lack,
+                "example": repr(mods[0]),
+            }
+            found.add("error", f"missing_{lack.lower()}", Text(_one(len(mods), "doctor.half_pair"), params))
 
 
 def _check_module_names(found: _Findings, q: str, faults: _ModuleFaults, base_mods: Mapping[str, Any]) -> None:
@@ -870,27 +823,28 @@ def _check_module_names(found: _Findings, q: str, faults: _ModuleFaults, base_mo
     if fused:
         leaf = _short(fused[0])
         split_names = "/".join(PACKED_GROUPS[leaf])
-        found.add(
-            "error",
-            "fused_packed_key",
-            f"adapter {q}: {_count(len(fused), 'module')} ({_modules_phrase(fused)}) use vLLM's fused name "
-            f"{leaf!r}, e.g. {fused[0]!r}, but this base stores {split_names} separately; vLLM 0.32 refuses it "
-            '("expected target modules … but received …"; at start-up that kills the server) and where such '
-            f"a name is accepted, mis-slices it (IndexError at lora_a[i], vllm#51409) — re-export the adapter "
-            f"with separate {split_names} weights",
-        )
+        params = {
+            "q": q,
+            "count": _count(len(fused), "module"),
+            "modules": _modules_phrase(fused),
+            "leaf": repr(leaf),
+            "example": repr(fused[0]),
+            "split": split_names,
+        }
+        found.add("error", "fused_packed_key", Text("doctor.fused_packed_key", params))
     if unknown:
         layers = sorted({_layer_of(m) for m in unknown if _layer_of(m)}, key=int)
         base_layers = _count_layers(base_mods)
         missing_layers = [x for x in layers if int(x) >= base_layers] if base_layers else []
-        why = f"the base has only {base_layers} layers" if missing_layers else "no such module in the base"
-        found.add(
-            "error",
-            "unknown_tensor_module",
-            f"adapter {q}: {_count(len(unknown), 'module')} in its weights ({_modules_phrase(unknown)}) "
-            f"{'is' if len(unknown) == 1 else 'are'} missing from the base model ({why}), e.g. {unknown[0]!r}; "
-            "vLLM would silently ignore them — the adapter was trained for a different model",
-        )
+        why = Text("doctor.why.layers", {"n": base_layers}) if missing_layers else Text("doctor.why.no_module")
+        params = {
+            "q": q,
+            "count": _count(len(unknown), "module"),
+            "modules": _modules_phrase(unknown),
+            "why": why,
+            "example": repr(unknown[0]),
+        }
+        found.add("error", "unknown_tensor_module", Text(_one(len(unknown), "doctor.unknown_tensor_module"), params))
 
 
 def _check_shapes(found: _Findings, q: str, faults: _ModuleFaults, n_modules: int) -> None:
@@ -898,23 +852,25 @@ def _check_shapes(found: _Findings, q: str, faults: _ModuleFaults, n_modules: in
     inconsistent, misfits = faults.inconsistent, faults.misfits
     if inconsistent:
         module, text = inconsistent[0]
-        found.add(
-            "error",
-            "shape_mismatch",
-            f"adapter {q}: {_count(len(inconsistent), 'module')} ({_modules_phrase(m for m, _ in inconsistent)}) "
-            f"{'has' if len(inconsistent) == 1 else 'have'} inconsistent LoRA shapes, e.g. {module!r}: {text}; "
-            "re-save the adapter with PEFT",
-        )
+        params = {
+            "q": q,
+            "count": _count(len(inconsistent), "module"),
+            "modules": _modules_phrase(m for m, _ in inconsistent),
+            "example": repr(module),
+            "detail": text,
+        }
+        found.add("error", "shape_mismatch", Text(_one(len(inconsistent), "doctor.inconsistent_shapes"), params))
     if misfits:
         module, text = misfits[0]
-        found.add(
-            "error",
-            "shape_mismatch",
-            f"adapter {q}: {len(misfits)} of {_count(n_modules, 'LoRA module')} "
-            f"({_modules_phrase(m for m, _ in misfits)}) do not fit the base weights, e.g. {module!r}: {text}; "
-            "vLLM either fails to load it or pads it into the wrong slots — it was trained for a different "
-            "model (size); serve it with its own base or retrain",
-        )
+        params = {
+            "q": q,
+            "n": len(misfits),
+            "count": _count(n_modules, "lora_module"),
+            "modules": _modules_phrase(m for m, _ in misfits),
+            "example": repr(module),
+            "detail": text,
+        }
+        found.add("error", "shape_mismatch", Text("doctor.misfit", params))
 
 
 def _count_layers(modules: Iterable[str]) -> int:
@@ -946,14 +902,8 @@ def _check_packed(
             lack = tuple(m for m in members if m not in leaves)
             partial.setdefault((packed, have, lack), []).append(_layer_of(parent + ".") or parent)
     for (packed, have, lack), layers in partial.items():
-        where = f"layer{'s' * (len(layers) != 1)} {', '.join(layers[:8])}{', …' if len(layers) > 8 else ''}"
-        found.add(
-            "warning",
-            "partial_packed_group",
-            f"adapter {q} adapts {'/'.join(have)} but not {'/'.join(lack)} of vLLM's packed {packed} "
-            f"({where}); vLLM 0.32 leaves {'/'.join(lack)} unchanged (older vLLM crashed with IndexError at "
-            f"lora_a[i]) — fine if intended, else retrain with {'/'.join(lack)} in target_modules",
-        )
+        params = {"q": q, "have": "/".join(have), "lack": "/".join(lack), "packed": packed, "where": _layers(layers)}
+        found.add("warning", "partial_packed_group", Text("doctor.partial_packed_group", params))
 
 
 def diagnose_model_dir(path: str | Path) -> Diagnosis:
@@ -963,7 +913,7 @@ def diagnose_model_dir(path: str | Path) -> Diagnosis:
     found = _Findings()
     adapter_base: str | None = None
     if not path.is_dir():
-        found.add("error", "missing_model", f"model folder {path} does not exist; set [model].path to a model folder")
+        found.add("error", "missing_model", Text("doctor.missing_model", {"path": str(path)}))
         return Diagnosis(path.name, path, found.result(), kind="model")
     cfg_path = path / CONFIG_FILE
     lora_keys = False
@@ -979,8 +929,7 @@ def diagnose_model_dir(path: str | Path) -> Diagnosis:
         found.add(
             "warning",
             "stray_adapter_config",
-            f"{path} is a model but also holds {CONFIG_FILE}; if it is a merged model that file is a leftover "
-            "(delete it), otherwise check that the weights really are merged",
+            Text("doctor.stray_adapter_config", {"path": str(path), "file": CONFIG_FILE}),
         )
     elif cfg_path.is_file() or lora_keys:
         try:
@@ -988,15 +937,9 @@ def diagnose_model_dir(path: str | Path) -> Diagnosis:
         except (OSError, ValueError, AttributeError):
             adapter_base = None
         base_hint = adapter_base or "BASE_MODEL"
-        found.add(
-            "error",
-            "adapter_as_model",
-            f"{path} is an un-merged LoRA adapter, not a model (vLLM would die with KeyError …lora_A.weight); "
-            f"serve the base ({base_hint}) with the adapter in [lora].modules (--lora-modules), or merge it: "
-            f"python -m backend merge --base {base_hint} --adapter {path} --out {path}-merged",
-        )
+        found.add("error", "adapter_as_model", Text("doctor.adapter_as_model", {"path": str(path), "base": base_hint}))
     elif not has_config:
-        found.add("error", "not_a_model", f"{path} has no config.json; it is not a Hugging Face model folder")
+        found.add("error", "not_a_model", Text("doctor.not_a_model", {"path": str(path)}))
     return Diagnosis(path.name, path, found.result(), base_model_name_or_path=adapter_base, kind="model")
 
 

@@ -193,7 +193,7 @@ def prepare_runtime_load(
     check_runtime_files(path, name)
     diagnosis = diagnose_adapter(path, base_dir, max_rank, name=name, base_aliases=base_aliases)
     if not diagnosis.ok:
-        raise AdapterRejected(name, diagnosis.error_text())
+        raise AdapterRejected(name, diagnosis.errors_text())
     return diagnosis
 
 

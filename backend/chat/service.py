@@ -207,7 +207,9 @@ class Service:
     def default_model(self, status: HealthStatus) -> str:
         return status.base_model or self.settings.model.name
 
-    def excluded_adapters(self) -> dict[str, str]:
+    def excluded_adapters(self) -> dict[str, Text]:
+        """The launcher's left-out static adapters and why (the doctor's findings; an older launcher's English
+        words as they are), server paths replaced by labels."""
         folder = os.environ.get(contract.ENV_LOG_DIR)
         if not folder:
             return {}
@@ -220,7 +222,8 @@ class Service:
         from ..adapters.folder import hide_paths
 
         places = self.path_labels()  # the launcher's reasons name folders: the browser is shown labels
-        return {str(k): hide_paths(str(v), places) for k, v in found.items()}
+        reasons = {str(k): Text.from_json(v) or Text.verbatim(str(v)) for k, v in found.items()}
+        return {name: reason.map_strings(lambda s: hide_paths(s, places)) for name, reason in reasons.items()}
 
     async def local_adapters(self, status: HealthStatus) -> list[LocalAdapter]:
         """Adapters in [lora].dir that the engine does not list: offered, loaded on first use."""
@@ -392,7 +395,7 @@ class Service:
             lines.append(f"- `{m.id}` (LoRA{f' r{rank}' if rank else ''})")
         lines += [f"- `{a.name}` (LoRA{f' r{a.rank}' if a.rank else ''}; {t('not_loaded', lang)})" for a in local]
         for name, reason in self.excluded_adapters().items():
-            lines.append(f"- ~~`{name}`~~ — {reason}")  # (excluded_adapters hides the server paths)
+            lines.append(f"- ~~`{name}`~~ — {reason.in_(lang)}")  # (excluded_adapters hides the server paths)
         for name, numbers in status.partial_models:  # a fleet: not on every ready replica, so not offered
             why = t("health.partial_model", lang, model=name, replicas=status.replicas_named(numbers, lang))
             lines.append(f"- ~~`{name}`~~ — {why}")

@@ -28,6 +28,7 @@ from .. import contract, hub
 from ..errors import ModelPathError, QwenChatError
 from ..probe import OneTokenProbe
 from ..settings import Settings
+from ..text import Text
 from . import command, fleet, prepare_bg
 from .preflight import (
     check_exposure,
@@ -52,13 +53,13 @@ def engine_python() -> str:
     return os.environ.get(contract.ENV_ENGINE_PYTHON) or sys.executable
 
 
-def static_adapters(settings: Settings, *, check: bool = True) -> tuple[dict[str, Path], dict[str, str]]:
+def static_adapters(settings: Settings, *, check: bool = True) -> tuple[dict[str, Path], dict[str, Text]]:
     """Static adapters that pass the doctor, and the excluded ones with their diagnosis.
 
     vLLM exits rc=1 on a single bad --lora-modules entry; leaving the bad one out keeps the rest.
     """
     good: dict[str, Path] = {}
-    bad: dict[str, str] = {}
+    bad: dict[str, Text] = {}
     if not settings.lora.enable:
         return good, bad
     from ..adapters import doctor
@@ -72,7 +73,7 @@ def static_adapters(settings: Settings, *, check: bool = True) -> tuple[dict[str
         if diagnosis.ok:
             good[name] = path
         else:
-            bad[name] = diagnosis.error_text()  # the problem and its fix; summary() only counts errors
+            bad[name] = diagnosis.errors_text()  # the problem and its fix; summary() only counts errors
     return good, bad
 
 
@@ -422,7 +423,8 @@ def _engine_supervisor(
     adapters, excluded = static_adapters(settings)
     for name, text in excluded.items():
         say(f"adapter {name!r} left out: {text}")
-    (log_dir / contract.EXCLUDED_ADAPTERS_FILE_NAME).write_text(json.dumps(excluded, ensure_ascii=False, indent=2))
+    reasons = {name: text.to_json() for name, text in excluded.items()}  # the UI makes them in the viewer's language
+    (log_dir / contract.EXCLUDED_ADAPTERS_FILE_NAME).write_text(json.dumps(reasons, ensure_ascii=False, indent=2))
     template = chat_template_for(settings, log_dir)
     if template:
         say(f"{settings.model.resolved_path} has no chat template; serving it with the ChatML fallback")

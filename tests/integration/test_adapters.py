@@ -182,7 +182,7 @@ async def test_doctor_leaves_the_bad_static_adapter_out_and_vllm_serves_the_good
     assert set(models) == {BASE, "good"}
     assert models["good"]["parent"] == BASE
     assert set(engine.excluded) == {"too-big"}
-    reason = engine.excluded["too-big"]
+    reason = str(engine.excluded["too-big"])
     assert f"rank {BIG_RANK}" in reason and f"--max-lora-rank {RANK}" in reason  # names the problem
     assert "[lora].max_lora_rank" in reason  # and the fix
 

@@ -348,3 +348,33 @@ def test_doctor_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit) as exc:
         doctor_main(["--max-rank", "x"])
     assert exc.value.code == 2
+
+
+# ---------------------------------------------------------------- findings are catalog texts
+
+
+def test_a_finding_carries_a_catalog_key_and_is_made_in_the_readers_language(tmp_path: Path, base: Path) -> None:
+    """The command line prints English; the UI shows the viewer's language (AdapterRejected's text)."""
+    from backend.errors import AdapterRejected
+    from backend.text import catalog
+
+    d = diagnose_adapter(zoo.zoo_missing_lora_b(tmp_path / "missing-lora-b"), base)
+    [finding] = d.errors
+    assert finding.text.key.startswith("doctor.") and finding.text.key in catalog()["zh-CN"]
+    assert finding.message == str(finding.text) and finding.message.startswith("adapter 'missing-lora-b': 2 modules")
+    zh = finding.text.in_("zh-CN")
+    assert zh.startswith("适配器 'missing-lora-b'：2 个模块") and "lora_B" in zh and "modules" not in zh
+    rejected = AdapterRejected("missing-lora-b", d.errors_text())
+    assert "适配器 'missing-lora-b'：2 个模块" in rejected.user_text("zh-CN")
+    assert d.error_text() in rejected.user_text("en")
+
+
+@pytest.mark.parametrize("case", sorted(n for n in vars(zoo) if n.startswith("zoo_")))
+def test_every_zoo_finding_reads_in_chinese(tmp_path: Path, base: Path, case: str) -> None:
+    import re
+
+    adapter = getattr(zoo, case)(tmp_path / case)
+    for d in (diagnose_adapter(adapter, base, 8), diagnose_adapter(adapter, None, 7), diagnose_model_dir(adapter)):
+        for f in d.findings:
+            zh = re.sub(r"`[^`]*`", "", f.text.in_("zh-CN"))
+            assert re.search("[\u4e00-\u9fff]", zh) and not re.search(r"\b[a-z]{3,} [a-z]{3,} [a-z]{3,}\b", zh), zh

@@ -260,11 +260,31 @@ def test_the_excluded_adapters_list_names_no_server_path(layout, monkeypatch):
     reason = f"adapter 'x' has no adapter_config.json in {layout['lora_dir'] / 'x'}; static at {layout['static']}"
     (logs / contract.EXCLUDED_ADAPTERS_FILE_NAME).write_text(json.dumps({"x": reason}))
     monkeypatch.setenv(contract.ENV_LOG_DIR, str(logs))
-    shown = service.excluded_adapters()["x"]
+    shown = str(service.excluded_adapters()["x"])  # an older launcher's English words
     assert str(layout["root"]) not in shown
     assert "in [lora].dir/x;" in shown and f"static at [lora].modules.{STATIC}" in shown
     overview = service.adapters_overview(service.poller.status, [], "en")
     assert str(layout["root"]) not in overview and "[lora].dir/x" in overview
+
+
+def test_the_excluded_adapters_are_told_in_the_viewers_language_without_server_paths(layout, monkeypatch):
+    """The launcher writes the doctor's findings as catalog texts; the UI makes them in the viewer's language."""
+    import json
+
+    from backend import contract
+    from backend.text import Text
+
+    service = slot_service(layout, "http://127.0.0.1:9/v1", FakeVLLM())
+    logs = layout["root"] / "launcher-logs-texts"
+    logs.mkdir()
+    folder = str(layout["lora_dir"] / "x")
+    why = Text("doctor.missing_config", {"q": "'x'", "file": "adapter_config.json", "path": folder})
+    (logs / contract.EXCLUDED_ADAPTERS_FILE_NAME).write_text(json.dumps({"x": Text.join("; ", [why]).to_json()}))
+    monkeypatch.setenv(contract.ENV_LOG_DIR, str(logs))
+    shown = service.excluded_adapters()["x"]
+    assert shown.in_("zh-CN").startswith("适配器 'x' 在 [lora].dir/x 中没有 adapter_config.json")
+    assert str(layout["root"]) not in shown.in_("en") and "[lora].dir/x" in shown.in_("en")
+    assert "在 [lora].dir/x 中没有" in service.adapters_overview(service.poller.status, [], "zh-CN")
 
 
 # ---------------------------------------------------------------- the turn marks its adapter while it streams
