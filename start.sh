@@ -3,7 +3,7 @@
 # in the background (the status line shows their progress). Idempotent.
 #   ./start.sh                      embedded SmolLM2-135M-Instruct + demo adapter on this machine
 #   ./start.sh --profile NAME       profiles/NAME.toml on top of config.toml
-#   ./start.sh --engine cpu|gpu     override the engine detection ([server].engine)
+#   ./start.sh --engine cpu|gpu     override the engine detection ([vllm].device)
 #   ./start.sh --dry-run            print the vLLM and Chainlit commands, launch nothing
 #   OPENAI_BASE_URL=http://host:8000/v1 ./start.sh    UI only, against an existing server
 #   QWENCHAT_FLEET_LOCAL=2 ./start.sh                 two engine replicas behind vllm-router ([fleet] in config.toml)
@@ -15,8 +15,8 @@ need_value() { [ $# -ge 2 ] && [ -n "$2" ] || { qc_say "$1 needs a value (see ./
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --engine) need_value "$@"; export QWENCHAT_SERVER_ENGINE="$2"; shift 2 ;;
-    --engine=*) export QWENCHAT_SERVER_ENGINE="${1#*=}"; shift ;;
+    --engine) need_value "$@"; export QWENCHAT_VLLM_DEVICE="$2"; shift 2 ;;
+    --engine=*) export QWENCHAT_VLLM_DEVICE="${1#*=}"; shift ;;
     --profile) need_value "$@"; export QWENCHAT_PROFILE="$2"; shift 2 ;;
     --profile=*) export QWENCHAT_PROFILE="${1#*=}"; shift ;;
     --dry-run) args+=(--dry-run); shift ;;

@@ -15,7 +15,7 @@ train-demo          (engine env) retrain the shipped 'pirate' demo adapter; --da
 export-feedback --out FILE [--chat-out FILE]
                     blind votes as preference pairs (TRL's prompt/chosen/rejected) to FILE, thumbs-up
                     answers as chat examples ({"messages": [...]}) to --chat-out (default FILE-chat.jsonl)
-hash-password       print a password hash for [ui] users (asks for the password; or reads one line from stdin)
+hash-password       print a password hash for [login] users (asks for the password; or reads one line from stdin)
 """
 
 from __future__ import annotations
@@ -169,15 +169,15 @@ def cmd_engine_kind(args: argparse.Namespace) -> int:
         print("external")
         return 0
     has_gpu = command.gpu_available()
-    if args.dry_run and settings.server.engine == "gpu":
+    if args.dry_run and settings.vllm.device == "gpu":
         print("gpu")  # a dry run may show the GPU command on a CPU machine
         return 0
-    print(command.resolve_engine(settings.server.engine, has_gpu))
+    print(command.resolve_engine(settings.vllm.device, has_gpu))
     return 0
 
 
 def cmd_hash_password(args: argparse.Namespace) -> int:
-    """A hash for ``[ui] users = {name = "<hash>"}``: the password itself is never written to the config."""
+    """A hash for ``[login] users = {name = "<hash>"}``: the password itself is never written to the config."""
     import getpass
 
     from .passwords import hash_password

@@ -22,7 +22,7 @@ The status file is one JSON object (``EngineStatus``), replaced atomically on ev
     state         SupervisorState value: [preparing →] starting → running → restarting → … → down | stopped
     pid           the engine process (leader of its process group), or null when none was launched
     attempt       restarts within the window (0 for the first start)
-    max_attempts  [server].restart_attempts
+    max_attempts  [supervision].restart_attempts
     reason        the cause alone, a catalog text {"key": "cause.engine_hung", "params": {...}} (backend/text.py Text;
                   null when none); the UI makes it in the viewer's language and adds "attempt 2 of 5"
     cause         log_diagnosis kind ("oom_gpu", "unknown" …), "hung" (the supervisor's probe), "" when none

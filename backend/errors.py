@@ -135,7 +135,7 @@ class PortInUse(PreflightError):
 
 
 class ExposureRefused(PreflightError):
-    """``[server] ui_host`` is not loopback while login is off and ``[ui] public`` is not set."""
+    """``[network] ui_host`` is not loopback while login is off and ``[network] public`` is not set."""
 
     code = "exposure"
     text_key = "error.exposure"

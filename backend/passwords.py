@@ -1,10 +1,10 @@
-"""Password hashes for the extra login accounts (``[ui] users``): PBKDF2-SHA256 from the standard library.
+"""Password hashes for the extra login accounts (``[login] users``): PBKDF2-SHA256 from the standard library.
 
     hash_password("s3cret")            # "pbkdf2_sha256$600000$<salt hex>$<hash hex>" (python -m backend hash-password)
     verify_password("s3cret", stored)  # constant-time; False for a malformed hash
     is_password_hash(value)            # the format check settings.py runs at start
 
-Only hex in the stored form (no '=' or ','), so a hash also fits ``QWENCHAT_UI_USERS="alice=pbkdf2_sha256$..."``.
+Only hex in the stored form (no '=' or ','), so a hash also fits ``QWENCHAT_LOGIN_USERS="alice=pbkdf2_sha256$..."``.
 """
 
 from __future__ import annotations

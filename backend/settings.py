@@ -1,37 +1,72 @@
-"""Typed, immutable settings from config.toml + an optional profile + the environment.
+"""Typed, immutable settings from config.toml + an optional profile + the environment, on pydantic-settings.
 
     settings = load_settings()                        # config.toml next to the repo root
     settings = load_settings(profile="qwen3-4b-instruct-2507")  # + profiles/<name>.toml on top
     settings = Settings()                             # defaults, for tests
     settings = Settings(client=ClientSettings(idle_timeout=0.5))
+    faster = replace(settings, client=replace(settings.client, idle_timeout=0.1))  # a checked copy
 
-Precedence (last wins): built-in defaults < config.toml < profile < environment.
-Environment: ``QWENCHAT_<SECTION>_<KEY>`` (e.g. ``QWENCHAT_SERVER_PORT=8001``), plus the
-openai SDK's own ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``: when ``OPENAI_BASE_URL`` is set the
-app talks to that server and launches nothing ("external" mode).
+One pydantic model per section; its fields are the keys, each with the forms it accepts (its ``description``,
+shown with a bad value) and pydantic's checks:
 
-A bad value raises ``ConfigError`` naming the key, the value and what was expected.
+    [model]        the model and its sampling defaults         [lora]     adapters, starters, lineage
+    [vllm]         vLLM's flags (device, GPUs, KV cache, key)  [client]   time limits and retries of an answer
+    [network]      hosts, ports, origins, proxies              [budget]   tokens kept for the answer
+    [supervision]  start limit and restart policy              [health]   the UI's engine poller
+    [login]        password login and accounts                 [logging]  level, folder, rotation
+    [history]      where chat history is kept                  [fleet]    replicas behind vllm-router
+    [branding]     name, logo, favicon, accent                 [ui]       language, streaming, waiting
+
+Sources, last wins (pydantic-settings sources, see ``Settings.settings_customise_sources``): built-in defaults <
+config.toml < profile (profiles/<name>.toml) < environment ``QWENCHAT_<SECTION>_<KEY>`` (e.g.
+``QWENCHAT_NETWORK_ENGINE_PORT=8001``), plus the openai SDK's own ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``: when
+``OPENAI_BASE_URL`` is set the app talks to that server and launches nothing ("external" mode).
+
+The names of before the split by concern (``[server] port``, ``[ui] auth``, ``[budget] max_model_len`` …: table
+``RENAMED``) keep working, in TOML and in the environment, with one warning line naming the new key.
+
+A bad value raises ``ConfigError`` naming the key (or the environment variable), the value and the accepted forms.
 """
 
 from __future__ import annotations
 
-import collections.abc
-import dataclasses
+import contextvars
+import functools
 import ipaddress
+import logging
 import os
 import re
+import shlex
 import tomllib
 import types
 import typing
 import urllib.parse
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from . import contract
 from . import hub as hub_mod
 from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 #: vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py).
@@ -82,8 +117,6 @@ def without_password(url: str) -> str:
 
 def is_loopback(host: str) -> bool:
     """127.0.0.0/8, ::1 or "localhost"; an empty host, 0.0.0.0, :: or any other name is not."""
-    import ipaddress
-
     host = host.strip().strip("[]").lower()
     if host == "localhost":
         return True
@@ -121,15 +154,24 @@ def is_wildcard(host: str) -> bool:
         return False
 
 
-def served_host_names(settings: Settings) -> tuple[str, ...]:
-    """The ``Host`` names the UI answers to besides loopback ones (DNS rebinding): ``[ui] hosts``, the hosts of
-    ``[ui] allowed_origins`` and ``[server] ui_host`` when it is one address or name (not 0.0.0.0 / ::).
+def _is_address_or_network(value: str) -> bool:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return False
+    return True
 
-    Empty for a ``ui_host`` of 0.0.0.0 with neither set: the launcher then asks for ``[ui] hosts`` by name."""
-    candidates = [*settings.ui.hosts]
-    candidates += [urllib.parse.urlsplit(o.strip()).hostname or "" for o in settings.ui.allowed_origins]
-    if not is_wildcard(settings.server.ui_host) and not is_loopback(settings.server.ui_host):
-        candidates.append(settings.server.ui_host)
+
+def served_host_names(settings: Settings) -> tuple[str, ...]:
+    """The ``Host`` names the UI answers to besides loopback ones (DNS rebinding): ``[network] host_names``, the
+    hosts of ``[network] allowed_origins`` and ``[network] ui_host`` when it is one address or name (not 0.0.0.0).
+
+    Empty for a ``ui_host`` of 0.0.0.0 with neither set: the launcher then asks for ``[network] host_names``."""
+    net = settings.network
+    candidates = [*net.host_names]
+    candidates += [urllib.parse.urlsplit(o.strip()).hostname or "" for o in net.allowed_origins]
+    if not is_wildcard(net.ui_host) and not is_loopback(net.ui_host):
+        candidates.append(net.ui_host)
     names = (host_name_of(c) for c in candidates)
     return tuple(dict.fromkeys(n for n in names if n))
 
@@ -139,17 +181,143 @@ def home_dir() -> Path:
     return Path(os.environ.get("QWENCHAT_HOME") or Path.home() / ".cache" / "qwenchat")
 
 
+def resolve_path(value: str) -> Path:
+    """A path from config.toml: ``~`` expanded, relative to the repository folder."""
+    p = Path(value).expanduser()
+    return (p if p.is_absolute() else ROOT / p).resolve()
+
+
+# ---------------------------------------------------------------- value types
+#
+# Scalars are strict: TOML's ``port = "80"`` or ``temperature = true`` is an error. The environment's strings are
+# converted first, by pydantic's lax mode ("8001" -> 8001, "yes" -> true; EnvironmentSource). Lists and tables are
+# TOML arrays and tables, and have a spelling of their own in one environment variable (FromEnv).
+
+
 @dataclass(frozen=True)
-class ModelSettings:
-    path: str = ""  # empty: the embedded default (SmolLM2-135M-Instruct, built by `prepare`)
-    served_model_name: str = ""  # empty: derived from the folder name
-    max_model_len: int = 8192
-    dtype: str = "auto"
-    system_prompt: str = ""
-    temperature: float = 0.0  # greedy: the 135M demo model wanders off even at 0.2
-    top_p: float = 0.9
-    top_k: int = -1  # -1: disabled (vLLM's convention)
-    min_p: float = 0.0
+class FromEnv:
+    """How a list or a table is spelled in one environment variable (``Annotated`` metadata of its type)."""
+
+    parse: Callable[[str], Any]
+
+
+def _pairs(value: Any) -> Any:
+    """A table may also be a list of ``"name=value"`` strings (the ``--lora-modules`` spelling of vLLM's docs)."""
+    if isinstance(value, list) and all(isinstance(item, str) and "=" in item for item in value):
+        return {name.strip(): rest.strip() for name, _, rest in (item.partition("=") for item in value)}
+    return value
+
+
+def _starters_from_env(value: str) -> dict[str, list[str]]:
+    """``name=text|text,other=text`` (``name=`` alone: none for it)."""
+    pairs = [item.partition("=") for item in value.split(",") if item.strip()]
+    if any(not sep for _, sep, _ in pairs):
+        raise ValueError("not name=text|text")
+    return {name.strip(): [t for t in texts.split("|") if t.strip()] for name, _, texts in pairs}
+
+
+def _case(change: Callable[[str], str]) -> BeforeValidator:
+    """A choice given in another case ("debug", "CPU") is still that choice."""
+    return BeforeValidator(lambda v: change(v) if isinstance(v, str) else v)
+
+
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+Bool = Annotated[bool, Strict()]
+Str = Annotated[str, Strict()]
+#: A list of strings; the environment separates them with spaces (shell quoting: "a 'b c'").
+Words = Annotated[tuple[str, ...], FromEnv(shlex.split)]
+#: name = "value"; the environment: "a=/p1,b=/p2".
+Table = Annotated[
+    Mapping[str, str],
+    BeforeValidator(_pairs),
+    AfterValidator(types.MappingProxyType),
+    FromEnv(lambda v: [item for item in v.split(",") if item.strip()]),
+]
+#: name = ["text", ...]; the environment: "name=text|text,other=text".
+ListTable = Annotated[
+    Mapping[str, tuple[str, ...]], AfterValidator(types.MappingProxyType), FromEnv(_starters_from_env)
+]
+
+SECONDS = "a positive number of seconds"
+TABLE = 'a table of name = "value"'
+
+
+def key(default: Any, form: str, **rules: Any) -> Any:
+    """A key: its default, the forms it accepts (shown with a bad value) and pydantic's checks (ge, le, …)."""
+    if isinstance(default, Mapping):
+        table = dict(default)
+        return Field(default_factory=lambda: types.MappingProxyType(table), description=form, **rules)
+    return Field(default, description=form, **rules)
+
+
+class _BadItem(ValueError):
+    """One item of a list is wrong: the error shows that item, not the whole list."""
+
+    def __init__(self, item: str) -> None:
+        super().__init__(item)
+        self.item = item
+
+
+def _all(good: Callable[[str], bool]) -> AfterValidator:
+    """Every item of a list is ``good``; else the error names the first bad one."""
+
+    def check(values: tuple[str, ...]) -> tuple[str, ...]:
+        for item in values:
+            if not good(item):
+                raise _BadItem(item)
+        return values
+
+    return AfterValidator(check)
+
+
+def _need(ok: bool, key: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ConfigError(key, value, expected)
+
+
+class Section(BaseModel):
+    """One ``[section]`` of config.toml: frozen, unknown keys refused, a ConfigError instead of pydantic's error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    section: ClassVar[str] = ""
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise config_error(exc, (type(self).section,)) from None
+
+
+# ---------------------------------------------------------------- sections
+
+
+class ModelSettings(Section):
+    section: ClassVar[str] = "model"
+    path: Str = key("", hub_mod.PATH_FORMS)  # empty: the embedded default (SmolLM2-135M-Instruct, built by `prepare`)
+    served_model_name: Str = key("", "a string (empty: derived from the folder name)")
+    # --max-model-len; also the chat's token budget when the server does not say its own (/v1/models)
+    max_model_len: Int = key(8192, "a positive number of tokens", gt=0)
+    dtype: Str = key("auto", "a string vLLM's --dtype accepts")
+    system_prompt: Str = key("", "a string")
+    temperature: Float = key(0.0, "a number from 0 to 2", ge=0, le=2)  # greedy: the 135M model wanders off at 0.2
+    top_p: Float = key(0.9, "a number in (0, 1]", gt=0, le=1)
+    top_k: Int = key(-1, "-1 (off) or a positive integer", ge=-1)  # -1: disabled (vLLM's convention)
+    min_p: Float = key(0.0, "a number from 0 to 1", ge=0, le=1)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if hub_mod.classify_model_path(value, ROOT) is None:
+            raise ValueError(hub_mod.PATH_FORMS)
+        return value
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("-1 (off) or a positive integer")
+        return value
 
     @property
     def is_embedded(self) -> bool:
@@ -171,8 +339,7 @@ class ModelSettings:
         model = self.hub
         if model is not None:
             return hub_mod.complete_snapshot(model) or hub_mod.pending_dir(model)
-        p = Path(self.path).expanduser()
-        return (p if p.is_absolute() else ROOT / p).resolve()
+        return resolve_path(self.path)
 
     @property
     def name(self) -> str:
@@ -184,70 +351,116 @@ class ModelSettings:
         return model.name if model is not None else self.resolved_path.name
 
 
-@dataclass(frozen=True)
-class ServerSettings:
-    engine: Literal["auto", "cpu", "gpu"] = "auto"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    ui_host: str = "127.0.0.1"
-    ui_port: int = 8080
-    api_key: str = ""  # empty: a random key per launch
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 8
-    cpu_kvcache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
-    tensor_parallel_size: int = 1  # GPU only: one model split over this many GPUs
-    data_parallel_size: int = 1  # GPU only: this many replicas (each on tensor_parallel_size GPUs)
-    extra_args: tuple[str, ...] = ()
-    startup_timeout: float = 600.0
-    restart_attempts: int = 5
-    restart_window_min: float = 10.0
+class VllmSettings(Section):
+    """The flags the launcher gives vLLM (backend/engine/command.py)."""
+
+    section: ClassVar[str] = "vllm"
+    device: Annotated[Literal["auto", "cpu", "gpu"], _case(str.lower)] = key(
+        "auto", 'one of "auto" (a GPU if nvidia-smi sees one), "cpu" (vllm-cpu), "gpu" (vllm)'
+    )
+    api_key: Str = key("", "a string (empty: a random key per launch)")
+    gpu_memory_utilization: Float = key(0.9, "a fraction in (0, 1]", gt=0, le=1)
+    max_num_seqs: Int = key(8, "a positive integer", gt=0)
+    cpu_kvcache_gib: Int = key(1, "a positive whole number of GiB (VLLM_CPU_KVCACHE_SPACE)", gt=0)
+    tensor_parallel_size: Int = key(1, "1 or more GPUs", ge=1)  # GPU only: one model split over this many GPUs
+    data_parallel_size: Int = key(1, "1 or more replicas", ge=1)  # GPU only: replicas, each on tp GPUs
+    extra_args: Words = key((), "a list of strings (appended to the vLLM command as is)")
 
 
-@dataclass(frozen=True)
-class LoraSettings:
-    enable: bool = True
-    # name -> adapter folder; "" means the embedded demo adapter
-    modules: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({EMBEDDED_ADAPTER_NAME: ""}))
-    dir: str = "adapters"
-    runtime_loading: bool = True
-    max_loras: int = 2
-    max_lora_rank: int = 16
-    max_cpu_loras: int = 4
-    # Welcome-screen starters per model: name = ["question", ...] (an adapter's or the base model's name).
-    # The 'pirate' demo adapter has built-in ones (en + zh) unless listed here; pirate = [] removes them.
-    starters: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: types.MappingProxyType({}))
-    # Lineage where the server in front hides it (LiteLLM, a router: no `parent` in /v1/models):
-    # adapter name = base model name, e.g. {pirate = "smollm2-135m-instruct"}. vLLM's own `parent` wins.
-    parents: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({}))
+class NetworkSettings(Section):
+    """Where the engine and the UI listen, and who may reach the UI."""
 
-    @property
-    def resolved_dir(self) -> Path:
-        p = Path(self.dir).expanduser()
-        return (p if p.is_absolute() else ROOT / p).resolve()
+    section: ClassVar[str] = "network"
+    engine_host: Str = key("127.0.0.1", "an address or host name vLLM binds to")
+    engine_port: Int = key(8000, "a TCP port, an integer from 1 to 65535", gt=0, lt=65536)
+    ui_host: Str = key("127.0.0.1", "an address or host name the UI binds to")
+    ui_port: Int = key(8080, "a TCP port, an integer from 1 to 65535", gt=0, lt=65536)
+    # Host names and addresses the UI answers to when ui_host is not loopback ("chat.example.com", "10.0.0.5"); any
+    # other Host header gets 403 (DNS rebinding). Loopback names, a single-address ui_host and the hosts of
+    # allowed_origins are always served; with ui_host = "0.0.0.0" and none of them set, the start asks.
+    host_names: Annotated[Words, _all(lambda host: host_name_of(host) is not None)] = key(
+        (),
+        'host names or IP addresses the UI is opened at, like "chat.example.com" or "10.0.0.5" (no scheme, port or '
+        "path; QWENCHAT_NETWORK_HOST_NAMES separates them with spaces)",
+    )
+    # Browser origins allowed to use the UI (HTTP and websocket); empty: only the page's own origin
+    # (scheme://host:port of the request's Host header). Set: exactly these, e.g. "https://chat.example.com".
+    allowed_origins: Annotated[Words, _all(lambda origin: canonical_origin(origin) is not None)] = key(
+        (),
+        'origins like "http://localhost:8080" or "https://chat.example.com": scheme, host and optional port, no path',
+    )
+    # Reverse proxies in front of the UI (addresses or networks, "10.0.0.5", "10.0.0.0/24"): from these peers only,
+    # X-Forwarded-For / X-Forwarded-Proto name the client and the scheme (login throttle, origin check).
+    trusted_proxies: Annotated[Words, _all(_is_address_or_network)] = key(
+        (), 'addresses or networks of the reverse proxies in front of the UI, like "10.0.0.5" or "10.0.0.0/24"'
+    )
+    public: Bool = key(False, "true or false (true: a ui_host others reach, without login: anyone may chat)")
 
-    def adapter_path(self, name: str) -> Path:
-        """Folder of a static adapter; the embedded demo adapter when its path is empty."""
-        path = self.modules[name]
-        if not path:
-            return DEMO_ADAPTER_DIR
-        p = Path(path).expanduser()
-        return (p if p.is_absolute() else ROOT / p).resolve()
+    @model_validator(mode="after")
+    def _two_ports(self) -> NetworkSettings:
+        _need(
+            self.engine_port != self.ui_port or self.engine_host != self.ui_host,
+            "network.ui_port",
+            self.ui_port,
+            f"a port different from network.engine_port ({self.engine_port})",
+        )
+        return self
 
 
-@dataclass(frozen=True)
-class ClientSettings:
-    connect_timeout: float = 5.0
-    first_token_timeout: float = 120.0
-    idle_timeout: float = 60.0
-    total_timeout: float = 900.0
-    max_retries: int = 2
-    retry_backoff: float = 0.5
+class SupervisionSettings(Section):
+    """How the launcher waits for the engine and restarts it (after a crash, or a hang its probes found)."""
+
+    section: ClassVar[str] = "supervision"
+    startup_timeout: Float = key(600.0, SECONDS, gt=0)  # for vLLM to become healthy
+    restart_attempts: Int = key(5, "0 or more", ge=0)  # restarts after a crash …
+    restart_window_min: Float = key(10.0, "a positive number of minutes", gt=0)  # … within this many minutes
+    # The hang watchdog probes every [health] probe_every s (every probe_timeout s after a failure) and restarts the
+    # engine after this many probes in a row got no reply within probe_timeout.
+    restart_after_failed_probes: Int = key(3, "a whole number of probes, 1 or more (3: the default)", ge=1)
 
 
-@dataclass(frozen=True)
-class BudgetSettings:
-    reply_reserve: int = 1024  # tokens kept free for the answer; also sent as max_tokens
-    max_model_len: int = 0  # 0: what /v1/models says (else [model].max_model_len); >0: this, always
+class LoginSettings(Section):
+    """Password login; with it, chat history ([history])."""
+
+    section: ClassVar[str] = "login"
+    enable: Bool = key(False, "true or false")
+    username: Str = key("admin", "a user name")
+    password: Str = key("", "a string (or QWENCHAT_LOGIN_PASSWORD)")
+    # More accounts, name = "password hash" (python -m backend hash-password)
+    users: Table = key({}, TABLE)
+
+    @model_validator(mode="after")
+    def _accounts(self) -> LoginSettings:
+        from .passwords import is_password_hash
+
+        _need(
+            not self.enable or bool(self.password),
+            "login.password",
+            "",
+            "a password when [login].enable is on: set [login].password in config.toml or the "
+            "QWENCHAT_LOGIN_PASSWORD environment variable",
+        )
+        _need(
+            not self.enable or bool(self.username.strip()),
+            "login.username",
+            self.username,
+            "a user name when [login].enable is on",
+        )
+        for user, stored in self.users.items():
+            _need(
+                bool(user.strip()) and user == user.strip() and len(user) <= 64,
+                "login.users",
+                user,
+                "user names of 1 to 64 characters without surrounding spaces",
+            )
+            _need(user != self.username, "login.users", user, f"names other than [login] username ({self.username!r})")
+            _need(
+                is_password_hash(stored),
+                f"login.users.{user}",
+                stored[:16] + ("..." if len(stored) > 16 else ""),  # never the whole of a password put here
+                "a password hash made with `python -m backend hash-password` (never the password itself)",
+            )
+        return self
 
 
 HISTORY_DB_FORMS = (
@@ -255,77 +468,173 @@ HISTORY_DB_FORMS = (
     "postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE (postgresql:// means asyncpg)"
 )
 HISTORY_DB_SCHEMES = ("sqlite", "sqlite+aiosqlite", "sqlite+pysqlite", "postgresql", "postgresql+asyncpg")
-
-
-MAX_HISTORY_WAIT = 600.0  # [ui].history_wait: ten minutes at most (the launcher waits this long for the UI too)
+MAX_HISTORY_WAIT = 600.0  # [history] wait: ten minutes at most (the launcher waits this long for the UI too)
 
 
 def check_history_db(value: str) -> None:
-    """``[ui].history_db``: a path, or a URL of a kind the history supports (backend/chat/database.py parses it)."""
+    """``[history] db``: a path, or a URL of a kind the history supports (backend/chat/database.py parses it)."""
     if "://" not in value:
         return
     scheme = value.split("://", 1)[0].strip().lower()
     if scheme not in HISTORY_DB_SCHEMES:
         # Never the rest of the URL in the message: it may hold a password.
-        raise ConfigError("ui.history_db", scheme + "://…", HISTORY_DB_FORMS)
+        raise ConfigError("history.db", scheme + "://…", HISTORY_DB_FORMS)
     try:
         port = urllib.parse.urlsplit(value.strip()).port
     except ValueError:  # not a number, out of range, a broken [IPv6] host
         port = 0
     if port == 0:
-        raise ConfigError("ui.history_db", without_password(value), "a port from 1 to 65535: " + HISTORY_DB_FORMS)
+        raise ConfigError("history.db", without_password(value), "a port from 1 to 65535: " + HISTORY_DB_FORMS)
 
 
-@dataclass(frozen=True)
-class UISettings:
-    language: str = "auto"  # auto (browser) | en | zh
-    wait_for_ready: float = 300.0  # how long a message sent while the model loads waits
-    show_reasoning: bool = True
-    auth: bool = False  # password login + chat history in SQLite (backend/history.py)
-    username: str = "admin"
-    password: str = ""  # or QWENCHAT_UI_PASSWORD (the usual environment override)
-    history_db: str = ""  # empty: history.sqlite3 in [logging].dir; or a SQLAlchemy URL (SQLite, PostgreSQL)
+class HistorySettings(Section):
+    """Where chat history is kept (with [login] enable)."""
+
+    section: ClassVar[str] = "history"
+    db: Str = key("", HISTORY_DB_FORMS)  # empty: history.sqlite3 in [logging].dir; or a SQLAlchemy URL
     # At start, how long (s) a PostgreSQL that refuses connections, does not answer or is starting up is waited for
     # (one started alongside the UI); then the UI starts without history. 0: do not wait.
-    history_wait: float = 30.0
-    # Browser origins allowed to use the UI (HTTP and websocket); empty: only the page's own origin
-    # (scheme://host:port of the request's Host header). Set: exactly these, e.g. "https://chat.example.com".
-    allowed_origins: tuple[str, ...] = ()
-    public: bool = False  # true: allow a non-loopback ui_host without login (anyone reaching the port chats)
-    # Host names and addresses the UI answers to when [server] ui_host is not loopback ("chat.example.com",
-    # "10.0.0.5"); any other Host header gets 403 (DNS rebinding). Loopback names, a single-address ui_host and the
-    # hosts of allowed_origins are always served; with ui_host = "0.0.0.0" and none of them set, the start asks.
-    hosts: tuple[str, ...] = ()
-    # Reverse proxies in front of the UI (addresses or networks, "10.0.0.5", "10.0.0.0/24"): from these peers only,
-    # X-Forwarded-For / X-Forwarded-Proto name the client and the scheme (login throttle, origin check).
-    trusted_proxies: tuple[str, ...] = ()
-    stream_flush_ms: float = 40.0  # answer text reaches the browser at most this often (ms); 0 = every token
-    # More login accounts besides username/password, name = "password hash" (python -m backend hash-password):
-    # each has its own chats and can open the chats others share with a link.
-    users: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({}))
-    name: str = "Qwen Chat"  # the app's name: browser tab, header, welcome screen
-    logo: str = ""  # an image file (.png .svg .jpg .webp) shown as the logo; "" = Chainlit's
-    favicon: str = ""  # an image file (.png .svg .ico) for the browser tab; "" = Chainlit's
-    accent: str = ""  # "#rrggbb": buttons, links and highlights; "" = Chainlit's
+    wait: Float = key(30.0, f"seconds from 0 to {MAX_HISTORY_WAIT:g}", ge=0, le=MAX_HISTORY_WAIT)
 
-    def __post_init__(self) -> None:
-        if self.auth and not self.password:
-            raise ConfigError(
-                "ui.password",
-                "",
-                "a password when [ui].auth is on: set [ui].password in "
-                "config.toml or the QWENCHAT_UI_PASSWORD environment variable",
+    @field_validator("db")
+    @classmethod
+    def _db(cls, value: str) -> str:
+        check_history_db(value)
+        return value
+
+
+BRANDING_IMAGE_SUFFIXES = {"logo": (".png", ".svg", ".jpg", ".jpeg", ".webp"), "favicon": (".png", ".svg", ".ico")}
+
+
+class BrandingSettings(Section):
+    """The app's name and look: browser tab, header, welcome screen."""
+
+    section: ClassVar[str] = "branding"
+    name: Str = key("Qwen Chat", "a name of 1 to 60 characters", max_length=60)
+    logo: Str = key("", "an image file ending in " + ", ".join(BRANDING_IMAGE_SUFFIXES["logo"]))  # "" = Chainlit's
+    favicon: Str = key("", "an image file ending in " + ", ".join(BRANDING_IMAGE_SUFFIXES["favicon"]))
+    accent: Str = key(
+        "", 'a colour as "#rrggbb", e.g. "#2563eb" (or "" for the default)', pattern="^(#[0-9a-fA-F]{6})?$"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("a name of 1 to 60 characters")
+        return value
+
+    @field_validator("logo", "favicon")
+    @classmethod
+    def _image(cls, value: str, info: ValidationInfo) -> str:
+        suffixes = BRANDING_IMAGE_SUFFIXES[info.field_name or ""]
+        if value and not value.lower().endswith(suffixes):
+            raise ValueError("an image file ending in " + ", ".join(suffixes))
+        if value and not resolve_path(value).is_file():
+            raise ValueError("an existing file (relative to the qwenchat folder)")
+        return value
+
+
+class UISettings(Section):
+    """How the chat page behaves."""
+
+    section: ClassVar[str] = "ui"
+    language: Literal["auto", "en", "zh"] = key("auto", 'one of "auto" (the browser\'s), "en", "zh"')
+    wait_for_ready: Float = key(300.0, "0 or more seconds", ge=0)  # a message sent while the model loads waits
+    show_reasoning: Bool = key(True, "true or false")
+    # answer text reaches the browser at most this often (ms); 0 = every token
+    stream_flush_ms: Float = key(40.0, "0 (send every token at once) to 1000 milliseconds", ge=0, le=1000)
+
+
+class LoraSettings(Section):
+    section: ClassVar[str] = "lora"
+    enable: Bool = key(True, "true or false")
+    dir: Str = key("adapters", "a folder (relative to the qwenchat folder)")
+    runtime_loading: Bool = key(True, "true or false")
+    max_loras: Int = key(2, "a positive integer", gt=0)
+    max_lora_rank: Int = key(16, "one of " + ", ".join(map(str, VLLM_LORA_RANKS)) + " (the ranks vLLM accepts)")
+    max_cpu_loras: Int = key(4, "a positive integer", gt=0)
+    # name -> adapter folder; "" means the embedded demo adapter
+    modules: Table = key({EMBEDDED_ADAPTER_NAME: ""}, TABLE + ' (or a list of "name=folder")')
+    # Welcome-screen starters per model: name = ["question", ...] (an adapter's or the base model's name).
+    # The 'pirate' demo adapter has built-in ones (en + zh) unless listed here; pirate = [] removes them.
+    starters: ListTable = key({}, 'a table of name = ["text", ...]')
+    # Lineage where the server in front hides it (LiteLLM, a router: no `parent` in /v1/models):
+    # adapter name = base model name, e.g. {pirate = "smollm2-135m-instruct"}. vLLM's own `parent` wins.
+    parents: Table = key({}, TABLE)
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _rank(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError("one of " + ", ".join(map(str, VLLM_LORA_RANKS)) + " (the ranks vLLM accepts)")
+        return value
+
+    @model_validator(mode="after")
+    def _names(self) -> LoraSettings:
+        _need(
+            self.max_cpu_loras >= self.max_loras,
+            "lora.max_cpu_loras",
+            self.max_cpu_loras,
+            f"at least lora.max_loras ({self.max_loras})",
+        )
+        for name in self.modules:
+            _need(
+                bool(name) and "/" not in name and not name.startswith("."),
+                "lora.modules",
+                name,
+                "adapter names without '/' or a leading '.'",
             )
-        if self.auth and not self.username.strip():
-            raise ConfigError("ui.username", self.username, "a user name when [ui].auth is on")
-        check_history_db(self.history_db)
-        if not 0 <= self.history_wait <= MAX_HISTORY_WAIT:
-            raise ConfigError("ui.history_wait", self.history_wait, f"seconds from 0 to {MAX_HISTORY_WAIT:g}")
+        for adapter, parent in self.parents.items():
+            _need(
+                bool(adapter.strip()) and bool(parent.strip()) and adapter != parent,
+                f"lora.parents.{adapter}",
+                parent,
+                'the name of the base model this adapter was trained on, e.g. pirate = "smollm2-135m-instruct"',
+            )
+            _need(
+                parent not in self.parents,
+                f"lora.parents.{adapter}",
+                parent,
+                f"a base model's name ({parent!r} is listed as an adapter itself)",
+            )
+        for model, texts in self.starters.items():
+            _need(bool(model.strip()), "lora.starters", model, "model or adapter names")
+            _need(
+                len(texts) <= 6 and all(t.strip() and len(t) <= 500 for t in texts),
+                f"lora.starters.{model}",
+                list(texts),
+                "at most 6 non-empty questions of at most 500 characters ([] = no starters for it)",
+            )
+        return self
+
+    @property
+    def resolved_dir(self) -> Path:
+        return resolve_path(self.dir)
+
+    def adapter_path(self, name: str) -> Path:
+        """Folder of a static adapter; the embedded demo adapter when its path is empty."""
+        path = self.modules[name]
+        return resolve_path(path) if path else DEMO_ADAPTER_DIR
 
 
-@dataclass(frozen=True)
-class HealthSettings:
-    """Poll intervals and limits, all in seconds.
+class ClientSettings(Section):
+    section: ClassVar[str] = "client"
+    connect_timeout: Float = key(5.0, SECONDS, gt=0)
+    first_token_timeout: Float = key(120.0, SECONDS, gt=0)
+    idle_timeout: Float = key(60.0, SECONDS, gt=0)
+    total_timeout: Float = key(900.0, SECONDS, gt=0)
+    max_retries: Int = key(2, "0 (diagnose: no retries) or more", ge=0)
+    retry_backoff: Float = key(0.5, "0 or more seconds", ge=0)
+
+
+class BudgetSettings(Section):
+    section: ClassVar[str] = "budget"
+    reply_reserve: Int = key(1024, "a positive number of tokens", gt=0)  # kept free for the answer; its max_tokens
+
+
+class HealthSettings(Section):
+    """The UI's engine poller: intervals and limits, all in seconds.
 
     ==================  =======  ==========================================================
     field               default  meaning
@@ -339,77 +648,75 @@ class HealthSettings:
     startup_limit       600.0    never ready within this → down (counts from start / the supervisor's "since")
     ==================  =======  ==========================================================
 
-    ``restart_after_failed_probes`` (3, a count) is the supervisor's: it probes the engine it launched
-    every ``probe_every`` s (again every ``probe_timeout`` s after a failure) and restarts it after that
-    many probes in a row got no reply within ``probe_timeout``, i.e. at most
+    The launcher's hang watchdog probes with probe_every and probe_timeout too: it restarts the engine after
+    ``[supervision] restart_after_failed_probes`` probes in a row got no reply, i.e. at most
     ``probe_every + restart_after_failed_probes × probe_timeout`` seconds after it hung.
     """
 
-    poll_starting: float = 1.0
-    poll_ready: float = 5.0
-    probe_every: float = 30.0
-    probe_timeout: float = 10.0
-    probe_slow: float = 5.0
-    request_timeout: float = 3.0
-    startup_limit: float = 600.0
-    restart_after_failed_probes: int = 3
+    section: ClassVar[str] = "health"
+    poll_starting: Float = key(1.0, SECONDS, gt=0)
+    poll_ready: Float = key(5.0, SECONDS, gt=0)
+    probe_every: Float = key(30.0, SECONDS, gt=0)
+    probe_timeout: Float = key(10.0, SECONDS, gt=0)
+    probe_slow: Float = key(5.0, SECONDS, gt=0)
+    request_timeout: Float = key(3.0, SECONDS, gt=0)
+    startup_limit: Float = key(600.0, SECONDS, gt=0)
 
-    def __post_init__(self) -> None:
-        n = self.restart_after_failed_probes
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(
-                "health.restart_after_failed_probes", n, "a whole number of probes, 1 or more (3: the default)"
-            )
-        for f in dataclasses.fields(self):
-            if f.name == "restart_after_failed_probes":
-                continue
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"health.{f.name}", value, "a positive number of seconds")
-        if self.probe_slow > self.probe_timeout:
-            raise ConfigError(
-                "health.probe_slow", self.probe_slow, f"at most health.probe_timeout ({self.probe_timeout:g})"
-            )
+    @model_validator(mode="after")
+    def _slow_within_timeout(self) -> HealthSettings:
+        expected = f"at most health.probe_timeout ({self.probe_timeout:g})"
+        _need(self.probe_slow <= self.probe_timeout, "health.probe_slow", self.probe_slow, expected)
+        return self
 
 
-@dataclass(frozen=True)
-class LoggingSettings:
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    dir: str = "logs"
-    max_bytes: int = 20 * 1024 * 1024  # engine.log and ui.log rotate past this size …
-    backups: int = 3  # … keeping this many older files (engine.log.1 …)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes < 65536:
-            raise ConfigError("logging.max_bytes", self.max_bytes, "a size in bytes of at least 65536 (64 KiB)")
-        if isinstance(self.backups, bool) or not isinstance(self.backups, int) or not 1 <= self.backups <= 99:
-            raise ConfigError("logging.backups", self.backups, "a number of older log files from 1 to 99")
+class LoggingSettings(Section):
+    section: ClassVar[str] = "logging"
+    level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], _case(str.upper)] = key(
+        "INFO", 'one of "DEBUG", "INFO", "WARNING", "ERROR"'
+    )
+    dir: Str = key("logs", "a folder (relative to the qwenchat folder)")
+    # engine.log and ui.log rotate past this size, keeping this many older files (engine.log.1 …)
+    max_bytes: Int = key(20 * 1024 * 1024, "a size in bytes of at least 65536 (64 KiB)", ge=65536)
+    backups: Int = key(3, "a number of older log files from 1 to 99", ge=1, le=99)
 
     @property
     def resolved_dir(self) -> Path:
-        p = Path(self.dir).expanduser()
-        return (p if p.is_absolute() else ROOT / p).resolve()
+        return resolve_path(self.dir)
 
 
 FLEET_POLICIES = ("round_robin", "power_of_two", "cache_aware", "random", "consistent_hash")
 
 
-@dataclass(frozen=True)
-class FleetSettings:
+class FleetSettings(Section):
     """Several engine replicas behind vLLM's own load balancer (``vllm-router``, in the app environment).
 
-    A fleet is on when it lists at least one replica. The router then listens on ``[server] host:port``
-    (where a single engine would) and the UI talks to it; the replicas are:
+    A fleet is on when it lists at least one replica. The router then listens on ``[network] engine_host`` and
+    ``engine_port`` (where a single engine would) and the UI talks to it; the replicas are:
 
-    - ``local``: this many replicas launched on this machine, on ports ``[server] port + 1`` … (on a
-      multi-GPU box each takes its own group of ``[server] tensor_parallel_size`` GPUs);
+    - ``local``: this many replicas launched on this machine, on ports ``[network] engine_port + 1`` … (on a
+      multi-GPU box each takes its own group of ``[vllm] tensor_parallel_size`` GPUs);
     - ``remote``: replicas started elsewhere, each an OpenAI base URL (``"http://gpu-b:8000/v1"``); they
-      take the key ``[server] api_key`` (or none), and must serve the same base model and adapters.
+      take the key ``[vllm] api_key`` (or none), and must serve the same base model and adapters.
     """
 
-    local: int = 0
-    remote: tuple[str, ...] = ()
-    policy: str = "round_robin"  # vllm-router --policy
+    section: ClassVar[str] = "fleet"
+    local: Int = key(0, "a number of replicas to launch on this machine, 0 to 64", ge=0, le=64)
+    remote: Words = key((), 'replica base URLs like "http://gpu-b:8000/v1"')
+    policy: Literal["round_robin", "power_of_two", "cache_aware", "random", "consistent_hash"] = key(
+        "round_robin", "one of " + ", ".join(f'"{p}"' for p in FLEET_POLICIES)
+    )  # vllm-router --policy
+
+    @field_validator("remote")
+    @classmethod
+    def _remote(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:  # never the password of a URL in the message
+            _need(
+                http_base_url(url, bare=True),
+                "fleet.remote",
+                without_password(url),
+                'replica base URLs like "http://gpu-b:8000/v1"',
+            )
+        return value
 
     @property
     def enabled(self) -> bool:
@@ -420,22 +727,80 @@ class FleetSettings:
         return self.local + len(self.remote)
 
 
-@dataclass(frozen=True)
-class Settings:
-    model: ModelSettings = field(default_factory=ModelSettings)
-    server: ServerSettings = field(default_factory=ServerSettings)
-    lora: LoraSettings = field(default_factory=LoraSettings)
-    client: ClientSettings = field(default_factory=ClientSettings)
-    budget: BudgetSettings = field(default_factory=BudgetSettings)
-    ui: UISettings = field(default_factory=UISettings)
-    health: HealthSettings = field(default_factory=HealthSettings)
-    logging: LoggingSettings = field(default_factory=LoggingSettings)
-    fleet: FleetSettings = field(default_factory=FleetSettings)
-    base_url: str = ""  # OPENAI_BASE_URL: external mode when set
-    api_key: str = ""  # OPENAI_API_KEY or the launcher's per-launch key
+# ---------------------------------------------------------------- the whole
 
-    def __post_init__(self) -> None:
-        _validate(self)
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="forbid", frozen=True)
+
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    vllm: VllmSettings = Field(default_factory=VllmSettings)
+    network: NetworkSettings = Field(default_factory=NetworkSettings)
+    supervision: SupervisionSettings = Field(default_factory=SupervisionSettings)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    client: ClientSettings = Field(default_factory=ClientSettings)
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    login: LoginSettings = Field(default_factory=LoginSettings)
+    history: HistorySettings = Field(default_factory=HistorySettings)
+    branding: BrandingSettings = Field(default_factory=BrandingSettings)
+    ui: UISettings = Field(default_factory=UISettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
+    base_url: Str = ""  # OPENAI_BASE_URL: external mode when set
+    api_key: Str = ""  # OPENAI_API_KEY or the launcher's per-launch key
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise config_error(exc, ()) from None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keywords, then what ``load_settings`` reads (environment, profile, config.toml: first wins); without
+        it nothing: ``Settings()`` alone is the built-in defaults, whatever the environment holds (tests)."""
+        return (init_settings, *_LOADING.get())
+
+    @model_validator(mode="after")
+    def _across_sections(self) -> Settings:
+        if self.base_url:
+            _need(
+                http_base_url(self.base_url),
+                "OPENAI_BASE_URL",
+                without_password(self.base_url),
+                'the OpenAI-compatible server\'s base URL, http:// or https://, like "http://gpu-box:8000/v1"',
+            )
+        _need(
+            self.model.max_model_len > self.budget.reply_reserve,
+            "budget.reply_reserve",
+            self.budget.reply_reserve,
+            f"fewer tokens than model.max_model_len ({self.model.max_model_len}) so the prompt has room",
+        )
+        fleet = self.fleet
+        twice = "each replica once (one listed twice)"
+        _need(len(set(self.replica_urls)) == fleet.size, "fleet.remote", fleet.remote, twice)
+        if fleet.enabled:
+            _need(
+                self.vllm.data_parallel_size == 1,
+                "vllm.data_parallel_size",
+                self.vllm.data_parallel_size,
+                "1 with a [fleet]: the fleet's replicas are the data-parallel copies",
+            )
+            _need(
+                not (self.external and fleet.local),
+                "fleet.local",
+                fleet.local,
+                "0 with OPENAI_BASE_URL set (a UI-only start launches nothing; list the replicas in fleet.remote)",
+            )
+        return self
 
     @property
     def external(self) -> bool:
@@ -446,14 +811,15 @@ class Settings:
         """The OpenAI-compatible base URL (ends in /v1) the app talks to."""
         if self.base_url:
             return self.base_url.rstrip("/")
-        host = "127.0.0.1" if self.server.host in ("0.0.0.0", "::", "") else self.server.host
-        return f"http://{host}:{self.server.port}/v1"
+        return self.replica_url(-1)
 
     def replica_url(self, index: int) -> str:
-        """The OpenAI base URL (ends in /v1) of fleet replica ``index``: the local ones first, then the remote."""
+        """The OpenAI base URL (ends in /v1) of fleet replica ``index``: the local ones first, then the remote.
+        -1: the engine's own (or the router's) on [network] engine_port."""
         if index < self.fleet.local:
-            host = "127.0.0.1" if self.server.host in ("0.0.0.0", "::", "") else self.server.host
-            return f"http://{host}:{self.server.port + 1 + index}/v1"
+            host = self.network.engine_host
+            host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+            return f"http://{host}:{self.network.engine_port + 1 + index}/v1"
         return self.fleet.remote[index - self.fleet.local].rstrip("/")
 
     @property
@@ -461,407 +827,203 @@ class Settings:
         """Every fleet replica's OpenAI base URL; empty without a fleet."""
         return tuple(self.replica_url(i) for i in range(self.fleet.size))
 
-    @property
-    def budget_max_model_len(self) -> int:
-        return self.budget.max_model_len or self.model.max_model_len
 
-
-SECTIONS = {f.name: f.type for f in dataclasses.fields(Settings) if f.name not in ("base_url", "api_key")}
-_SECTION_CLASSES = {
-    "model": ModelSettings,
-    "server": ServerSettings,
-    "lora": LoraSettings,
-    "client": ClientSettings,
-    "budget": BudgetSettings,
-    "ui": UISettings,
-    "health": HealthSettings,
-    "logging": LoggingSettings,
-    "fleet": FleetSettings,
+#: section name -> its model, in config.toml's order
+SECTIONS: dict[str, type[Section]] = {
+    name: typing.cast(type[Section], info.annotation)
+    for name, info in Settings.model_fields.items()
+    if name not in ("base_url", "api_key")
 }
 
-
-def _validate(s: Settings) -> None:
-    def need(ok: bool, key: str, value: Any, expected: str) -> None:
-        if not ok:
-            raise ConfigError(key, value, expected)
-
-    if s.base_url:
-        need(
-            http_base_url(s.base_url),
-            "OPENAI_BASE_URL",
-            without_password(s.base_url),
-            'the OpenAI-compatible server\'s base URL, http:// or https://, like "http://gpu-box:8000/v1"',
-        )
-    need(hub_mod.classify_model_path(s.model.path, ROOT) is not None, "model.path", s.model.path, hub_mod.PATH_FORMS)
-    need(s.model.max_model_len > 0, "model.max_model_len", s.model.max_model_len, "a positive number of tokens")
-    need(0 <= s.model.temperature <= 2, "model.temperature", s.model.temperature, "a number from 0 to 2")
-    need(0 < s.model.top_p <= 1, "model.top_p", s.model.top_p, "a number in (0, 1]")
-    need(s.model.top_k == -1 or s.model.top_k > 0, "model.top_k", s.model.top_k, "-1 (off) or a positive integer")
-    need(0 <= s.model.min_p <= 1, "model.min_p", s.model.min_p, "a number from 0 to 1")
-    for key in ("port", "ui_port"):
-        v = getattr(s.server, key)
-        need(0 < v < 65536, f"server.{key}", v, "a TCP port from 1 to 65535")
-    need(
-        s.server.port != s.server.ui_port or s.server.host != s.server.ui_host,
-        "server.ui_port",
-        s.server.ui_port,
-        f"a port different from server.port ({s.server.port})",
-    )
-    need(s.server.engine in ("auto", "cpu", "gpu"), "server.engine", s.server.engine, 'one of "auto", "cpu", "gpu"')
-    need(
-        0 < s.server.gpu_memory_utilization <= 1,
-        "server.gpu_memory_utilization",
-        s.server.gpu_memory_utilization,
-        "a fraction in (0, 1]",
-    )
-    need(s.server.max_num_seqs > 0, "server.max_num_seqs", s.server.max_num_seqs, "a positive integer")
-    need(
-        s.server.cpu_kvcache_gib > 0,
-        "server.cpu_kvcache_gib",
-        s.server.cpu_kvcache_gib,
-        "a positive whole number of GiB (VLLM_CPU_KVCACHE_SPACE)",
-    )
-    need(s.server.restart_attempts >= 0, "server.restart_attempts", s.server.restart_attempts, "0 or more")
-    need(
-        s.server.restart_window_min > 0,
-        "server.restart_window_min",
-        s.server.restart_window_min,
-        "a positive number of minutes",
-    )
-    need(
-        s.server.startup_timeout > 0, "server.startup_timeout", s.server.startup_timeout, "a positive number of seconds"
-    )
-    need(
-        s.server.tensor_parallel_size >= 1,
-        "server.tensor_parallel_size",
-        s.server.tensor_parallel_size,
-        "1 or more GPUs",
-    )
-    need(
-        s.server.data_parallel_size >= 1,
-        "server.data_parallel_size",
-        s.server.data_parallel_size,
-        "1 or more replicas",
-    )
-    need(
-        s.lora.max_lora_rank in VLLM_LORA_RANKS,
-        "lora.max_lora_rank",
-        s.lora.max_lora_rank,
-        "one of " + ", ".join(map(str, VLLM_LORA_RANKS)) + " (the ranks vLLM accepts)",
-    )
-    need(s.lora.max_loras > 0, "lora.max_loras", s.lora.max_loras, "a positive integer")
-    need(
-        s.lora.max_cpu_loras >= s.lora.max_loras,
-        "lora.max_cpu_loras",
-        s.lora.max_cpu_loras,
-        f"at least lora.max_loras ({s.lora.max_loras})",
-    )
-    for name in s.lora.modules:
-        need(
-            bool(name) and "/" not in name and not name.startswith("."),
-            "lora.modules",
-            name,
-            "adapter names without '/' or a leading '.'",
-        )
-    for adapter, parent in s.lora.parents.items():
-        need(
-            bool(adapter.strip()) and bool(parent.strip()) and adapter != parent,
-            f"lora.parents.{adapter}",
-            parent,
-            'the name of the base model this adapter was trained on, e.g. pirate = "smollm2-135m-instruct"',
-        )
-        need(
-            parent not in s.lora.parents,
-            f"lora.parents.{adapter}",
-            parent,
-            f"a base model's name ({parent!r} is listed as an adapter itself)",
-        )
-    for key in ("connect_timeout", "first_token_timeout", "idle_timeout", "total_timeout"):
-        v = getattr(s.client, key)
-        need(v > 0, f"client.{key}", v, "a positive number of seconds")
-    need(s.client.max_retries >= 0, "client.max_retries", s.client.max_retries, "0 (diagnose: no retries) or more")
-    need(s.client.retry_backoff >= 0, "client.retry_backoff", s.client.retry_backoff, "0 or more seconds")
-    need(s.budget.reply_reserve > 0, "budget.reply_reserve", s.budget.reply_reserve, "a positive number of tokens")
-    need(
-        s.budget_max_model_len > s.budget.reply_reserve,
-        "budget.reply_reserve",
-        s.budget.reply_reserve,
-        f"fewer tokens than max_model_len ({s.budget_max_model_len}) so the prompt has room",
-    )
-    need(s.ui.language in ("auto", "en", "zh"), "ui.language", s.ui.language, 'one of "auto", "en", "zh"')
-    need(s.ui.wait_for_ready >= 0, "ui.wait_for_ready", s.ui.wait_for_ready, "0 or more seconds")
-    for origin in s.ui.allowed_origins:
-        need(
-            canonical_origin(origin) is not None,
-            "ui.allowed_origins",
-            origin,
-            'origins like "http://localhost:8080" or "https://chat.example.com": scheme, host and optional port, '
-            "no path",
-        )
-    for host in s.ui.hosts:
-        need(
-            host_name_of(host) is not None,
-            "ui.hosts",
-            host,
-            'host names or IP addresses the UI is opened at, like "chat.example.com" or "10.0.0.5" (no scheme, port '
-            "or path; QWENCHAT_UI_HOSTS separates them with spaces)",
-        )
-    _validate_branding(s, need)
-    for proxy in s.ui.trusted_proxies:
-        need(
-            _is_address_or_network(proxy),
-            "ui.trusted_proxies",
-            proxy,
-            'addresses or networks of the reverse proxies in front of the UI, like "10.0.0.5" or "10.0.0.0/24"',
-        )
-    need(
-        0 <= s.ui.stream_flush_ms <= 1000,
-        "ui.stream_flush_ms",
-        s.ui.stream_flush_ms,
-        "0 (send every token at once) to 1000 milliseconds",
-    )
-    _validate_fleet(s, need)
+#: (old section, old key) -> (section, key): the names from before the sections were split by concern (issue 21)
+RENAMED: dict[tuple[str, str], tuple[str, str]] = {
+    ("server", "engine"): ("vllm", "device"),
+    **{("server", k): ("vllm", k) for k in ("api_key", "gpu_memory_utilization", "max_num_seqs", "cpu_kvcache_gib")},
+    **{("server", k): ("vllm", k) for k in ("tensor_parallel_size", "data_parallel_size", "extra_args")},
+    ("server", "host"): ("network", "engine_host"),
+    ("server", "port"): ("network", "engine_port"),
+    **{("server", k): ("network", k) for k in ("ui_host", "ui_port")},
+    ("ui", "hosts"): ("network", "host_names"),
+    **{("ui", k): ("network", k) for k in ("allowed_origins", "trusted_proxies", "public")},
+    **{("server", k): ("supervision", k) for k in ("startup_timeout", "restart_attempts", "restart_window_min")},
+    ("health", "restart_after_failed_probes"): ("supervision", "restart_after_failed_probes"),
+    ("ui", "auth"): ("login", "enable"),
+    **{("ui", k): ("login", k) for k in ("username", "password", "users")},
+    ("ui", "history_db"): ("history", "db"),
+    ("ui", "history_wait"): ("history", "wait"),
+    **{("ui", k): ("branding", k) for k in ("name", "logo", "favicon", "accent")},
+    # 0 meant "ask the server (/v1/models)", which the budget always does now: a 0 is dropped
+    ("budget", "max_model_len"): ("model", "max_model_len"),
+}
+GONE = ("server",)  # sections whose keys all moved
 
 
-def _is_address_or_network(value: str) -> bool:
-    try:
-        ipaddress.ip_network(value, strict=False)
-    except ValueError:
-        return False
-    return True
+# ---------------------------------------------------------------- errors
 
 
-def _validate_fleet(s: Settings, need: Any) -> None:
-    f = s.fleet
-    need(
-        not isinstance(f.local, bool) and isinstance(f.local, int) and 0 <= f.local <= 64,
-        "fleet.local",
-        f.local,
-        "a number of replicas to launch on this machine, 0 to 64",
-    )
-    need(f.policy in FLEET_POLICIES, "fleet.policy", f.policy, "one of " + ", ".join(f'"{p}"' for p in FLEET_POLICIES))
-    for url in f.remote:
-        need(
-            http_base_url(url, bare=True),
-            "fleet.remote",
-            without_password(url),
-            'replica base URLs like "http://gpu-b:8000/v1"',
-        )
-    need(len(set(s.replica_urls)) == f.size, "fleet.remote", f.remote, "each replica once (one listed twice)")
-    if f.enabled:
-        need(
-            s.server.data_parallel_size == 1,
-            "server.data_parallel_size",
-            s.server.data_parallel_size,
-            "1 with a [fleet]: the fleet's replicas are the data-parallel copies",
-        )
-        need(
-            not (s.external and f.local),
-            "fleet.local",
-            f.local,
-            "0 with OPENAI_BASE_URL set (a UI-only start launches nothing; list the replicas in fleet.remote)",
-        )
+def config_error(exc: ValidationError, prefix: tuple[str, ...]) -> ConfigError:
+    """pydantic's first error as a ConfigError: ``section.key``, the value, and the key's accepted forms."""
+    err = exc.errors(include_url=False)[0]
+    names = [str(part) for part in prefix + tuple(err["loc"]) if not isinstance(part, int)]
+    cause = (err.get("ctx") or {}).get("error")
+    value = cause.item if isinstance(cause, _BadItem) else err["input"]
+    section = SECTIONS.get(names[0]) if names else None
+    if err["type"] == "extra_forbidden" and len(names) == 1:
+        return ConfigError(names[0], "[section]", "one of the sections " + ", ".join(f"[{s}]" for s in SECTIONS))
+    if section is None or len(names) == 1:  # a section that is no table, or base_url / api_key
+        return ConfigError(".".join(names), value, "a [section] table" if section else "a string")
+    if err["type"] == "extra_forbidden":
+        return ConfigError(".".join(names), value, "one of the keys " + ", ".join(sorted(section.model_fields)))
+    form = section.model_fields[names[1]].description or err["msg"]
+    if isinstance(cause, ValueError) and not isinstance(cause, _BadItem):
+        form = str(cause)  # a validator's own words (the logo file is missing, not "an image file")
+    return ConfigError(".".join(names), value, form)
 
 
-BRANDING_IMAGE_SUFFIXES = {"logo": (".png", ".svg", ".jpg", ".jpeg", ".webp"), "favicon": (".png", ".svg", ".ico")}
-_ACCENT = re.compile(r"#[0-9a-fA-F]{6}")
+# ---------------------------------------------------------------- sources
+
+#: The sources of the load_settings() call in progress (Settings() alone has none).
+_LOADING: contextvars.ContextVar[tuple[PydanticBaseSettingsSource, ...]] = contextvars.ContextVar(
+    "_LOADING", default=()
+)
 
 
-def resolve_path(value: str) -> Path:
-    """A path from config.toml: ``~`` expanded, relative to the repository folder."""
-    p = Path(value).expanduser()
-    return (p if p.is_absolute() else ROOT / p).resolve()
+class _Warned:
+    """The old names one load met: a warning line for each, once."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def __call__(self, old: str, new: str, where: str) -> None:
+        if old not in self.names:
+            self.names.add(old)
+            logger.warning("%s: %s is now %s (the old name still works; rename it)", where, old, new)
 
 
-def _validate_branding(s: Settings, need: Callable[[bool, str, Any, str], None]) -> None:
-    """[ui] name, logo, favicon, accent, users and [lora] starters: checked at start, each with its fix."""
-    from .passwords import is_password_hash
+class TomlSource(PydanticBaseSettingsSource):
+    """One TOML file (config.toml or a profile), read by tomllib, old names moved to the new ones."""
 
-    need(bool(s.ui.name.strip()) and len(s.ui.name) <= 60, "ui.name", s.ui.name, "a name of 1 to 60 characters")
-    need(
-        not s.ui.accent or _ACCENT.fullmatch(s.ui.accent) is not None,
-        "ui.accent",
-        s.ui.accent,
-        'a colour as "#rrggbb", e.g. "#2563eb" (or "" for the default)',
-    )
-    for key in ("logo", "favicon"):
-        value = getattr(s.ui, key)
-        if not value:
-            continue
-        suffixes = BRANDING_IMAGE_SUFFIXES[key]
-        need(
-            value.lower().endswith(suffixes),
-            f"ui.{key}",
-            value,
-            "an image file ending in " + ", ".join(suffixes),
-        )
-        need(resolve_path(value).is_file(), f"ui.{key}", value, "an existing file (relative to the qwenchat folder)")
-    for name, stored in s.ui.users.items():
-        need(
-            bool(name.strip()) and name == name.strip() and len(name) <= 64,
-            "ui.users",
-            name,
-            "user names of 1 to 64 characters without surrounding spaces",
-        )
-        need(name != s.ui.username, "ui.users", name, f"names other than [ui].username ({s.ui.username!r})")
-        need(
-            is_password_hash(stored),
-            f"ui.users.{name}",
-            stored[:16] + ("..." if len(stored) > 16 else ""),
-            "a password hash made with `python -m backend hash-password` (never the password itself)",
-        )
-    for model, texts in s.lora.starters.items():
-        need(bool(model.strip()), "lora.starters", model, "model or adapter names")
-        need(
-            len(texts) <= 6 and all(t.strip() and len(t) <= 500 for t in texts),
-            f"lora.starters.{model}",
-            list(texts),
-            "at most 6 non-empty questions of at most 500 characters ([] = no starters for it)",
-        )
+    def __init__(self, settings_cls: type[BaseSettings], path: Path, warn: _Warned) -> None:
+        super().__init__(settings_cls)
+        try:
+            with path.open("rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(str(path), "(missing)", "an existing TOML file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(str(path), "(unreadable)", f"valid TOML ({exc})") from None
+        self.data: dict[str, Any] = {}
+        self.given: dict[tuple[str, str], str] = {}
+        for section, table in raw.items():
+            if not isinstance(table, dict) or section not in (*SECTIONS, *GONE):
+                self.data[section] = table  # refused by the validation: no table, or no such section
+                continue
+            for name, value in table.items():
+                new = RENAMED.get((section, name))
+                if new is None and section in GONE:
+                    known = ", ".join(k for s, k in RENAMED if s == section)
+                    raise ConfigError(f"{section}.{name}", value, "one of the keys " + known)
+                if new is not None:
+                    warn(f"[{section}] {name}", f"[{new[0]}] {new[1]}", path.name)
+                    if new == ("model", "max_model_len") and value == 0:
+                        continue
+                self._put(new or (section, name), value, f"[{section}] {name}", path.name)
 
+    def _put(self, where: tuple[str, str], value: Any, given_as: str, file: str) -> None:
+        table = self.data.setdefault(where[0], {})
+        if where in self.given:
+            both = f"{self.given[where]} and {given_as}"
+            raise ConfigError(
+                ".".join(where), value, f"one value ({file} sets both {both}; keep [{where[0]}] {where[1]})"
+            )
+        self.given[where] = given_as
+        if where[0] in SECTIONS and where[1] in SECTIONS[where[0]].model_fields:
+            _checked(where, value)  # each file's own values, even those a later source replaces
+        # A table (lora.modules …) as a mapping that is no dict: a later file replaces it whole, never merges into it.
+        table[where[1]] = types.MappingProxyType(value) if isinstance(value, dict) else value
 
-# ---------------------------------------------------------------- loading
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.data.get(field_name), field_name, False
 
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if tp is bool:
-        return "true or false"
-    if tp is int:
-        return "an integer"
-    if tp is float:
-        return "a number"
-    if tp is str:
-        return "a string"
-    if origin is tuple:
-        return "a list of strings"
-    if origin is collections.abc.Mapping and typing.get_args(tp)[1] is not str:
-        return 'a table of name = ["text", ...]'
-    if origin is collections.abc.Mapping:
-        return 'a table of name = "value"'
-    return str(tp)
+    def __call__(self) -> dict[str, Any]:
+        return self.data
 
 
-def _coerce(key: str, value: Any, tp: Any, from_env: bool) -> Any:
-    """Check/convert one value against the field's annotation; env values arrive as strings."""
-    origin = typing.get_origin(tp)
-    bad = ConfigError(key, value, _type_name(tp))
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        for candidate in (value, str(value).upper(), str(value).lower()) if isinstance(value, str) else (value,):
-            if candidate in choices:
-                return candidate
-        raise bad
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if (
-            from_env
-            and isinstance(value, str)
-            and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off")
-        ):
-            return value.lower() in ("1", "true", "yes", "on")
-        raise bad
-    if tp is int:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, int):
-            return value
-        if from_env and isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                raise bad from None
-        raise bad
-    if tp is float:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, (int, float)):
-            return float(value)
-        if from_env and isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                raise bad from None
-        raise bad
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad
-    if origin is tuple:
-        if from_env and isinstance(value, str):
-            import shlex
+class EnvironmentSource(PydanticBaseSettingsSource):
+    """``QWENCHAT_<SECTION>_<KEY>`` (old names too), ``OPENAI_BASE_URL`` and the engine key.
 
-            return tuple(shlex.split(value))
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-        raise bad
-    if origin is collections.abc.Mapping and typing.get_args(tp)[1] is not str:
-        # name = ["text", ...] (starters); the environment spells it "name=text|text,other=text"
-        if from_env and isinstance(value, str):
-            pairs = [v.partition("=") for v in value.split(",") if v.strip()]
-            if any(not sep for _, sep, _ in pairs):
-                raise bad
-            value = {n.strip(): [x for x in texts.split("|") if x.strip()] for n, _, texts in pairs}
-        if isinstance(value, dict) and all(
-            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in value.values()
-        ):
-            return types.MappingProxyType({str(k): tuple(v) for k, v in value.items()})
-        raise bad
-    if origin is collections.abc.Mapping:
-        # Accept a TOML table {name = "path"}, a list of "name=path" strings, or an env
-        # string "a=/p1,b=/p2" (the --lora-modules spelling users copy from vLLM docs).
-        if from_env and isinstance(value, str):
-            value = [v for v in value.split(",") if v.strip()]
-        if isinstance(value, list):
-            out: dict[str, str] = {}
-            for item in value:
-                if not isinstance(item, str) or "=" not in item:
-                    raise bad
-                name, _, path = item.partition("=")
-                out[name.strip()] = path.strip()
-            return types.MappingProxyType(out)
-        if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
-            return types.MappingProxyType(dict(value))
-        raise bad
-    raise bad
+    A value is converted by pydantic's lax mode after its list or table spelling (FromEnv) is read; a bad one is a
+    ConfigError naming the variable and the key: ``QWENCHAT_NETWORK_ENGINE_PORT (network.engine_port) = 'x'``.
+    """
 
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str], warn: _Warned) -> None:
+        super().__init__(settings_cls)
+        self.env, self.warn = env, warn
 
-def _section(name: str, raw: Mapping[str, Any], env_values: Mapping[str, str]) -> Any:
-    cls = _SECTION_CLASSES[name]
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in fields:
-            raise ConfigError(f"{name}.{key}", value, "one of the keys " + ", ".join(sorted(fields)))
-        kwargs[key] = _coerce(f"{name}.{key}", value, hints[key], from_env=False)
-    for key, value in env_values.items():
-        env_key = f"QWENCHAT_{name.upper()}_{key.upper()}"
-        kwargs[key] = _coerce(env_key, value, hints[key], from_env=True)
-    return cls(**kwargs)
+    @staticmethod
+    def names() -> Iterator[tuple[str, tuple[str, str]]]:
+        """(variable, (section, key)): the old names first."""
+        for (old_section, old_key), new in RENAMED.items():
+            yield f"QWENCHAT_{old_section}_{old_key}".upper(), new
+        for section, cls in SECTIONS.items():
+            for name in cls.model_fields:
+                yield f"QWENCHAT_{section}_{name}".upper(), (section, name)
 
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(str(path), "(missing)", "an existing TOML file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(path), "(unreadable)", f"valid TOML ({exc})") from None
-
-
-def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
-    for section, values in top.items():
-        if isinstance(values, dict) and isinstance(out.get(section), dict):
-            out[section].update(values)
+    def __call__(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        given: dict[tuple[str, str], str] = {}
+        for variable, (section, name) in self.names():
+            if variable not in self.env:
+                continue
+            new = f"QWENCHAT_{section}_{name}".upper()
+            if variable != new:
+                self.warn(variable, new, "environment")
+            if variable == "QWENCHAT_BUDGET_MAX_MODEL_LEN" and self.env[variable].strip() == "0":
+                continue  # the old "ask the server", which the budget always does now
+            value = self._value(variable, self.env[variable], (section, name))
+            if (section, name) in given:
+                raise ConfigError(new, self.env[new], f"one value: {given[section, name]} is set too")
+            given[section, name] = variable
+            out.setdefault(section, {})[name] = value
+        base_url = self.env.get("OPENAI_BASE_URL", "").strip()
+        # External mode: the openai SDK's own variable. Launched engine: the launcher's per-launch key
+        # first (a stray OPENAI_API_KEY in the environment must not replace it).
+        if base_url:
+            out["base_url"], out["api_key"] = base_url, self.env.get("OPENAI_API_KEY", "")
         else:
-            out[section] = values
-    return out
+            out["api_key"] = self.env.get(contract.ENV_ENGINE_API_KEY, "") or self.env.get("OPENAI_API_KEY", "")
+        return out
+
+    @staticmethod
+    def _value(variable: str, raw: str, where: tuple[str, str]) -> Any:
+        """The variable's value for ``where``: its list or table spelling read, then pydantic's lax conversion; a
+        ConfigError naming the variable and the key."""
+        field = SECTIONS[where[0]].model_fields[where[1]]
+        spelled = next((m.parse for m in field.metadata if isinstance(m, FromEnv)), None)
+        try:
+            return _checked(where, spelled(raw) if spelled else raw, strict=False)
+        except ConfigError as exc:
+            shown = exc.value if isinstance(exc.value, str) else raw  # a bad item, else the variable's text
+            raise ConfigError(f"{variable} ({exc.key})", shown, exc.expected) from None
+        except ValueError:  # a list or table spelling that does not parse
+            raise ConfigError(f"{variable} ({'.'.join(where)})", raw, field.description or "") from None
+
+
+@functools.cache
+def _adapter(section: str, name: str) -> TypeAdapter[Any]:
+    field = SECTIONS[section].model_fields[name]
+    return TypeAdapter(Annotated[field.annotation, field])  # type: ignore[arg-type]
+
+
+def _checked(where: tuple[str, str], value: Any, strict: bool | None = None) -> Any:
+    """One key's value through its field's type and checks (not the section's validators); ConfigError if bad."""
+    try:
+        return _adapter(*where).validate_python(value, strict=strict)
+    except ValidationError as exc:
+        raise config_error(exc, where) from None
 
 
 def load_settings(
@@ -871,40 +1033,28 @@ def load_settings(
 ) -> Settings:
     """Build Settings from config.toml (+ profile) + environment; ConfigError on any bad value."""
     env = os.environ if env is None else env
-    config_path = Path(config_path or env.get("QWENCHAT_CONFIG") or ROOT / "config.toml")
-    data = _read_toml(config_path) if config_path.exists() or "QWENCHAT_CONFIG" in env else {}
+    warn = _Warned()
+    sources: list[PydanticBaseSettingsSource] = [EnvironmentSource(Settings, env, warn)]
     profile = profile or env.get("QWENCHAT_PROFILE") or ""
     if profile:
-        ppath = Path(profile) if profile.endswith(".toml") else ROOT / "profiles" / f"{profile}.toml"
-        if not ppath.exists():
+        path = Path(profile) if profile.endswith(".toml") else ROOT / "profiles" / f"{profile}.toml"
+        if not path.exists():
             available = sorted(p.stem for p in (ROOT / "profiles").glob("*.toml"))
             raise ConfigError("profile", profile, "one of " + ", ".join(available) + " or a path to a .toml file")
-        data = _merge(data, _read_toml(ppath))
-    for section in data:
-        if section not in _SECTION_CLASSES:
-            raise ConfigError(
-                section, "[section]", "one of the sections " + ", ".join(f"[{s}]" for s in _SECTION_CLASSES)
-            )
-        if not isinstance(data[section], dict):
-            raise ConfigError(section, data[section], "a [section] table")
-    sections: dict[str, Any] = {}
-    for name, cls in _SECTION_CLASSES.items():
-        env_values: dict[str, str] = {}
-        for f in dataclasses.fields(cls):
-            env_key = f"QWENCHAT_{name.upper()}_{f.name.upper()}"
-            if env_key in env:
-                env_values[f.name] = env[env_key]
-        sections[name] = _section(name, data.get(name, {}), env_values)
-    base_url = env.get("OPENAI_BASE_URL", "").strip()
-    # External mode: the openai SDK's own variable. Launched engine: the launcher's per-launch key
-    # first (a stray OPENAI_API_KEY in the environment must not replace it).
-    if base_url:
-        api_key = env.get("OPENAI_API_KEY", "")
-    else:
-        api_key = env.get(contract.ENV_ENGINE_API_KEY, "") or env.get("OPENAI_API_KEY", "")
-    return Settings(**sections, base_url=base_url, api_key=api_key)
+        sources.append(TomlSource(Settings, path, warn))
+    config = Path(config_path or env.get("QWENCHAT_CONFIG") or ROOT / "config.toml")
+    if config.exists() or "QWENCHAT_CONFIG" in env:
+        sources.append(TomlSource(Settings, config, warn))
+    token = _LOADING.set(tuple(sources))
+    try:
+        return Settings()
+    finally:
+        _LOADING.reset(token)
 
 
-def replace(settings: Settings, **sections: Any) -> Settings:
-    """Return a copy with whole sections or top-level fields replaced (tests, the launcher)."""
-    return dataclasses.replace(settings, **sections)
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def replace(obj: Model, **changes: Any) -> Model:
+    """A checked copy of Settings or of one section with some fields replaced (tests, the launcher)."""
+    return type(obj)(**{**{name: getattr(obj, name) for name in type(obj).model_fields}, **changes})

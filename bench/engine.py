@@ -142,10 +142,10 @@ async def _vllm_measure(base_url: str, key: str, models: list[str], tokens: int,
 def run_vllm(engine_python: str, tokens: int, runs: int, conc: list[int]):
     from backend.engine import command, supervisor
     from backend.engine.launch import chat_template_for
-    from backend.settings import EMBEDDED_ADAPTER_NAME, ServerSettings, Settings
+    from backend.settings import EMBEDDED_ADAPTER_NAME, NetworkSettings, Settings, VllmSettings
 
     port = _free_port()
-    settings = Settings(server=ServerSettings(port=port, max_num_seqs=max(conc)))
+    settings = Settings(network=NetworkSettings(engine_port=port), vllm=VllmSettings(max_num_seqs=max(conc)))
     model_dir = settings.model.resolved_path
     if not (model_dir / "config.json").exists():
         sys.exit(f"the embedded model is not built ({model_dir}): run `python -m backend prepare` first")

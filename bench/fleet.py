@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import platform
@@ -33,6 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from backend.settings import replace
 from bench.engine import spread, vllm_round
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -134,9 +134,7 @@ def _start(a: argparse.Namespace, settings, logs: Path, key: str):
     ]
     single_url = ""
     if a.baseline == "single":
-        single = dataclasses.replace(
-            settings, server=dataclasses.replace(settings.server, port=settings.server.port + 4)
-        )
+        single = replace(settings, network=replace(settings.network, engine_port=settings.network.engine_port + 4))
         cmd = command.build_engine_command(
             single, engine="cpu", python=a.engine_python, api_key=key, adapters=adapters, chat_template=template
         )
@@ -149,13 +147,14 @@ def _start(a: argparse.Namespace, settings, logs: Path, key: str):
 def main() -> None:
     a = _arguments()
     from backend.engine import fleet, supervisor
-    from backend.settings import FleetSettings, ModelSettings, ServerSettings, Settings
+    from backend.settings import FleetSettings, ModelSettings, NetworkSettings, Settings, VllmSettings
 
     port = _free_block(5)
     model = ModelSettings(path=a.model, served_model_name=a.served) if a.model else ModelSettings()
     settings = Settings(
         model=model,
-        server=ServerSettings(port=port, max_num_seqs=a.chats),
+        network=NetworkSettings(engine_port=port),
+        vllm=VllmSettings(max_num_seqs=a.chats),
         fleet=FleetSettings(local=2),
     )
     if not (settings.model.resolved_path / "config.json").exists():

@@ -72,8 +72,8 @@ def one_run(repo: Path, home: Path, timeout: float, log: Path) -> Run:
     logs = Path(tempfile.mkdtemp(prefix="qc-bench-logs-"))
     env.update(
         QWENCHAT_HOME=str(home),
-        QWENCHAT_SERVER_UI_PORT=str(ui_port),
-        QWENCHAT_SERVER_PORT=str(engine_port),
+        QWENCHAT_NETWORK_UI_PORT=str(ui_port),
+        QWENCHAT_NETWORK_ENGINE_PORT=str(engine_port),
         QWENCHAT_LOGGING_DIR=str(logs),
         UV_CACHE_DIR=str(home / "uv-cache"),
     )

@@ -173,8 +173,8 @@ def start_apps(tmp: Path, fake: str, flush_ms: float) -> list[App]:
     for name, ms in (("before", 0.0), ("after", flush_ms)):
         port = free_port()
         env = base | {
-            "QWENCHAT_SERVER_UI_PORT": str(port),
-            "QWENCHAT_SERVER_PORT": str(free_port()),
+            "QWENCHAT_NETWORK_UI_PORT": str(port),
+            "QWENCHAT_NETWORK_ENGINE_PORT": str(free_port()),
             "QWENCHAT_LOGGING_DIR": str(tmp / f"logs-{name}"),
             "QWENCHAT_UI_STREAM_FLUSH_MS": str(ms),
             "QWENCHAT_UI_LANGUAGE": "en",

@@ -29,7 +29,7 @@
       el.dataset.state = "offline";
       return;
     }
-    if (!r.ok) { // e.g. 401 before login ([ui].auth): nothing to show, not "undefined"
+    if (!r.ok) { // e.g. 401 before login ([login].enable): nothing to show, not "undefined"
       el.hidden = true;
       el.textContent = "";
       el.dataset.state = "hidden";

@@ -91,10 +91,10 @@ def main() -> int:
         app = e2e.launch(
             Path(tmp),
             {
-                "QWENCHAT_UI_AUTH": "true",
-                "QWENCHAT_UI_USERNAME": OWNER,
-                "QWENCHAT_UI_PASSWORD": OWNER_PW,
-                "QWENCHAT_UI_USERS": f"{VIEWER}={viewer_hash}",
+                "QWENCHAT_LOGIN_ENABLE": "true",
+                "QWENCHAT_LOGIN_USERNAME": OWNER,
+                "QWENCHAT_LOGIN_PASSWORD": OWNER_PW,
+                "QWENCHAT_LOGIN_USERS": f"{VIEWER}={viewer_hash}",
                 "QWENCHAT_UI_LANGUAGE": "en",
             },
         )

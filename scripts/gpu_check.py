@@ -186,8 +186,8 @@ class GpuCheck:
         env.update(
             {
                 "QWENCHAT_MODEL_PATH": self.args.model,
-                "QWENCHAT_SERVER_PORT": str(free_port()),
-                "QWENCHAT_SERVER_UI_PORT": str(self.ui_port),
+                "QWENCHAT_NETWORK_ENGINE_PORT": str(free_port()),
+                "QWENCHAT_NETWORK_UI_PORT": str(self.ui_port),
                 "QWENCHAT_LOGGING_DIR": str(self.logs),
                 "QWENCHAT_LORA_DIR": str(self.adapters),
                 "QWENCHAT_UI_LANGUAGE": "en",

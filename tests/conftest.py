@@ -11,7 +11,6 @@ modules of a directory that share one next to each other and stop each as soon a
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import socket
@@ -24,7 +23,16 @@ import pytest
 
 from backend.engine import command, supervisor
 from backend.engine.log_diagnosis import ATTEMPT_MARKER
-from backend.settings import ClientSettings, LoggingSettings, LoraSettings, ModelSettings, ServerSettings, Settings
+from backend.settings import (
+    ClientSettings,
+    LoggingSettings,
+    LoraSettings,
+    ModelSettings,
+    NetworkSettings,
+    Settings,
+    VllmSettings,
+    replace,
+)
 from tests.support.shared import SHARED
 
 # The shared kinds (tests/support/shared.py): their fixtures' names.
@@ -129,7 +137,7 @@ def start_engine(
         except PortTaken as exc:
             said = str(exc)
             supervisor.stop_process_group(proc)
-            settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, port=free_port()))
+            settings = replace(settings, network=replace(settings.network, engine_port=free_port()))
     pytest.fail(said)
 
 
@@ -140,7 +148,8 @@ def tiny_settings(
         model=ModelSettings(
             path=str(test_models / "tiny-qwen3"), served_model_name="tiny-qwen3", max_model_len=max_model_len
         ),
-        server=ServerSettings(port=port, ui_port=free_port(), max_num_seqs=4, cpu_kvcache_gib=1),
+        network=NetworkSettings(engine_port=port, ui_port=free_port()),
+        vllm=VllmSettings(max_num_seqs=4, cpu_kvcache_gib=1),
         lora=LoraSettings(
             modules={"tiny-lora": str(test_models / "tiny-qwen3-lora")},
             dir=str(lora_dir or test_models),

@@ -1,6 +1,6 @@
 """The app's database: SQLite (a file, the embedded default) or PostgreSQL (several UI processes, one history).
 
-    db = database.from_setting(settings.ui.history_db, default_file)   # ConfigError on a URL of another kind
+    db = database.from_setting(settings.history.db, default_file)   # ConfigError on a URL of another kind
     db.safe                                  # the URL with the password as ***: for logs and messages
     db.async_url                             # what Chainlit's SQLAlchemyDataLayer gets (aiosqlite / asyncpg)
     store = database.store(db)               # sync access for preferences, votes, the schema (any thread)
@@ -96,7 +96,7 @@ def sqlite_file(path: Path) -> Database:
 
 
 def from_setting(value: str, default_file: Path) -> Database:
-    """``[ui].history_db``: empty = ``default_file``; a path = that SQLite file; or a SQLAlchemy URL."""
+    """``[history].db``: empty = ``default_file``; a path = that SQLite file; or a SQLAlchemy URL."""
     value = value.strip()
     if not value:
         return sqlite_file(default_file)
@@ -106,16 +106,16 @@ def from_setting(value: str, default_file: Path) -> Database:
         url = make_url(value)
         port = url.port
     except (ArgumentError, ValueError):  # ValueError: a port that is not a number
-        raise ConfigError("ui.history_db", safe_url(value), HISTORY_DB_FORMS) from None
+        raise ConfigError("history.db", safe_url(value), HISTORY_DB_FORMS) from None
     if port is not None and not 0 < port < 65536:
-        raise ConfigError("ui.history_db", safe_url(url), "a port from 1 to 65535: " + HISTORY_DB_FORMS)
+        raise ConfigError("history.db", safe_url(url), "a port from 1 to 65535: " + HISTORY_DB_FORMS)
     if url.drivername in ("sqlite", "sqlite+aiosqlite", "sqlite+pysqlite") and url.database:
         return sqlite_file(Path(url.database).expanduser().resolve())
     if url.drivername in ("postgresql", "postgresql+asyncpg"):
         if not url.host or not url.database:
-            raise ConfigError("ui.history_db", safe_url(url), "a host and a database name: " + HISTORY_DB_FORMS)
+            raise ConfigError("history.db", safe_url(url), "a host and a database name: " + HISTORY_DB_FORMS)
         return Database(url.set(drivername="postgresql+asyncpg"))
-    raise ConfigError("ui.history_db", safe_url(url), HISTORY_DB_FORMS)
+    raise ConfigError("history.db", safe_url(url), HISTORY_DB_FORMS)
 
 
 # ---------------------------------------------------------------- sync access from any thread

@@ -184,7 +184,7 @@ def export_feedback(settings: Settings, out: Path, chat_out: Path) -> ExportSumm
 
     No decided vote: NothingToExport, and ``out`` is not written (the thumbs-up examples still are).
     """
-    db = history.database(settings) if settings.ui.auth else None
+    db = history.database(settings) if settings.login.enable else None
     # The votes: tables in a PostgreSQL history, else the preferences file (not created by an export).
     has_votes = (db is not None and db.is_postgres) or preferences.db_path(settings).is_file()
     votes = VoteStore(preferences.app_store(settings)).all() if has_votes else []

@@ -1,7 +1,7 @@
 """Chat history in Chainlit's data layer: the schema, and turning a stored thread back into a chat.
 
-- ``[ui].auth = true``: password login (``login.py``) and chat history in a SQLite file or a PostgreSQL
-  database (``[ui].history_db``, ``database.py``) read and written by Chainlit's own ``SQLAlchemyDataLayer``.
+- ``[login].enable = true``: password login (``login.py``) and chat history in a SQLite file or a PostgreSQL
+  database (``[history].db``, ``database.py``) read and written by Chainlit's own ``SQLAlchemyDataLayer``.
   Chainlit creates no tables and its documented DDL lacks ``steps."autoCollapse"`` (Chainlit 2.12 writes
   it), so ``ensure_schema`` creates them (SQLAlchemy, both databases), and adds what an older one lacks.
 - Every answer step carries ``metadata["qwenchat"]`` = the raw answer text and the model that
@@ -36,7 +36,7 @@ from .login import SECRETS, accounts_fingerprint, auth_secret, session_secret, s
 
 logger = logging.getLogger(__name__)
 
-WAIT_STEP = 1.0  # s between attempts while waiting for a PostgreSQL that is not there yet ([ui].history_wait)
+WAIT_STEP = 1.0  # s between attempts while waiting for a PostgreSQL that is not there yet ([history].wait)
 META_KEY = "qwenchat"  # our key inside Chainlit's step and thread metadata
 # Composer commands (backend/ui/commands.py): talk to the app, never to the model.
 COMMANDS = ("adapters", "unload", "export", "compare", "leaderboard", "vote")
@@ -155,8 +155,8 @@ sqlite3.register_adapter(list, _adapt_json)
 
 
 def database(settings: Settings) -> Database:
-    """``[ui].history_db`` parsed: a SQLite file (default ``history.sqlite3`` in ``[logging].dir``) or PostgreSQL."""
-    return from_setting(settings.ui.history_db, settings.logging.resolved_dir / "history.sqlite3")
+    """``[history].db`` parsed: a SQLite file (default ``history.sqlite3`` in ``[logging].dir``) or PostgreSQL."""
+    return from_setting(settings.history.db, settings.logging.resolved_dir / "history.sqlite3")
 
 
 def db_path(settings: Settings) -> Path:
@@ -224,25 +224,25 @@ class HistoryStart:
 
 
 def open_history(settings: Settings, env: MutableMapping[str, str] = os.environ) -> HistoryStart:
-    """At app start: with ``[ui].auth``, the tables and the login secret.
+    """At app start: with ``[login].enable``, the tables and the login secret.
 
     Chainlit reads CHAINLIT_AUTH_SECRET from the environment lazily (after importing app.py), so
     setting it here, in the UI process, is enough. With PostgreSQL the secret is kept in the database
     (written once by whichever UI process comes first), so UI processes on other machines share logins.
     A PostgreSQL that refuses connections, does not answer or is starting up is waited for up to
-    ``[ui].history_wait`` s (one log line when the wait starts, one when it answers). One that cannot be used
+    ``[history].wait`` s (one log line when the wait starts, one when it answers). One that cannot be used
     (still not there after the wait, a wrong password, an unknown database) is one log line naming
-    ``ui.history_db`` (the URL without its password) and the cause: login still works, the chat works, nothing
+    ``history.db`` (the URL without its password) and the cause: login still works, the chat works, nothing
     is kept.
     """
-    if not settings.ui.auth:
+    if not settings.login.enable:
         return HistoryStart()
     db = database(settings)
     base: str | None = None
     off_reason = ""
     if db.is_postgres:
         started = time.monotonic()
-        deadline, said = started + settings.ui.history_wait, False
+        deadline, said = started + settings.history.wait, False
         while True:
             try:
                 ensure_schema(db)
@@ -256,17 +256,17 @@ def open_history(settings: Settings, env: MutableMapping[str, str] = os.environ)
                 if transient(exc) and time.monotonic() < deadline:  # starting alongside the UI: give it time
                     if not said:
                         logger.warning(
-                            "history: ui.history_db = %s: %s; waiting up to %g s for it (ui.history_wait)",
+                            "history: history.db = %s: %s; waiting up to %g s for it (history.wait)",
                             db.safe,
                             off_reason,
-                            settings.ui.history_wait,
+                            settings.history.wait,
                         )
                         said = True
                     time.sleep(max(0.0, min(WAIT_STEP, deadline - time.monotonic())))
                     continue
                 waited = f" (waited {time.monotonic() - started:.0f} s)" if said else ""
                 logger.error(
-                    "history: ui.history_db = %s: %s%s; history is off (chats are not kept), the chat works without it",
+                    "history: history.db = %s: %s%s; history is off (chats are not kept), the chat works without it",
                     db.safe,
                     off_reason,
                     waited,
@@ -280,11 +280,11 @@ def open_history(settings: Settings, env: MutableMapping[str, str] = os.environ)
         base = auth_secret(db.path.parent if db.path is not None else settings.logging.resolved_dir, env)
     # Bound to the password: changing it signs everyone out (old tokens no longer verify).
     env["CHAINLIT_AUTH_SECRET"] = session_secret(
-        base, settings.ui.username, settings.ui.password + accounts_fingerprint(settings)
+        base, settings.login.username, settings.login.password + accounts_fingerprint(settings)
     )
     if off_reason:
         return HistoryStart(None, db, off_reason)
-    logger.info("history: login on for %r, chats kept in %s", settings.ui.username, db.safe)
+    logger.info("history: login on for %r, chats kept in %s", settings.login.username, db.safe)
     return HistoryStart(db.async_url, db, answer_key=answer_key(db))
 
 

@@ -1,4 +1,4 @@
-"""Password login for ``[ui].auth``: the login secret Chainlit signs its tokens with, and the password check."""
+"""Password login for ``[login].enable``: the login secret Chainlit signs its tokens with, and the password check."""
 
 from __future__ import annotations
 
@@ -85,19 +85,19 @@ def session_secret(base: str, username: str, password: str) -> str:
 
 
 def check_password(settings: Settings, username: str, password: str) -> bool:
-    """The login check: ``[ui].username`` / ``[ui].password`` (or QWENCHAT_UI_PASSWORD), then the hashed
-    ``[ui].users`` accounts. Always exactly one PBKDF2, whoever the name is: the admin name (its password is
-    compared in constant time, the hash runs against a dummy), a ``[ui].users`` name (its own hash) and an unknown
+    """The login check: ``[login].username`` / ``[login].password`` (or QWENCHAT_LOGIN_PASSWORD), then the hashed
+    ``[login].users`` accounts. Always exactly one PBKDF2, whoever the name is: the admin name (its password is
+    compared in constant time, the hash runs against a dummy), a ``[login].users`` name (its own hash) and an unknown
     name (the dummy) take the same time, so the answer's timing does not say which names exist."""
-    ui = settings.ui
-    if not ui.auth or not ui.password:
+    login = settings.login
+    if not login.enable or not login.password:
         return False
     typed = password.encode("utf-8", "surrogatepass")
-    is_admin = hmac.compare_digest(username.encode("utf-8", "surrogatepass"), ui.username.encode())
-    stored = None if is_admin else ui.users.get(username)
+    is_admin = hmac.compare_digest(username.encode("utf-8", "surrogatepass"), login.username.encode())
+    stored = None if is_admin else login.users.get(username)
     hash_ok = verify_password(password, stored or DUMMY_HASH)
     if is_admin:
-        return hmac.compare_digest(typed, ui.password.encode("utf-8", "surrogatepass"))
+        return hmac.compare_digest(typed, login.password.encode("utf-8", "surrogatepass"))
     return hash_ok and stored is not None
 
 
@@ -118,5 +118,5 @@ async def verify_login(settings: Settings, username: str, password: str) -> bool
 
 def accounts_fingerprint(settings: Settings) -> str:
     """Every account's name and password hash, for ``session_secret``: adding, removing or changing a
-    ``[ui].users`` account signs everyone out, as changing ``[ui].password`` does."""
-    return "".join(f"\0{name}\0{stored}" for name, stored in sorted(settings.ui.users.items()))
+    ``[login].users`` account signs everyone out, as changing ``[login].password`` does."""
+    return "".join(f"\0{name}\0{stored}" for name, stored in sorted(settings.login.users.items()))

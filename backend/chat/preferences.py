@@ -135,7 +135,7 @@ def _bounded(state: Mapping[str, Any]) -> dict[str, Any]:
 def db_path(settings: Settings) -> Path:
     """Next to the history database when login is on, else in ``[logging].dir`` (the SQLite file; with a
     PostgreSQL history the preferences and votes are tables in that database: ``app_store``)."""
-    folder = history.db_path(settings).parent if settings.ui.auth else settings.logging.resolved_dir
+    folder = history.db_path(settings).parent if settings.login.enable else settings.logging.resolved_dir
     return folder / PREFS_DB
 
 
@@ -152,11 +152,11 @@ _CHOSEN: dict[str, Store] = {}
 
 
 def app_store(settings: Settings) -> Store:
-    """Where preferences and votes live: the PostgreSQL history database when ``[ui].history_db`` is one
+    """Where preferences and votes live: the PostgreSQL history database when ``[history].db`` is one
     (and login is on), else ``db_path``'s SQLite file. A PostgreSQL database that cannot be reached at the
     first call falls back to the SQLite file, with one log line (the chat goes on)."""
     local = database.store(database.sqlite_file(db_path(settings)))
-    db = history.database(settings) if settings.ui.auth else None
+    db = history.database(settings) if settings.login.enable else None
     if db is None or not db.is_postgres:
         return local
     if db.async_url not in _CHOSEN:
@@ -166,7 +166,7 @@ def app_store(settings: Settings) -> Store:
             _CHOSEN[db.async_url] = pg
         except Exception as exc:  # noqa: BLE001 - unreachable, wrong password …: remembered locally instead
             logger.error(
-                "preferences: ui.history_db = %s: %s; settings and votes are kept in %s instead",
+                "preferences: history.db = %s: %s; settings and votes are kept in %s instead",
                 db.safe,
                 database.failure(exc),
                 PREFS_DB,

@@ -7,8 +7,8 @@
 - **Host (DNS rebinding).** A page on ``http://evil.example:8080`` whose name the attacker points at the UI's
   address is same-origin with itself: its requests carry ``Host: evil.example:8080`` and, for a plain GET, no
   ``Origin`` at all. So only the names the UI answers to are served: loopback names (``localhost``,
-  ``*.localhost``, 127.0.0.0/8, ``[::1]``) and ``settings.served_host_names`` (``[ui] hosts``, a single-address
-  ``[server] ui_host``, the hosts of ``[ui] allowed_origins``). Any other ``Host`` is refused, on every route and
+  ``*.localhost``, 127.0.0.0/8, ``[::1]``) and ``settings.served_host_names`` (``[network] host_names``, a single-address
+  ``[network] ui_host``, the hosts of ``[network] allowed_origins``). Any other ``Host`` is refused, on every route and
   on the websocket upgrade (403; logged once per name).
 - **Origin.** A browser names the page that made a request in ``Origin`` (every websocket upgrade, every
   socket.io polling request, every fetch that is not a plain GET). An ``Origin`` passes when it is the origin
@@ -18,7 +18,7 @@
   allowed_origins`` set, exactly those origins pass. Anything else is refused (403; a websocket is closed before it is accepted),
   and so is ``Origin: null`` (a sandboxed frame, a ``file:`` page). Chainlit's socket server has no origin check
   of its own, so this middleware wraps the socket.io mount too. Requests without ``Origin`` (scripts, curl) pass
-  on to the normal login rules. ``X-Forwarded-*`` headers are believed only from ``[ui] trusted_proxies``
+  on to the normal login rules. ``X-Forwarded-*`` headers are believed only from ``[network] trusted_proxies``
   (uvicorn applies them before this middleware; the launcher sets its ``FORWARDED_ALLOW_IPS``, empty by
   default). Each refused origin is logged once (with the origin).
 - **Refusals** answer a fixed text in the browser's language that never repeats the Host or Origin sent (no
@@ -290,7 +290,7 @@ def login_refused_note(settings: Settings, username: str, secret: str | None = N
     """How a refused login is logged: whether the name was a configured one, and the fingerprint of what was
     typed (people type their password into the name field; an HMAC with the server's secret), never the name."""
     mark = fingerprint(username, secret if secret is not None else server_secret())
-    known = username == settings.ui.username or username in settings.ui.users
+    known = username == settings.login.username or username in settings.login.users
     which = "a configured user name" if known else "an unknown user name"
     return f"{which} ({len(username)} characters, fingerprint {mark})"
 
@@ -340,7 +340,7 @@ class WebSecurityMiddleware:
         if self.allowed is not None:
             return canonical in self.allowed
         # The page's own origin, and a name the UI answers to by configuration: a Host the request brings never
-        # makes an origin acceptable by itself (before [ui] hosts, any Host did when the UI was not on loopback).
+        # makes an origin acceptable by itself (before [network] host_names, any Host did when the UI was not on loopback).
         name = host_name(canonical.partition("://")[2])
         return self.serves(name) and canonical == canonical_origin(
             f"{request_scheme(scope)}://{_header(scope, b'host')}"
@@ -365,10 +365,10 @@ class WebSecurityMiddleware:
                 "host",
                 host,
                 "refused a %s request for Host %r: the UI answers only to loopback names and %s (a DNS-rebinding "
-                "page would use another name); add the name to [ui] hosts if people open the chat under it",
+                "page would use another name); add the name to [network] host_names if people open the chat under it",
                 kind,
                 host[:200],
-                ", ".join(sorted(self.hosts)) or "no other name ([ui] hosts is empty)",
+                ", ".join(sorted(self.hosts)) or "no other name ([network] host_names is empty)",
             )
             await self._refuse(scope, receive, send, "security.host_refused")
             return
@@ -378,7 +378,7 @@ class WebSecurityMiddleware:
             self._log_once(
                 "origin",
                 origin,
-                "refused a %s request from origin %r (%s %s): only %s may use the UI; set [ui] allowed_origins "
+                "refused a %s request from origin %r (%s %s): only %s may use the UI; set [network] allowed_origins "
                 "to add one",
                 kind,
                 origin[:200],
@@ -544,26 +544,26 @@ async def _plain(send: Any, status: int, body: bytes, headers: list[tuple[bytes,
 def install(http_app: Any, settings: Settings, *, throttle: LoginThrottle | None = None) -> None:
     """Put the middleware in front of everything (Chainlit's routes and its socket.io mount). Idempotent.
     Chainlit's own CORS answers the same origins (backend/ui/chainlit_settings.py sets them)."""
-    origins = [o for o in (canonical_origin(x) for x in settings.ui.allowed_origins) if o]
+    origins = [o for o in (canonical_origin(x) for x in settings.network.allowed_origins) if o]
     if any(m.cls is WebSecurityMiddleware for m in http_app.user_middleware):
         return
     hosts = served_host_names(settings)
-    if not is_loopback(settings.server.ui_host) and not hosts:
+    if not is_loopback(settings.network.ui_host) and not hosts:
         logger.warning(
-            "[server] ui_host = %r, but [ui] hosts is empty: only loopback names are served (every other Host gets "
-            "403); list the names and addresses people open the chat at in [ui] hosts",
-            settings.server.ui_host,
+            "[network] ui_host = %r, but [network] host_names is empty: only loopback names are served (every other Host gets "
+            "403); list the names and addresses people open the chat at in [network] host_names",
+            settings.network.ui_host,
         )
     secret = server_secret()
     accounts = None
-    if settings.ui.auth:
-        real = [fingerprint(name, secret) for name in (settings.ui.username, *settings.ui.users)]
+    if settings.login.enable:
+        real = [fingerprint(name, secret) for name in (settings.login.username, *settings.login.users)]
         accounts = LoginThrottle(free=ACCOUNT_FREE, keep=real, describe="at the user name with fingerprint {}".format)
     http_app.add_middleware(
         WebSecurityMiddleware,
         hosts=hosts,
         allowed_origins=origins,
-        throttle=throttle or (LoginThrottle() if settings.ui.auth else None),
+        throttle=throttle or (LoginThrottle() if settings.login.enable else None),
         accounts=accounts,
         secret=secret,
         language=settings.ui.language,

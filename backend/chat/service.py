@@ -427,9 +427,7 @@ class Service:
         return self.settings.budget.reply_reserve
 
     def max_model_len(self) -> int:
-        return (
-            self.settings.budget.max_model_len or self.poller.status.max_model_len or self.settings.model.max_model_len
-        )
+        return self.poller.status.max_model_len or self.settings.model.max_model_len
 
     def tokenizer_source(self) -> tuple[Path | None, str]:
         """(tokenizer folder, server for /tokenize) the counter is chosen from.

@@ -1,4 +1,4 @@
-"""Shareable read-only chats (``[ui] auth``): who may open a shared link, who may share.
+"""Shareable read-only chats (``[login] enable``): who may open a shared link, who may share.
 
 Chainlit 2.12 does the sharing: the owner's sidebar menu calls ``PUT /project/thread/share`` (it sets
 ``metadata.is_shared``) and copies ``/share/<thread id>``; that page reads ``GET /project/share/<id>`` and shows

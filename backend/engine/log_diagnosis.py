@@ -216,10 +216,10 @@ _FLAG_SETTINGS = {
     "--max-loras": "[lora].max_loras",
     "--max-cpu-loras": "[lora].max_cpu_loras",
     "--max-model-len": "[model].max_model_len",
-    "--max-num-seqs": "[server].max_num_seqs",
+    "--max-num-seqs": "[vllm].max_num_seqs",
     "--dtype": "[model].dtype",
-    "--port": "[server].port",
-    "--gpu-memory-utilization": "[server].gpu_memory_utilization",
+    "--port": "[network].engine_port",
+    "--gpu-memory-utilization": "[vllm].gpu_memory_utilization",
 }
 
 
@@ -234,7 +234,7 @@ def _flag_unrecognized(m: re.Match[str], ctx: _Context, before: list[_Line]) -> 
 
 def _flag_choice(m: re.Match[str], ctx: _Context, before: list[_Line]) -> _Verdict:
     flag, value, choices = m.group(1), m.group(2).strip("'"), m.group(3)
-    where = _FLAG_SETTINGS.get(flag, "[server].extra_args")
+    where = _FLAG_SETTINGS.get(flag, "[vllm].extra_args")
     return (
         "unsupported_flag",
         Text("cause.flag_choice", {"flag": flag, "value": value, "choices": choices, "where": where}),

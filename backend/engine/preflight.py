@@ -49,36 +49,36 @@ def check_port_free(host: str, port: int, setting: str) -> None:
 
 
 def check_exposure(settings: Settings) -> list[str]:
-    """Who can reach what: refuses a UI open to other machines without login (unless ``[ui] public``) or, on
-    every address (0.0.0.0), without the names it answers to (``[ui] hosts``); returns the lines to print: the
+    """Who can reach what: refuses a UI open to other machines without login (unless ``[network] public``) or, on
+    every address (0.0.0.0), without the names it answers to (``[network] host_names``); returns the lines to print: the
     names a UI off loopback answers to, and loud warnings (an engine port open to other machines, a public UI)."""
-    server, ui = settings.server, settings.ui
+    network, login = settings.network, settings.login
     warnings: list[str] = []
-    if not is_loopback(server.ui_host):
-        if not ui.auth:
-            if not ui.public:
-                raise ExposureRefused(server.ui_host, server.ui_port)
-            warnings.append(t("security.ui_public", "en", host=server.ui_host, port=server.ui_port))
+    if not is_loopback(network.ui_host):
+        if not login.enable:
+            if not network.public:
+                raise ExposureRefused(network.ui_host, network.ui_port)
+            warnings.append(t("security.ui_public", "en", host=network.ui_host, port=network.ui_port))
         names = served_host_names(settings)
         if not names:
             example = this_machine() or ["chat.example.com", "10.0.0.5"]
             raise ConfigError(
-                "ui.hosts",
-                list(ui.hosts),
-                f"the host names and addresses people open the chat at, because [server] ui_host = "
-                f"{server.ui_host!r} answers on every address and a page under any other name is refused (DNS "
-                f'rebinding): e.g. [ui] hosts = {json.dumps(example)} (or QWENCHAT_UI_HOSTS="{" ".join(example)}"), '
-                f"or set [server] ui_host to the one address it should listen on",
+                "network.host_names",
+                list(network.host_names),
+                f"the host names and addresses people open the chat at, because [network] ui_host = "
+                f"{network.ui_host!r} answers on every address and a page under any other name is refused (DNS "
+                f'rebinding): e.g. [network] host_names = {json.dumps(example)} (or QWENCHAT_NETWORK_HOST_NAMES="{" ".join(example)}"), '
+                f"or set [network] ui_host to the one address it should listen on",
             )
-        warnings.append(t("security.ui_hosts", "en", port=server.ui_port, names=", ".join(names)))
-    if not settings.external and not is_loopback(server.host):
-        warnings.append(t("security.engine_exposed", "en", host=server.host, port=server.port))
+        warnings.append(t("security.ui_hosts", "en", port=network.ui_port, names=", ".join(names)))
+    if not settings.external and not is_loopback(network.engine_host):
+        warnings.append(t("security.engine_exposed", "en", host=network.engine_host, port=network.engine_port))
     return warnings
 
 
 def this_machine() -> list[str]:
     """This machine's name and the address it reaches others from (no packet is sent), for the example of
-    ``[ui] hosts``; loopback ones left out."""
+    ``[network] host_names``; loopback ones left out."""
     found = [socket.gethostname()]
     with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect(("192.0.2.1", 9))  # TEST-NET-1: a UDP "connect" only picks the route
@@ -137,12 +137,12 @@ def check_limits(
                 "info",
                 f"KV cache: {per_token / 1024:.0f} KiB per token; one full "
                 f"{m.max_model_len}-token sequence needs {one_seq / gib:.1f} GiB; "
-                f"{settings.server.max_num_seqs} such sequences need {one_seq * settings.server.max_num_seqs / gib:.1f} GiB.",
+                f"{settings.vllm.max_num_seqs} such sequences need {one_seq * settings.vllm.max_num_seqs / gib:.1f} GiB.",
             )
         )
-        budget = settings.server.cpu_kvcache_gib * gib if engine == "cpu" else available_bytes
+        budget = settings.vllm.cpu_kvcache_gib * gib if engine == "cpu" else available_bytes
         if budget and one_seq > budget:
-            setting = "[server].cpu_kvcache_gib" if engine == "cpu" else "GPU memory"
+            setting = "[vllm].cpu_kvcache_gib" if engine == "cpu" else "GPU memory"
             out.append(
                 Advice(
                     "warning",
@@ -213,7 +213,7 @@ def weights_bytes(settings: Settings, config: Mapping[str, Any], model_dir: Path
 def gpu_memory_estimate(
     settings: Settings, config: Mapping[str, Any], model_dir: Path, *, gpu_bytes: int | None
 ) -> list[Advice]:
-    """Memory per GPU for [server] tensor_parallel_size (tp) and data_parallel_size (dp); the formula:
+    """Memory per GPU for [vllm] tensor_parallel_size (tp) and data_parallel_size (dp); the formula:
 
     weights per GPU  = weights / tp                       (each replica holds the whole model, split over tp GPUs)
     KV per token     = 2 (K,V) × layers × ceil(kv_heads / tp) × head_dim × 2 bytes   (a GPU keeps its heads only)
@@ -226,7 +226,7 @@ def gpu_memory_estimate(
     layers = int(cfg.get("num_hidden_layers", 0))
     if not layers:
         return []
-    s = settings.server
+    s = settings.vllm
     tp, dp, util = s.tensor_parallel_size, s.data_parallel_size, s.gpu_memory_utilization
     heads = int(cfg.get("num_attention_heads", 1))
     kv_heads = int(cfg.get("num_key_value_heads", heads))

@@ -4,7 +4,7 @@
     proc = await keeper.revive(proc)     # after the UI exited: started again, or None once the budget is spent
 
 A UI that dies (``kill -9``, the kernel's OOM killer after a huge paste, a crash) used to stop the whole product,
-the engine included. Now it is started again with the engine's restart budget (``[server] restart_attempts`` within
+the engine included. Now it is started again with the engine's restart budget (``[supervision] restart_attempts`` within
 ``restart_window_min`` minutes, backoff 1, 2, 4 … 30 s), its causes (killed by a signal, and which; an exit code) and
 log lines of the same shape, while the engine keeps running (its pid unchanged). What happened goes to
 ``logs/ui-status.json`` (``contract.UI_STATUS_FILE_NAME``, an ``EngineStatus``) for the new UI to show. A first start
@@ -55,8 +55,8 @@ class UiKeeper:
         self.cmd = cmd
         self.log_path = log_dir / "ui.log"
         self.status_path = log_dir / UI_STATUS_FILE_NAME
-        self.attempts = settings.server.restart_attempts
-        self.window_s = settings.server.restart_window_min * 60
+        self.attempts = settings.supervision.restart_attempts
+        self.window_s = settings.supervision.restart_window_min * 60
         self._sleep = sleep
         self._restarts: list[float] = []
         self.status_path.unlink(missing_ok=True)  # an older launch's restarts are not this one's

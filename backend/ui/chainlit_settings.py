@@ -12,21 +12,21 @@ from chainlit.config import config as chainlit_config
 from backend.settings import Settings, canonical_origin
 
 SHIPPED_CSS = "/public/style.css"  # public/style.css as it is
-THEME_CSS = "/qwenchat/style.css"  # the same plus the [ui].accent colours (routes.Routes.theme_css)
+THEME_CSS = "/qwenchat/style.css"  # the same plus the [branding].accent colours (routes.Routes.theme_css)
 
 
 def cors_origins(settings: Settings) -> list[str]:
-    """[ui].allowed_origins as Chainlit's CORS compares them (the browser sends no default port)."""
-    origins = [o for o in (canonical_origin(x) for x in settings.ui.allowed_origins) if o]
+    """[network].allowed_origins as Chainlit's CORS compares them (the browser sends no default port)."""
+    origins = [o for o in (canonical_origin(x) for x in settings.network.allowed_origins) if o]
     return [o.removesuffix(":443") if o.startswith("https:") else o.removesuffix(":80") for o in origins]
 
 
 def chainlit_settings(settings: Settings, *, sharing: bool) -> dict[str, Any]:
     """Chainlit's settings, by section and key as .chainlit/config.toml names them, for ours. ``sharing``: the
-    history is on ([ui].auth with a database), so chats can be shared."""
+    history is on ([login].enable with a database), so chats can be shared."""
     return {
-        "UI.name": settings.ui.name,
-        "UI.custom_css": THEME_CSS if settings.ui.accent else SHIPPED_CSS,
+        "UI.name": settings.branding.name,
+        "UI.custom_css": THEME_CSS if settings.branding.accent else SHIPPED_CSS,
         "features.allow_thread_sharing": sharing,
         "project.allow_origins": cors_origins(settings),
     }

@@ -40,7 +40,7 @@ class Ui:
     """The UI as installed against one Service (``installation.install``): every handler gets it first."""
 
     service: Service
-    history: HistoryStart  # [ui].auth: the history database, or why it is off
+    history: HistoryStart  # [login].enable: the history database, or why it is off
     prefs: Preferences  # remembered settings per user or browser
     files_directory: Path  # this process's own folder for uploads and /export files
     routes: Routes  # our HTTP routes, bound to ``service``

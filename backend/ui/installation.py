@@ -17,8 +17,8 @@ from backend.ui.routes import Routes, install_routes
 def install(service: Service) -> Ui:
     """Open what the UI keeps (history, preferences, files folder) and register its handlers with Chainlit."""
     settings = service.settings
-    # Sets CHAINLIT_AUTH_SECRET: Chainlit reads it only after importing app.py (which calls this). With [ui].auth
-    # the history is in SQLite or PostgreSQL ([ui].history_db); one that cannot be reached leaves login on, history
+    # Sets CHAINLIT_AUTH_SECRET: Chainlit reads it only after importing app.py (which calls this). With [login].enable
+    # the history is in SQLite or PostgreSQL ([history].db); one that cannot be reached leaves login on, history
     # off.
     started = history.open_history(settings)
     prefs = preferences.open_preferences(settings)  # SQLite or PG; an old ui-preferences.json is imported once

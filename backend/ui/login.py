@@ -1,4 +1,4 @@
-"""[ui].auth in Chainlit: the password callback, the history as Chainlit's data layer (SQLite or PostgreSQL,
+"""[login].enable in Chainlit: the password callback, the history as Chainlit's data layer (SQLite or PostgreSQL,
 behind backend/chat/datalayer.py's guard), and who may view a shared chat. With login off, none is set (an
 earlier installation's are taken out)."""
 
@@ -51,7 +51,7 @@ def install(ui: Ui) -> None:
     if ui.history.url:
         cl.data_layer(lambda: cast(BaseDataLayer, data_layer(ui)))  # a wrapper, not a subclass
         cl.on_shared_thread_view(on_shared_thread_view)
-    if ui.settings.ui.auth:
+    if ui.settings.login.enable:
 
         async def password_login(username: str, password: str) -> cl.User | None:
             return await login(ui, username, password)

@@ -74,7 +74,7 @@ async def feedback_refusal(step_ids: list[str | None], user: cl.User | None) -> 
 
 
 class Routes:
-    """The endpoints, bound to one installation's Service. ``sharing``: the history is on ([ui].auth)."""
+    """The endpoints, bound to one installation's Service. ``sharing``: the history is on ([login].enable)."""
 
     def __init__(self, service: Service, *, sharing: bool) -> None:
         self.service, self.sharing = service, sharing
@@ -83,14 +83,14 @@ class Routes:
         """Polled by public/status.js: the engine state line shown at all times, in the viewer's language (``?lang=``,
         the browser's navigator.language; English without one; [ui].language forces one).
 
-        With [ui].auth it names models, adapters and failure paths: Chainlit's own dependency answers
+        With [login].enable it names models, adapters and failure paths: Chainlit's own dependency answers
         401 without a login (and returns None when login is off).
         """
         await self.service.start()
         return self.service.status_json(lang)
 
     async def metrics(self, user: cl.User | None = Depends(get_current_user)) -> Response:
-        """Prometheus text format (backend/chat/metrics.py); 401 without a login when [ui].auth is on."""
+        """Prometheus text format (backend/chat/metrics.py); 401 without a login when [login].enable is on."""
         await self.service.start()
         text = metrics.METRICS.render(
             engine=self.service.poller.status, active_sessions=connected_sessions(), anomalies=anomaly_counts()
@@ -171,12 +171,12 @@ class Routes:
         return response
 
     def logo(self) -> Response:
-        """[ui].logo (validated at start: an existing image file)."""
-        return FileResponse(resolve_path(self.service.settings.ui.logo))
+        """[branding].logo (validated at start: an existing image file)."""
+        return FileResponse(resolve_path(self.service.settings.branding.logo))
 
     def favicon(self) -> Response:
-        """[ui].favicon (validated at start: an existing image file)."""
-        return FileResponse(resolve_path(self.service.settings.ui.favicon))
+        """[branding].favicon (validated at start: an existing image file)."""
+        return FileResponse(resolve_path(self.service.settings.branding.favicon))
 
     def renderer_script(self, request: Request) -> Response:
         """Chainlit's script of that name, its Markdown without the directive syntax (renderer.py, #22)."""
@@ -188,9 +188,9 @@ class Routes:
         return Response(bundle.body, media_type="text/javascript", headers=headers)
 
     async def theme_css(self) -> Response:
-        """public/style.css plus the [ui].accent colour as Chainlit's theme variables."""
+        """public/style.css plus the [branding].accent colour as Chainlit's theme variables."""
         css = (ROOT / "public" / "style.css").read_text(encoding="utf-8")
-        return Response(css + welcome.theme_css(self.service.settings.ui.accent), media_type="text/css")
+        return Response(css + welcome.theme_css(self.service.settings.branding.accent), media_type="text/css")
 
 
 def _ours(route: object) -> bool:
@@ -201,7 +201,7 @@ def install_routes(http_app: FastAPI, routes: Routes) -> None:
     """Our routes in front of Chainlit's catch-all (its SPA) and its own share/feedback/logo/favicon routes;
     those of an earlier installation (another Service) are taken out first."""
     http_app.router.routes[:] = [r for r in http_app.router.routes if not _ours(r)]
-    ui_settings = routes.service.settings.ui
+    ui_settings = routes.service.settings.branding
     table: list[tuple[str, object, list[str]]] = [
         ("/qwenchat/status", routes.status, ["GET"]),
         ("/metrics", routes.metrics, ["GET"]),

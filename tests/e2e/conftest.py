@@ -17,7 +17,7 @@ EMBEDDED_PRODUCT, EXTERNAL_APP = SHARED.kind("embedded_product"), SHARED.kind("e
 #: greedy answers, and a small token budget (1,200 - 150 reply) so a few long messages push early turns out.
 EMBEDDED_ENV = {
     "QWENCHAT_MODEL_TEMPERATURE": "0",
-    "QWENCHAT_BUDGET_MAX_MODEL_LEN": "1200",
+    "QWENCHAT_MODEL_MAX_MODEL_LEN": "1200",
     "QWENCHAT_BUDGET_REPLY_RESERVE": "150",
 }
 

@@ -61,7 +61,7 @@ def launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool = True
 
     A port found free is only free until it is bound: another process (a parallel test run on the same machine)
     may take it in between. When the launch fails for that reason alone, it is tried again on other ports."""
-    ours = "QWENCHAT_SERVER_PORT" not in env_overrides and "QWENCHAT_SERVER_UI_PORT" not in env_overrides
+    ours = "QWENCHAT_NETWORK_ENGINE_PORT" not in env_overrides and "QWENCHAT_NETWORK_UI_PORT" not in env_overrides
     said = ""
     for _ in range(3 if ours else 1):
         try:
@@ -82,13 +82,13 @@ def _launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool, time
     env = {
         **os.environ,
         "QWENCHAT_ENGINE_PYTHON": need_env("QWENCHAT_ENGINE_PYTHON"),
-        "QWENCHAT_SERVER_PORT": str(engine_port),
-        "QWENCHAT_SERVER_UI_PORT": str(ui_port),
-        "QWENCHAT_SERVER_API_KEY": ENGINE_KEY,
+        "QWENCHAT_NETWORK_ENGINE_PORT": str(engine_port),
+        "QWENCHAT_NETWORK_UI_PORT": str(ui_port),
+        "QWENCHAT_VLLM_API_KEY": ENGINE_KEY,
         "QWENCHAT_LOGGING_DIR": str(tmp / "logs"),
         "QWENCHAT_LORA_DIR": str(tmp / "adapters"),
-        "QWENCHAT_SERVER_CPU_KVCACHE_GIB": "1",
-        "QWENCHAT_SERVER_ENGINE": "cpu",  # the engine test.sh installs, also on a machine with a GPU
+        "QWENCHAT_VLLM_CPU_KVCACHE_GIB": "1",
+        "QWENCHAT_VLLM_DEVICE": "cpu",  # the engine test.sh installs, also on a machine with a GPU
         **env_overrides,
     }
     (tmp / "adapters").mkdir(exist_ok=True)

@@ -40,10 +40,10 @@ def live(fake, tmp_path_factory):
         "OPENAI_BASE_URL": fake + "/v1",
         "OPENAI_API_KEY": "test",
         "QWENCHAT_UI_LANGUAGE": "en",
-        "QWENCHAT_UI_AUTH": "true",
-        "QWENCHAT_UI_USERNAME": OWNER,
-        "QWENCHAT_UI_PASSWORD": OWNER_PW,
-        "QWENCHAT_UI_USERS": f"{VIEWER}={viewer_hash}",
+        "QWENCHAT_LOGIN_ENABLE": "true",
+        "QWENCHAT_LOGIN_USERNAME": OWNER,
+        "QWENCHAT_LOGIN_PASSWORD": OWNER_PW,
+        "QWENCHAT_LOGIN_USERS": f"{VIEWER}={viewer_hash}",
     }
     app = e2e.launch(tmp_path_factory.mktemp("e2e-fidelity-history"), env, wait_engine=False, timeout=120)
     yield app

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.e2e
 
 USER, PASSWORD = "demo", "correct horse battery"
 # [ui] login on, as USER with PASSWORD: launch(fake, tmp, **LOGIN, ...)
-LOGIN = {"QWENCHAT_UI_AUTH": "true", "QWENCHAT_UI_USERNAME": USER, "QWENCHAT_UI_PASSWORD": PASSWORD}
+LOGIN = {"QWENCHAT_LOGIN_ENABLE": "true", "QWENCHAT_LOGIN_USERNAME": USER, "QWENCHAT_LOGIN_PASSWORD": PASSWORD}
 FULL = expected_text(8).strip()  # the fake server's normal answer
 
 
@@ -52,7 +52,7 @@ def requests_seen(fake: str) -> list[dict]:
 
 
 def status_of(app: e2e.LiveApp, login: bool) -> dict:
-    """GET /qwenchat/status; with [ui].auth it needs a login, so log in first as the page does."""
+    """GET /qwenchat/status; with [login].enable it needs a login, so log in first as the page does."""
     if not login:
         return e2e.status(app)
     form = urllib.parse.urlencode({"username": USER, "password": PASSWORD}).encode()
@@ -64,7 +64,7 @@ def status_of(app: e2e.LiveApp, login: bool) -> dict:
 
 
 def launch(fake: str, tmp, **env: str) -> e2e.LiveApp:
-    login = env.get("QWENCHAT_UI_AUTH") == "true"
+    login = env.get("QWENCHAT_LOGIN_ENABLE") == "true"
     app = e2e.launch(
         tmp,
         {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en", **env},
@@ -256,8 +256,8 @@ def test_thumbs_down_with_a_comment_is_stored_and_a_thumbs_up_answer_is_exported
     assert json.loads(rows[0][2])["qwenchat"]["model"] == "fake-qwen"
 
     out = tmp_path_factory.mktemp("export") / "prefs.jsonl"
-    env = {**os.environ, "QWENCHAT_LOGGING_DIR": str(live.log_dir), "QWENCHAT_UI_AUTH": "true"}
-    env |= {"QWENCHAT_UI_USERNAME": USER, "QWENCHAT_UI_PASSWORD": PASSWORD}
+    env = {**os.environ, "QWENCHAT_LOGGING_DIR": str(live.log_dir), "QWENCHAT_LOGIN_ENABLE": "true"}
+    env |= {"QWENCHAT_LOGIN_USERNAME": USER, "QWENCHAT_LOGIN_PASSWORD": PASSWORD}
     res = subprocess.run(
         [sys.executable, "-m", "backend", "export-feedback", "--out", str(out)],
         cwd=ROOT,

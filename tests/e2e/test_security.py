@@ -6,9 +6,9 @@ external mode on the fake OpenAI server.
 - a model answer with a remote markdown image makes the browser request nothing (the CSP's img-src);
 - 2,000 failed logins from a script are throttled while a chat already open keeps streaming, and the
   typed user names never reach the log;
-- a UI on every address (ui_host 0.0.0.0, login on) answers only to its [ui] hosts: another Host name gets 403 on
+- a UI on every address (ui_host 0.0.0.0, login on) answers only to its [network] host_names: another Host name gets 403 on
   every route and on the websocket upgrade (by hand and in Chromium resolving a hostile name to this machine), the
-  configured name logs in and chats; without [ui] hosts the start is refused naming the setting.
+  configured name logs in and chats; without [network] host_names the start is refused naming the setting.
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def lock_for_at_least(url: str, seconds: int) -> int:
 
 def test_a_forwarded_for_header_from_an_untrusted_peer_does_not_escape_the_throttle(auth_app):
     """Once this address waits, naming another client in X-Forwarded-For changes nothing (uvicorn would believe it
-    from loopback by default; [ui] trusted_proxies is empty, so from nobody)."""
+    from loopback by default; [network] trusted_proxies is empty, so from nobody)."""
     # throttled already after the flood above. The checks below must fall inside one lock: make it a long one first
     # (the wait doubles with each failure after an expired lock), so that no slow request can outlast it (the lock
     # the flood left may be about to end; alone, this test starts from none)
@@ -295,7 +295,7 @@ def test_behind_a_trusted_proxy_each_forwarded_client_is_throttled_on_its_own(fa
         fake,
         tmp_path_factory.mktemp("e2e-security-proxy"),
         **LOGIN,
-        QWENCHAT_UI_TRUSTED_PROXIES="127.0.0.1",  # this test plays the proxy
+        QWENCHAT_NETWORK_TRUSTED_PROXIES="127.0.0.1",  # this test plays the proxy
     )
     try:
         first = [login_status(app.url, "wrong", forwarded_for="203.0.113.1") for _ in range(8)]
@@ -306,15 +306,17 @@ def test_behind_a_trusted_proxy_each_forwarded_client_is_throttled_on_its_own(fa
         e2e.stop(app)
 
 
-# ---------------------------------------------------------------- a UI on every address: [ui] hosts (issue 18)
+# ---------------------------------------------------------------- a UI on every address: [network] host_names (issue 18)
 
-HOSTS_LOGIN = {**LOGIN, "QWENCHAT_SERVER_UI_HOST": "0.0.0.0"}
+HOSTS_LOGIN = {**LOGIN, "QWENCHAT_NETWORK_UI_HOST": "0.0.0.0"}
 
 
 @pytest.fixture(scope="module")
 def named_app(fake, tmp_path_factory):
     """Login on, listening on every address, answering to the name chat.test (and loopback names)."""
-    app = launch(fake, tmp_path_factory.mktemp("e2e-security-hosts"), **HOSTS_LOGIN, QWENCHAT_UI_HOSTS="chat.test")
+    app = launch(
+        fake, tmp_path_factory.mktemp("e2e-security-hosts"), **HOSTS_LOGIN, QWENCHAT_NETWORK_HOST_NAMES="chat.test"
+    )
     yield app
     e2e.stop(app)
 
@@ -410,7 +412,7 @@ def test_in_chromium_a_rebinding_name_gets_403_and_the_configured_name_chats(nam
 
 
 def test_a_ui_on_every_address_without_hosts_is_refused_at_start_naming_the_setting(fake, tmp_path):
-    """Nothing to derive the names from: the start stops before anything listens, naming ui.hosts and an example."""
+    """Nothing to derive the names from: the start stops before anything listens, naming network.host_names and an example."""
     import os
     import subprocess
     import sys
@@ -423,10 +425,10 @@ def test_a_ui_on_every_address_without_hosts_is_refused_at_start_naming_the_sett
         **HOSTS_LOGIN,
         "OPENAI_BASE_URL": fake + "/v1",
         "OPENAI_API_KEY": "test",
-        "QWENCHAT_SERVER_UI_PORT": str(free_port()),
+        "QWENCHAT_NETWORK_UI_PORT": str(free_port()),
         "QWENCHAT_LOGGING_DIR": str(tmp_path / "logs"),
     }
-    env.pop("QWENCHAT_UI_HOSTS", None)
+    env.pop("QWENCHAT_NETWORK_HOST_NAMES", None)
     output = tmp_path / "serve.out"
     proc = subprocess.Popen(
         [sys.executable, "-m", "backend", "serve"],
@@ -444,7 +446,9 @@ def test_a_ui_on_every_address_without_hosts_is_refused_at_start_naming_the_sett
         supervisor.stop_process_group(proc, grace=5)  # whatever it started, if it did
     said = output.read_text()
     assert proc.returncode == 2, said
-    assert "ui.hosts" in said and "[ui] hosts = [" in said and "QWENCHAT_UI_HOSTS=" in said, said
+    assert (
+        "network.host_names" in said and "[network] host_names = [" in said and "QWENCHAT_NETWORK_HOST_NAMES=" in said
+    ), said
     assert not (tmp_path / "logs" / "ui.log").exists()  # no UI was started
 
 
@@ -471,7 +475,9 @@ def test_behind_a_proxy_a_guess_spread_over_many_clients_is_throttled_per_name_a
 ):
     """On the code before: each forwarded address was counted alone, so fresh addresses (one /64 holds 2^64)
     guessed at one name without ever waiting."""
-    app = launch(fake, tmp_path_factory.mktemp("e2e-security-spread"), **LOGIN, QWENCHAT_UI_TRUSTED_PROXIES="127.0.0.1")
+    app = launch(
+        fake, tmp_path_factory.mktemp("e2e-security-spread"), **LOGIN, QWENCHAT_NETWORK_TRUSTED_PROXIES="127.0.0.1"
+    )
     try:
         # one name, a fresh address for every attempt: the name waits
         locked = fail_until_locked(lambda i: login_attempt(app.url, GUESS, f"198.51.100.{i + 1}"), 8)

@@ -2,7 +2,7 @@
 and the Chinese UI of both and of compare mode, in real Chromium.
 
 The product is launched as start.sh launches it (`python -m backend serve`) with login on, an extra account
-([ui] users, a real PBKDF2 hash) and starters, in external mode against the fake OpenAI server: what is tested
+([login] users, a real PBKDF2 hash) and starters, in external mode against the fake OpenAI server: what is tested
 here is the UI, the routes and the history database, not a model (the fake server serves "fake-qwen" and
 "fake-adapter"; "pirate" is in [lora] modules by default but not served there, which makes it the unserved
 starter).
@@ -45,14 +45,14 @@ def live(fake, tmp_path_factory):
         {
             "OPENAI_BASE_URL": fake + "/v1",
             "OPENAI_API_KEY": "test",
-            "QWENCHAT_UI_AUTH": "true",
-            "QWENCHAT_UI_USERNAME": OWNER,
-            "QWENCHAT_UI_PASSWORD": OWNER_PW,
-            "QWENCHAT_UI_USERS": f"{VIEWER}={viewer_hash}",
-            "QWENCHAT_UI_NAME": "Pirate Demo",
-            "QWENCHAT_UI_ACCENT": "#2563eb",
-            "QWENCHAT_UI_LOGO": str(tmp / "logo.svg"),
-            "QWENCHAT_UI_FAVICON": str(tmp / "logo.svg"),
+            "QWENCHAT_LOGIN_ENABLE": "true",
+            "QWENCHAT_LOGIN_USERNAME": OWNER,
+            "QWENCHAT_LOGIN_PASSWORD": OWNER_PW,
+            "QWENCHAT_LOGIN_USERS": f"{VIEWER}={viewer_hash}",
+            "QWENCHAT_BRANDING_NAME": "Pirate Demo",
+            "QWENCHAT_BRANDING_ACCENT": "#2563eb",
+            "QWENCHAT_BRANDING_LOGO": str(tmp / "logo.svg"),
+            "QWENCHAT_BRANDING_FAVICON": str(tmp / "logo.svg"),
             "QWENCHAT_LORA_STARTERS": f"fake-adapter={STARTER}",
         },
         wait_engine=False,
@@ -129,7 +129,7 @@ def test_the_welcome_screen_shows_starters_per_adapter_with_the_configured_name_
     assert "What is the capital of France? · pirate" in labels  # the demo adapter's built-in starters
     assert owner.title() == "Pirate Demo"
     primary = owner.evaluate("getComputedStyle(document.documentElement).getPropertyValue('--primary').trim()")
-    assert primary == "221 83% 53%"  # [ui] accent = "#2563eb"
+    assert primary == "221 83% 53%"  # [branding] accent = "#2563eb"
 
 
 def test_the_configured_logo_and_favicon_are_served(owner):

@@ -1,7 +1,7 @@
 """End to end: two UI processes on one PostgreSQL database behave like one app — in real Chromium.
 
 Two real app processes (`python -m backend serve`, different ports, different log folders as on two machines)
-in external mode against the fake OpenAI server, both with ``[ui] history_db`` = one database on the session's
+in external mode against the fake OpenAI server, both with ``[history] db`` = one database on the session's
 real PostgreSQL (tests/support/postgres.py). Log in on A and chat; open B (the login is valid there: the
 login secret is in the database), resume the same thread from B's history sidebar and continue; A shows the
 continued thread after a reload.
@@ -28,7 +28,7 @@ def fake(fake_openai):
 @pytest.fixture(scope="module")
 def uis(fake, postgres, tmp_path_factory):
     url = postgres.create_database("two_uis")
-    env = {**LOGIN, "QWENCHAT_UI_HISTORY_DB": url}
+    env = {**LOGIN, "QWENCHAT_HISTORY_DB": url}
     a = launch(fake, tmp_path_factory.mktemp("ui-a"), **env)
     try:
         b = launch(fake, tmp_path_factory.mktemp("ui-b"), **env)
@@ -97,7 +97,7 @@ def test_a_thread_started_on_one_ui_is_resumed_and_continued_on_the_other(uis, f
 
 
 def test_a_ui_whose_database_is_down_says_it_waits_then_chats_without_history(fake, postgres, browser, tmp_path):
-    """PostgreSQL refuses connections: the launcher says the UI waits for it ([ui] history_wait, 2 s here, never
+    """PostgreSQL refuses connections: the launcher says the UI waits for it ([history] wait, 2 s here, never
     the password), the UI then starts without history, login and chat work, and the chat says history is off."""
     from tests.support.postgres import free_port
 
@@ -106,14 +106,14 @@ def test_a_ui_whose_database_is_down_says_it_waits_then_chats_without_history(fa
         fake,
         tmp_path,
         **LOGIN,
-        QWENCHAT_UI_HISTORY_DB=down,
-        QWENCHAT_UI_HISTORY_WAIT="2",
+        QWENCHAT_HISTORY_DB=down,
+        QWENCHAT_HISTORY_WAIT="2",
     )
     try:
         said = app.log()
-        assert "the UI waits for its history database before it listens: history: ui.history_db = " in said
+        assert "the UI waits for its history database before it listens: history: history.db = " in said
         assert "connection refused" in said and "waiting up to 2 s" in said
-        assert "the UI starts without history: history: ui.history_db = postgresql+asyncpg://qwenchat:***@" in said
+        assert "the UI starts without history: history: history.db = postgresql+asyncpg://qwenchat:***@" in said
         assert postgres.password not in said and postgres.password not in app.log("ui")
         assert "history is off" in app.log_with("history is off", "ui")
         page = browser.new_page(locale="en-US")

@@ -33,6 +33,7 @@ from backend.engine import supervisor
 from backend.engine.launch import static_adapters
 from backend.engine.log_diagnosis import classify_failure
 from backend.errors import AdapterPathRefused, AdapterRejected, ModelNotFound
+from backend.settings import replace
 from backend.text import t
 from tests.conftest import free_port, start_engine, tiny_settings
 from tests.fakes import adapter_zoo as zoo
@@ -127,8 +128,8 @@ def layout(test_models, tmp_path_factory) -> Layout:
 
 def adapter_settings(test_models: Path, layout: Layout):
     s = tiny_settings(test_models, free_port(), lora_dir=layout.lora_dir)
-    lora = dataclasses.replace(s.lora, modules={name: str(path) for name, path in layout.static.items()})
-    return dataclasses.replace(s, lora=lora)
+    lora = replace(s.lora, modules={name: str(path) for name, path in layout.static.items()})
+    return replace(s, lora=lora)
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +267,7 @@ async def test_unload_removes_the_adapter_and_a_second_unload_is_model_not_found
 
 async def test_service_loads_a_folder_adapter_on_choice_and_the_dropdown_labels_it_with_its_rank(engine, layout):
     # tiny_settings (not base_url=...) keeps launcher mode, so the doctor checks against the base folder.
-    settings = dataclasses.replace(engine.settings, api_key=engine.api_key)
+    settings = replace(engine.settings, api_key=engine.api_key)
     assert not settings.external
     service = Service(settings, health=HealthSettings(probe_every=60))
     try:
@@ -355,11 +356,11 @@ class ChatScreen:
 async def test_two_chats_competing_for_slots_evict_the_least_recently_used_never_one_answering(engine, layout):
     """Slots for 3 adapters ([lora].max_cpu_loras): the static 'good' and two runtime ones, shared by two chats."""
     base = engine.settings
-    settings = dataclasses.replace(
+    settings = replace(
         base,
         api_key=engine.api_key,
-        lora=dataclasses.replace(base.lora, max_cpu_loras=3),
-        budget=dataclasses.replace(base.budget, reply_reserve=24),
+        lora=replace(base.lora, max_cpu_loras=3),
+        budget=replace(base.budget, reply_reserve=24),
     )
     service = Service(settings, health=HealthSettings(probe_every=60))
     one = ChatSession(system_prompt="", sampling=dict(GREEDY, top_p=1.0, top_k=-1, min_p=0.0))

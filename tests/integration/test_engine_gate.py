@@ -197,7 +197,7 @@ CHAT = json.dumps({"model": "tiny-qwen3", "messages": [{"role": "user", "content
     ],
 )
 def test_bad_requests_are_refused_with_a_fixed_body(tiny_engine, path, what, headers, query, status):
-    fill = {"key": tiny_engine.api_key, "port": tiny_engine.settings.server.port}
+    fill = {"key": tiny_engine.api_key, "port": tiny_engine.settings.network.engine_port}
     sent = {k: v.format(**fill) for k, v in headers.items()}
     answer = call(tiny_engine, "POST", path + query.format(**fill), {**sent, "Content-Type": "application/json"}, CHAT)
     assert answer.status == status and answer.from_gate, (what, answer)

@@ -97,11 +97,11 @@ def fleet(tmp_path_factory) -> Fleet:
         tmp,
         {
             "QWENCHAT_FLEET_LOCAL": "2",
-            "QWENCHAT_SERVER_PORT": str(port),
+            "QWENCHAT_NETWORK_ENGINE_PORT": str(port),
             "QWENCHAT_MODEL_PATH": str(models / "tiny-qwen3"),
             "QWENCHAT_MODEL_SERVED_MODEL_NAME": "tiny-qwen3",
             "QWENCHAT_MODEL_MAX_MODEL_LEN": "2048",
-            "QWENCHAT_SERVER_MAX_NUM_SEQS": "4",
+            "QWENCHAT_VLLM_MAX_NUM_SEQS": "4",
             "QWENCHAT_LORA_MODULES": f"tiny-lora={models / 'tiny-qwen3-lora'}",
             "QWENCHAT_LORA_MAX_LORA_RANK": "8",
             "QWENCHAT_UI_LANGUAGE": "en",

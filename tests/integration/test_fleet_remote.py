@@ -50,7 +50,7 @@ def fleet_env(engine, **overrides: str) -> dict[str, str]:
     return {
         "QWENCHAT_FLEET_LOCAL": "0",
         "QWENCHAT_FLEET_REMOTE": engine.base_url.replace("http://", f"http://ops:{PASSWORD}@"),
-        "QWENCHAT_SERVER_API_KEY": engine.api_key,  # the replica's key: every replica takes [server] api_key
+        "QWENCHAT_VLLM_API_KEY": engine.api_key,  # the replica's key: every replica takes [vllm] api_key
         "QWENCHAT_MODEL_PATH": str(models / "tiny-qwen3"),  # the local tokenizer counts tokens
         "QWENCHAT_MODEL_SERVED_MODEL_NAME": "tiny-qwen3",
         "QWENCHAT_MODEL_MAX_MODEL_LEN": "2048",
@@ -132,11 +132,11 @@ def refused_start(engine, tmp: Path, **overrides: str) -> tuple[int, str]:
     env = {
         **os.environ,
         "QWENCHAT_ENGINE_PYTHON": need_env("QWENCHAT_ENGINE_PYTHON"),
-        "QWENCHAT_SERVER_PORT": str(free_port()),
-        "QWENCHAT_SERVER_UI_PORT": str(free_port()),
+        "QWENCHAT_NETWORK_ENGINE_PORT": str(free_port()),
+        "QWENCHAT_NETWORK_UI_PORT": str(free_port()),
         "QWENCHAT_LOGGING_DIR": str(tmp / "logs"),
         "QWENCHAT_LORA_DIR": str(tmp / "adapters"),
-        "QWENCHAT_SERVER_ENGINE": "cpu",
+        "QWENCHAT_VLLM_DEVICE": "cpu",
         **fleet_env(engine),
         **overrides,
     }
@@ -157,7 +157,7 @@ def test_a_remote_replica_serving_another_base_model_is_refused_at_start_naming_
 
 
 def test_a_remote_replica_refusing_the_key_is_refused_at_start_naming_the_key_setting(tiny_engine, tmp_path):
-    code, out = refused_start(tiny_engine, tmp_path, QWENCHAT_SERVER_API_KEY="not-the-replicas-key")
+    code, out = refused_start(tiny_engine, tmp_path, QWENCHAT_VLLM_API_KEY="not-the-replicas-key")
     assert code != 0, out
-    assert tiny_engine.base_url in out and "[server] api_key" in out, out
+    assert tiny_engine.base_url in out and "[vllm] api_key" in out, out
     assert "not-the-replicas-key" not in out and tiny_engine.api_key not in out  # keys are never printed

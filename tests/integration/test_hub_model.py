@@ -35,10 +35,10 @@ def launcher_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
             "QWENCHAT_HOME": os.environ.get("QWENCHAT_HOME", str(Path.home() / ".cache" / "qwenchat")),
             "QWENCHAT_CONFIG": str(ROOT / "tests" / "config.toml"),
             "QWENCHAT_LOGGING_DIR": str(tmp_path / "logs"),
-            "QWENCHAT_SERVER_PORT": str(free_port()),
-            "QWENCHAT_SERVER_UI_PORT": str(free_port()),
-            "QWENCHAT_SERVER_API_KEY": KEY,
-            "QWENCHAT_SERVER_MAX_NUM_SEQS": "4",
+            "QWENCHAT_NETWORK_ENGINE_PORT": str(free_port()),
+            "QWENCHAT_NETWORK_UI_PORT": str(free_port()),
+            "QWENCHAT_VLLM_API_KEY": KEY,
+            "QWENCHAT_VLLM_MAX_NUM_SEQS": "4",
             "QWENCHAT_MODEL_PATH": REPO,
             "QWENCHAT_MODEL_MAX_MODEL_LEN": "4096",
             "QWENCHAT_LORA_ENABLE": "false",
@@ -67,7 +67,7 @@ def start(env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
 def chat(env: dict[str, str], text: str) -> dict:
     body = {"model": "tiny-qwen3", "messages": [{"role": "user", "content": text}], "max_tokens": 8}
     req = urllib.request.Request(
-        f"http://127.0.0.1:{env['QWENCHAT_SERVER_PORT']}/v1/chat/completions",
+        f"http://127.0.0.1:{env['QWENCHAT_NETWORK_ENGINE_PORT']}/v1/chat/completions",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
     )
@@ -126,7 +126,7 @@ def test_a_hub_id_downloads_behind_the_ui_resumes_after_ctrl_c_and_serves_offlin
             answer = chat(env, "What is the capital of France?")
             assert answer["model"] == "tiny-qwen3" and answer["choices"][0]["message"]["content"]
             assert answer["usage"]["completion_tokens"] > 0
-            assert get(f"http://127.0.0.1:{env['QWENCHAT_SERVER_UI_PORT']}/qwenchat/status")[0] == 200
+            assert get(f"http://127.0.0.1:{env['QWENCHAT_NETWORK_UI_PORT']}/qwenchat/status")[0] == 200
             assert prepare_bg.DOWNLOAD_LOG in os.listdir(tmp_path / "logs")
             proc.send_signal(signal.SIGINT)
             assert finish(proc) == 0

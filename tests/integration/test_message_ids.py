@@ -1,6 +1,6 @@
 """Issue #18, chat side: two accounts over Chainlit's real socket protocol, history in SQLite and in PostgreSQL.
 
-The product is launched as start.sh launches it (login on, a second account in [ui] users) in external mode against
+The product is launched as start.sh launches it (login on, a second account in [login] users) in external mode against
 the fake OpenAI server. On main, Bob sending a ``client_message`` with the id of Alice's message moved her message,
 with his text, into his chat (Chainlit's data layer upserts on the browser's id); a browser could also store
 ``assistant_message`` steps, and a second message while an answer streamed started a second answer. Here each of
@@ -35,9 +35,9 @@ def fake(fake_openai):
 
 def launch(fake: str, tmp, history_db: str = "") -> e2e.LiveApp:
     bob = passwords.hash_password(BOB_PW, iterations=passwords.MIN_ITERATIONS)
-    extra = {"QWENCHAT_UI_HISTORY_DB": history_db} if history_db else {}
+    extra = {"QWENCHAT_HISTORY_DB": history_db} if history_db else {}
     # The language from each browser (Accept-Language): a refusal is said in the sender's.
-    return launch_ready(fake, tmp, **LOGIN, QWENCHAT_UI_USERS=f"{BOB}={bob}", QWENCHAT_UI_LANGUAGE="auto", **extra)
+    return launch_ready(fake, tmp, **LOGIN, QWENCHAT_LOGIN_USERS=f"{BOB}={bob}", QWENCHAT_UI_LANGUAGE="auto", **extra)
 
 
 async def until(predicate, timeout: float, what: str) -> None:

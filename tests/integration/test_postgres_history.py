@@ -28,7 +28,7 @@ from backend.chat import database, history, preferences
 from backend.chat.datalayer import GuardedDataLayer
 from backend.chat.votes import Vote, VoteStore
 from backend.errors import ConfigError
-from backend.settings import LoggingSettings, Settings, UISettings
+from backend.settings import HistorySettings, LoggingSettings, LoginSettings, Settings
 from tests.support.postgres import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,8 @@ def fresh(postgres) -> database.Database:
 
 def pg_settings(tmp_path: Path, url: str, wait: float = 30.0) -> Settings:
     return Settings(
-        ui=UISettings(auth=True, password="pw", history_db=url, history_wait=wait),
+        login=LoginSettings(enable=True, password="pw"),
+        history=HistorySettings(db=url, wait=wait),
         logging=LoggingSettings(dir=str(tmp_path / "logs")),
     )
 
@@ -69,11 +70,11 @@ def test_history_db_accepts_paths_and_sqlalchemy_urls_and_refuses_anything_else(
     for bad in ("mysql://u:s3cret@h/db", "postgres://u:s3cret@h/db", "postgresql+psycopg2://u:s3cret@h/db"):
         with pytest.raises(ConfigError) as err:
             database.from_setting(bad, default)
-        assert err.value.key == "ui.history_db" and "postgresql+asyncpg://" in err.value.expected
+        assert err.value.key == "history.db" and "postgresql+asyncpg://" in err.value.expected
         assert "s3cret" not in str(err.value.value)
     with pytest.raises(ConfigError) as err:  # the settings check at load time: the scheme only, never the rest
-        UISettings(history_db="mysql://u:s3cret@h/db")
-    assert err.value.key == "ui.history_db" and "s3cret" not in str(err.value.value)
+        HistorySettings(db="mysql://u:s3cret@h/db")
+    assert err.value.key == "history.db" and "s3cret" not in str(err.value.value)
 
 
 # ---------------------------------------------------------------- schema
@@ -277,7 +278,7 @@ def bad_urls(postgres) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.parametrize("case", ["refused", "wrong password", "unknown database"])
 def test_an_unusable_database_is_one_clear_line_and_the_start_goes_on_without_history(postgres, tmp_path, caplog, case):
-    """A refused connection is waited for ([ui] history_wait, 1 s here), then given up; a wrong password or an
+    """A refused connection is waited for ([history] wait, 1 s here), then given up; a wrong password or an
     unknown database is an answer from the server: no waiting."""
     url, cause = bad_urls(postgres)[case]
     settings = pg_settings(tmp_path, url, wait=1.0)
@@ -289,7 +290,7 @@ def test_an_unusable_database_is_one_clear_line_and_the_start_goes_on_without_hi
     assert env["CHAINLIT_AUTH_SECRET"]  # login still works
     lines = [r.getMessage() for r in caplog.records if r.name == "backend.chat.history"]
     [line] = [m for m in lines if "history is off" in m]
-    assert "ui.history_db" in line and cause in line and "127.0.0.1:" in line and "***" in line
+    assert "history.db" in line and cause in line and "127.0.0.1:" in line and "***" in line
     waits = [m for m in lines if "waiting up to 1 s" in m]
     assert (len(waits), "(waited " in line) == ((1, True) if case == "refused" else (0, False)), lines
     assert postgres.password not in caplog.text and "not-the-password" not in caplog.text
@@ -389,7 +390,7 @@ def forwarded(postgres, after: float = 0.0) -> Iterator[tuple[Forwarder, databas
 
 
 def test_a_database_that_comes_up_after_the_ui_is_waited_for_and_the_history_is_on(postgres, tmp_path, caplog):
-    """[ui] history_wait: the database refuses connections for the first 3 s (nothing listens on its port yet),
+    """[history] wait: the database refuses connections for the first 3 s (nothing listens on its port yet),
     then answers: the start waits for it, says so once, and history is on, in that database."""
     env: dict[str, str] = {}
     with forwarded(postgres, after=3.0) as (forwarder, db), caplog.at_level(logging.INFO):

@@ -11,7 +11,6 @@ app's own ``HealthPoller`` on that file and the engine, and record what the stat
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from backend.engine import command, supervisor
 from backend.engine.log_diagnosis import ATTEMPT_MARKER
 from backend.errors import EngineStartFailed
 from backend.probe import OneTokenProbe
-from backend.settings import HealthSettings, LoraSettings
+from backend.settings import HealthSettings, LoraSettings, replace
 from backend.text import Text
 from tests.conftest import free_port, need_env, tiny_settings
 from tests.support.supervision import Running, group_members, launches, wait_group_empty
@@ -44,10 +43,10 @@ def said(status: dict, lang: str = "en") -> str:
 
 def tiny_engine_command(test_models: Path, *extra: str):
     settings = tiny_settings(test_models, free_port())
-    settings = dataclasses.replace(
+    settings = replace(
         settings,
         lora=LoraSettings(enable=False),  # fewer moving parts, faster start
-        server=dataclasses.replace(settings.server, extra_args=tuple(extra)),
+        vllm=replace(settings.vllm, extra_args=tuple(extra)),
     )
     cmd = command.build_engine_command(
         settings, engine="cpu", python=need_env("QWENCHAT_ENGINE_PYTHON"), api_key="test-key", adapters={}
@@ -160,7 +159,7 @@ def test_a_flag_vllm_does_not_know_fails_the_first_start_with_that_reason_and_no
         run.stop()
     assert isinstance(sup.failed, EngineStartFailed), run.history()
     text = sup.failed.user_text("en")
-    assert "does not know the flag(s) --no-such-flag" in text and "[server].extra_args" in text
+    assert "does not know the flag(s) --no-such-flag" in text and "[vllm].extra_args" in text
     assert "unrecognized arguments: --no-such-flag" in text  # the log tail travels with it
     down = [st for _, st in run.seen if st["state"] == "down"]
     assert down and down[0]["cause"] == "unsupported_flag", run.history()

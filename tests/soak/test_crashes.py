@@ -70,7 +70,7 @@ async def test_kill_9_of_the_engine_while_sessions_stream(tmp_path, soak_level, 
         "QWENCHAT_MODEL_SERVED_MODEL_NAME": "tiny-qwen3",
         "QWENCHAT_MODEL_MAX_MODEL_LEN": "4096",  # the reply reserve and a few turns of history
         "QWENCHAT_LORA_ENABLE": "false",
-        "QWENCHAT_SERVER_MAX_NUM_SEQS": str(max(16, n_sessions)),
+        "QWENCHAT_VLLM_MAX_NUM_SEQS": str(max(16, n_sessions)),
         "QWENCHAT_BUDGET_REPLY_RESERVE": str(REPLY_TOKENS),
         "QWENCHAT_UI_LANGUAGE": "en",
         "QWENCHAT_UI_WAIT_FOR_READY": "300",

@@ -8,7 +8,6 @@ Same harness as tests/unit/test_app_handlers.py (a real Chainlit WebsocketSessio
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from backend.chat import preferences
 from backend.chat.health import EngineState, HealthPoller
 from backend.contract import EngineStatus, SupervisorState
-from backend.settings import HealthSettings
+from backend.settings import HealthSettings, replace
 from backend.text import Text, t
 from tests.conftest import free_port
 from tests.unit import test_app_handlers as handlers
@@ -137,7 +136,7 @@ async def test_a_message_sent_while_the_model_loads_past_wait_for_ready_is_kept_
     monkeypatch.setattr(
         ui.service,
         "settings",
-        dataclasses.replace(ui.service.settings, ui=dataclasses.replace(ui.service.settings.ui, wait_for_ready=1.0)),
+        replace(ui.service.settings, ui=replace(ui.service.settings.ui, wait_for_ready=1.0)),
     )
     m = marker()
     try:

@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from backend.settings import ROOT, Settings, UISettings, load_settings
+from backend.settings import ROOT, BrandingSettings, NetworkSettings, Settings, load_settings
 from backend.ui.chainlit_settings import SHIPPED_CSS, THEME_CSS, apply, chainlit_settings
 
 CHAINLIT_TOML = ROOT / ".chainlit" / "config.toml"
@@ -24,7 +24,7 @@ def _in_toml(key: str) -> object:
     ids=["shipped config.toml", "defaults"],
 )
 def test_chainlits_config_toml_says_what_we_set_for_the_shipped_settings(settings):
-    assert not settings.ui.auth  # no login, so no history to share from
+    assert not settings.login.enable  # no login, so no history to share from
     ours = chainlit_settings(settings, sharing=False)
     differ = {key: (value, _in_toml(key)) for key, value in ours.items() if _in_toml(key) != value}
     assert not differ, f"(ours, .chainlit/config.toml): {differ}; change .chainlit/config.toml to say what we set"
@@ -41,7 +41,8 @@ def test_apply_sets_each_setting_where_chainlit_reads_it(monkeypatch):
     http_app = Starlette()
     http_app.add_middleware(CORSMiddleware, allow_origins=["*"])
     settings = Settings(
-        ui=UISettings(name="Team chat", accent="#16a34a", allowed_origins=("https://chat.example.com", "http://h:8080"))
+        branding=BrandingSettings(name="Team chat", accent="#16a34a"),
+        network=NetworkSettings(allowed_origins=("https://chat.example.com", "http://h:8080")),
     )
 
     apply(settings, sharing=True, http_app=http_app)

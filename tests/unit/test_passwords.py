@@ -1,4 +1,4 @@
-"""Password hashes for [ui] users, and `python -m backend hash-password`."""
+"""Password hashes for [login] users, and `python -m backend hash-password`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Settings for the stakeholder demo (issue 12): [ui] users, name, logo, favicon, accent and [lora.starters]."""
+"""Settings for the stakeholder demo (issue 12): [login] users, [branding] and [lora.starters]."""
 
 from __future__ import annotations
 
@@ -24,20 +24,21 @@ def test_branding_users_and_starters_from_config(tmp_path):
     s = load(
         tmp_path,
         f"""
-[ui]
+[branding]
 name = "Pirate Demo"
 logo = "{tmp_path / "logo.svg"}"
 favicon = "{tmp_path / "logo.svg"}"
 accent = "#2563eb"
+[login]
 users = {{ alice = "{HASH}" }}
 [lora.starters]
 pirate = ["Ahoy?", "Where is the treasure?"]
 base = []
 """,
     )
-    assert (s.ui.name, s.ui.accent) == ("Pirate Demo", "#2563eb")
-    assert s.ui.logo.endswith("logo.svg") and s.ui.favicon.endswith("logo.svg")
-    assert dict(s.ui.users) == {"alice": HASH}
+    assert (s.branding.name, s.branding.accent) == ("Pirate Demo", "#2563eb")
+    assert s.branding.logo.endswith("logo.svg") and s.branding.favicon.endswith("logo.svg")
+    assert dict(s.login.users) == {"alice": HASH}
     assert dict(s.lora.starters) == {"pirate": ("Ahoy?", "Where is the treasure?"), "base": ()}
 
 
@@ -45,23 +46,25 @@ def test_starters_and_users_from_the_environment(tmp_path):
     s = load(
         tmp_path,
         "",
-        {"QWENCHAT_LORA_STARTERS": "pirate=Ahoy?|Where?,smol=Hi", "QWENCHAT_UI_USERS": f"bob={HASH}"},
+        {"QWENCHAT_LORA_STARTERS": "pirate=Ahoy?|Where?,smol=Hi", "QWENCHAT_LOGIN_USERS": f"bob={HASH}"},
     )
     assert dict(s.lora.starters) == {"pirate": ("Ahoy?", "Where?"), "smol": ("Hi",)}
-    assert dict(s.ui.users) == {"bob": HASH}
+    assert dict(s.login.users) == {"bob": HASH}
 
 
 @pytest.mark.parametrize(
     ("text", "key", "fragment"),
     [
-        ('[ui]\naccent = "blue"\n', "ui.accent", '"#rrggbb"'),
-        ('[ui]\naccent = "#12345"\n', "ui.accent", '"#rrggbb"'),
-        ('[ui]\nname = ""\n', "ui.name", "1 to 60 characters"),
-        ('[ui]\nlogo = "nowhere/logo.png"\n', "ui.logo", "an existing file"),
-        ('[ui]\nfavicon = "README.md"\n', "ui.favicon", ".png, .svg, .ico"),
-        ('[ui]\nusers = { alice = "hunter22" }\n', "ui.users.alice", "python -m backend hash-password"),
-        (f'[ui]\nusers = {{ admin = "{HASH}" }}\n', "ui.users", "names other than [ui].username"),
-        ('[ui]\nusers = ["alice"]\n', "ui.users", 'a table of name = "value"'),
+        ('[branding]\naccent = "blue"\n', "branding.accent", '"#rrggbb"'),
+        ('[branding]\naccent = "#12345"\n', "branding.accent", '"#rrggbb"'),
+        ('[branding]\nname = ""\n', "branding.name", "1 to 60 characters"),
+        ('[branding]\nname = "' + "x" * 61 + '"\n', "branding.name", "1 to 60 characters"),
+        ('[branding]\nlogo = "nowhere/logo.png"\n', "branding.logo", "an existing file"),
+        ('[branding]\nfavicon = "README.md"\n', "branding.favicon", ".png, .svg, .ico"),
+        ('[login]\nusers = { alice = "hunter22" }\n', "login.users.alice", "python -m backend hash-password"),
+        (f'[login]\nusers = {{ admin = "{HASH}" }}\n', "login.users", "names other than [login] username"),
+        ('[login]\nusers = ["alice"]\n', "login.users", 'a table of name = "value"'),
+        ('[ui]\nusers = ["alice"]\n', "login.users", 'a table of name = "value"'),  # the old name: the new key
         ('[lora.starters]\npirate = "Ahoy?"\n', "lora.starters", 'a table of name = ["text", ...]'),
         ('[lora.starters]\npirate = ["  "]\n', "lora.starters.pirate", "non-empty questions"),
         ("[lora.starters]\npirate = [" + ", ".join(['"q"'] * 7) + "]\n", "lora.starters.pirate", "at most 6"),
@@ -76,5 +79,5 @@ def test_bad_demo_settings_name_the_key_the_value_and_the_fix(tmp_path, text, ke
 
 def test_a_plain_password_in_users_is_not_echoed_whole(tmp_path):
     with pytest.raises(ConfigError) as err:
-        load(tmp_path, '[ui]\nusers = { alice = "my-long-secret-password-123" }\n')
+        load(tmp_path, '[login]\nusers = { alice = "my-long-secret-password-123" }\n')
     assert "my-long-secret-password-123" not in err.value.user_text("en")

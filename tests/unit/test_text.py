@@ -175,7 +175,7 @@ def test_no_english_phrase_is_left_inside_a_chinese_text():
 
 
 def test_the_english_phrase_check_can_fail():
-    assert _ENGLISH_PHRASE.findall(_prose("服务器没有说明（无 finish reason）；请检查 `a b` 和 [ui] auth")) == [
+    assert _ENGLISH_PHRASE.findall(_prose("服务器没有说明（无 finish reason）；请检查 `a b` 和 [login] enable")) == [
         "finish reason"
     ]
 

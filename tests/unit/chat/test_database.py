@@ -1,5 +1,5 @@
 """database.failure / database.transient: what a failure to reach PostgreSQL is called, and whether the start
-waits for it ([ui] history_wait). Real asyncpg exception classes (their SQLSTATEs), raised in chains as SQLAlchemy
+waits for it ([history] wait). Real asyncpg exception classes (their SQLSTATEs), raised in chains as SQLAlchemy
 and asyncio raise them."""
 
 from __future__ import annotations
@@ -67,4 +67,4 @@ def test_a_url_with_a_bad_port_is_a_config_error_without_its_password(url):
 
     with pytest.raises(ConfigError) as info:
         database.from_setting(url, Path("/unused"))
-    assert "ui.history_db" in str(info.value) and "s3cret" not in str(info.value)
+    assert "history.db" in str(info.value) and "s3cret" not in str(info.value)

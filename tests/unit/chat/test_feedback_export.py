@@ -16,7 +16,7 @@ import pytest
 
 from backend.chat import datalayer, feedback_export, history, preferences
 from backend.chat.votes import Vote, VoteStore
-from backend.settings import ROOT, LoggingSettings, Settings, UISettings
+from backend.settings import ROOT, LoggingSettings, LoginSettings, Settings
 from backend.training_data import TrainingDataError, read_examples
 from backend.ui.markdown import footer, interrupted_marker
 
@@ -25,7 +25,7 @@ PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 
 def settings_in(tmp_path: Path, auth: bool = True) -> Settings:
     return Settings(
-        ui=UISettings(auth=auth, password="pw-123456" if auth else ""),
+        login=LoginSettings(enable=auth, password="pw-123456" if auth else ""),
         logging=LoggingSettings(dir=str(tmp_path / "logs")),
     )
 
@@ -215,8 +215,8 @@ def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "QWENCHAT_LOGGING_DIR": str(tmp_path / "logs"),
-        "QWENCHAT_UI_AUTH": "true",
-        "QWENCHAT_UI_PASSWORD": "pw-123456",
+        "QWENCHAT_LOGIN_ENABLE": "true",
+        "QWENCHAT_LOGIN_PASSWORD": "pw-123456",
     }
     return subprocess.run(
         [sys.executable, "-m", "backend", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import time
@@ -15,6 +14,7 @@ import pytest_asyncio
 from backend.chat import health
 from backend.chat.health import EngineState, HealthPoller, HealthSettings, get_poller, reset_shared
 from backend.errors import ConfigError
+from backend.settings import replace
 from backend.text import Text, t
 from tests.fakes.vllm_server import FakeEngine, adapter
 
@@ -29,7 +29,7 @@ FAST = HealthSettings(
 )
 # A probe slower than probe_slow but well within probe_timeout: FAST's window (0.3 to 0.4 s) is narrower than the
 # hiccups of a loaded machine, where a 0.35 s answer can arrive after 0.4 s and read as a timeout.
-SLOW_OK = dataclasses.replace(FAST, probe_timeout=3.0)
+SLOW_OK = replace(FAST, probe_timeout=3.0)
 KEY = "test-key"
 
 

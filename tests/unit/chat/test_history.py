@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from backend.chat import history
 from backend.chat.login import SECRET_FILE, auth_secret
-from backend.settings import LoggingSettings, Settings, UISettings
+from backend.settings import LoggingSettings, LoginSettings, Settings
 from backend.ui.markdown import footer, interrupted_marker
 
 RAW = "Arr, matey! Paris be the capital."
@@ -183,8 +183,8 @@ def test_an_answer_retried_after_a_cut_keeps_only_the_retried_answer():
 # ---------------------------------------------------------------- prepare: the database and the login secret
 
 
-def auth_settings(tmp_path, **ui) -> Settings:
-    return Settings(ui=UISettings(auth=True, **ui), logging=LoggingSettings(dir=str(tmp_path / "logs")))
+def auth_settings(tmp_path, **login) -> Settings:
+    return Settings(login=LoginSettings(enable=True, **login), logging=LoggingSettings(dir=str(tmp_path / "logs")))
 
 
 def test_prepare_creates_the_database_and_a_login_secret_that_survives_a_restart(tmp_path):

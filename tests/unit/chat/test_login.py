@@ -6,11 +6,11 @@ import pytest
 
 from backend.chat import login
 from backend.errors import ConfigError
-from backend.settings import LoggingSettings, Settings, UISettings, load_settings
+from backend.settings import LoggingSettings, LoginSettings, Settings, load_settings
 
 
-def auth_settings(tmp_path, **ui) -> Settings:
-    return Settings(ui=UISettings(auth=True, **ui), logging=LoggingSettings(dir=str(tmp_path / "logs")))
+def auth_settings(tmp_path, **login) -> Settings:
+    return Settings(login=LoginSettings(enable=True, **login), logging=LoggingSettings(dir=str(tmp_path / "logs")))
 
 
 @pytest.mark.parametrize(
@@ -31,8 +31,10 @@ def test_the_password_check_accepts_only_the_configured_name_and_password(tmp_pa
 
 def test_login_on_without_a_password_is_a_config_error_naming_both_places_to_set_it(tmp_path):
     with pytest.raises(ConfigError) as err:
-        load_settings(tmp_path / "none.toml", env={"QWENCHAT_UI_AUTH": "true"})
+        load_settings(tmp_path / "none.toml", env={"QWENCHAT_LOGIN_ENABLE": "true"})
     text = err.value.user_text("en")
-    assert "[ui].password" in text and "QWENCHAT_UI_PASSWORD" in text
-    settings = load_settings(tmp_path / "none.toml", env={"QWENCHAT_UI_AUTH": "true", "QWENCHAT_UI_PASSWORD": "pw"})
-    assert settings.ui.password == "pw" and login.check_password(settings, "admin", "pw")
+    assert "[login].password" in text and "QWENCHAT_LOGIN_PASSWORD" in text
+    settings = load_settings(
+        tmp_path / "none.toml", env={"QWENCHAT_LOGIN_ENABLE": "true", "QWENCHAT_LOGIN_PASSWORD": "pw"}
+    )
+    assert settings.login.password == "pw" and login.check_password(settings, "admin", "pw")

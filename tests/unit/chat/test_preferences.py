@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from backend.chat import preferences
-from backend.settings import LoggingSettings, Settings, UISettings
+from backend.settings import HistorySettings, LoggingSettings, LoginSettings, Settings
 
 # ---------------------------------------------------------------- remembered settings
 
@@ -121,7 +121,9 @@ def test_the_preferences_live_next_to_the_history_with_login_else_in_the_log_fol
     logs = LoggingSettings(dir=str(tmp_path / "logs"))
     assert preferences.db_path(Settings(logging=logs)) == tmp_path / "logs" / preferences.PREFS_DB
     with_login = Settings(
-        logging=logs, ui=UISettings(auth=True, password="pw", history_db=str(tmp_path / "db" / "h.sqlite3"))
+        logging=logs,
+        login=LoginSettings(enable=True, password="pw"),
+        history=HistorySettings(db=str(tmp_path / "db" / "h.sqlite3")),
     )
     assert preferences.db_path(with_login) == tmp_path / "db" / preferences.PREFS_DB
 

@@ -18,10 +18,11 @@ from backend.engine import launch
 from backend.engine.preflight import check_exposure
 from backend.errors import ConfigError, ExposureRefused
 from backend.settings import (
+    HistorySettings,
     LoggingSettings,
-    ServerSettings,
+    LoginSettings,
+    NetworkSettings,
     Settings,
-    UISettings,
     canonical_origin,
     is_loopback,
     load_settings,
@@ -210,11 +211,11 @@ def test_canonical_origin(value, canonical):
 
 def test_a_bad_allowed_origin_is_a_config_error_naming_the_value_and_the_form(tmp_path):
     with pytest.raises(ConfigError) as err:
-        load_settings(tmp_path / "none.toml", env={"QWENCHAT_UI_ALLOWED_ORIGINS": "localhost:8080"})
+        load_settings(tmp_path / "none.toml", env={"QWENCHAT_NETWORK_ALLOWED_ORIGINS": "localhost:8080"})
     text = err.value.user_text("en")
-    assert "ui.allowed_origins" in text and "'localhost:8080'" in text and "http://localhost:8080" in text
-    ok = load_settings(tmp_path / "none.toml", env={"QWENCHAT_UI_ALLOWED_ORIGINS": "http://a:1 https://b"})
-    assert ok.ui.allowed_origins == ("http://a:1", "https://b")
+    assert "network.allowed_origins" in text and "'localhost:8080'" in text and "http://localhost:8080" in text
+    ok = load_settings(tmp_path / "none.toml", env={"QWENCHAT_NETWORK_ALLOWED_ORIGINS": "http://a:1 https://b"})
+    assert ok.network.allowed_origins == ("http://a:1", "https://b")
 
 
 # ---------------------------------------------------------------- headers
@@ -286,7 +287,7 @@ def test_install_adds_one_middleware():
     from starlette.applications import Starlette
 
     app = Starlette()
-    settings = Settings(ui=UISettings(allowed_origins=("https://chat.example.com", "http://h:8080")))
+    settings = Settings(network=NetworkSettings(allowed_origins=("https://chat.example.com", "http://h:8080")))
     security.install(app, settings)
     security.install(app, settings)
     assert [m.cls for m in app.user_middleware].count(security.WebSecurityMiddleware) == 1
@@ -376,7 +377,7 @@ async def test_login_posts_are_throttled_per_address_without_blocking_the_loop(m
 
 
 def test_a_refused_login_is_logged_without_the_typed_name():
-    settings = Settings(ui=UISettings(auth=True, username="demo", password="pw"))
+    settings = Settings(login=LoginSettings(enable=True, username="demo", password="pw"))
     typed = "hunter2-my-password"
     note = security.login_refused_note(settings, typed)
     assert typed not in note and "unknown user name" in note and str(len(typed)) in note
@@ -389,8 +390,9 @@ def test_a_refused_login_is_logged_without_the_typed_name():
 def exposure(
     ui_host: str, *, auth: bool = False, public: bool = False, host: str = "127.0.0.1", hosts: tuple[str, ...] = ()
 ) -> list[str]:
-    ui = UISettings(auth=auth, password="pw" if auth else "", public=public, hosts=hosts)
-    return check_exposure(Settings(server=ServerSettings(ui_host=ui_host, host=host), ui=ui))
+    login = LoginSettings(enable=auth, password="pw" if auth else "")
+    network = NetworkSettings(ui_host=ui_host, engine_host=host, public=public, host_names=hosts)
+    return check_exposure(Settings(network=network, login=login))
 
 
 @pytest.mark.parametrize("ui_host", ["0.0.0.0", "192.168.1.5", "::", "chat.example", ""])
@@ -398,18 +400,18 @@ def test_a_ui_open_to_others_without_login_is_refused_naming_both_settings(ui_ho
     with pytest.raises(ExposureRefused) as err:
         exposure(ui_host)
     text = err.value.user_text("en")
-    assert "[server] ui_host" in text and "[ui] auth" in text and "[ui] public = true" in text
-    assert "[ui] auth" in err.value.user_text("zh") and "[server] ui_host" in err.value.user_text("zh")
+    assert "[network] ui_host" in text and "[login] enable" in text and "[network] public = true" in text
+    assert "[login] enable" in err.value.user_text("zh") and "[network] ui_host" in err.value.user_text("zh")
 
 
 def test_the_launcher_refuses_it_before_starting_anything_and_exits_non_zero(tmp_path, capsys):
-    settings = Settings(server=ServerSettings(ui_host="0.0.0.0"), logging=LoggingSettings(dir=str(tmp_path / "logs")))
+    settings = Settings(network=NetworkSettings(ui_host="0.0.0.0"), logging=LoggingSettings(dir=str(tmp_path / "logs")))
     umask = os.umask(0o022)
     try:
         assert launch.run_serve(settings) != 0
     finally:
         os.umask(umask)  # serve() sets 077 for the process it runs in
-    assert "[ui] public = true" in capsys.readouterr().out
+    assert "[network] public = true" in capsys.readouterr().out
     assert not (tmp_path / "logs" / "engine.log").exists()  # nothing was launched
 
 
@@ -429,7 +431,7 @@ def test_an_engine_open_to_others_warns_only_of_what_its_key_leaves_open():
     [warning] = exposure("127.0.0.1", host="0.0.0.0")
     assert warning.startswith("WARNING") and "GET /health" in warning and "plain HTTP" in warning
     assert "/tokenize" not in warning and "/metrics" not in warning  # they take the key now
-    external = Settings(server=ServerSettings(host="0.0.0.0"), base_url="http://gpu:8000/v1")
+    external = Settings(network=NetworkSettings(engine_host="0.0.0.0"), base_url="http://gpu:8000/v1")
     assert check_exposure(external) == []  # nothing is launched in external mode
 
 
@@ -450,7 +452,7 @@ def test_changing_the_password_invalidates_tokens_signed_before(tmp_path, monkey
     env: dict[str, str] = {}
 
     def start(password: str) -> None:
-        history.prepare(Settings(ui=UISettings(auth=True, password=password), logging=logs), env)
+        history.prepare(Settings(login=LoginSettings(enable=True, password=password), logging=logs), env)
         monkeypatch.setenv("CHAINLIT_AUTH_SECRET", env["CHAINLIT_AUTH_SECRET"])
 
     start("old password")
@@ -467,8 +469,8 @@ def test_a_user_supplied_chainlit_secret_is_still_bound_to_the_password(tmp_path
     logs = LoggingSettings(dir=str(tmp_path / "logs"))
     env_a = {"CHAINLIT_AUTH_SECRET": "mine" * 16}
     env_b = dict(env_a)
-    history.prepare(Settings(ui=UISettings(auth=True, password="a"), logging=logs), env_a)
-    history.prepare(Settings(ui=UISettings(auth=True, password="b"), logging=logs), env_b)
+    history.prepare(Settings(login=LoginSettings(enable=True, password="a"), logging=logs), env_a)
+    history.prepare(Settings(login=LoginSettings(enable=True, password="b"), logging=logs), env_b)
     assert env_a["CHAINLIT_AUTH_SECRET"] != env_b["CHAINLIT_AUTH_SECRET"]
     assert login.session_secret("mine" * 16, "admin", "a") == env_a["CHAINLIT_AUTH_SECRET"]
 
@@ -484,7 +486,7 @@ def test_the_history_database_and_its_folder_are_owner_only(tmp_path):
     old = os.umask(0o022)  # what a default shell gives: new files 0644
     try:
         logs = tmp_path / "logs"
-        settings = Settings(ui=UISettings(auth=True, password="pw"), logging=LoggingSettings(dir=str(logs)))
+        settings = Settings(login=LoginSettings(enable=True, password="pw"), logging=LoggingSettings(dir=str(logs)))
         history.prepare(settings, {})
     finally:
         os.umask(old)
@@ -497,8 +499,11 @@ def test_a_history_database_elsewhere_is_owner_only_its_folder_left_alone(tmp_pa
     folder = tmp_path / "shared"
     folder.mkdir(mode=0o755)
     os.chmod(folder, 0o755)
-    ui = UISettings(auth=True, password="pw", history_db=str(folder / "h.sqlite3"))
-    history.prepare(Settings(ui=ui, logging=LoggingSettings(dir=str(tmp_path / "logs"))), {})
+    login_on = LoginSettings(enable=True, password="pw")
+    elsewhere = HistorySettings(db=str(folder / "h.sqlite3"))
+    history.prepare(
+        Settings(login=login_on, history=elsewhere, logging=LoggingSettings(dir=str(tmp_path / "logs"))), {}
+    )
     assert mode(folder / "h.sqlite3") == 0o600 and mode(folder) == 0o755
 
 
@@ -530,7 +535,9 @@ async def test_a_loopback_ui_refuses_other_host_names_even_without_origin(kind, 
         await call(mw, scope_of(kind, host=host))
     assert inner.calls == []
     if kind == "http":
-        assert sent[0]["status"] == 403 and b"[ui] hosts" in sent[1]["body"] and b"evil" not in sent[1]["body"]
+        assert (
+            sent[0]["status"] == 403 and b"[network] host_names" in sent[1]["body"] and b"evil" not in sent[1]["body"]
+        )
     else:
         assert sent == [{"type": "websocket.close", "code": 1008}]
     assert caplog.text.count("DNS-rebinding") == 1  # logged once per Host
@@ -555,7 +562,7 @@ async def test_allowed_origins_and_hosts_add_their_host_names():
     assert len(inner.calls) == 3 and refused[0]["status"] == 403
 
 
-# ---------------------------------------------------------------- a UI off loopback: [ui] hosts (issue 18)
+# ---------------------------------------------------------------- a UI off loopback: [network] host_names (issue 18)
 
 
 def asgi_app(settings: Settings):
@@ -584,8 +591,9 @@ def asgi_app(settings: Settings):
     return app
 
 
-def open_ui(*hosts: str, ui_host: str = "0.0.0.0", **ui: Any) -> Settings:
-    return Settings(server=ServerSettings(ui_host=ui_host), ui=UISettings(auth=True, password="pw", hosts=hosts, **ui))
+def open_ui(*hosts: str, ui_host: str = "0.0.0.0", **network: Any) -> Settings:
+    login_on = LoginSettings(enable=True, password="pw")
+    return Settings(network=NetworkSettings(ui_host=ui_host, host_names=hosts, **network), login=login_on)
 
 
 async def get_with(app, host: str, origin: str | None = None, client: str = "127.0.0.1"):
@@ -624,7 +632,7 @@ async def test_a_single_address_ui_host_and_allowed_origins_are_served_without_u
 async def test_a_ui_on_every_address_without_hosts_serves_loopback_names_only_and_says_so(caplog):
     with caplog.at_level(logging.WARNING, logger=security.logger.name):
         app = asgi_app(open_ui())
-    assert "[ui] hosts is empty" in caplog.text and "'0.0.0.0'" in caplog.text
+    assert "[network] host_names is empty" in caplog.text and "'0.0.0.0'" in caplog.text
     assert (await get_with(app, "10.0.0.5:8080")).status_code == 403
     assert (await get_with(app, "localhost:8080")).status_code == 200
 
@@ -689,24 +697,26 @@ def test_a_ui_on_every_address_without_hosts_is_refused_at_start_naming_ui_hosts
     with pytest.raises(ConfigError) as err:
         exposure("0.0.0.0", auth=True)
     text = err.value.user_text("en")
-    assert "ui.hosts" in text and "[ui] hosts = [" in text and "QWENCHAT_UI_HOSTS=" in text
-    assert "DNS rebinding" in text and "[server] ui_host" in text
+    assert (
+        "network.host_names" in text and "[network] host_names = [" in text and "QWENCHAT_NETWORK_HOST_NAMES=" in text
+    )
+    assert "DNS rebinding" in text and "[network] ui_host" in text
 
 
 def test_the_start_says_which_names_a_ui_off_loopback_answers_to():
     [line] = exposure("10.0.0.10", auth=True)
-    assert "10.0.0.10" in line and "[ui] hosts" in line and "403" in line
+    assert "10.0.0.10" in line and "[network] host_names" in line and "403" in line
     [line] = exposure("0.0.0.0", auth=True, hosts=("chat.example", "gpu-box"))
     assert "chat.example, gpu-box" in line
 
 
-@pytest.mark.parametrize("auth, refusal", [(False, "[ui] public = true"), (True, "ui.hosts")])
+@pytest.mark.parametrize("auth, refusal", [(False, "[network] public = true"), (True, "network.host_names")])
 def test_serve_prepare_refuses_before_the_ui_starts(tmp_path, monkeypatch, capsys, auth, refusal):
     """`serve --prepare` starts the UI before the engine is built: the exposure rules come first there too (on
     main the UI was started, open to other machines without login, and only refused after the build)."""
-    ui = UISettings(auth=auth, password="pw" if auth else "")
+    login_settings = LoginSettings(enable=auth, password="pw" if auth else "")
     logs = LoggingSettings(dir=str(tmp_path / "logs"))
-    settings = Settings(server=ServerSettings(ui_host="0.0.0.0"), ui=ui, logging=logs)
+    settings = Settings(network=NetworkSettings(ui_host="0.0.0.0"), login=login_settings, logging=logs)
     monkeypatch.setattr(launch.prepare_bg, "needs_preparing", lambda s: True)
     started: list[Any] = []
 
@@ -755,11 +765,11 @@ def pbkdf2_calls(monkeypatch):
 
 @pytest.mark.parametrize("with_users", [False, True])
 def test_every_name_costs_exactly_one_pbkdf2_of_the_same_strength(pbkdf2_calls, viewer_hash, with_users):
-    """The admin name, a [ui] users name and an unknown name: one hash each, right or wrong password, so the
+    """The admin name, a [login] users name and an unknown name: one hash each, right or wrong password, so the
     answer's timing does not tell which names exist (on main: the admin name and, without users, an unknown name
     cost none)."""
     users = {"viewer": viewer_hash} if with_users else {}
-    settings = Settings(ui=UISettings(auth=True, username="demo", password="demo-pass", users=users))
+    settings = Settings(login=LoginSettings(enable=True, username="demo", password="demo-pass", users=users))
     attempts = [("demo", "demo-pass", True), ("demo", "wrong", False), ("nobody", "demo-pass", False)]
     if with_users:
         attempts += [("viewer", VIEWER_PASSWORD, True), ("viewer", "wrong", False)]
@@ -785,7 +795,7 @@ async def test_login_hashing_runs_on_its_own_threads_not_the_default_pool(pbkdf2
     from tests.fakes.openai_server import FakeServer
     from tests.unit.test_app_routes import installed_ui
 
-    settings = Settings(ui=UISettings(auth=True, password="pw", users={"viewer": viewer_hash}))
+    settings = Settings(login=LoginSettings(enable=True, password="pw", users={"viewer": viewer_hash}))
     assert await login.verify_login(settings, "viewer", VIEWER_PASSWORD)
     async with FakeServer() as fake, installed_ui(fake, tmp_path, auth="true", password="pw"):
         assert await config.code.password_auth_callback("admin", "pw") is not None
@@ -822,7 +832,7 @@ async def post_login(app, name: str, client: str, *, multipart: bool = False):
 
 @pytest.mark.asyncio
 async def test_an_ipv6_client_cannot_escape_the_throttle_by_changing_its_address():
-    app = asgi_app(Settings(ui=UISettings(auth=True, password="pw")))
+    app = asgi_app(Settings(login=LoginSettings(enable=True, password="pw")))
     statuses = [(await post_login(app, f"user-{i}", f"2001:db8:0:7::{i + 1:x}")).status_code for i in range(8)]
     assert statuses[:5] == [401] * 5 and set(statuses[5:]) == {429}, statuses
     assert (await post_login(app, "user-x", "2001:db8:0:8::1")).status_code == 401  # another /64
@@ -833,7 +843,7 @@ async def test_an_ipv6_client_cannot_escape_the_throttle_by_changing_its_address
 async def test_a_guess_spread_over_many_addresses_at_one_name_is_throttled(name, caplog):
     """Every attempt from a fresh address, all at one name: after ACCOUNT_FREE failures the name waits. An unknown
     name is counted the same way (else a 429 would say which names exist)."""
-    app = asgi_app(Settings(ui=UISettings(auth=True, password="pw")))
+    app = asgi_app(Settings(login=LoginSettings(enable=True, password="pw")))
     statuses = []
     with caplog.at_level(logging.WARNING, logger=security.logger.name):
         for i in range(security.ACCOUNT_FREE + 3):
@@ -861,7 +871,7 @@ def test_the_refused_login_fingerprint_is_an_hmac_keyed_with_the_servers_secret(
     import hashlib
     import hmac
 
-    settings = Settings(ui=UISettings(auth=True, username="demo", password="pw"))
+    settings = Settings(login=LoginSettings(enable=True, username="demo", password="pw"))
     typed = "hunter2-my-password"
     notes = {}
     for secret in ("secret-one", "secret-two"):

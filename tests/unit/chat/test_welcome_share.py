@@ -10,7 +10,7 @@ import pytest
 
 from backend import passwords
 from backend.chat import history, login, share, welcome
-from backend.settings import LoggingSettings, LoraSettings, Settings, UISettings
+from backend.settings import LoggingSettings, LoginSettings, LoraSettings, Settings
 
 UUID = "0b6f1c2e-5d4a-4c3b-9a8f-7e6d5c4b3a21"
 HASH = passwords.hash_password("viewer-password", iterations=passwords.MIN_ITERATIONS)
@@ -106,9 +106,9 @@ def test_only_the_owner_may_share_or_unshare():
 # ---------------------------------------------------------------- extra accounts
 
 
-def auth(tmp_path, **ui) -> Settings:
+def auth(tmp_path, **login) -> Settings:
     return Settings(
-        ui=UISettings(auth=True, username="owner", password="owner-pass", **ui),
+        login=LoginSettings(enable=True, username="owner", password="owner-pass", **login),
         logging=LoggingSettings(dir=str(tmp_path / "logs")),
     )
 

@@ -10,7 +10,7 @@ import pytest
 from backend.engine import command
 from backend.engine.supervisor import settle_log, start_process
 from backend.errors import ConfigError, EngineUnavailable
-from backend.settings import ROOT, LoraSettings, ServerSettings, Settings, load_settings
+from backend.settings import ROOT, LoraSettings, NetworkSettings, Settings, VllmSettings, load_settings
 
 
 def argv_value(argv, flag):
@@ -18,7 +18,7 @@ def argv_value(argv, flag):
 
 
 def test_cpu_command_uses_module_entry_point_kv_cache_space_and_lora_flags():
-    s = Settings(server=ServerSettings(port=8123, cpu_kvcache_gib=2))
+    s = Settings(network=NetworkSettings(engine_port=8123), vllm=VllmSettings(cpu_kvcache_gib=2))
     cmd = command.build_engine_command(
         s, engine="cpu", python="/env/bin/python", api_key="secret", adapters={"pirate": Path("/a/pirate")}
     )
@@ -58,13 +58,13 @@ def test_lora_disabled_adds_no_lora_flags():
 
 
 def test_extra_args_are_appended_verbatim():
-    s = Settings(server=ServerSettings(extra_args=("--enforce-eager", "--seed", "7")))
+    s = Settings(vllm=VllmSettings(extra_args=("--enforce-eager", "--seed", "7")))
     argv = command.build_engine_command(s, engine="cpu", python="p", api_key="k", adapters={}).argv
     assert list(argv[-3:]) == ["--enforce-eager", "--seed", "7"]
 
 
 def test_ui_command_runs_chainlit_headless_on_the_ui_port():
-    s = Settings(server=ServerSettings(ui_port=8765))
+    s = Settings(network=NetworkSettings(ui_port=8765))
     cmd = command.build_ui_command(s, python="/app/bin/python")
     assert list(cmd.argv[:4]) == ["/app/bin/python", "-m", "chainlit", "run"]
     assert "--headless" in cmd.argv and argv_value(list(cmd.argv), "--port") == "8765"
@@ -73,11 +73,11 @@ def test_ui_command_runs_chainlit_headless_on_the_ui_port():
 def test_the_ui_believes_forwarded_headers_only_from_the_configured_proxies():
     """uvicorn's own default trusts loopback: any local process could then pick its address for the throttle."""
     assert command.build_ui_command(Settings(), python="p").env["FORWARDED_ALLOW_IPS"] == ""
-    s = load_settings(ROOT / "config.toml", env={"QWENCHAT_UI_TRUSTED_PROXIES": "10.0.0.5 10.1.0.0/16"})
+    s = load_settings(ROOT / "config.toml", env={"QWENCHAT_NETWORK_TRUSTED_PROXIES": "10.0.0.5 10.1.0.0/16"})
     assert command.build_ui_command(s, python="p").env["FORWARDED_ALLOW_IPS"] == "10.0.0.5,10.1.0.0/16"
     with pytest.raises(ConfigError) as exc:
-        load_settings(ROOT / "config.toml", env={"QWENCHAT_UI_TRUSTED_PROXIES": "nginx.local"})
-    assert "ui.trusted_proxies" in str(exc.value) and "nginx.local" in str(exc.value)
+        load_settings(ROOT / "config.toml", env={"QWENCHAT_NETWORK_TRUSTED_PROXIES": "nginx.local"})
+    assert "network.trusted_proxies" in str(exc.value) and "nginx.local" in str(exc.value)
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ def test_data_parallel_profile_runs_one_qwen3_4b_replica_per_gpu():
 def test_single_gpu_profile_and_cpu_commands_carry_no_parallel_flags():
     argv = gpu_argv(qwen_profile("qwen3-4b-instruct-2507"))
     assert "--tensor-parallel-size" not in argv and "--data-parallel-size" not in argv
-    both = Settings(server=ServerSettings(tensor_parallel_size=2, data_parallel_size=3))
+    both = Settings(vllm=VllmSettings(tensor_parallel_size=2, data_parallel_size=3))
     argv = gpu_argv(both)
     assert argv_value(argv, "--tensor-parallel-size") == "2" and argv_value(argv, "--data-parallel-size") == "3"
     cpu = command.build_engine_command(both, engine="cpu", python="p", api_key="k", adapters={}).argv
@@ -164,36 +164,38 @@ def test_single_gpu_profile_and_cpu_commands_carry_no_parallel_flags():
 
 
 @pytest.mark.parametrize(
-    "tp, dp, named", [(2, 1, "server.tensor_parallel_size = 2"), (1, 2, "server.data_parallel_size = 2")]
+    "tp, dp, named", [(2, 1, "vllm.tensor_parallel_size = 2"), (1, 2, "vllm.data_parallel_size = 2")]
 )
 def test_parallel_sizes_on_the_cpu_engine_are_refused_naming_the_setting(tp, dp, named):
-    s = Settings(server=ServerSettings(tensor_parallel_size=tp, data_parallel_size=dp))
+    s = Settings(vllm=VllmSettings(tensor_parallel_size=tp, data_parallel_size=dp))
     with pytest.raises(ConfigError) as info:
         command.check_parallel(s, engine="cpu", gpus=None)
     text = info.value.user_text("en")
     assert text.startswith(f"config error: {named}: expected 1 on the cpu engine"), text
-    assert "vLLM-CPU" in text and 'engine = "gpu"' in text
+    assert "vLLM-CPU" in text and 'device = "gpu"' in text
     assert info.value.user_text("zh").startswith(f"配置错误：{named}")
 
 
 def test_more_gpus_than_visible_is_refused_naming_both_settings():
-    s = Settings(server=ServerSettings(tensor_parallel_size=2, data_parallel_size=2))
+    s = Settings(vllm=VllmSettings(tensor_parallel_size=2, data_parallel_size=2))
     with pytest.raises(ConfigError) as info:
         command.check_parallel(s, engine="gpu", gpus=3)
     text = info.value.user_text("en")
     assert "tensor_parallel_size × data_parallel_size (2 × 2 = 4 GPUs)" in text
     assert "the 3 GPU(s) visible here" in text
-    assert "[server] tensor_parallel_size or [server] data_parallel_size" in text
+    assert "[vllm] tensor_parallel_size or [vllm] data_parallel_size" in text
     command.check_parallel(s, engine="gpu", gpus=4)
     command.check_parallel(s, engine="gpu", gpus=None)  # unknown (a dry run without GPUs): not refused here
     command.check_parallel(Settings(), engine="cpu", gpus=None)  # 1 × 1 is fine anywhere
 
 
 def test_data_parallel_size_below_one_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"server.data_parallel_size = 0.*1 or more replicas"):
-        load_settings(ROOT / "config.toml", env={"QWENCHAT_SERVER_DATA_PARALLEL_SIZE": "0"})
-    s = load_settings(ROOT / "config.toml", env={"QWENCHAT_SERVER_DATA_PARALLEL_SIZE": "2"})
-    assert s.server.data_parallel_size == 2
+    with pytest.raises(
+        ConfigError, match=r"QWENCHAT_VLLM_DATA_PARALLEL_SIZE \(vllm.data_parallel_size\) = '0'.*1 or more replicas"
+    ):
+        load_settings(ROOT / "config.toml", env={"QWENCHAT_VLLM_DATA_PARALLEL_SIZE": "0"})
+    s = load_settings(ROOT / "config.toml", env={"QWENCHAT_VLLM_DATA_PARALLEL_SIZE": "2"})
+    assert s.vllm.data_parallel_size == 2
 
 
 def fake_smi(tmp_path, monkeypatch, lines):
@@ -220,10 +222,10 @@ def engine_commands():
     from backend.engine import fleet
     from backend.settings import FleetSettings
 
-    single = Settings(server=ServerSettings(port=8123))
+    single = Settings(network=NetworkSettings(engine_port=8123))
     yield "cpu", command.build_engine_command(single, engine="cpu", python="p", api_key="secret", adapters={})
     yield "gpu", command.build_engine_command(single, engine="gpu", python="p", api_key="secret", adapters={})
-    fleet_settings = Settings(server=ServerSettings(port=9100), fleet=FleetSettings(local=2))
+    fleet_settings = Settings(network=NetworkSettings(engine_port=9100), fleet=FleetSettings(local=2))
     for engine in ("cpu", "gpu"):
         yield from (
             (f"{engine} replica", cmd)
@@ -257,7 +259,7 @@ def test_every_engine_command_loads_the_gate_with_its_own_port_and_hosts():
 def test_the_gate_answers_to_the_configured_host_name_too():
     from backend.engine import gate
 
-    s = Settings(server=ServerSettings(host="GPU-B.lan"))
+    s = Settings(network=NetworkSettings(engine_host="GPU-B.lan"))
     cmd = command.build_engine_command(s, engine="cpu", python="p", api_key="k", adapters={})
     assert cmd.env[gate.ENV_HOSTS].split(",") == ["localhost", "127.0.0.1", "::1", "gpu-b.lan"]
 

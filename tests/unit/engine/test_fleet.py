@@ -4,7 +4,6 @@ and the preflight of remote replicas against real local HTTP servers (the fault 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import subprocess
 import sys
@@ -16,7 +15,17 @@ from aiohttp import web
 from backend.contract import ENV_ENGINE_API_KEY
 from backend.engine import command, fleet
 from backend.errors import ConfigError, EngineStartFailed, FleetModelsDiffer, ReplicaKeyRefused, ReplicaNotOpenAI
-from backend.settings import ROOT, FleetSettings, LoraSettings, ModelSettings, ServerSettings, Settings, load_settings
+from backend.settings import (
+    ROOT,
+    FleetSettings,
+    LoraSettings,
+    ModelSettings,
+    NetworkSettings,
+    Settings,
+    VllmSettings,
+    load_settings,
+    replace,
+)
 from tests.conftest import free_port
 from tests.fakes.openai_server import FakeServer
 from tests.unit.engine.test_launch import fake_gpus, run
@@ -29,7 +38,8 @@ def argv_value(argv, flag):
 def cpu_fleet(local: int = 2, **fleet_kw) -> Settings:
     return Settings(
         model=ModelSettings(path="/models/tiny", served_model_name="tiny"),
-        server=ServerSettings(port=9100, cpu_kvcache_gib=2),
+        network=NetworkSettings(engine_port=9100),
+        vllm=VllmSettings(cpu_kvcache_gib=2),
         lora=LoraSettings(modules={"tiny-lora": "/adapters/tiny-lora"}),
         fleet=FleetSettings(local=local, **fleet_kw),
     )
@@ -76,7 +86,9 @@ def test_cpu_cores_are_split_into_disjoint_groups(local, cpus, groups):
 
 def gpu_fleet(local: int) -> Settings:
     base = load_settings(ROOT / "config.toml", profile="gpu-tp2", env={})
-    return Settings(model=base.model, server=base.server, lora=base.lora, fleet=FleetSettings(local=local))
+    return Settings(
+        model=base.model, vllm=base.vllm, network=base.network, lora=base.lora, fleet=FleetSettings(local=local)
+    )
 
 
 def test_gpu_replicas_each_get_their_own_group_of_tensor_parallel_gpus():
@@ -109,7 +121,7 @@ def test_more_replicas_than_gpu_groups_is_refused_naming_fleet_local():
             gpu_fleet(2), engine="gpu", python="python", api_key="k", adapters={}, gpu_ids=["0", "1"]
         )
     text = exc.value.user_text("en")
-    assert text.startswith("config error: fleet.local = 2: expected fleet.local × [server] tensor_parallel_size")
+    assert text.startswith("config error: fleet.local = 2: expected fleet.local × [vllm] tensor_parallel_size")
     assert "(2 × 2 = 4 GPUs) within the 2 GPU(s) visible here" in text
 
 
@@ -145,8 +157,8 @@ def test_dry_run_prints_every_replica_and_the_router_without_the_key(tmp_path):
         ["serve", "--dry-run"],
         tmp_path,
         QWENCHAT_FLEET_LOCAL="2",
-        QWENCHAT_SERVER_PORT=str(port),
-        QWENCHAT_SERVER_API_KEY="do-not-print-me",
+        QWENCHAT_NETWORK_ENGINE_PORT=str(port),
+        QWENCHAT_VLLM_API_KEY="do-not-print-me",
     )
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
@@ -309,7 +321,7 @@ async def test_a_remote_replica_refusing_the_key_names_the_key_setting():
     finally:
         await runner.cleanup()
     assert f"the replica {url} refused the engine key (HTTP 401)" in exc.value.user_text("en")
-    assert "[server] api_key" in exc.value.user_text("en")
+    assert "[vllm] api_key" in exc.value.user_text("en")
 
 
 @pytest.mark.asyncio
@@ -343,7 +355,7 @@ async def test_the_start_is_refused_when_remote_replicas_serve_different_models(
         env.update(
             QWENCHAT_CONFIG=str(ROOT / "tests" / "config.toml"),
             QWENCHAT_LOGGING_DIR=str(tmp_path / "logs"),
-            QWENCHAT_SERVER_UI_PORT=str(free_port()),
+            QWENCHAT_NETWORK_UI_PORT=str(free_port()),
             OPENAI_BASE_URL=a.base_url,
             OPENAI_API_KEY="k",
             QWENCHAT_FLEET_REMOTE=f"{a.base_url} {b.base_url}",
@@ -423,11 +435,11 @@ def test_a_replica_port_in_use_is_named_before_anything_starts():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port + 2))  # replica 1's
         taken.listen()
-        s = Settings(server=ServerSettings(port=port), fleet=FleetSettings(local=2))
+        s = Settings(network=NetworkSettings(engine_port=port), fleet=FleetSettings(local=2))
         with pytest.raises(PortInUse) as exc:
             fleet.check_ports(s)
     assert f"port {port + 2} on 127.0.0.1 is already in use" in exc.value.user_text("en")
-    assert "fleet replica 1 listens on [server].port + 2" in exc.value.user_text("en")
+    assert "fleet replica 1 listens on [network].engine_port + 2" in exc.value.user_text("en")
 
 
 def test_each_replica_and_the_router_get_their_own_supervisor_log_and_status_file(tmp_path):
@@ -452,7 +464,7 @@ async def test_a_launched_fleet_of_remote_replicas_only_is_checked_against_model
     async with FakeServer(model="qwen-b") as b:
         with pytest.raises(FleetModelsDiffer) as exc:
             await check(remote_fleet(b.base_url, model="qwen-a"))
-        external = dataclasses.replace(remote_fleet(b.base_url, model="qwen-a"), base_url="http://router:8000/v1")
+        external = replace(remote_fleet(b.base_url, model="qwen-a"), base_url="http://router:8000/v1")
         assert await check(external) == []
     text = exc.value.user_text("en")
     assert "[model] (the model this UI expects and counts tokens with) serves 'qwen-a'" in text
@@ -597,7 +609,7 @@ async def start_router(tmp_path: Path, *remote: str) -> tuple[int, subprocess.Po
     from tests.support.ports import free_block
 
     port = free_block(2)  # the router's, its metrics'
-    s = dataclasses.replace(remote_fleet(*remote), server=ServerSettings(port=port))
+    s = replace(remote_fleet(*remote), network=NetworkSettings(engine_port=port))
     p = fleet.plan(s, engine="cpu", python="unused", api_key=KEY, adapters={})
     proc = start_process(p.router, tmp_path / "router.log")
     for _ in range(600):  # it listens once a worker answers /health

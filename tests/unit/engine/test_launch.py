@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tomllib
 
-from backend.settings import ROOT
+from backend.settings import ROOT, HistorySettings, LoginSettings
 from tests.conftest import free_port
 
 TEST_CONFIG = ROOT / "tests" / "config.toml"
@@ -36,8 +36,8 @@ def run(args: list[str], tmp_path, **env: str) -> subprocess.CompletedProcess:
             "QWENCHAT_CONFIG": str(TEST_CONFIG),  # never the shipped config.toml (a local edit would leak in)
             "PATH": fake_nvidia_smi(tmp_path),  # the same answers on a machine with an NVIDIA GPU
             "QWENCHAT_LOGGING_DIR": str(tmp_path / "logs"),
-            "QWENCHAT_SERVER_PORT": str(free_port()),
-            "QWENCHAT_SERVER_UI_PORT": str(free_port()),
+            "QWENCHAT_NETWORK_ENGINE_PORT": str(free_port()),
+            "QWENCHAT_NETWORK_UI_PORT": str(free_port()),
         }
     )
     base.update(env)
@@ -68,9 +68,9 @@ def test_engine_port_in_use_names_the_port_and_the_setting(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        out = run(["serve"], tmp_path, QWENCHAT_MODEL_PATH=str(tmp_path / "m"), QWENCHAT_SERVER_PORT=str(port))
+        out = run(["serve"], tmp_path, QWENCHAT_MODEL_PATH=str(tmp_path / "m"), QWENCHAT_NETWORK_ENGINE_PORT=str(port))
     assert out.returncode == 2
-    assert f"port {port}" in out.stdout and "[server].port" in out.stdout
+    assert f"port {port}" in out.stdout and "[network].engine_port" in out.stdout
 
 
 def test_ui_port_in_use_names_the_ui_setting(tmp_path):
@@ -78,8 +78,8 @@ def test_ui_port_in_use_names_the_ui_setting(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        out = run(["serve"], tmp_path, OPENAI_BASE_URL="http://127.0.0.1:9/v1", QWENCHAT_SERVER_UI_PORT=str(port))
-    assert out.returncode == 2 and "[server].ui_port" in out.stdout
+        out = run(["serve"], tmp_path, OPENAI_BASE_URL="http://127.0.0.1:9/v1", QWENCHAT_NETWORK_UI_PORT=str(port))
+    assert out.returncode == 2 and "[network].ui_port" in out.stdout
 
 
 def test_malformed_config_names_the_file_and_the_problem(tmp_path):
@@ -87,11 +87,11 @@ def test_malformed_config_names_the_file_and_the_problem(tmp_path):
     bad.write_text("[server]\nport = 'eighty'\n")
     out = run(["engine-kind"], tmp_path, QWENCHAT_CONFIG=str(bad))
     assert out.returncode == 2
-    assert "server.port" in out.stderr and "'eighty'" in out.stderr and "integer" in out.stderr
+    assert "network.engine_port" in out.stderr and "'eighty'" in out.stderr and "integer" in out.stderr
 
 
 def test_forcing_the_gpu_engine_without_a_gpu_is_refused(tmp_path):
-    out = run(["engine-kind"], tmp_path, QWENCHAT_SERVER_ENGINE="gpu")
+    out = run(["engine-kind"], tmp_path, QWENCHAT_VLLM_DEVICE="gpu")
     assert out.returncode == 2 and "no NVIDIA GPU" in out.stderr
 
 
@@ -116,7 +116,7 @@ def test_dry_run_prints_the_gpu_profile_command_on_a_cpu_machine(tmp_path):
 
 def test_launch_tests_see_the_test_config_not_the_shipped_one(tmp_path):
     """On a GPU machine the shipped config ("auto") picks the GPU engine; the tests' config keeps the CPU one."""
-    assert tomllib.loads((ROOT / "config.toml").read_text())["server"]["engine"] == "auto"
+    assert tomllib.loads((ROOT / "config.toml").read_text())["vllm"]["device"] == "auto"
     with_gpu = fake_nvidia_smi(tmp_path, gpu=True)
     shipped = run(["engine-kind"], tmp_path, QWENCHAT_CONFIG=str(ROOT / "config.toml"), PATH=with_gpu)
     assert shipped.returncode == 0 and shipped.stdout.strip() == "gpu", shipped.stdout + shipped.stderr
@@ -170,43 +170,44 @@ def test_dry_run_says_a_real_start_stops_when_tp_times_dp_exceeds_the_gpus(tmp_p
     out = run(["serve", "--dry-run", "--profile", "gpu-tp2"], tmp_path, QWENCHAT_MODEL_PATH=str(absent), PATH=one)
     assert out.returncode == 0, out.stdout + out.stderr
     assert (
-        "# a real start would stop here: config error: server.tensor_parallel_size = 2: expected "
+        "# a real start would stop here: config error: vllm.tensor_parallel_size = 2: expected "
         "tensor_parallel_size × data_parallel_size (2 × 1 = 2 GPUs) within the 1 GPU(s) visible here" in out.stdout
     )
 
 
 def test_a_cpu_start_with_tensor_parallel_is_refused_before_anything_runs(tmp_path):
-    out = run(["serve"], tmp_path, QWENCHAT_SERVER_TENSOR_PARALLEL_SIZE="2")
+    out = run(["serve"], tmp_path, QWENCHAT_VLLM_TENSOR_PARALLEL_SIZE="2")
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "config error: server.tensor_parallel_size = 2: expected 1 on the cpu engine" in out.stdout
+    assert "config error: vllm.tensor_parallel_size = 2: expected 1 on the cpu engine" in out.stdout
     assert "starting" not in out.stdout and not (tmp_path / "logs" / "engine.log").exists()
-    dry = run(["serve", "--dry-run"], tmp_path, QWENCHAT_SERVER_DATA_PARALLEL_SIZE="2")
-    assert dry.returncode == 0 and "a real start would stop here: config error: server.data_parallel_size" in dry.stdout
+    dry = run(["serve", "--dry-run"], tmp_path, QWENCHAT_VLLM_DATA_PARALLEL_SIZE="2")
+    assert dry.returncode == 0 and "a real start would stop here: config error: vllm.data_parallel_size" in dry.stdout
 
 
 def test_the_ui_port_is_waited_for_as_long_as_the_ui_waits_for_its_database():
-    """[ui] history_wait: the UI listens only once its PostgreSQL answered or the wait ran out; the launcher's
+    """[history] wait: the UI listens only once its PostgreSQL answered or the wait ran out; the launcher's
     wait for the UI's port covers it (else a database starting alongside would fail the whole start)."""
     from backend.engine.launch import ui_start_timeout
-    from backend.settings import Settings, UISettings
+    from backend.settings import Settings
 
     assert ui_start_timeout(Settings()) == 60.0  # no login, no history: nothing to wait for
-    slow_db = UISettings(auth=True, password="pw", history_db="postgresql://u:p@db:5432/h", history_wait=120)
-    assert ui_start_timeout(Settings(ui=slow_db)) == 180.0
+    slow_db = HistorySettings(db="postgresql://u:p@db:5432/h", wait=120)
+    login_on = LoginSettings(enable=True, password="pw")
+    assert ui_start_timeout(Settings(login=login_on, history=slow_db)) == 180.0
 
 
 def test_the_launcher_finds_the_uis_history_lines_in_its_log():
     from backend.engine.launch import history_notes
 
     wait = (
-        "history: ui.history_db = postgresql+asyncpg://qw:***@db:5432/h: connection refused (is PostgreSQL running "
-        "on that host and port?); waiting up to 30 s for it (ui.history_wait)"
+        "history: history.db = postgresql+asyncpg://qw:***@db:5432/h: connection refused (is PostgreSQL running "
+        "on that host and port?); waiting up to 30 s for it (history.wait)"
     )
     off = (
-        "history: ui.history_db = postgresql+asyncpg://qw:***@db:5432/h: authentication failed (wrong user name or "
+        "history: history.db = postgresql+asyncpg://qw:***@db:5432/h: authentication failed (wrong user name or "
         "password); history is off (chats are not kept), the chat works without it"
     )
     tail = f"2026-12-01 01:00:00 INFO chainlit: loading\n2026-12-01 01:00:01 WARNING backend.chat.history: {wait}\n"
     tail += f"2026-12-01 01:00:31 ERROR backend.chat.history: {off}\n"
     assert history_notes(tail) == [("waiting", wait), ("off", off)]
-    assert history_notes("history: ui.history_db = x: answered after 3 s\nchainlit ready") == []
+    assert history_notes("history: history.db = x: answered after 3 s\nchainlit ready") == []

@@ -19,7 +19,7 @@ def log(name: str) -> str:
 
 # (log file, kind, adapter, words the English reason must contain, words the evidence must contain)
 CASES = [
-    ("cpu_unrecognized_flag", "unsupported_flag", None, ["--foo-bar", "[server].extra_args"], "unrecognized arguments"),
+    ("cpu_unrecognized_flag", "unsupported_flag", None, ["--foo-bar", "[vllm].extra_args"], "unrecognized arguments"),
     (
         "cpu_invalid_lora_rank_choice",
         "unsupported_flag",
@@ -41,7 +41,7 @@ CASES = [
         ["VLLM_CPU_KVCACHE_SPACE", "'1.5'", "cpu_kvcache_gib"],
         "invalid literal",
     ),
-    ("cpu_port_in_use", "port_in_use", None, ["port 18778", "[server].port"], "Address already in use"),
+    ("cpu_port_in_use", "port_in_use", None, ["port 18778", "[network].engine_port"], "Address already in use"),
     ("reconstructed_uvicorn_port_in_use", "port_in_use", None, ["port 8000"], "address already in use"),
     ("cpu_model_path_missing", "model_missing", None, ["/nonexistent/model", "[model].path"], "Repo id must be"),
     (

@@ -8,7 +8,7 @@ import pytest
 
 from backend.engine import preflight
 from backend.errors import ModelPathError, PortInUse
-from backend.settings import ModelSettings, ServerSettings, Settings
+from backend.settings import ModelSettings, Settings, VllmSettings
 
 
 def test_missing_model_path_names_the_path(tmp_path):
@@ -35,8 +35,8 @@ def test_port_in_use_names_port_and_setting():
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(PortInUse) as info:
-            preflight.check_port_free("127.0.0.1", port, "[server].port")
-    assert str(port) in str(info.value) and "[server].port" in str(info.value)
+            preflight.check_port_free("127.0.0.1", port, "[network].engine_port")
+    assert str(port) in str(info.value) and "[network].engine_port" in str(info.value)
 
 
 QWEN3_4B_CONFIG = {
@@ -56,7 +56,7 @@ def test_kv_cache_estimate_for_qwen3_4b_full_context_is_about_36_gib():
 
 
 def test_limits_flag_max_model_len_above_the_model_and_kv_cache_too_small():
-    s = Settings(model=ModelSettings(max_model_len=300000), server=ServerSettings(cpu_kvcache_gib=4))
+    s = Settings(model=ModelSettings(max_model_len=300000), vllm=VllmSettings(cpu_kvcache_gib=4))
     advice = preflight.check_limits(s, QWEN3_4B_CONFIG, engine="cpu", available_bytes=None)
     levels = {a.level for a in advice}
     assert "error" in levels and "warning" in levels
@@ -71,8 +71,8 @@ GIB = 1024**3
 def qwen_gpu(tp=1, dp=1, util=0.92, seqs=4, path="/nowhere/Qwen3-4B-Instruct-2507"):
     return Settings(
         model=ModelSettings(path=path, max_model_len=262144, dtype="bfloat16"),
-        server=ServerSettings(
-            engine="gpu", tensor_parallel_size=tp, data_parallel_size=dp, gpu_memory_utilization=util, max_num_seqs=seqs
+        vllm=VllmSettings(
+            device="gpu", tensor_parallel_size=tp, data_parallel_size=dp, gpu_memory_utilization=util, max_num_seqs=seqs
         ),
     )
 

@@ -105,8 +105,8 @@ def launcher_env(tmp_path: Path, fake: Path, path: str) -> dict[str, str]:
             "QWENCHAT_HOME": str(home),
             "QWENCHAT_CONFIG": str(TEST_CONFIG),
             "QWENCHAT_LOGGING_DIR": str(tmp_path / "logs"),
-            "QWENCHAT_SERVER_PORT": str(free_port()),
-            "QWENCHAT_SERVER_UI_PORT": str(free_port()),
+            "QWENCHAT_NETWORK_ENGINE_PORT": str(free_port()),
+            "QWENCHAT_NETWORK_UI_PORT": str(free_port()),
             "QWENCHAT_HEALTH_POLL_STARTING": "0.2",
             # what start.sh exports: the engine environment's python, not built yet
             contract.ENV_ENGINE_PYTHON: str(home / "envs" / "engine-cpu-fake" / "bin" / "python"),
@@ -142,7 +142,7 @@ def wait_for(pred, timeout: float, what: str, proc: subprocess.Popen[bytes] | No
 
 
 def ui_status(env: dict[str, str], lang: str = "en") -> dict | None:
-    code, body = get(f"http://127.0.0.1:{env['QWENCHAT_SERVER_UI_PORT']}/qwenchat/status?lang={lang}")
+    code, body = get(f"http://127.0.0.1:{env['QWENCHAT_NETWORK_UI_PORT']}/qwenchat/status?lang={lang}")
     return json.loads(body) if code == 200 else None
 
 
@@ -184,7 +184,7 @@ def test_the_ui_answers_before_the_engine_environment_exists_and_shows_each_step
     status_file = tmp_path / "logs" / contract.STATUS_FILE_NAME
     proc, out = start(env, tmp_path, "--prepare")
     try:
-        ui = f"http://127.0.0.1:{env['QWENCHAT_SERVER_UI_PORT']}/"
+        ui = f"http://127.0.0.1:{env['QWENCHAT_NETWORK_UI_PORT']}/"
         wait_for(lambda: get(ui)[0] == 200, 90, "the UI to answer", proc, out)
         assert not engine_env.exists()  # the UI answers while the engine environment is still being installed
         wait_for(lambda: (fake / "install-started").exists(), 60, "the install to start", proc, out)  # behind the UI
@@ -242,7 +242,7 @@ def test_the_ui_answers_before_the_engine_environment_exists_and_shows_each_step
     assert "installing the engine" in text and "converting the embedded model" in text
     install_log = (tmp_path / "logs" / prepare_bg.INSTALL_LOG).read_text()
     assert "Collecting pkg30==1.0" in install_log and "Successfully installed" in install_log
-    assert get(f"http://127.0.0.1:{env['QWENCHAT_SERVER_UI_PORT']}/")[0] == 0  # the UI was stopped
+    assert get(f"http://127.0.0.1:{env['QWENCHAT_NETWORK_UI_PORT']}/")[0] == 0  # the UI was stopped
 
 
 def test_a_failed_install_ends_with_its_reason_the_log_and_exit_code_1(tmp_path):
@@ -269,7 +269,7 @@ def test_a_failed_install_ends_with_its_reason_the_log_and_exit_code_1(tmp_path)
     assert en.endswith("the full log is engine-install.log in the log folder ([logging] dir)")
     assert "/srv/secret" not in en + zh and "安装引擎失败" in zh
     assert not (tmp_path / "logs" / "engine.log").exists()  # vLLM was never started
-    assert get(f"http://127.0.0.1:{env['QWENCHAT_SERVER_UI_PORT']}/")[0] == 0
+    assert get(f"http://127.0.0.1:{env['QWENCHAT_NETWORK_UI_PORT']}/")[0] == 0
 
 
 def test_ctrl_c_during_the_install_stops_the_install_and_the_ui(tmp_path):
@@ -277,7 +277,7 @@ def test_ctrl_c_during_the_install_stops_the_install_and_the_ui(tmp_path):
     env = launcher_env(tmp_path, fake, path)
     proc, out = start(env, tmp_path, "--prepare")
     try:
-        wait_for(lambda: get(f"http://127.0.0.1:{env['QWENCHAT_SERVER_UI_PORT']}/")[0] == 200, 90, "UI", proc, out)
+        wait_for(lambda: get(f"http://127.0.0.1:{env['QWENCHAT_NETWORK_UI_PORT']}/")[0] == 200, 90, "UI", proc, out)
         install_pid = int(
             wait_for(lambda: (fake / "install.pid").exists() and (fake / "install.pid").read_text(), 60, "pid")
         )
@@ -289,7 +289,7 @@ def test_ctrl_c_during_the_install_stops_the_install_and_the_ui(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert rc == 0, out.read_text()
     wait_for(lambda: not pid_alive(install_pid), 10, "the install to stop")
-    assert get(f"http://127.0.0.1:{env['QWENCHAT_SERVER_UI_PORT']}/")[0] == 0
+    assert get(f"http://127.0.0.1:{env['QWENCHAT_NETWORK_UI_PORT']}/")[0] == 0
 
 
 def test_dry_run_with_prepare_builds_nothing_and_prints_both_commands(tmp_path):

@@ -193,7 +193,7 @@ def test_a_first_start_that_never_becomes_healthy_is_stopped_at_the_startup_limi
     finally:
         run.stop()
     assert isinstance(sup.failed, EngineStartFailed)
-    assert "did not become healthy within 2 s ([server].startup_timeout)" in sup.failed.user_text("en")
+    assert "did not become healthy within 2 s ([supervision].startup_timeout)" in sup.failed.user_text("en")
     down = [st for _, st in run.seen if st["state"] == "down"]
     assert down and "startup_timeout" in said(down[0]) and down[0]["cause"] == "startup_timeout", run.history()
     assert wait_group_empty(sup.proc.pid, 5) == []

@@ -15,7 +15,7 @@ from backend import contract
 from backend.engine.command import Command
 from backend.engine.supervisor import start_process, stop_process_group
 from backend.engine.ui_keeper import UiKeeper, exit_cause
-from backend.settings import ServerSettings, Settings
+from backend.settings import Settings, SupervisionSettings
 from backend.text import Text
 
 pytestmark = pytest.mark.asyncio
@@ -47,7 +47,7 @@ async def test_the_cause_names_the_signal_or_the_exit_code(rc, cause, said):
 
 
 async def test_a_killed_ui_is_started_again_and_its_status_file_says_why(tmp_path):
-    settings = Settings(server=ServerSettings(restart_attempts=2, restart_window_min=10))
+    settings = Settings(supervision=SupervisionSettings(restart_attempts=2, restart_window_min=10))
     keeper = UiKeeper(settings, SLEEPER, tmp_path, sleep=no_wait)
     lines: list[str] = []
     proc = dead(SLEEPER, tmp_path, signal.SIGKILL)
@@ -64,7 +64,7 @@ async def test_a_killed_ui_is_started_again_and_its_status_file_says_why(tmp_pat
 
 
 async def test_past_the_budget_the_launcher_gives_up_saying_so(tmp_path):
-    settings = Settings(server=ServerSettings(restart_attempts=2, restart_window_min=10))
+    settings = Settings(supervision=SupervisionSettings(restart_attempts=2, restart_window_min=10))
     keeper = UiKeeper(settings, SLEEPER, tmp_path, sleep=no_wait)
     lines: list[str] = []
     for _ in range(2):
@@ -78,7 +78,7 @@ async def test_past_the_budget_the_launcher_gives_up_saying_so(tmp_path):
 
 
 async def test_the_backoff_doubles_from_one_second(tmp_path):
-    settings = Settings(server=ServerSettings(restart_attempts=5, restart_window_min=10))
+    settings = Settings(supervision=SupervisionSettings(restart_attempts=5, restart_window_min=10))
     waits: list[float] = []
 
     async def record(seconds: float) -> None:

@@ -26,7 +26,7 @@ from backend.engine import supervisor
 from backend.engine.command import Command
 from backend.errors import ConfigError
 from backend.probe import OneTokenProbe, ProbeResult, probe_body
-from backend.settings import HealthSettings, load_settings
+from backend.settings import SupervisionSettings, load_settings
 from backend.text import Text, t
 from tests.conftest import free_port
 from tests.support.supervision import Running, group_members, launches, wait_group_empty
@@ -167,22 +167,22 @@ def test_the_cause_text_names_the_silence_in_both_languages():
 
 
 def test_restart_after_failed_probes_defaults_to_3_and_is_validated():
-    assert HealthSettings().restart_after_failed_probes == 3
+    assert SupervisionSettings().restart_after_failed_probes == 3
     for bad in (0, -1, 1.5, True, "3"):
         with pytest.raises(ConfigError) as err:
-            HealthSettings(restart_after_failed_probes=bad)  # type: ignore[arg-type]
-        assert "health.restart_after_failed_probes" in str(err.value) and "1 or more" in str(err.value)
-    s = load_settings(ROOT / "config.toml", env={"QWENCHAT_HEALTH_RESTART_AFTER_FAILED_PROBES": "5"})
-    assert s.health.restart_after_failed_probes == 5
-    with pytest.raises(ConfigError, match="QWENCHAT_HEALTH_RESTART_AFTER_FAILED_PROBES"):
-        load_settings(ROOT / "config.toml", env={"QWENCHAT_HEALTH_RESTART_AFTER_FAILED_PROBES": "three"})
+            SupervisionSettings(restart_after_failed_probes=bad)  # type: ignore[arg-type]
+        assert "supervision.restart_after_failed_probes" in str(err.value) and "1 or more" in str(err.value)
+    s = load_settings(ROOT / "config.toml", env={"QWENCHAT_SUPERVISION_RESTART_AFTER_FAILED_PROBES": "5"})
+    assert s.supervision.restart_after_failed_probes == 5
+    with pytest.raises(ConfigError, match="QWENCHAT_SUPERVISION_RESTART_AFTER_FAILED_PROBES"):
+        load_settings(ROOT / "config.toml", env={"QWENCHAT_SUPERVISION_RESTART_AFTER_FAILED_PROBES": "three"})
 
 
 def test_the_shipped_config_documents_the_detection_bound():
     text = (ROOT / "config.toml").read_text()
     assert "restart_after_failed_probes = 3" in text
     assert "probe_every + restart_after_failed_probes × probe_timeout" in text
-    assert load_settings(ROOT / "config.toml", env={}).health.restart_after_failed_probes == 3
+    assert load_settings(ROOT / "config.toml", env={}).supervision.restart_after_failed_probes == 3
 
 
 def test_the_poller_and_the_watchdog_send_the_same_probe():
