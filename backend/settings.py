@@ -544,6 +544,9 @@ class UISettings(Section):
     show_reasoning: Bool = key(True, "true or false")
     # answer text reaches the browser at most this often (ms); 0 = every token
     stream_flush_ms: Float = key(40.0, "0 (send every token at once) to 1000 milliseconds", ge=0, le=1000)
+    # answers streaming at once per user (login name, else browser) over all their chats; a compare pair is 2;
+    # 0 = no limit
+    max_answers_per_user: Int = key(2, "0 (no limit) or a positive number of answers", ge=0)
 
 
 class LoraSettings(Section):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -13,13 +14,16 @@ import chainlit as cl
 
 from backend.chat import compare, turn
 from backend.chat.conversation import Turn
+from backend.chat.fairshare import Claim, TooMany
 from backend.chat.turn import Outcome
 from backend.text import t
 from backend.ui.compare_chat import answer_compared, retry_compared_side
 from backend.ui.compare_view import compare_state
-from backend.ui.context import Ui, guarded
+from backend.ui.context import Ui, answerer, guarded
 from backend.ui.panel import chat_view, remember
 from backend.ui.views import show_error
+
+logger = logging.getLogger(__name__)
 
 
 async def answer(ui: Ui) -> None:
@@ -58,26 +62,53 @@ async def turn_of(ui: Ui, action: cl.Action) -> Turn | None:
     return None
 
 
+def claim_answers(ui: Ui, count: int | None = None) -> Claim | TooMany:
+    """This user's fair share of ``count`` answers (None: what a message starts here, 2 in compare mode), counted
+    until released; or why not (nothing counted, logged). Over all their chats: backend/chat/fairshare.py."""
+    if count is None:
+        count = 2 if compare_state().mode is not None else 1
+    who = answerer()
+    try:
+        return ui.fair.claim(who, count)
+    except TooMany as exc:
+        logger.info(
+            "fair share: %d more answer(s) refused for %s: %d streaming, limit %d ([ui] max_answers_per_user)",
+            count,
+            who if who.startswith("user:") else who.split(":")[0],  # a browser's cookie is not logged
+            exc.held,
+            exc.limit,
+        )
+        return exc
+
+
 @contextlib.asynccontextmanager
-async def one_answer(ui: Ui) -> AsyncIterator[bool]:
-    """Around a button's work: False (and said, the button stays for later) while this chat is answering; else
-    True, and the chat counts as answering until the block ends (one answer streams per chat; a typed message or
-    an edit claims the same flag in socket_guard.py). Claimed before any await, so two presses never both pass."""
+async def one_answer(ui: Ui, count: int | None = None) -> AsyncIterator[bool]:
+    """Around a button's work: False (and said, the button stays for later) while this chat is answering or the
+    user has their fair share of answers streaming elsewhere; else True, and the chat counts as answering (and
+    ``count`` answers as the user's) until the block ends (one answer streams per chat; a typed message or an edit
+    claims the same in socket_guard.py). Claimed before any await, so two presses never both pass."""
     state = ui.chat()
     if state.answering:
         await show_error(t("busy_action", ui.lang()))
         yield False
         return
+    claim = claim_answers(ui, count)
+    if isinstance(claim, TooMany):
+        await show_error(t("fair.busy_action", ui.lang(), running=claim.held, limit=claim.limit))
+        yield False
+        return
     state.answering = True
     try:
-        yield True
+        with claim:
+            yield True
     finally:
         state.answering = False
 
 
 @guarded
 async def on_retry(ui: Ui, action: cl.Action) -> None:
-    async with one_answer(ui) as free:
+    one_side = (action.payload or {}).get("side") in compare.LABELS  # a compare side's retry is one answer
+    async with one_answer(ui, 1 if one_side else None) as free:
         if not free or await turn_of(ui, action) is None:
             return
         side = (action.payload or {}).get("side")  # a compare side's error: retry that side only, keep the other's

@@ -16,6 +16,7 @@ import chainlit as cl
 
 from backend.chat import preferences
 from backend.chat.client import new_request_id
+from backend.chat.fairshare import FairShare
 from backend.chat.history import HistoryStart
 from backend.chat.preferences import Preferences
 from backend.chat.service import Service
@@ -45,6 +46,10 @@ class Ui:
     files_directory: Path  # this process's own folder for uploads and /export files
     routes: Routes  # our HTTP routes, bound to ``service``
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # started at app startup, kept referenced
+    fair: FairShare = field(init=False)  # answers streaming per user, over all chats ([ui] max_answers_per_user)
+
+    def __post_init__(self) -> None:
+        self.fair = FairShare(self.settings.ui.max_answers_per_user)
 
     @property
     def settings(self) -> Settings:
@@ -73,6 +78,14 @@ def preference_key() -> str | None:
     return preferences.preference_key(
         session.user.identifier if session.user else None, (session.environ or {}).get("HTTP_COOKIE")
     )
+
+
+def answerer() -> str:
+    """Whose answers count together for the fair share: the signed-in user, else this browser (its cookie), else
+    the address the socket came from (a script without the cookie)."""
+    session = cl.context.session
+    environ = session.environ or {}
+    return preference_key() or f"address:{environ.get('REMOTE_ADDR') or session.id}"
 
 
 def guarded(handler: Callable[Concatenate[Ui, P], Awaitable[None]]) -> Callable[Concatenate[Ui, P], Awaitable[None]]:

@@ -4,6 +4,8 @@ module) replaces every registration of an earlier one."""
 
 from __future__ import annotations
 
+import functools
+
 import chainlit as cl
 from chainlit.server import app as http_app
 
@@ -29,7 +31,7 @@ def install(service: Service) -> Ui:
     chainlit_settings.apply(settings, sharing=bool(started.url), http_app=http_app)
     server.patch(settings)
     # The browser's client_message and edit_message, checked before Chainlit takes them (socket_guard.py).
-    socket_guard.install(ui.chat, ui.lang)
+    socket_guard.install(ui.chat, ui.lang, functools.partial(answering.claim_answers, ui))
 
     cl.on_app_startup(bound(ui, server.on_app_startup))
     cl.set_starters(bound(ui, chat.set_starters))

@@ -7,9 +7,11 @@ answers. Chainlit also starts a new answer for every message, whatever is still 
 sees the event:
 
 - ``client_message``: only a ``user_message`` with an id no stored step and no message of this chat has; our own
-  metadata and any parent id are dropped from it; not while this chat is still answering (the refusal quotes the
-  text back, so it is not lost).
-- ``edit_message``: only one of this chat's own user messages, and not while this chat is answering.
+  metadata and any parent id are dropped from it; not while this chat is still answering, nor when it would start
+  more answers than the user's fair share over all their chats (issue #20; the refusal quotes the text back, so
+  it is not lost).
+- ``edit_message``: only one of this chat's own user messages, not while this chat is answering, and within the
+  user's fair share.
 
 Each refusal is logged and said in the chat, in the user's language; nothing is stored, moved or overwritten. The
 data layer refuses the same moves on its own (``backend/chat/datalayer.py``), whichever path a write takes.
@@ -29,7 +31,8 @@ from chainlit.server import sio
 from chainlit.session import WebsocketSession
 
 from backend.chat.database import failure
-from backend.chat.history import META_KEY
+from backend.chat.fairshare import Claim, TooMany
+from backend.chat.history import COMMANDS, META_KEY
 from backend.chat.session import ChatSession
 from backend.text import t
 from backend.ui.views import show_error
@@ -39,6 +42,7 @@ logger = logging.getLogger(__name__)
 USER_MESSAGE = "user_message"
 NAMESPACE = "/"
 Handler = Callable[[str, Any], Awaitable[Any]]
+Claimer = Callable[[], Claim | TooMany]  # answering.claim_answers: the user's fair share of what a message starts
 
 
 def quoted(text: str) -> str:
@@ -64,8 +68,17 @@ def _who(session: WebsocketSession) -> str:
 class Guard:
     """The wrappers around Chainlit's handlers; ``chat_session`` and ``lang`` are the installation's (context.Ui)."""
 
-    def __init__(self, chat_session: Callable[[], ChatSession], lang: Callable[[], str]) -> None:
-        self.chat_session, self.lang = chat_session, lang
+    def __init__(self, chat_session: Callable[[], ChatSession], lang: Callable[[], str], claim: Claimer) -> None:
+        self.chat_session, self.lang, self.claim = chat_session, lang, claim
+
+    async def claimed(self, text: str, command: bool = False) -> Claim | None:
+        """The user's fair share of the answers this message starts (a command starts none: a claim of nothing),
+        or None after saying why not, with ``text`` quoted back."""
+        claim = Claim(None, "", 0) if command else self.claim()
+        if isinstance(claim, TooMany):
+            await show_error(t("fair.busy", self.lang(), running=claim.held, limit=claim.limit, text=quoted(text)))
+            return None
+        return claim
 
     async def refusal(self, session: WebsocketSession, message: dict[str, Any]) -> str | None:
         """Why the browser may not send ``message`` as a new message (the text to show), or None."""
@@ -128,16 +141,24 @@ class Guard:
             logger.info("socket: a message while this chat is answering refused (user %r)", _who(session))
             await show_error(t("busy", self.lang(), text=quoted(str(message.get("output") or ""))))
             return
+        claim = await self.claimed(str(message.get("output") or ""), message.get("command") in COMMANDS)
+        if claim is None:
+            return
         cleaned(message)
         state.answering = True  # until the task Chainlit starts for it ends (no await in between: no race)
+
+        def ended(_task: object = None) -> None:
+            state.answering = False
+            claim.release()
+
         try:
             await original(sid, payload)
         finally:
             task = session.current_task
             if task is None or task.done():
-                state.answering = False
-            else:
-                task.add_done_callback(lambda _task: setattr(state, "answering", False))
+                ended()
+            else:  # the task's end, whichever: done, error, Stop (cancelled), the browser gone
+                task.add_done_callback(ended)
 
     async def edit_message(self, original: Handler, sid: str, payload: Any) -> None:
         session = WebsocketSession.require(sid)
@@ -159,17 +180,21 @@ class Guard:
             logger.info("socket: an edit while this chat is answering refused (user %r)", _who(session))
             await show_error(t("busy", self.lang(), text=quoted(text)))
             return
+        claim = await self.claimed(text)
+        if claim is None:
+            return
         state.answering = True  # Chainlit answers an edit inline, in this handler
         try:
-            await original(sid, payload)
+            with claim:
+                await original(sid, payload)
         finally:
             state.answering = False
 
 
-def install(chat_session: Callable[[], ChatSession], lang: Callable[[], str]) -> None:
+def install(chat_session: Callable[[], ChatSession], lang: Callable[[], str], claim: Claimer) -> None:
     """Put the guards in front of Chainlit's own handlers (again by a later installation: around Chainlit's, not
     around an earlier guard)."""
-    guard = Guard(chat_session, lang)
+    guard = Guard(chat_session, lang, claim)
     handlers = sio.handlers.setdefault(NAMESPACE, {})
     for event, method in (("client_message", guard.client_message), ("edit_message", guard.edit_message)):
         current = handlers[event]
