@@ -40,6 +40,8 @@
     let text = `● ${s.model} — ${s.label || s.state}`;
     if (s.state === "starting" && s.elapsed) text += ` ${s.elapsed_text}`;
     if (s.reason && s.state !== "ready") text += ` · ${s.reason}`;
+    // requests queue in the engine (vLLM's /metrics): "busy · 8 running, 3 waiting"
+    if (s.load_text) text += ` · ${s.load_text}`;
     // a fleet: "3 of 3 replicas ready" (when not all are, the reason already says which are not)
     if (s.state === "ready" && s.replicas_total) text += ` · ${s.replicas_text}`;
     // a fleet: adapters some ready replicas lack, so not offered ("pirate not offered: not served by replica 2 (…)")

@@ -68,6 +68,7 @@ import enum
 import inspect
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -152,6 +153,35 @@ class ReplicaHealth:
 
 
 @dataclass(frozen=True)
+class EngineLoad:
+    """vLLM's own gauges (``GET /metrics``): requests generating and requests queued, over every replica."""
+
+    running: int
+    waiting: int
+
+    @property
+    def busy(self) -> bool:
+        return self.waiting > 0
+
+
+_GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$", re.MULTILINE)
+
+
+def parse_load(text: str) -> EngineLoad | None:
+    """``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` from vLLM's Prometheus text, summed over
+    their label sets (one per served model name); None when neither gauge is there (not a vLLM, an old one)."""
+    found = {"running": 0.0, "waiting": 0.0}
+    seen = False
+    for name, value in _GAUGE.findall(text):
+        with contextlib.suppress(ValueError):
+            number = float(value)
+            if number == number:  # NaN: skipped
+                found[name] += number
+                seen = True
+    return EngineLoad(round(found["running"]), round(found["waiting"])) if seen else None
+
+
+@dataclass(frozen=True)
 class HealthStatus:
     """An immutable snapshot of what the poller knows. ``models`` is the last known list (kept, with
     ``models_stale``, while the engine is down); ``version`` changes only when that list changes."""
@@ -177,6 +207,14 @@ class HealthStatus:
     # a fleet: models some ready replicas serve but not all, each with the numbers of the ready replicas lacking
     # it (not in ``models``: not offered until every ready replica serves it); () without a fleet
     partial_models: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # vLLM's own load (its /metrics, every replica's summed), read at each poll while it answers; None: unknown
+    load: EngineLoad | None = None
+
+    def load_text(self, lang: str | None = "en") -> str:
+        """The status line's "busy · 8 running, 3 waiting" while requests queue in the engine; else ""."""
+        if self.load is None or not self.load.busy or not self.answering:
+            return ""
+        return t("status.load", lang, running=self.load.running, waiting=self.load.waiting)
 
     @property
     def replicas_total(self) -> int:
@@ -594,6 +632,22 @@ class HealthPoller:
         base = await self._check_models(sup, replica_lists)
         if base is not None:
             await self._check_probe(base, answered, sup)
+            await self._note_load()
+
+    async def _note_load(self) -> None:
+        """vLLM's ``/metrics`` (each replica's in a fleet, summed; the engine key as for every request): how many
+        requests run and wait. Published when it changes; unknown (None) when no answer has the gauges."""
+        roots = [root for _, _, root in self.replica_roots] or [self.root_url]
+        answers = await asyncio.gather(*(self._get(root + "/metrics", self.settings.request_timeout) for root in roots))
+        loads = [parse_load(a.body) for a in answers if a.ok and a.status == 200 and isinstance(a.body, str)]
+        known = [load for load in loads if load is not None]
+        load = EngineLoad(sum(x.running for x in known), sum(x.waiting for x in known)) if known else None
+        if load == self._status.load:
+            return
+        self._status = dataclasses.replace(self._status, load=load)
+        snapshot = self.status
+        for q in list(self._subscribers):
+            _put_latest(q, snapshot)
 
     async def _read_supervisor(self) -> EngineStatus | None:
         """The supervisor's status file (None without one); a (re)start or a new engine process begins a new life."""

@@ -175,6 +175,11 @@ class Service:
             # The UI process itself was restarted by the launcher lately (it died: killed, out of memory, a crash):
             # why, and that the model kept running ("" when it was not, or long ago).
             "ui_note": note.in_(lang) if note else "",
+            # vLLM's own load (its /metrics, every replica's): requests generating and queued (null: unknown), and
+            # the line's "busy · 8 running, 3 waiting" while some wait ("" otherwise).
+            "running": st.load.running if st.load else None,
+            "waiting": st.load.waiting if st.load else None,
+            "load_text": st.load_text(lang),
         }
 
     def ui_restart_note(self, *, now: float | None = None, shown_for: float = 600.0) -> Text | None:

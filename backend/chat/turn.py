@@ -260,8 +260,36 @@ class _Turn:
 
     async def _stream(self, a: _Attempt) -> FitResult:
         """Fit the history and stream the answer into the view (``a`` keeps its text, usage and finish)."""
+        fitted = await self.service.fit(self.session.conversation.messages(self.session.system_prompt))
+        queued = asyncio.create_task(self._queued_note(), name="qwenchat-queued-note")  # until the first token
+        try:
+            await self._stream_events(a, fitted, queued)
+        finally:
+            queued.cancel()
+            await asyncio.gather(queued, return_exceptions=True)  # a Stop meanwhile still cancels this turn
+        return fitted
+
+    async def _queued_note(self) -> None:
+        """Until cancelled (the first token, the end): while requests wait in the engine (vLLM's /metrics, read
+        by the shared poller), a wait step "queued: 3 answers ahead · engine busy", updated at each poll."""
+        async with contextlib.AsyncExitStack() as stack:
+            sub = self.service.poller.subscribe()
+            stack.push_async_callback(sub.aclose)
+            step: StepView | None = None
+            async for status in sub:
+                load = status.load
+                if load is None or not load.busy:
+                    continue
+                title = t("queued.one" if load.waiting == 1 else "queued.many", self.view.lang, ahead=load.waiting)
+                if step is None:
+                    step = await stack.enter_async_context(self.view.step(title))
+                elif step.name != title:
+                    step.name = title
+                    await step.update()
+
+    async def _stream_events(self, a: _Attempt, fitted: FitResult, queued: asyncio.Task[None]) -> None:
+        """Stream the answer into the view; ``queued`` (the wait step) is cancelled at the first token."""
         service, view, model = self.service, self.view, a.model
-        fitted = await service.fit(self.session.conversation.messages(self.session.system_prompt))
         first = True
         # While it streams, the adapter is in use: never the one evicted to make room for another load.
         with service.adapter_usage.streaming(model), metrics.METRICS.streaming():
@@ -277,6 +305,7 @@ class _Turn:
                 async for ev in events:
                     if first and isinstance(ev, (TextDelta, ReasoningDelta)):
                         first = False
+                        queued.cancel()  # the wait step, if any, ends with the first token
                         metrics.METRICS.first_token(model, time.monotonic() - a.t0)
                     if isinstance(ev, TextDelta):
                         a.text += ev.text
@@ -287,7 +316,6 @@ class _Turn:
                         a.usage = ev
                     elif isinstance(ev, Finish):
                         a.finish = ev
-        return fitted
 
     async def _show(self, a: _Attempt, fitted: FitResult) -> bool:
         """The answer shown with its footer and recorded; False (said why) when it carried no text."""

@@ -6,7 +6,8 @@
     engine.models.append(adapter("pirate"))   # the next /v1/models lists it
     await engine.stop()                       # connection refused from now on
 
-Routes: GET /health, GET /v1/models, POST /v1/chat/completions (non-streaming, one token).
+Routes: GET /health, GET /v1/models, POST /v1/chat/completions (non-streaming, one token), GET /metrics (vLLM's
+request gauges, from ``running`` and ``waiting``; ``metrics = False``: 404).
 A hung generation waits at most ``hang_limit`` seconds and is released by stop().
 """
 
@@ -51,6 +52,8 @@ class FakeEngine:
         self.hang_limit = 10.0
         self.seen: list[tuple[str, str]] = []  # (path, Authorization header)
         self.probes = 0
+        self.running, self.waiting = 0, 0  # what GET /metrics says
+        self.metrics = True
         self._runner: web.AppRunner | None = None
         self._release = asyncio.Event()
 
@@ -67,6 +70,7 @@ class FakeEngine:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/metrics", self._metrics)
         self._release = asyncio.Event()
         runner = web.AppRunner(app, shutdown_timeout=0.2, handler_cancellation=True, access_log=None)
         await runner.setup()
@@ -96,6 +100,24 @@ class FakeEngine:
     async def _health(self, request: web.Request) -> web.Response:
         self.seen.append((request.path, request.headers.get("Authorization", "")))
         return web.Response(status=self.health_status)  # vLLM: empty body, no auth check
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """vLLM's Prometheus text: its gauges once per served model name (here the base and one adapter name's
+        label set, as a server with several names shows), beside metrics of other names."""
+        if denied := self._denied(request):
+            return denied
+        if not self.metrics:
+            return web.Response(status=404, text="Not Found")
+        lines = []
+        for name, value in (("running", self.running), ("waiting", self.waiting)):
+            lines += [
+                f"# HELP vllm:num_requests_{name} Number of requests {name}.",
+                f"# TYPE vllm:num_requests_{name} gauge",
+                f'vllm:num_requests_{name}{{engine="0",model_name="base-model"}} {float(value - value // 2)}',
+                f'vllm:num_requests_{name}{{engine="0",model_name="other"}} {float(value // 2)}',
+            ]
+        lines += ['vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 99.0', "vllm:other_total 5.0"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def _models(self, request: web.Request) -> web.Response:
         if denied := self._denied(request):

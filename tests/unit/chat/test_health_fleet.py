@@ -53,8 +53,9 @@ async def test_all_replicas_ready_is_ready_with_the_count_and_each_replica_polle
     assert [(r.number, r.address, r.ready) for r in st.replicas] == [
         (i + 1, addr(e), True) for i, e in enumerate(replicas)
     ]
-    for r in replicas:  # /health and /v1/models only on a replica (the probe goes through the router), with the key
-        assert r.seen and {p for p, _ in r.seen} == {"/health", "/v1/models"}
+    for r in replicas:  # /health, /v1/models (and /metrics: the load) only on a replica (the probe goes through
+        # the router), with the key
+        assert r.seen and {p for p, _ in r.seen} - {"/metrics"} == {"/health", "/v1/models"}
         assert all(auth == f"Bearer {KEY}" for _, auth in r.seen)
         assert r.probes == 0
     assert router.probes >= 1
