@@ -62,7 +62,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from . import contract
+from . import contract, text
 from . import hub as hub_mod
 from .errors import ConfigError
 
@@ -535,11 +535,23 @@ class BrandingSettings(Section):
         return value
 
 
+def _catalog_language(value: str) -> str:
+    """ "auto", or a tag whose language the catalog has a file for ("zh" and "zh-CN" → zh-CN.json; a new
+    fr.json makes "fr" valid): adding a language is one file, here too."""
+    primary = value.strip().replace("_", "-").split("-")[0].lower()
+    have = text.languages()
+    if value != "auto" and not any(lang.lower().split("-")[0] == primary for lang in have):
+        raise ValueError('"auto" (the browser\'s) or a language the catalog has: ' + ", ".join(have))
+    return value
+
+
 class UISettings(Section):
     """How the chat page behaves."""
 
     section: ClassVar[str] = "ui"
-    language: Literal["auto", "en", "zh"] = key("auto", 'one of "auto" (the browser\'s), "en", "zh"')
+    language: Annotated[Str, AfterValidator(_catalog_language)] = key(
+        "auto", '"auto" (the browser\'s) or a language of backend/catalog/ ("en", "zh", "zh-CN", …)'
+    )
     wait_for_ready: Float = key(300.0, "0 or more seconds", ge=0)  # a message sent while the model loads waits
     show_reasoning: Bool = key(True, "true or false")
     # answer text reaches the browser at most this often (ms); 0 = every token

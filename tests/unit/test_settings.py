@@ -92,6 +92,7 @@ def test_lora_modules_accept_vllm_style_name_equals_path(tmp_path):
         ("[lora]\nextra = 1\n", "lora.extra", "max_lora_rank"),
         ("[server]\nportt = 1\n", "server.portt", "ui_port"),  # an old section: its old keys
         ("[ui]\nlanguage = 1\n", "ui.language", '"zh"'),
+        ('[ui]\nlanguage = "de"\n', "ui.language", "a language the catalog has: en, zh-CN"),
         ('[network]\nhost_names = "a b"\n', "network.host_names", "host names or IP addresses"),
         ("[network]\nhost_names = [1]\n", "network.host_names", "host names or IP addresses"),
         ('[logging]\nlevel = "loud"\n', "logging.level", '"DEBUG"'),

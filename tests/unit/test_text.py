@@ -250,6 +250,19 @@ def test_a_third_language_is_one_new_file(with_french):
     assert reason.in_("fr-FR") == "le moteur s'est arrêté avec le code 3 ; arrêté après 2 tentatives"
 
 
+def test_a_third_language_can_be_forced_by_ui_language(with_french, tmp_path):
+    """[ui] language takes every language the catalog has, the new file's too (and still refuses others)."""
+    from backend.errors import ConfigError
+    from backend.settings import load_settings
+
+    config = tmp_path / "config.toml"
+    config.write_text('[ui]\nlanguage = "fr"\n')
+    assert load_settings(config, env={}).ui.language == "fr"
+    config.write_text('[ui]\nlanguage = "de"\n')
+    with pytest.raises(ConfigError, match="en, fr, zh-CN"):
+        load_settings(config, env={})
+
+
 def test_a_third_language_reaches_the_status_line_and_the_model_picker(with_french):
     """A browser in French (fr-FR) gets the status line's words and the picker's labels from fr.json."""
     from backend.chat.health import HealthStatus, ModelEntry
