@@ -16,7 +16,9 @@ The policy, in order:
   into full slots evicts the least recently used runtime adapter; the step names it.
 - While the answer streams, its adapter is marked in use (``Service.adapter_usage``): never evicted.
 - The history is fitted into the token budget; the earlier turns left out are listed afterwards.
-- The answer streams; the footer says who answered, how much, how long, and the context meter, and
+- The answer streams; the footer says who answered, how much, how long (the answer's own time, from the request
+  sent, or from its first token when it queued in the engine; apart, the wait before it when a wait step was
+  shown: the model loading, an adapter load, the queue), and the context meter, and
   in one line how it ended unless it was a plain stop (reply limit, content filter, a tool call, an
   unknown or missing finish reason). An answer with no text is never shown as a bare footer: it is
   an error bubble saying why, with Retry. A stream cut short (``StreamCut``) is an interrupted answer.
@@ -79,7 +81,8 @@ class Reply:
     usage: Usage | None
     finish: Finish | None
     fitted: FitResult  # the context meter
-    seconds: float  # from the message to the last token, including any wait for the engine
+    seconds: float  # the answer's own time: from the request sent (from the first token if it queued) to the last
+    waited: float | None = None  # the wait before that (model load, adapter load, queue); None: no wait was shown
 
 
 class StepView(Protocol):
@@ -178,6 +181,10 @@ class _Attempt:
     rid: str
     model: str  # the model that answers (after a runtime adapter load, the one loaded)
     t0: float = field(default_factory=time.monotonic)
+    sent: float | None = None  # when the request went to the engine
+    first: float | None = None  # when its first token came
+    waits: bool = False  # the turn showed a wait step: the model loading, an adapter load, the engine's queue
+    queued: bool = False  # the request waited in the engine's queue (its wait step was shown)
     text: str = ""
     usage: Usage | None = None
     finish: Finish | None = None
@@ -241,6 +248,7 @@ class _Turn:
     async def _ready_for(self, a: _Attempt) -> bool:
         """The engine answering and the model served (a runtime adapter loaded first); False (said) when not."""
         service = self.service
+        a.waits = not service.poller.status.answering  # a wait step while the model loads
         if not await self.wait_for_engine():
             down = service.poller.status.state is EngineState.DOWN
             a.ended = metrics.ENGINE_DOWN if down else ServerStarting.code
@@ -251,6 +259,7 @@ class _Turn:
             # the router could send it to a replica lacking it: say so now rather than "model not found" later
             raise ModelPartial(a.model, status.replicas_named(lacking, self.view.lang))
         if await service.needs_runtime_load(a.model):  # e.g. chosen before a restart, restored on reload
+            a.waits = True
             if not await self.load_adapter(a.model) and self.fixed_model:
                 a.ended = metrics.ADAPTER
                 return False  # a compare side: its error is shown, the chat's choice unchanged
@@ -261,7 +270,7 @@ class _Turn:
     async def _stream(self, a: _Attempt) -> FitResult:
         """Fit the history and stream the answer into the view (``a`` keeps its text, usage and finish)."""
         fitted = await self.service.fit(self.session.conversation.messages(self.session.system_prompt))
-        queued = asyncio.create_task(self._queued_note(), name="qwenchat-queued-note")  # until the first token
+        queued = asyncio.create_task(self._queued_note(a), name="qwenchat-queued-note")  # until the first token
         try:
             await self._stream_events(a, fitted, queued)
         finally:
@@ -269,7 +278,7 @@ class _Turn:
             await asyncio.gather(queued, return_exceptions=True)  # a Stop meanwhile still cancels this turn
         return fitted
 
-    async def _queued_note(self) -> None:
+    async def _queued_note(self, a: _Attempt) -> None:
         """Until cancelled (the first token, the end): while requests wait in the engine (vLLM's /metrics, read
         by the shared poller), a wait step "queued: 3 answers ahead · engine busy", updated at each poll."""
         async with contextlib.AsyncExitStack() as stack:
@@ -282,6 +291,7 @@ class _Turn:
                     continue
                 title = t("queued.one" if load.waiting == 1 else "queued.many", self.view.lang, ahead=load.waiting)
                 if step is None:
+                    a.waits = a.queued = True
                     step = await stack.enter_async_context(self.view.step(title))
                 elif step.name != title:
                     step.name = title
@@ -293,6 +303,7 @@ class _Turn:
         first = True
         # While it streams, the adapter is in use: never the one evicted to make room for another load.
         with service.adapter_usage.streaming(model), metrics.METRICS.streaming():
+            a.sent = time.monotonic()
             async with contextlib.aclosing(
                 service.client.stream(
                     fitted.messages,
@@ -306,7 +317,8 @@ class _Turn:
                     if first and isinstance(ev, (TextDelta, ReasoningDelta)):
                         first = False
                         queued.cancel()  # the wait step, if any, ends with the first token
-                        metrics.METRICS.first_token(model, time.monotonic() - a.t0)
+                        a.first = time.monotonic()
+                        metrics.METRICS.first_token(model, a.first - a.t0)
                     if isinstance(ev, TextDelta):
                         a.text += ev.text
                         await view.stream_token(ev.text)
@@ -329,11 +341,14 @@ class _Turn:
             a.ended = metrics.NO_TEXT
             return False
         served = finish.model if finish and finish.model else a.model
-        seconds = time.monotonic() - a.t0
-        turn_id = await view.show_answer(Reply(a.text, served, a.usage, finish, fitted, seconds))
+        end = time.monotonic()
+        # The answer's own time apart from the wait before it: a cold start's first answer is not "158.3 s".
+        began = (a.first if a.queued else a.sent) or a.t0
+        reply = Reply(a.text, served, a.usage, finish, fitted, end - began, began - a.t0 if a.waits else None)
+        turn_id = await view.show_answer(reply)
         self.record(turn_id, a.text, served, False)
         a.ended = metrics.OK
-        metrics.METRICS.answered(served, seconds)
+        metrics.METRICS.answered(served, end - a.t0)  # from the message, wait included (see its help)
         return True
 
     async def _failed(self, a: _Attempt, exc: Exception, *, may_wait_again: bool) -> Outcome:

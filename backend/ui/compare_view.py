@@ -188,7 +188,7 @@ class CompareView(ChatView):
             return (
                 head
                 + markdown.close_fence(r.text)
-                + markdown.footer(shown, r.usage, r.fitted, r.seconds, lang, r.finish)
+                + markdown.footer(shown, r.usage, r.fitted, r.seconds, lang, r.finish, r.waited)
             )
         text, why = self.cut or ("", "")
         return head + markdown.close_fence(text) + markdown.interrupted_marker(why, shown)

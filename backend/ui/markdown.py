@@ -41,12 +41,19 @@ def footer(
     seconds: float,
     lang: str,
     finish: Finish | None = None,
+    waited: float | None = None,
 ) -> str:
-    """The line under each answer (after ``close_fence``): who answered, how much, how long, the context meter."""
+    """The line under each answer (after ``close_fence``): who answered, how much, how long, the context meter.
+
+    ``seconds`` is the answer's own time; ``waited`` (None: the turn showed no wait) the time it spent waiting
+    before that, for the model to load, an adapter load or in the engine's queue: apart, so that a cold start's
+    first answer reads "8 tokens · 0.6 s · waited 157.7 s", not "8 tokens · 158.3 s"."""
     parts = [f"`{model}`"]  # ids like my_adapter or a*b would break the italics
     if usage and usage.completion_tokens is not None:
         parts.append(t("tokens", lang, n=usage.completion_tokens))
     parts.append(f"{seconds:.1f} s")
+    if waited is not None:
+        parts.append(t("waited", lang, seconds=waited))
     note = ending_note(finish, lang) if finish else None
     if note:
         parts.append(note)

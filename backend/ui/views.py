@@ -107,7 +107,7 @@ class ChatView:
         msg = self.bubble
         msg.author = reply.model
         msg.content = markdown.close_fence(reply.text) + markdown.footer(
-            reply.model, reply.usage, reply.fitted, reply.seconds, self.lang, reply.finish
+            reply.model, reply.usage, reply.fitted, reply.seconds, self.lang, reply.finish, reply.waited
         )
         msg.metadata = history.answer_metadata(reply.text, reply.model)  # the history keeps no footer
         await msg.send()

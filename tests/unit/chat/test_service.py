@@ -50,6 +50,16 @@ def test_footer_names_the_model_tokens_time_and_context_meter():
     fitted = FitResult(messages=[], prompt_tokens=1234, budget=7168, max_model_len=8192, reply_reserve=1024)
     text = footer("pirate", Usage(40, 25), fitted, 1.25, "en", Finish("stop", "pirate"))
     assert text.startswith("\n\n*`pirate` ·") and "25 tokens" in text and "1.2 s" in text and "1,234 / 7,168" in text
+    assert "waited" not in text  # no wait was shown: nothing about one
+
+
+def test_the_footer_keeps_the_answers_own_time_apart_from_the_wait_before_it_in_english_and_chinese():
+    """Issue #20: a cold start's first answer read "8 tokens · 158.3 s" for an answer of under a second."""
+    text = footer("pirate", Usage(40, 8), None, 0.6, "en", Finish("stop", "pirate"), waited=157.7)
+    assert text == "\n\n*`pirate` · 8 tokens · 0.6 s · waited 157.7 s*"
+    assert footer("pirate", Usage(40, 8), None, 0.6, "zh-CN", waited=157.7) == (
+        "\n\n*`pirate` · 8 个词元 · 0.6 s · 等待 157.7 秒*"
+    )
 
 
 import asyncio  # noqa: E402

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from backend.chat import turn
-from backend.chat.health import EngineState, HealthPoller, HealthStatus
+from backend.chat.health import EngineLoad, EngineState, HealthPoller, HealthStatus
 from backend.chat.service import Service
 from backend.chat.session import ChatSession
 from backend.chat.turn import Outcome, Reply
@@ -364,3 +364,68 @@ async def test_a_bug_in_the_app_is_reported_as_the_apps_with_the_request_id_the_
     assert text.startswith("Something went wrong in the chat app") and "KeyError" not in text and retry
     assert any(rid in r.getMessage() and r.exc_info for r in caplog.records)
     assert [t.role for t in session.conversation.turns] == ["user"]  # the message is kept for Retry
+
+
+# ---------------------------------------------------------------- the footer's time apart from the wait (#20)
+
+
+class LoadingPoller:
+    """The real poller, except that the model is still loading until waited for (``load`` seconds), or that the
+    engine's queue holds requests (``queued``: what the shared poller read from vLLM's /metrics)."""
+
+    def __init__(self, real: HealthPoller, load: float = 0.0, queued: int = 0) -> None:
+        self.real, self.loading, self.load, self.queued = real, load > 0, load, queued
+
+    @property
+    def status(self) -> HealthStatus:
+        st = self.real.status
+        if self.loading:
+            return dataclasses.replace(st, state=EngineState.STARTING, reason=Text.verbatim("loading"))
+        return dataclasses.replace(st, load=EngineLoad(1, self.queued)) if self.queued else st
+
+    async def wait_until_ready(self, timeout: float, on_progress=None, **kwargs: Any) -> HealthStatus:
+        await asyncio.sleep(self.load)
+        self.loading = False
+        return self.status
+
+    async def subscribe(self):
+        yield self.status
+        await asyncio.Event().wait()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+async def test_a_cold_starts_answer_reports_its_own_time_apart_from_the_wait_for_the_model(service, monkeypatch):
+    """Issue #20: the footer read "8 tokens · 158.3 s" for an answer of under a second once the model was ready."""
+    monkeypatch.setattr(service, "_poller", LoadingPoller(service.poller, load=1.5))
+    view = Recorder()
+
+    assert await turn.answer(chat(service, marker()), service, view) is Outcome.ANSWERED
+
+    reply = view.reply()
+    assert [s.name.startswith("The model is ready (waited") for s in view.steps] == [True]
+    assert reply.waited is not None and reply.waited >= 1.5, reply
+    assert reply.seconds < 1.5, reply  # the fake server answers 8 tokens at once: the load is not in it
+
+
+async def test_an_answer_queued_in_the_engine_counts_the_queue_as_waited_not_as_its_own_time(service, monkeypatch):
+    monkeypatch.setattr(service, "_poller", LoadingPoller(service.poller, queued=3))
+    view = Recorder()
+    session = chat(service, f"[[fault:stall-first:stall=1.2]] {marker()}")  # no first token for 1.2 s: queued
+
+    assert await turn.answer(session, service, view) is Outcome.ANSWERED
+
+    reply = view.reply()
+    assert [s.name for s in view.steps] == ["queued: 3 answers ahead · engine busy"]
+    assert reply.waited is not None and reply.waited >= 1.2 and reply.seconds < 1.2, reply
+
+
+async def test_an_answer_that_never_waited_shows_no_wait_and_its_time_from_the_request(service, fake):
+    view = Recorder()
+    session = chat(service, f"[[fault:stall-first:stall=0.5]] {marker()}")  # a slow prefill, nothing queued
+
+    assert await turn.answer(session, service, view) is Outcome.ANSWERED
+
+    reply = view.reply()
+    assert view.steps == [] and reply.waited is None and reply.seconds >= 0.5, reply
