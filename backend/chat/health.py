@@ -18,7 +18,8 @@ poll while probes fail or right after /health or /v1/models failed.
 States (``EngineState``):
 
     STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting;
-              or the launcher still preparing (installing the engine, converting the model: ``phase``, no HTTP)
+              or the launcher still preparing (installing the engine, converting the model: ``phase``, no HTTP);
+              or a fleet's router that answers /health while a probe through it fails with a 5xx (not routable)
     READY     health 200 (or no /health route), models listed, probe answered within probe_slow
     DEGRADED  after health 200 and models: probe timed out, failed or was slow; or /health or /v1/models stopped answering
     DOWN      refused (or unhealthy) after having been ready (any probe that answered, even slowly, counts as
@@ -57,6 +58,12 @@ On top of the router's state:
 
 vllm-router answers its own ``/health`` with 503 as soon as one replica is unhealthy: with a replica ready here,
 that 503 is not the engine being down (the probe through the router decides).
+
+Ready means routable: a fleet is READY only once the one-token probe THROUGH the router answers, not on the router's
+``/health`` or its replicas' alone. A router that answers ``/health`` while a request through it fails with a 5xx
+(restarted, its workers not checked yet) is STARTING, "the router answers, but a test generation through it
+failed (…)", with a replica ready here (with none, DOWN as above): a message sent meanwhile waits with the loading
+step instead of failing; the probe runs on every poll until one through the router answers.
 """
 
 from __future__ import annotations
@@ -782,6 +789,11 @@ class HealthPoller:
         elif probe.error == "timeout":
             reason = Text("health.probe_timeout", {"seconds": s.probe_timeout})
             self._set(EngineState.DEGRADED, reason, sup=sup, models_ok=True)
+        elif self.replica_roots and probe.status >= 500 and any(r.ready for r in self._replica_view):
+            # Ready means routable: a router that answers /health (e.g. just restarted, its workers not checked yet)
+            # but fails a request through it would fail the user's message too; wait for it like a start.
+            reason = Text("health.router_not_routing", {"detail": _error_detail(probe)})
+            self._set(EngineState.STARTING, reason, sup=sup, models_ok=True)
         else:
             reason = Text("health.probe_failed", {"detail": probe.error or _error_detail(probe)})
             self._set(EngineState.DEGRADED, reason, sup=sup, models_ok=True)

@@ -189,6 +189,33 @@ async def test_the_routers_503_while_one_replica_is_down_is_degraded_not_down(fl
     assert st.replicas_ready == 0
 
 
+# ---------------------------------------------------------------- ready means routable (#20)
+
+
+@pytest.mark.asyncio
+async def test_a_router_answering_health_while_chat_through_it_fails_is_not_ready_until_a_request_routes(fleet, poller):
+    """Issue #20: after a router restart the UI said "ready" while messages through the router still failed. Its
+    /health 200 and every replica ready are not enough: the one-token probe through the router decides."""
+    router, replicas = fleet
+    await poller.start()
+    await until(poller, lambda s: s.ready, what="ready")
+    await router.stop()
+    router.probe = "error"  # restarted: /health 200, each replica ready, but chat through it fails (HTTP 500)
+    await router.start()
+    st = await until(poller, lambda s: s.state is EngineState.STARTING and s.replicas_ready == 3, what="not routable")
+    assert not st.answering  # a message waits with the loading step instead of failing
+    assert st.text("en").startswith("the router answers, but a test generation through it failed (HTTP 500: ")
+    assert st.text("zh-CN").startswith("路由器有响应，但经由它的测试生成失败（HTTP 500: ")
+    waiting = asyncio.create_task(poller.wait_until_ready(30))  # what a message sent now does (the loading step)
+    probes = router.probes
+    await until(poller, lambda s: router.probes >= probes + 3, what="probes on every poll")
+    assert not poller.status.answering and not waiting.done()  # steady: never "ready" on /health alone
+
+    router.probe = "ok"  # it routes now
+    st = await asyncio.wait_for(waiting, 30)
+    assert st.ready and st.text("en") == "the model is ready" and router.probes > probes
+
+
 # ---------------------------------------------------------------- the model list: what every ready replica serves
 
 
