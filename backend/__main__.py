@@ -45,6 +45,15 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if settings.external:
         _progress("external mode (OPENAI_BASE_URL set): nothing to prepare")
         return 0
+    for name in settings.lora.modules if settings.lora.enable else ():
+        adapter = settings.lora.adapter_hub(name)
+        if adapter is not None:
+            _progress(f"adapter {name}: {adapter} ...")
+            rc = subprocess.call(
+                [sys.executable, "-m", "backend", "download-model", "--text", "--adapter", str(adapter)]
+            )
+            if rc != 0:
+                return rc
     if settings.model.hub is not None:
         from . import hub
 

@@ -61,6 +61,9 @@ WANTED = (
 )
 #: Only when the repo has no *.safetensors: the PyTorch checkpoint.
 WANTED_BIN = ("pytorch_model*.bin", "pytorch_model.bin.index.json")
+#: A LoRA adapter repo (a ``[lora] modules`` entry): its config and weights; the ``.bin`` only without safetensors.
+ADAPTER_WANTED = ("adapter_config.json", "adapter_model.safetensors")
+ADAPTER_BIN = ("adapter_model.bin",)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,10 @@ class HubModel:
 
     repo_id: str
     revision: str = "main"
+    adapter: bool = False  # a LoRA adapter repo (``[lora] modules``): only the adapter's files
+
+    def as_adapter(self) -> HubModel:
+        return HubModel(self.repo_id, self.revision, adapter=True)
 
     @property
     def name(self) -> str:
@@ -138,17 +145,17 @@ def commit_of(model: HubModel, cache: Path | None = None) -> str | None:
     return commit if _COMMIT.fullmatch(commit) else None
 
 
-def select_files(names: Iterable[str]) -> list[str]:
-    """The repo files vLLM needs (``WANTED``), from the repo's file list; the ``.bin`` checkpoint only when the repo
-    has no ``.safetensors`` weights. Root files only."""
+def select_files(names: Iterable[str], *, adapter: bool = False) -> list[str]:
+    """The repo files vLLM needs (``WANTED``; an adapter's: ``ADAPTER_WANTED``), from the repo's file list; the
+    ``.bin`` checkpoint only when the repo has no ``.safetensors`` weights. Root files only."""
     root = [n for n in names if "/" not in n]
 
     def matching(patterns: tuple[str, ...]) -> list[str]:
         return [n for n in root if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 
-    picked = matching(WANTED)
+    picked = matching(ADAPTER_WANTED if adapter else WANTED)
     if not any(n.endswith(".safetensors") for n in picked):
-        picked += matching(WANTED_BIN)
+        picked += matching(ADAPTER_BIN if adapter else WANTED_BIN)
     return sorted(set(picked))
 
 
@@ -162,11 +169,16 @@ def tree_listing(model: HubModel, commit: str, cache: Path | None = None) -> dic
         return None
 
 
-def missing_files(folder: Path, listing: dict[str, int] | None) -> list[str]:
+def missing_files(folder: Path, listing: dict[str, int] | None, *, adapter: bool = False) -> list[str]:
     """The files vLLM needs that ``folder`` lacks: against the listing when there is one, else by what a model
-    folder must hold (config.json, the weights its index names, or any weights)."""
+    folder must hold (config.json, the weights its index names, or any weights; an adapter: its config and
+    weights)."""
     if listing is not None:
-        return [n for n in select_files(listing) if not (folder / n).is_file()]
+        return [n for n in select_files(listing, adapter=adapter) if not (folder / n).is_file()]
+    if adapter:
+        missing = [] if (folder / "adapter_config.json").is_file() else ["adapter_config.json"]
+        weights = any((folder / n).is_file() for n in ("adapter_model.safetensors", "adapter_model.bin"))
+        return missing if weights else [*missing, "adapter_model.safetensors"]
     if not (folder / "config.json").is_file():
         return ["config.json"]
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
@@ -193,7 +205,7 @@ def complete_snapshot(model: HubModel, cache: Path | None = None) -> Path | None
     if not commit:
         return None
     folder = storage_dir(model, cache) / "snapshots" / commit
-    if not folder.is_dir() or missing_files(folder, tree_listing(model, commit, cache)):
+    if not folder.is_dir() or missing_files(folder, tree_listing(model, commit, cache), adapter=model.adapter):
         return None
     return folder
 

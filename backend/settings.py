@@ -627,9 +627,22 @@ class LoraSettings(Section):
     def resolved_dir(self) -> Path:
         return resolve_path(self.dir)
 
-    def adapter_path(self, name: str) -> Path:
-        """Folder of a static adapter; the embedded demo adapter when its path is empty."""
+    def adapter_hub(self, name: str) -> hub_mod.HubModel | None:
+        """The hub adapter a modules entry names (``owner/name[@revision]`` that is no existing folder, the rule of
+        [model] path), else None."""
         path = self.modules[name]
+        if not path or hub_mod.classify_model_path(path, ROOT) != "hub":
+            return None
+        model = hub_mod.parse_hub_id(path)
+        return model.as_adapter() if model else None
+
+    def adapter_path(self, name: str) -> Path:
+        """Folder of a static adapter; the embedded demo adapter when its path is empty; a hub id's snapshot folder
+        in huggingface_hub's cache (complete, else where it will be)."""
+        path = self.modules[name]
+        model = self.adapter_hub(name)
+        if model is not None:
+            return hub_mod.complete_snapshot(model) or hub_mod.pending_dir(model)
         return resolve_path(path) if path else DEMO_ADAPTER_DIR
 
 

@@ -105,8 +105,23 @@ def endpoint() -> str:
 # ---------------------------------------------------------------- errors, in one place
 
 
+#: An adapter's (``[lora] modules``) own words for what names ``[model] path`` for a model.
+_ADAPTER_KEYS = {
+    "download.no_repo": "download.no_adapter_repo",
+    "download.no_revision": "download.no_adapter_revision",
+    "download.no_repo_or_private": "download.no_adapter_repo_or_private",
+}
+
+
 def translate(exc: BaseException, model: HubModel, file: str = "") -> DownloadError:
     """huggingface_hub's and httpx's exceptions → a DownloadError naming the id, the revision, the setting."""
+    err = _translate(exc, model, file)
+    if model.adapter and err.key in _ADAPTER_KEYS:
+        return DownloadError(_ADAPTER_KEYS[err.key], **err.params)
+    return err
+
+
+def _translate(exc: BaseException, model: HubModel, file: str) -> DownloadError:
     import httpx2
     from huggingface_hub import errors as hf_errors
 
@@ -172,9 +187,12 @@ def plan(model: HubModel) -> Plan:
         raise DownloadError("download.not_a_hub", endpoint=endpoint(), detail="no commit or file list in its answer")
     sizes = {s.rfilename: int(s.size or 0) for s in info.siblings}
     etags = {s.rfilename: (s.lfs.sha256 if s.lfs else s.blob_id) or "" for s in info.siblings}
-    wanted = hub.select_files(sizes)
-    if "config.json" not in wanted:
-        raise DownloadError("download.not_a_model", id=str(model), files=", ".join(sorted(sizes)[:8]))
+    wanted = hub.select_files(sizes, adapter=model.adapter)
+    if ("adapter_config.json" if model.adapter else "config.json") not in wanted:
+        key = "download.not_an_adapter" if model.adapter else "download.not_a_model"
+        raise DownloadError(key, id=str(model), files=", ".join(sorted(sizes)[:8]))
+    if model.adapter and not any(n.startswith("adapter_model.") for n in wanted):
+        raise DownloadError("download.not_an_adapter", id=str(model), files=", ".join(sorted(sizes)[:8]))
     storage = hub.storage_dir(model)
     return Plan(model, info.sha, {n: sizes[n] for n in wanted}, storage, {n: etags[n] for n in wanted if etags[n]})
 
@@ -366,9 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m backend download-model")
     ap.add_argument("id", nargs="?", help="owner/name[@revision]; default: [model] path")
     ap.add_argument("--text", action="store_true", help="progress for people (every 5 %%), not [download] lines")
+    ap.add_argument("--adapter", action="store_true", help="a LoRA adapter repo: only adapter_config.json + weights")
     args = ap.parse_args(argv)
     if args.id:
         model = hub.parse_hub_id(args.id)
+        model = model.as_adapter() if model and args.adapter else model
     else:
         from ..settings import load_settings
 

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import contract, hub
@@ -53,10 +53,15 @@ def engine_python() -> str:
     return os.environ.get(contract.ENV_ENGINE_PYTHON) or sys.executable
 
 
-def static_adapters(settings: Settings, *, check: bool = True) -> tuple[dict[str, Path], dict[str, Text]]:
+def static_adapters(
+    settings: Settings, *, check: bool = True, failed: dict[str, Text] | None = None, dry: bool = False
+) -> tuple[dict[str, Path], dict[str, Text]]:
     """Static adapters that pass the doctor, and the excluded ones with their diagnosis.
 
-    vLLM exits rc=1 on a single bad --lora-modules entry; leaving the bad one out keeps the rest.
+    vLLM exits rc=1 on a single bad --lora-modules entry; leaving the bad one out keeps the rest. A hub id is its
+    complete snapshot folder; one whose download failed (``failed``: the downloader's message) or never ran is left
+    out too (nothing half-downloaded is taken for an adapter); a dry run (``dry``) shows where a real start will
+    have it.
     """
     good: dict[str, Path] = {}
     bad: dict[str, Text] = {}
@@ -66,6 +71,16 @@ def static_adapters(settings: Settings, *, check: bool = True) -> tuple[dict[str
 
     for name in settings.lora.modules:
         path = settings.lora.adapter_path(name)
+        model = settings.lora.adapter_hub(name)
+        if model is not None and (failed or {}).get(name):
+            bad[name] = (failed or {})[name]
+            continue
+        if model is not None and hub.complete_snapshot(model) is None:
+            if check and not dry:
+                bad[name] = Text("adapter.hub_not_downloaded", {"id": str(model)})
+            else:
+                good[name] = path
+            continue
         if not check:
             good[name] = path
             continue
@@ -103,6 +118,14 @@ def private_log_dir(log_dir: Path) -> None:
             os.chmod(path, 0o600)
 
 
+def _dry_run_hub_adapters(settings: Settings) -> None:
+    for name in prepare_bg.adapters_to_download(settings):
+        print(
+            f"# note: [lora] modules.{name} is the hub adapter {settings.lora.adapter_hub(name)}: a real start "
+            f"downloads it into {settings.lora.adapter_path(name)} and checks it with the adapter doctor first"
+        )
+
+
 def dry_run(settings: Settings) -> int:
     """Print what a real start would run: the doctor's choice of adapters, the fallbacks, the advice."""
     try:
@@ -118,9 +141,10 @@ def dry_run(settings: Settings) -> int:
         if engine == "gpu" and not has_gpu:
             say("note: no GPU on this machine; a real start with engine=gpu would stop with an error")
         model_dir = settings.model.resolved_path
-        adapters, excluded = static_adapters(settings, check=(model_dir / "config.json").exists())
+        adapters, excluded = static_adapters(settings, check=(model_dir / "config.json").exists(), dry=True)
         for name, text in excluded.items():
             print(f"# adapter {name!r} would be left out: {text}")
+        _dry_run_hub_adapters(settings)
         template = Path("<log dir>/chatml-fallback.jinja") if command.needs_chat_template(model_dir) else None
         if settings.fleet.enabled:
             has_gpus = engine == "gpu" and has_gpu
@@ -311,6 +335,7 @@ class _Early:
     api_key: str
     stop: asyncio.Event
     ui_keeper: UiKeeper
+    adapter_errors: dict[str, Text] = field(default_factory=dict)  # hub adapters whose download failed
 
 
 async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: float) -> _Early | int:
@@ -358,7 +383,7 @@ async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: flo
         if failed is not None:
             say(f"{failed.said or str(failed.reason).split('; the full log is')[0]}; full log: {failed.log_path}")
             return 1
-        early = _Early(ui_proc, api_key, stop, keeper)
+        early = _Early(ui_proc, api_key, stop, keeper, preparer.adapter_errors)
         return early
     finally:
         if early is None:
@@ -424,11 +449,16 @@ def _engine_kind(settings: Settings) -> str:
 
 
 def _engine_supervisor(
-    settings: Settings, engine: str, api_key: str, log_dir: Path, status_path: Path
+    settings: Settings,
+    engine: str,
+    api_key: str,
+    log_dir: Path,
+    status_path: Path,
+    failed: dict[str, Text] | None = None,
 ) -> Supervisor | fleet.Fleet:
     """The engine's (or the fleet's) supervisor, with this launch's static adapters and chat template; what the
-    doctor left out goes to the excluded-adapters file for the UI."""
-    adapters, excluded = static_adapters(settings)
+    doctor left out (or a hub adapter's failed download, ``failed``) goes to the excluded-adapters file for the UI."""
+    adapters, excluded = static_adapters(settings, failed=failed)
     for name, text in excluded.items():
         say(f"adapter {name!r} left out: {text}")
     reasons = {name: text.to_json() for name, text in excluded.items()}  # the UI makes them in the viewer's language
@@ -511,7 +541,8 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
     supervisor: Supervisor | fleet.Fleet | None = None
     if not settings.external:
         api_key = early.api_key if early else (settings.vllm.api_key or secrets.token_urlsafe(24))
-        supervisor = _engine_supervisor(settings, engine, api_key, log_dir, status_path)
+        failed = early.adapter_errors if early else None
+        supervisor = _engine_supervisor(settings, engine, api_key, log_dir, status_path, failed)
         ui_env.update({contract.ENV_ENGINE_API_KEY: api_key, contract.ENV_STATUS_FILE: str(status_path)})
         _say_engine_starting(settings, engine, log_dir)
     ui_cmd = command.build_ui_command(settings, python=sys.executable)

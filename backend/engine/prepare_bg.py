@@ -19,6 +19,11 @@ conversion: ``python -m backend download-model`` (engine/download.py, this envir
 ``<log dir>/model-download.log``. It starts at once (below), so a wrong id or a missing token is said in seconds,
 not after the engine install.
 
+Hub ids in ``[lora] modules`` follow the model's download (``download-model --adapter``: adapter_config.json and
+the weights only, into the same cache and log). A failed one stops nothing: the launcher leaves that adapter out
+with the downloader's message (``Preparer.adapter_errors``), as it leaves out a folder the adapter doctor refuses;
+a downloaded one is checked by the doctor on its snapshot folder like any folder.
+
 The model's steps overlap the engine install (issue #19, "the engine built fast"): ``run()`` starts the install
 and the model's work at once. The download needs nothing of the engine's and begins immediately; the conversion
 needs torch, transformers and gguf, which the install puts in first (``MODEL_TOOLS``, passed to qc_env as
@@ -293,7 +298,7 @@ def needs_preparing(settings: Settings) -> bool:
         return False
     if not env_complete(os.environ.get(contract.ENV_ENGINE_PYTHON)):
         return True
-    if needs_download(settings):
+    if needs_download(settings) or adapters_to_download(settings):
         return True
     return settings.model.is_embedded and not packages.is_built(settings.model.resolved_path)
 
@@ -302,6 +307,14 @@ def needs_download(settings: Settings) -> bool:
     """[model].path is a hub id whose files are not all in the cache yet (a stopped download counts as not)."""
     model = settings.model.hub
     return model is not None and hub.complete_snapshot(model) is None
+
+
+def adapters_to_download(settings: Settings) -> list[str]:
+    """The ``[lora] modules`` names that are hub ids whose files are not all in the cache yet."""
+    if settings.external or not settings.lora.enable:
+        return []
+    lora = settings.lora
+    return [n for n in lora.modules if (m := lora.adapter_hub(n)) is not None and hub.complete_snapshot(m) is None]
 
 
 class Preparer:
@@ -317,6 +330,7 @@ class Preparer:
         self.poll_installed = 2.0  # seconds between counts of the installed packages while pip installs
         self._said_percent = 0  # the terminal hears every 10 %, from 10 %
         self._installing = False  # the engine install runs: the status line is its own
+        self.adapter_errors: dict[str, Text] = {}  # hub adapters whose download failed: left out, with this
 
     def publish(self, phase: str, progress: int | None, sizes: tuple[int, int, int] | None = None) -> None:
         """The status file (and every 10 % the terminal) told: ``sizes`` is a download's (done, total, rate)."""
@@ -350,6 +364,8 @@ class Preparer:
         """The status of the step that comes first, before it starts."""
         if needs_download(self.settings):
             self.publish(PHASE_DOWNLOAD_MODEL, None)
+        elif adapters_to_download(self.settings) and env_complete(os.environ.get(contract.ENV_ENGINE_PYTHON)):
+            self.publish(PHASE_DOWNLOAD_MODEL, None)  # only hub adapters to fetch
         elif env_complete(os.environ.get(contract.ENV_ENGINE_PYTHON)):
             self.publish(PHASE_CONVERT_MODEL, None)
         else:
@@ -401,6 +417,29 @@ class Preparer:
             return self.fail(PHASE_DOWNLOAD_MODEL, rc, tail)
         self.say(f"model downloaded: {self.settings.model.resolved_path}")
         return None
+
+    async def download_adapters(self) -> None:
+        """The ``[lora] modules`` hub ids into huggingface_hub's cache, one after the other (engine/download.py
+        ``--adapter``: adapter_config.json and the weights only). A failure is no failed start: the adapter is
+        left out with the downloader's message (``adapter_errors``), as the doctor leaves out a bad folder."""
+        for name in adapters_to_download(self.settings):
+            model = self.settings.lora.adapter_hub(name)
+            assert model is not None
+            self.publish(PHASE_DOWNLOAD_MODEL, None)  # (the install's line while it runs)
+            self.say(
+                f"downloading the adapter {model} into {hub.storage_dir(model)}; log: {self.log_dir / DOWNLOAD_LOG}"
+            )
+            argv = [sys.executable, "-m", "backend", "download-model", "--adapter", str(model)]
+            rc, _, tail = await run_step(argv, self.log_dir / DOWNLOAD_LOG, _ignore, env={"PYTHONUNBUFFERED": "1"})
+            if rc == 0 and hub.complete_snapshot(model) is not None:
+                self.say(f"adapter {name!r} downloaded: {hub.complete_snapshot(model)}")
+                continue
+            told = download.parse_error(tail)  # said once, when the launcher leaves the adapter out
+            if told is not None:
+                self.adapter_errors[name] = Text(told[0], told[1]).map_strings(scrub_paths)
+            else:
+                detail = failure_detail(tail)
+                self.adapter_errors[name] = Text("prepare.download_failed", {"detail": detail, "log": DOWNLOAD_LOG})
 
     def converts_model(self) -> bool:
         """The embedded model is still to be converted (in the engine environment)."""
@@ -488,6 +527,8 @@ class Preparer:
     ) -> PrepareFailed | None:
         """The model's steps beside the install: the download at once, the conversion once ``tools`` is set."""
         failed = await self.download_model()
+        if failed is None:
+            await self.download_adapters()
         if failed or not self.converts_model():
             return failed
         await tools.wait()
