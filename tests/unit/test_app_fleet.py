@@ -7,12 +7,14 @@ fields. Driven like tests/unit/test_app_handlers.py (its ``Chat`` stands in for 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import pytest_asyncio
 
 from backend.settings import ROOT
 from tests.fakes.openai_server import FakeServer
-from tests.unit.test_app_handlers import Chat, browser_language, send_command, wait_for
+from tests.unit.test_app_handlers import Chat, browser_language, marker, send_command, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -212,3 +214,36 @@ async def test_a_replica_killed_mid_conversation_shows_1_of_2_and_the_chat_goes_
         replicas[1].port = port
         await replicas[1].start()
     await wait_for(lambda: ui.service.poller.status.replicas_ready == 2, 10, "both replicas back")
+
+
+async def test_a_message_while_the_router_cannot_route_waits_with_the_loading_step_then_answers(chat, fleet, ui):
+    """Issue #20, ready means routable: the router answers /health and both replicas are ready, but a request through
+    it fails (restarted, its workers not checked yet): the status says so, and a message sent meanwhile waits with
+    the loading step (never a raw error), then answers once a request routes."""
+    router, _ = fleet
+    port = router.port
+    await router.stop()  # the router restarts (no launcher here: its absence is what the poller sees)
+    await wait_for(lambda: not ui.service.poller.status.answering, 10, "the router gone")
+    router.default_mode = "fault:http-503"  # every chat through it (the poller's probe included): 503
+    router.port = port
+    await router.start()
+    try:
+        await wait_for(lambda: ui.service.poller.status.state.value == "starting", 10, "the fleet not routable")
+        body = await ui.routes.status()
+        assert body["state"] == "starting" and body["replicas_ready"] == 2, body
+        assert body["reason"].startswith("the router answers, but a test generation through it failed (HTTP 503"), body
+        n, m = len(chat.events), marker()
+        sending = chat.start_sending(f"anyone there? {m}")
+        loading = "The model is loading"
+        await wait_for(
+            lambda: any(str(s.get("name", "")).startswith(loading) for s in chat.screen(n).steps.values()),
+            10,
+            "the loading step",
+        )
+        assert chat.screen(n).errors == [] and chat.received(m) == []  # waiting: nothing sent through the router yet
+    finally:
+        router.default_mode = "normal"  # it routes now
+    await asyncio.wait_for(sending, 30)
+    screen = chat.screen(n)
+    assert screen.answers and screen.errors == [], screen.errors
+    assert len(chat.received(m)) == 1  # sent once, after the router routed
