@@ -193,3 +193,16 @@ def test_the_engine_command_never_gets_a_hub_id(test_models, tmp_path, monkeypat
         settings, engine="cpu", python="python", api_key="k", adapters=adapters, chat_template=None
     )
     assert f"pirate={GOOD}" not in cmd.argv and lora_modules(list(cmd.argv))["pirate"].startswith(str(tmp_path))
+
+
+def test_an_adapter_repo_gives_its_config_and_safetensors_and_the_bin_only_without_them(tmp_path):
+    names = ["adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", "README.md", "tokenizer.json"]
+    assert hub.select_files(names, adapter=True) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert hub.select_files(names[:1] + names[2:], adapter=True) == ["adapter_config.json", "adapter_model.bin"]
+    # without the hub's listing (a copy made by other means): config and weights make it complete
+    folder = tmp_path / "snap"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text("{}")
+    assert hub.missing_files(folder, None, adapter=True) == ["adapter_model.safetensors"]
+    (folder / "adapter_model.bin").write_bytes(b"0")
+    assert hub.missing_files(folder, None, adapter=True) == []
