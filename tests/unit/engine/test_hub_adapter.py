@@ -206,3 +206,12 @@ def test_an_adapter_repo_gives_its_config_and_safetensors_and_the_bin_only_witho
     assert hub.missing_files(folder, None, adapter=True) == ["adapter_model.safetensors"]
     (folder / "adapter_model.bin").write_bytes(b"0")
     assert hub.missing_files(folder, None, adapter=True) == []
+
+
+def test_prepare_in_the_foreground_downloads_a_hub_adapter_and_names_a_missing_one(fake_hub, test_models, tmp_path):
+    env = {"QWENCHAT_MODEL_PATH": str(test_models / "tiny-qwen3"), "HF_HOME": str(tmp_path / "hf")}
+    out = run(["prepare"], tmp_path, QWENCHAT_LORA_MODULES=f"pirate={GOOD}", **env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert hub.complete_snapshot(hub.HubModel(GOOD, adapter=True)) is not None
+    out = run(["prepare"], tmp_path, QWENCHAT_LORA_MODULES="nope=acme/no-such-lora", **env)
+    assert out.returncode == 2 and "there is no adapter acme/no-such-lora" in out.stdout + out.stderr
