@@ -215,3 +215,21 @@ def test_prepare_in_the_foreground_downloads_a_hub_adapter_and_names_a_missing_o
     assert hub.complete_snapshot(hub.HubModel(GOOD, adapter=True)) is not None
     out = run(["prepare"], tmp_path, QWENCHAT_LORA_MODULES="nope=acme/no-such-lora", **env)
     assert out.returncode == 2 and "there is no adapter acme/no-such-lora" in out.stdout + out.stderr
+
+
+def test_a_half_downloaded_hub_adapter_is_never_served_and_the_next_start_completes_it(fake_hub, test_models, tmp_path):
+    settings = settings_with(test_models, tmp_path, {"pirate": GOOD})
+    prepare(settings, tmp_path)
+    model = hub.HubModel(GOOD, adapter=True)
+    folder = hub.complete_snapshot(model)
+    assert folder is not None
+    (folder / "adapter_model.safetensors").unlink()  # a download stopped before the weights were linked
+    assert hub.complete_snapshot(model) is None and prepare_bg.adapters_to_download(settings) == ["pirate"]
+    good, bad = launch.static_adapters(settings)
+    assert good == {} and "not downloaded yet" in str(bad["pirate"])
+    fake_hub.served = 0
+    preparer, _ = prepare(settings, tmp_path)
+    assert preparer.adapter_errors == {} and hub.complete_snapshot(model) == folder
+    assert fake_hub.served == 0  # its whole blob was in the cache: linked again, not fetched again
+    argv, _ = engine_argv(settings, tmp_path, preparer)
+    assert lora_modules(argv) == {"pirate": str(folder)}
