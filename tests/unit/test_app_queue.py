@@ -83,3 +83,34 @@ async def test_the_wait_step_is_in_chinese_for_a_chinese_viewer(chat, ui, monkey
         assert step["name"] == "排队中：前面还有 3 个回答 · 引擎繁忙"
     finally:
         publish(poller, None)
+
+
+async def test_the_footer_of_a_queued_answer_keeps_its_own_time_apart_from_the_wait(chat, ui, monkeypatch):
+    """The footer under an answer that queued: its own time from its first token, the queue as "waited" (#20)."""
+    import re
+    import time
+
+    poller = ui.service.poller
+
+    async def no_read() -> None:
+        return None
+
+    monkeypatch.setattr(poller, "_note_load", no_read)
+    await poller.refresh()
+    publish(poller, EngineLoad(8, 3))
+    try:
+        n = len(chat.events)
+        started = time.monotonic()
+        screen = await chat.send(f"[[fault:stall-first:stall=2]] {marker()}")  # no first token for 2 s: queued
+        wall = time.monotonic() - started
+        footer = screen.answers[-1].rsplit("\n\n", 1)[-1]
+        found = re.search(r"· 8 tokens · (\d+\.\d) s · waited (\d+\.\d) s ·", footer)
+        assert found, footer
+        own, waited = map(float, found.groups())
+        assert waited >= 2.0 and own <= wall - 2.0 + 0.05, (footer, wall)  # the queue is not the answer's own time
+        assert queued_steps(chat, n)
+        publish(poller, EngineLoad(2, 0))  # nothing waits: no wait in the footer
+        screen = await chat.send(marker())
+        assert "waited" not in screen.answers[-1], screen.answers[-1]
+    finally:
+        publish(poller, None)

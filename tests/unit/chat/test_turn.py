@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import re
+import time
 import uuid
 from typing import Any
 
@@ -401,12 +402,14 @@ async def test_a_cold_starts_answer_reports_its_own_time_apart_from_the_wait_for
     monkeypatch.setattr(service, "_poller", LoadingPoller(service.poller, load=1.5))
     view = Recorder()
 
+    started = time.monotonic()
     assert await turn.answer(chat(service, marker()), service, view) is Outcome.ANSWERED
+    wall = time.monotonic() - started
 
     reply = view.reply()
     assert [s.name.startswith("The model is ready (waited") for s in view.steps] == [True]
     assert reply.waited is not None and reply.waited >= 1.5, reply
-    assert reply.seconds < 1.5, reply  # the fake server answers 8 tokens at once: the load is not in it
+    assert reply.seconds <= wall - 1.5 and reply.seconds + reply.waited <= wall, (reply, wall)  # the load: not in it
 
 
 async def test_an_answer_queued_in_the_engine_counts_the_queue_as_waited_not_as_its_own_time(service, monkeypatch):
@@ -414,11 +417,13 @@ async def test_an_answer_queued_in_the_engine_counts_the_queue_as_waited_not_as_
     view = Recorder()
     session = chat(service, f"[[fault:stall-first:stall=1.2]] {marker()}")  # no first token for 1.2 s: queued
 
+    started = time.monotonic()
     assert await turn.answer(session, service, view) is Outcome.ANSWERED
+    wall = time.monotonic() - started
 
     reply = view.reply()
     assert [s.name for s in view.steps] == ["queued: 3 answers ahead · engine busy"]
-    assert reply.waited is not None and reply.waited >= 1.2 and reply.seconds < 1.2, reply
+    assert reply.waited is not None and reply.waited >= 1.2 and reply.seconds <= wall - 1.2, (reply, wall)
 
 
 async def test_an_answer_that_never_waited_shows_no_wait_and_its_time_from_the_request(service, fake):
