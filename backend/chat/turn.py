@@ -24,9 +24,10 @@ The policy, in order:
   an error bubble saying why, with Retry. A stream cut short (``StreamCut``) is an interrupted answer.
 - Failures: a message too long for the model offers a trimmed version; Stop keeps what was shown,
   marked, and lets ``CancelledError`` through; an engine that vanished before any text is waited
-  for and asked once more; an adapter the engine no longer serves switches the chat back to the
-  default model; any other error of ours says what happened (Retry when resending may help); a
-  bug in the app says so, with the request id the log has.
+  for and asked once more, and so is a fleet whose router answered with a 5xx or 429 when a probe through it now
+  fails too (not routable: restarted, its workers not checked yet); an adapter the engine no longer serves
+  switches the chat back to the default model; any other error of ours says what happened (Retry when resending
+  may help); a bug in the app says so, with the request id the log has.
 
 What was shown is what the history holds: an answer cut by an error or Stop is kept, marked
 interrupted; one that never showed any text is removed and not recorded.
@@ -46,8 +47,10 @@ from typing import Any, Protocol
 
 from ..errors import (
     ConnectionLost,
+    EngineError,
     ModelNotFound,
     ModelPartial,
+    Overloaded,
     PromptTooLong,
     QwenChatError,
     ServerStarting,
@@ -354,6 +357,9 @@ class _Turn:
     async def _failed(self, a: _Attempt, exc: Exception, *, may_wait_again: bool) -> Outcome:
         """Say why the attempt failed and keep what was shown, marked; ENGINE_GONE: worth waiting for the engine."""
         service, view, lang, rid, model = self.service, self.view, self.view.lang, a.rid, a.model
+        if not a.text and may_wait_again and await self._fleet_not_routable(exc):
+            logger.info("[%s] the fleet's router did not route it (%s): waiting for it", rid, type(exc).__name__)
+            return Outcome.ENGINE_GONE  # not counted: the next attempt is
         if isinstance(exc, PromptTooLong):
             a.ended = exc.code
             await self._offer_trimmed(a, exc)
@@ -393,6 +399,16 @@ class _Turn:
             await self.keep_partial(a.text, model, t("interrupted", lang))
             await view.show_error(t("app_error", lang, rid=rid), retry=True)
         return Outcome.FAILED
+
+    async def _fleet_not_routable(self, exc: Exception) -> bool:
+        """A fleet's router answered the message with a 5xx (or 429) before any text: True when a probe through it
+        now fails too (the poller says STARTING, "the router answers, but…": restarted, its workers not checked yet),
+        so the turn waits for it like for an engine that went away, instead of showing the error."""
+        poller = self.service.poller
+        if not isinstance(exc, (Overloaded, EngineError)) or not poller.status.replicas:
+            return False
+        status = await poller.refresh(probe=True)
+        return status.state is EngineState.STARTING
 
     async def _offer_trimmed(self, a: _Attempt, exc: PromptTooLong) -> None:
         """A message too long for the model: say so, with a trimmed version to send instead when one can be made."""

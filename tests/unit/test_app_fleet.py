@@ -247,3 +247,29 @@ async def test_a_message_while_the_router_cannot_route_waits_with_the_loading_st
     screen = chat.screen(n)
     assert screen.answers and screen.errors == [], screen.errors
     assert len(chat.received(m)) == 1  # sent once, after the router routed
+
+
+async def test_a_message_the_router_refuses_before_the_poller_noticed_waits_for_it_then_answers(chat, fleet, ui):
+    """Ready means routable, between two probes: the router stops routing while the status still says ready (its
+    probe is not due yet). The message's 503 makes the turn probe through the router at once: it fails too, so the
+    turn waits with the loading step (no error) and sends again once the router routes."""
+    router, _ = fleet
+    await wait_for(lambda: ui.service.poller.status.ready, 10, "ready")
+    n, m = len(chat.events), marker()
+    router.default_mode = "fault:http-503"  # every chat through the router: 503 (the poller has not probed since)
+    try:
+        sending = chat.start_sending(f"still routing? {m}")
+        loading = "The model is loading"
+        await wait_for(
+            lambda: any(str(s.get("name", "")).startswith(loading) for s in chat.screen(n).steps.values()),
+            20,
+            "the loading step",
+        )
+        assert chat.screen(n).errors == []
+        assert ui.service.poller.status.text("en").startswith("the router answers, but a test generation")
+    finally:
+        router.default_mode = "normal"
+    await asyncio.wait_for(sending, 30)
+    screen = chat.screen(n)
+    assert screen.answers and screen.errors == [], screen.errors
+    assert len(chat.received(m)) >= 2  # refused, then sent again once the router routed
