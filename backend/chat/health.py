@@ -793,6 +793,8 @@ class HealthPoller:
             # Ready means routable: a router that answers /health (e.g. just restarted, its workers not checked yet)
             # but fails a request through it would fail the user's message too; wait for it like a start.
             reason = Text("health.router_not_routing", {"detail": _error_detail(probe)})
+            if self._status.state is not EngineState.STARTING:  # "starting 12 s" counts from here, not the UI's start
+                self._life_started = time.monotonic()
             self._set(EngineState.STARTING, reason, sup=sup, models_ok=True)
         else:
             reason = Text("health.probe_failed", {"detail": probe.error or _error_detail(probe)})

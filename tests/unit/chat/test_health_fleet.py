@@ -199,11 +199,13 @@ async def test_a_router_answering_health_while_chat_through_it_fails_is_not_read
     router, replicas = fleet
     await poller.start()
     await until(poller, lambda s: s.ready, what="ready")
+    poller._life_started -= 3600  # the UI has been up for an hour
     await router.stop()
     router.probe = "error"  # restarted: /health 200, each replica ready, but chat through it fails (HTTP 500)
     await router.start()
     st = await until(poller, lambda s: s.state is EngineState.STARTING and s.replicas_ready == 3, what="not routable")
     assert not st.answering  # a message waits with the loading step instead of failing
+    assert st.starting_elapsed < 600, st  # "starting" counts from when the router stopped routing, not an hour
     assert st.text("en").startswith("the router answers, but a test generation through it failed (HTTP 500: ")
     assert st.text("zh-CN").startswith("路由器有响应，但经由它的测试生成失败（HTTP 500: ")
     waiting = asyncio.create_task(poller.wait_until_ready(30))  # what a message sent now does (the loading step)
