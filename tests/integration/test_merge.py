@@ -112,10 +112,11 @@ def engine_python() -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny(engine_python, tmp_path_factory) -> Tiny:
+def tiny(test_models, tmp_path_factory) -> Tiny:
+    """A copy of the test models ./test.sh built (built once per run, not again here): no test can touch theirs."""
     root = tmp_path_factory.mktemp("merge-models")
-    proc = run([engine_python, "-m", "backend", "build-test-models", "--out", str(root)])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("tiny-qwen3", "tiny-qwen3-lora"):
+        shutil.copytree(test_models / name, root / name)
     return Tiny(root / "tiny-qwen3", root / "tiny-qwen3-lora")
 
 
