@@ -73,6 +73,7 @@ async def test_kill_9_of_the_engine_while_sessions_stream(tmp_path, soak_level, 
         "QWENCHAT_VLLM_MAX_NUM_SEQS": str(max(16, n_sessions)),
         "QWENCHAT_BUDGET_REPLY_RESERVE": str(REPLY_TOKENS),
         "QWENCHAT_UI_LANGUAGE": "en",
+        "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0",  # one script without login: one "user" to the fair share
         "QWENCHAT_UI_WAIT_FOR_READY": "300",
         "QWENCHAT_HEALTH_POLL_READY": "1",
         "QWENCHAT_LOOPSTATS": str(tmp_path / "loop.json"),

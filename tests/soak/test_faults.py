@@ -35,6 +35,8 @@ FAULT_OPTS = f"stall=10:tokens={NORMAL_TOKENS}"  # a stall outlasts the client's
 # at once here (the fake server shares this process's event loop with the 20 socket clients), and a loaded 2-core
 # machine can hold a first token back for more than 2 s (what these were before)
 APP_ENV = {
+    # the sessions are one script without login, so one "user" to [ui] max_answers_per_user: no limit here
+    "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0",
     "QWENCHAT_CLIENT_IDLE_TIMEOUT": "4",
     "QWENCHAT_CLIENT_FIRST_TOKEN_TIMEOUT": "6",
     "QWENCHAT_CLIENT_RETRY_BACKOFF": "0.1",
