@@ -48,7 +48,7 @@ export QWENCHAT_TEST_MODELS="$QWENCHAT_HOME/test-models"
 "$ENGINE/bin/python" -m backend build-test-models --out "$QWENCHAT_TEST_MODELS" >&2
 # The end-to-end tests chat with the embedded default model, like a user would.
 "$APP/bin/python" -m backend prepare >&2
-qc_say "setup done in $((SECONDS - t_start)) s; checks: ruff format, ruff lint, mypy (strict on backend/ and app.py)"
+qc_say "setup done in $((SECONDS - t_start)) s; checks: ruff format, ruff lint, mypy (strict on backend/, app.py, scripts/ and bench/)"
 # Any finding fails the run before a test starts (configured in pyproject.toml).
 "$APP/bin/python" -m ruff format --check --quiet . || { qc_say "ruff format: run '$APP/bin/python -m ruff format .'"; exit 1; }
 "$APP/bin/python" -m ruff check --quiet . || exit 1

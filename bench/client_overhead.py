@@ -25,15 +25,19 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from openai import AsyncOpenAI
 
 from backend.chat.client import ChatClient, TextDelta
 from backend.engine import supervisor
 from backend.settings import ClientSettings
+
+if TYPE_CHECKING:
+    from tests.conftest import Engine
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -48,7 +52,7 @@ class Target:
     api_key: str
     model: str
     tokens: int
-    extra: dict  # request fields both clients send (vLLM extensions)
+    extra: dict[str, Any]  # request fields both clients send (vLLM extensions)
 
 
 Timing = tuple[float, float]  # (time to first token, total) in seconds
@@ -57,9 +61,9 @@ Timing = tuple[float, float]  # (time to first token, total) in seconds
 async def raw_stream(client: AsyncOpenAI, t: Target) -> Timing:
     t0 = time.perf_counter()
     first = None
-    stream = await client.chat.completions.create(
+    stream = await client.chat.completions.create(  # type: ignore[call-overload]
         model=t.model,
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=MESSAGES,
         stream=True,
         max_tokens=t.tokens,
         temperature=0.0,
@@ -136,7 +140,7 @@ def report(t: Target, res: dict[str, list[Timing]], runs: int) -> tuple[float, f
 
 
 @contextlib.contextmanager
-def fake_server(tmp: Path):
+def fake_server(tmp: Path) -> Iterator[str]:
     """The tests' fault-injecting OpenAI server in its own process (tests/e2e/support.py); yields its /v1 URL."""
     from tests.e2e.support import fake_server as started
 
@@ -145,7 +149,7 @@ def fake_server(tmp: Path):
 
 
 @contextlib.contextmanager
-def tiny_vllm(tmp: Path):
+def tiny_vllm(tmp: Path) -> Iterator[Engine]:
     from tests import conftest
 
     models = Path(os.environ.get("QWENCHAT_TEST_MODELS") or sys.exit("--vllm needs QWENCHAT_TEST_MODELS (./test.sh)"))

@@ -31,6 +31,10 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
 
 QUESTION = "Write a short story about a lighthouse keeper and a storm."
 
@@ -92,7 +96,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def vllm_round(client, model: str, n: int, tokens: int) -> tuple[float, list[float]]:
+async def vllm_round(client: AsyncOpenAI, model: str, n: int, tokens: int) -> tuple[float, list[float]]:
     """n concurrent chats; (aggregate tokens/s, time to first token of each)."""
 
     async def one(start: float) -> tuple[float, int]:
@@ -120,7 +124,9 @@ async def vllm_round(client, model: str, n: int, tokens: int) -> tuple[float, li
     return n * tokens / elapsed, [f for f, _ in results]
 
 
-async def _vllm_measure(base_url: str, key: str, models: list[str], tokens: int, runs: int, conc: list[int]):
+async def _vllm_measure(
+    base_url: str, key: str, models: list[str], tokens: int, runs: int, conc: list[int]
+) -> dict[str, dict[int, dict[str, list[float]]]]:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
@@ -139,7 +145,9 @@ async def _vllm_measure(base_url: str, key: str, models: list[str], tokens: int,
     return out
 
 
-def run_vllm(engine_python: str, tokens: int, runs: int, conc: list[int]):
+def run_vllm(
+    engine_python: str, tokens: int, runs: int, conc: list[int]
+) -> tuple[list[str], dict[str, dict[int, dict[str, list[float]]]]]:
     from backend.engine import command, supervisor
     from backend.engine.launch import chat_template_for
     from backend.settings import EMBEDDED_ADAPTER_NAME, NetworkSettings, Settings, VllmSettings

@@ -30,10 +30,18 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend.settings import replace
 from bench.engine import spread, vllm_round
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from backend.engine.fleet import Plan
+    from backend.settings import Settings
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -64,7 +72,13 @@ def _get(url: str, key: str = "") -> tuple[int, bytes]:
         return 0, b""
 
 
-def _wait(what: str, check, procs, logs: Path, timeout: float = 600) -> None:
+def _wait(
+    what: str,
+    check: Callable[[], bool],
+    procs: list[tuple[str, subprocess.Popen[bytes]]],
+    logs: Path,
+    timeout: float = 600,
+) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         for name, proc in procs:
@@ -77,7 +91,9 @@ def _wait(what: str, check, procs, logs: Path, timeout: float = 600) -> None:
         time.sleep(1)
 
 
-async def _measure(sides: dict[str, str], key: str, model: str, chats: int, tokens: int, rounds: int):
+async def _measure(
+    sides: dict[str, str], key: str, model: str, chats: int, tokens: int, rounds: int
+) -> dict[str, list[float]]:
     from openai import AsyncOpenAI
 
     clients = {name: AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=900) for name, url in sides.items()}
@@ -111,7 +127,9 @@ def _arguments() -> argparse.Namespace:
     return a
 
 
-def _start(a: argparse.Namespace, settings, logs: Path, key: str):
+def _start(
+    a: argparse.Namespace, settings: Settings, logs: Path, key: str
+) -> tuple[Plan, list[tuple[str, subprocess.Popen[bytes]]], str]:
     """The fleet's replicas, the baseline engine with --baseline single, and the router, as the product starts
     them; (the fleet's plan, [(name, process)], the baseline's URL or "")."""
     from backend.engine import command, fleet, supervisor

