@@ -97,16 +97,8 @@ def _launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool, time
         **env_overrides,
     }
     (tmp / "adapters").mkdir(exist_ok=True)
-    output = tmp / "serve.out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "backend", "serve"],
-        cwd=str(ROOT),
-        env=env,
-        stdout=output.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    app = LiveApp(proc, f"http://127.0.0.1:{ui_port}", tmp / "logs", output, f"http://127.0.0.1:{engine_port}/v1")
+    app = _start_serve(tmp, env, engine_port, ui_port)
+    proc = app.proc
     deadline = time.monotonic() + timeout
     marker = "engine ready" if wait_engine else "UI ready"
     while time.monotonic() < deadline:
@@ -126,18 +118,23 @@ def _launch(tmp: Path, env_overrides: dict[str, str], *, wait_engine: bool, time
 def launch_prepare(tmp: Path, env: dict[str, str], engine_port: int, ui_port: int) -> LiveApp:
     """`python -m backend serve --prepare` as start.sh runs it on a first run, with exactly ``env`` (the caller's
     environment, fakes included), output to ``tmp``/serve.out; returned once its UI answers (2 minutes at most)."""
+    app = _start_serve(tmp, env, engine_port, ui_port, "--prepare")
+    wait_page(app, 120)
+    return app
+
+
+def _start_serve(tmp: Path, env: dict[str, str], engine_port: int, ui_port: int, *args: str) -> LiveApp:
+    """`python -m backend serve *args` in its own session, with exactly ``env``, output to ``tmp``/serve.out."""
     output = tmp / "serve.out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "backend", "serve", "--prepare"],
+        [sys.executable, "-m", "backend", "serve", *args],
         cwd=str(ROOT),
         env=env,
         stdout=output.open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    app = LiveApp(proc, f"http://127.0.0.1:{ui_port}", tmp / "logs", output, f"http://127.0.0.1:{engine_port}/v1")
-    wait_page(app, 120)
-    return app
+    return LiveApp(proc, f"http://127.0.0.1:{ui_port}", tmp / "logs", output, f"http://127.0.0.1:{engine_port}/v1")
 
 
 def stop(app: LiveApp) -> None:
