@@ -65,22 +65,10 @@ def test_a_hub_adapter_is_downloaded_checked_and_served_by_vllm(test_models, tmp
             assert served["tiny-lora"]["parent"] == "tiny-qwen3" and served["tiny-lora"]["root"] == str(folder)
             body = chat(env, "What is the capital of France?")  # the base answers
             assert body["choices"][0]["message"]["content"]
-            through = chat_with(env, "tiny-lora", "What is the capital of France?")
+            through = chat(env, "What is the capital of France?", model="tiny-lora")
             assert through["model"] == "tiny-lora" and through["usage"]["completion_tokens"] > 0
             proc.send_signal(signal.SIGINT)
             assert finish(proc) == 0
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-
-
-def chat_with(env: dict[str, str], model: str, text: str) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 8}
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{env['QWENCHAT_NETWORK_ENGINE_PORT']}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
-    )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(req, timeout=120) as r:
-        return json.loads(r.read())

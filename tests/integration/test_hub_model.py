@@ -64,8 +64,8 @@ def start(env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def chat(env: dict[str, str], text: str) -> dict:
-    body = {"model": "tiny-qwen3", "messages": [{"role": "user", "content": text}], "max_tokens": 8}
+def chat(env: dict[str, str], text: str, model: str = "tiny-qwen3") -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 8}
     req = urllib.request.Request(
         f"http://127.0.0.1:{env['QWENCHAT_NETWORK_ENGINE_PORT']}/v1/chat/completions",
         data=json.dumps(body).encode(),
