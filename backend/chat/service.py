@@ -72,7 +72,8 @@ class Service:
         self._poller: HealthPoller | None = None
         self._counter: counters.TokenCounter | None = None
         self._counter_lock = asyncio.Lock()
-        self._counter_chosen_when_ready = False  # the engine's state when the counter was chosen
+        # when the counter was chosen with the engine answering: that state's start (HealthStatus.since), else None
+        self._counter_ready_since: float | None = None
         self._counter_had_files = False  # whether the tokenizer folder had its files then
         self._load_lock = asyncio.Lock()
         self._warm: asyncio.Task[None] | None = None
@@ -457,10 +458,14 @@ class Service:
             if self._counter is not None and not self._counter.exact and self._better_counter_possible():
                 logger.info("token counter: choosing again (the model's tokenizer or the engine is there now)")
                 self._counter = None
+            elif self._counter_outdated():
+                logger.info("token counter: choosing again (the engine serves another model now)")
+                self._counter = None
             if self._counter is None:
                 s = self.settings
                 folder, server = self.tokenizer_source()
-                self._counter_chosen_when_ready = self.poller.status.state in (EngineState.READY, EngineState.DEGRADED)
+                status = self.poller.status
+                self._counter_ready_since = status.since if status.answering else None
                 self._counter_had_files = bool(folder and counters.has_tokenizer(folder))
                 self._counter = await counters.open_counter(
                     tokenizer_dir=folder,
@@ -471,16 +476,31 @@ class Service:
                 )
             return self._counter
 
+    def counter_may_change(self) -> bool:
+        """The next ``counter()`` would choose again: none chosen yet, or an estimate that something better may
+        replace now (the wait step recounts the waiting message then, so its meter loses its "≈" before the answer)."""
+        counter = self._counter
+        return counter is None or (not counter.exact and self._better_counter_possible())
+
     def _better_counter_possible(self) -> bool:
         """An estimate was chosen (at a cold start: no model folder yet, the engine still down); since then the
         tokenizer files have appeared (the model was converted or downloaded) or the engine has become ready (its
-        /tokenize may answer now). Each is tried once per appearance, so a server whose /tokenize stays broken
-        costs one more try after it comes up, not one per message."""
+        /tokenize may answer now): ready again after a restart counts as appearing again, as does another state
+        while it answers (ready, degraded). Each is tried once per appearance, so a server whose /tokenize stays
+        broken costs one more try each time it comes up, not one per message."""
         folder, server = self.tokenizer_source()
         if folder and not self._counter_had_files and counters.has_tokenizer(folder):
             return True
-        ready = self.poller.status.state in (EngineState.READY, EngineState.DEGRADED)
-        return bool(server) and ready and not self._counter_chosen_when_ready
+        status = self.poller.status
+        return bool(server) and status.answering and status.since != self._counter_ready_since
+
+    def _counter_outdated(self) -> bool:
+        """The engine's /tokenize counts for a model the engine no longer serves as its base (an external
+        server that changed models): choose again, for the model it serves now."""
+        counter, status = self._counter, self.poller.status
+        if not isinstance(counter, counters.RemoteCounter) or not status.answering or not status.base_model:
+            return False
+        return counter.model != status.base_model
 
     async def fit(self, messages: list[dict[str, str]]) -> budget_mod.FitResult:
         try:

@@ -433,11 +433,15 @@ class _Turn:
             await view.show_error(t("engine_down", lang, reason=status.text(lang) or "?"), retry=True)
             return False
         t0 = time.monotonic()
+        meter = await self._waiting_meter()
         async with view.step(t("loading", lang, elapsed=0)) as step:
 
             async def progress(elapsed: float, st: HealthStatus) -> None:
+                nonlocal meter
+                if self.service.counter_may_change():  # the model's tokenizer has come: count exactly now
+                    meter = await self._waiting_meter()
                 step.name = t("loading", lang, elapsed=time.monotonic() - t0)
-                step.output = st.text(lang) or ""
+                step.output = "\n\n".join(part for part in (st.text(lang), meter) if part)
                 await step.update()
 
             status = await poller.wait_until_ready(self.service.settings.ui.wait_for_ready, on_progress=progress)
@@ -452,6 +456,17 @@ class _Turn:
         else:
             await view.show_error(ServerStarting(time.monotonic() - t0).user_text(lang), retry=True)
         return False
+
+    async def _waiting_meter(self) -> str:
+        """The waiting message's context meter, as the counter has it now: "context: ≈31 / 7,168 tokens" while the
+        model's tokenizer is not there yet (a cold start), exact once it is; "" when it cannot be said (too long:
+        the answer's attempt says so)."""
+        try:
+            fitted = await self.service.fit(self.session.conversation.messages(self.session.system_prompt))
+        except Exception as exc:  # noqa: BLE001 - a detail of the wait; the attempt fits again and says what fails
+            logger.debug("no context meter while waiting: %s", exc)
+            return ""
+        return fitted.meter_text(self.view.lang)
 
     async def load_adapter(self, model: str) -> bool:
         """See ``load_adapter``; the choice is shown again either way. False when the load failed.

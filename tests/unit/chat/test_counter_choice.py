@@ -5,25 +5,32 @@ from __future__ import annotations
 
 import json
 import shutil
+from typing import Any
 
 import pytest
 from aiohttp import web
 
 from backend import hub
-from backend.chat import counters, health
+from backend.chat import counters, health, turn
 from backend.chat.health import EngineState, HealthPoller, HealthStatus
 from backend.chat.service import Service
 from backend.settings import ModelSettings, Settings
 from tests.unit.chat.test_counter_fleet import Router, router
+from tests.unit.chat.test_turn import Recorder, chat
 
 MESSAGES = [{"role": "user", "content": "How many tokens is this? 你好"}]
 
 
 @pytest.fixture
-def engine_state(monkeypatch: pytest.MonkeyPatch) -> dict[str, EngineState]:
-    """The state every poller reports, set by the test (the poller's own polling is not what is tested here)."""
-    state = {"now": EngineState.STARTING}
-    monkeypatch.setattr(HealthPoller, "status", property(lambda self: HealthStatus(state=state["now"])))
+def engine_state(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The state every poller reports, set by the test (the poller's own polling is not what is tested here):
+    ``now``, and optionally ``since`` (when that state began) and ``base`` (the model the engine serves)."""
+    state: dict[str, Any] = {"now": EngineState.STARTING}
+
+    def status(self: HealthPoller) -> HealthStatus:
+        return HealthStatus(state=state["now"], since=state.get("since", 0.0), base_model=state.get("base"))
+
+    monkeypatch.setattr(HealthPoller, "status", property(status))
     return state
 
 
@@ -132,3 +139,91 @@ async def test_a_tokenize_that_stays_broken_after_ready_is_tried_once_more_not_p
             assert server.tokenize_calls == tried
         finally:
             await health.reset_shared()
+
+
+@pytest.mark.asyncio
+async def test_an_engine_restart_unseen_by_the_poller_costs_exact_counts_only_until_it_is_ready_again(engine_state):
+    """/tokenize refuses (the engine restarts) while the poller still says ready: the counts fall back to the
+    estimate for that message, and are exact again once the engine is ready again (a new ready state), not never."""
+    async with router(LoadingEngine) as server:
+        service = Service(Settings(base_url=server.url, model=ModelSettings(served_model_name="m")))
+        await health.reset_shared()
+        try:
+            server.loading = False
+            engine_state.update(now=EngineState.READY, since=1.0)
+            assert (await service.fit(list(MESSAGES))).exact is True
+
+            server.loading = True  # the engine went away between two polls
+            assert (await service.fit(asked("a new message"))).exact is False
+            assert (await service.fit(asked("another one"))).exact is False  # the same ready state: not asked again
+
+            engine_state.update(now=EngineState.STARTING, since=2.0)
+            server.loading = False
+            engine_state.update(now=EngineState.READY, since=3.0)
+            assert (await service.fit(list(MESSAGES))).exact is True
+        finally:
+            await health.reset_shared()
+
+
+@pytest.mark.asyncio
+async def test_an_external_server_that_changes_its_model_is_asked_for_the_new_ones_counts(engine_state):
+    async with router() as server:
+        service = Service(Settings(base_url=server.url, model=ModelSettings(served_model_name="m")))
+        await health.reset_shared()
+        try:
+            engine_state.update(now=EngineState.READY, base="m")
+            first = await service.counter()
+            assert isinstance(first, counters.RemoteCounter) and first.model == "m"
+            assert await service.counter() is first
+
+            engine_state.update(base="m2")  # the server was restarted with another model
+            again = await service.counter()
+            assert isinstance(again, counters.RemoteCounter) and again.model == "m2"
+        finally:
+            await health.reset_shared()
+
+
+def asked(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+class ColdStartPoller:
+    """The engine being prepared: two progress reports of the wait, the model's tokenizer files appearing between
+    them (the conversion or download finished), then down (so the turn ends without an answer to wait for)."""
+
+    def __init__(self, status: HealthStatus, between) -> None:
+        self.status, self.between = status, between
+
+    async def wait_until_ready(self, timeout: float, on_progress=None, **kwargs: Any) -> HealthStatus:
+        await on_progress(0.0, self.status)
+        self.outputs = [self.step_output()]
+        self.between()
+        await on_progress(1.0, self.status)
+        self.outputs.append(self.step_output())
+        return HealthStatus(state=EngineState.DOWN)
+
+
+@pytest.mark.asyncio
+async def test_a_message_waiting_for_the_engine_shows_its_estimated_context_then_the_exact_one_once_the_tokenizer_is_there(
+    qwen_dir, tmp_path, monkeypatch, engine_state
+):
+    folder = tmp_path / "model"
+    service = Service(Settings(model=ModelSettings(path=str(folder))))
+    service.base_url = "http://127.0.0.1:9/v1"  # the engine, still down: nothing listens
+    view = Recorder()
+    poller = ColdStartPoller(
+        HealthStatus(state=EngineState.STARTING, reason=None, phase="install_engine"),
+        lambda: shutil.copytree(qwen_dir, folder),
+    )
+    poller.step_output = lambda: view.steps[-1].output  # type: ignore[attr-defined]
+    monkeypatch.setattr(service, "_poller", poller)
+    await health.reset_shared()
+    try:
+        session = chat(service, MESSAGES[0]["content"])
+        await turn.answer(session, service, view)
+        estimated, exact = poller.outputs
+        assert estimated.startswith("context: ≈") and estimated.endswith("/ 7,168 tokens"), estimated
+        counted = await (await counters.load_local_counter(folder)).count_messages(MESSAGES)
+        assert exact == f"context: {counted} / 7,168 tokens", exact
+    finally:
+        await health.reset_shared()
