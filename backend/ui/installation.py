@@ -11,7 +11,7 @@ from chainlit.server import app as http_app
 
 from backend.chat import history, preferences
 from backend.chat.service import Service
-from backend.ui import answering, chainlit_settings, chat, compare_chat, login, server, socket_guard
+from backend.ui import answering, chainlit_settings, chat, compare_chat, login, reconnect, server, socket_guard
 from backend.ui.context import Ui, bound
 from backend.ui.routes import Routes, install_routes
 
@@ -32,6 +32,8 @@ def install(service: Service) -> Ui:
     server.patch(settings)
     # The browser's client_message and edit_message, checked before Chainlit takes them (socket_guard.py).
     socket_guard.install(ui.chat, ui.lang, functools.partial(answering.claim_answers, ui))
+    # A browser back after a network cut gets what was emitted while it was away (reconnect.py).
+    reconnect.install()
 
     cl.on_app_startup(bound(ui, server.on_app_startup))
     cl.set_starters(bound(ui, chat.set_starters))
