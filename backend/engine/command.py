@@ -195,7 +195,10 @@ def build_engine_command(
         # vLLM refuses chat requests for a model folder without a chat template.
         argv += ["--chat-template", str(chat_template)]
     argv += list(s.extra_args)
-    return Command(tuple(argv), env, unset=("OPENAI_BASE_URL", "OPENAI_API_KEY"))
+    # PYTHONDONTWRITEBYTECODE off for vLLM: a fresh engine environment's .pyc are written later (prepare_bg.
+    # compile_later), so the first start writes those of what it imports; with it on, the API server, the EngineCore
+    # and the Worker (spawned with -B then) would each compile the same ~4,500 modules in memory, at every start.
+    return Command(tuple(argv), env, unset=("OPENAI_BASE_URL", "OPENAI_API_KEY", "PYTHONDONTWRITEBYTECODE"))
 
 
 def gate_env(host: str, port: int) -> dict[str, str]:

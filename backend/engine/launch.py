@@ -557,6 +557,7 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
         loop.add_signal_handler(sig, stop.set)
     sup_task = asyncio.create_task(supervisor.run()) if supervisor else None
     rc = 0
+    compiling: asyncio.Task[None] | None = None
     try:
         url = f"http://{settings.network.ui_host}:{settings.network.ui_port}"
         if not await _ui_started(settings, ui_proc, log_dir):
@@ -568,6 +569,7 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
                 return 1
             if supervisor.ever_ready:
                 say(f"engine ready after {time.monotonic() - t0:.1f} s; chat at {url}  (Ctrl-C stops everything)")
+                compiling = _compile_later(log_dir)
         while not stop.is_set():
             if ui_proc.poll() is not None:
                 revived = await keeper.revive(ui_proc, say)
@@ -586,9 +588,20 @@ async def serve(settings: Settings, *, prepare: bool = False) -> int:
         if stop.is_set():
             say("stopping ...")
     finally:
+        if compiling:
+            compiling.cancel()
         await _stop_all(supervisor, sup_task, ui_proc)
     say("stopped")
     return rc
+
+
+def _compile_later(log_dir: Path) -> asyncio.Task[None] | None:
+    """The .pyc of the app and engine environments that were built without them (prepare_bg.compile_later)."""
+    envs = prepare_bg.envs_to_compile(sys.executable, os.environ.get(contract.ENV_ENGINE_PYTHON))
+    if not envs:
+        return None
+    logger.info("compiling the .pyc of %s at low priority", ", ".join(map(str, envs)))
+    return asyncio.create_task(prepare_bg.compile_later(envs, log_dir / prepare_bg.INSTALL_LOG))
 
 
 async def _stop_all(

@@ -487,13 +487,14 @@ class Preparer:
         counter = asyncio.create_task(count_installed(env_dir)) if env_dir else None
         try:
             # QC_PIP_LINES: qc_env passes every pip line through; PYTHONUNBUFFERED: pip writes them as they come;
-            # QC_EARLY_PACKAGES: what the conversion needs, first (only with a lock file: see qc_env)
+            # QC_EARLY_PACKAGES: what the conversion needs, first (only with a lock file: see qc_env); QC_COMPILE:
+            # the .pyc of the whole environment once the engine answers (compile_later), not before it starts
             early = " ".join(MODEL_TOOLS) if tools and self.converts_model() else ""
             rc, out, tail = await run_step(
                 install_argv(self.engine),
                 self.log_dir / INSTALL_LOG,
                 on_line,
-                env={"QC_PIP_LINES": "1", "PYTHONUNBUFFERED": "1", "QC_EARLY_PACKAGES": early},
+                env={"QC_PIP_LINES": "1", "PYTHONUNBUFFERED": "1", "QC_EARLY_PACKAGES": early, "QC_COMPILE": "later"},
             )
         finally:
             if counter:
@@ -560,6 +561,38 @@ class Preparer:
         if failed is None:
             self.say(f"engine environment and model ready after {time.monotonic() - t0:.1f} s")
         return failed
+
+
+# ---------------------------------------------------------------- the .pyc, once the engine answers
+
+#: qc_env's stamp (QC_COMPILE=later) on an environment whose .pyc are not all written yet.
+COMPILE_LATER = ".compile-later"
+
+
+def envs_to_compile(*pythons: str | None) -> list[Path]:
+    """The environments of these interpreters (``…/bin/python``) that still carry qc_env's ``.compile-later``."""
+    found: list[Path] = []
+    for python in pythons:
+        env_dir = Path(python).parent.parent if python else None
+        if env_dir and (env_dir / COMPILE_LATER).exists() and env_dir not in found:
+            found.append(env_dir)
+    return found
+
+
+def compile_argv(env_dir: Path) -> list[str]:
+    """qc_compile_env (every .pyc of the environment, then its stamp removed) at the lowest CPU priority."""
+    script = 'source "$1" && qc_compile_env "$2"'
+    return ["nice", "-n", "19", "bash", "-c", script, "qc-compile-env", str(ROOT / "scripts" / "env.sh"), str(env_dir)]
+
+
+async def compile_later(env_dirs: list[Path], log_path: Path) -> None:
+    """The .pyc that start.sh and the engine install left for later (issue #19: the first answer waited 54-94 s for
+    them), one environment after the other. Cancelled (Ctrl-C) it stops; the stamp stays and the next start goes on.
+    Until then each process writes the .pyc of what it imports (the engine) or compiles it in memory (the UI, where
+    PYTHONDONTWRITEBYTECODE is set)."""
+    for env_dir in env_dirs:
+        rc, _, _ = await run_step(compile_argv(env_dir), log_path, _ignore)
+        logger.info("compiled the .pyc of %s (exit code %s)", env_dir, rc)
 
 
 def _ignore(line: str) -> None:

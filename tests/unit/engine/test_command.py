@@ -124,6 +124,23 @@ def test_processes_do_not_inherit_variables_that_would_misroute_them(monkeypatch
     assert "CI=unset" in (tmp_path / "out.log").read_text()
 
 
+def test_vllm_writes_the_pyc_of_what_it_imports_even_with_pythondontwritebytecode(monkeypatch, tmp_path):
+    """Issue #19: a fresh engine environment's .pyc come after the first answer (prepare_bg.compile_later); vLLM's
+    three processes must not each compile in memory what they import, so the variable is not passed on."""
+    import sys
+
+    engine = command.build_engine_command(Settings(), engine="cpu", python="p", api_key="k", adapters={})
+    gpu = command.build_engine_command(Settings(), engine="gpu", python="p", api_key="k", adapters={})
+    assert "PYTHONDONTWRITEBYTECODE" in engine.unset and "PYTHONDONTWRITEBYTECODE" in gpu.unset
+    (tmp_path / "imported_by_the_engine.py").write_text("X = 1\n")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    cmd = command.Command((sys.executable, "-c", "import imported_by_the_engine"), {"PYTHONPATH": str(tmp_path)})
+    cmd = command.Command(cmd.argv, cmd.env, unset=engine.unset)
+    proc = start_process(cmd, tmp_path / "out.log")
+    assert proc.wait(30) == 0
+    assert list((tmp_path / "__pycache__").glob("imported_by_the_engine.*.pyc"))
+
+
 # ---------------------------------------------------------------- multi-GPU: tensor and data parallel (issue 13.3)
 
 

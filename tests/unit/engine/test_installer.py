@@ -215,6 +215,31 @@ def test_uv_never_installs_what_the_cpu_engine_removes(tmp_path):
     ]
 
 
+def test_qc_compile_later_leaves_the_pyc_to_the_launcher_with_a_stamp(tmp_path):
+    env = fakes(tmp_path)
+    env["QC_COMPILE"] = "later"  # start.sh's app environment, the launcher's engine install (issue #19)
+    proc = qc_env(tmp_path, env)
+    assert proc.returncode == 0, proc.stderr
+    folder = Path(proc.stdout.strip())
+    assert "compileall" not in calls(tmp_path)
+    assert (folder / ".complete").exists() and (folder / ".compile-later").exists()
+    compiled = subprocess.run(
+        ["bash", "-c", 'source "$1" && qc_compile_env "$2"', "qc", str(ENV_SH), str(folder)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    assert "compileall" in calls(tmp_path) and not (folder / ".compile-later").exists()
+
+
+def test_without_qc_compile_the_pyc_are_written_at_install_and_no_stamp_is_left(tmp_path):
+    proc = qc_env(tmp_path, fakes(tmp_path))  # ./test.sh's environments: compiled before any test starts them
+    assert proc.returncode == 0, proc.stderr
+    assert "compileall" in calls(tmp_path) and not Path(proc.stdout.strip(), ".compile-later").exists()
+
+
 # ---------------------------------------------------------------- pip's configuration as uv arguments
 
 

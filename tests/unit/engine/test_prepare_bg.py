@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from backend import contract
@@ -250,6 +253,7 @@ def test_uvs_lines_resolved_5_downloads_up_to_44_prepared_45_installed_90():
 FAKE_INSTALL = r"""#!/bin/sh
 echo $$ > "$FAKE/install.pid"
 echo "$QC_EARLY_PACKAGES" > "$FAKE/early-asked"
+echo "${QC_COMPILE:-}" > "$FAKE/compile-asked"
 mkdir -p "$ENV_DIR/bin" && cp "$FAKE/python" "$ENV_DIR/bin/python"
 echo "Resolved 150 packages in 1.0s" >&2
 if [ -n "$QC_EARLY_PACKAGES" ] && [ ! -e "$FAKE/no-early" ]; then
@@ -318,6 +322,7 @@ async def test_the_model_is_converted_while_the_rest_of_the_engine_installs(besi
         await _until(lambda: (fake / "converts").exists(), "the conversion to start", run=run)
         assert not (fake / "go-install").exists()  # the install is still waiting: both run at once
         assert (fake / "early-asked").read_text().split() == list(prepare_bg.MODEL_TOOLS)
+        assert (fake / "compile-asked").read_text().split() == ["later"]  # the .pyc once the engine answers
         st = contract.EngineStatus.read(status)
         assert st is not None and st.phase == contract.PHASE_INSTALL_ENGINE  # the line is the install's meanwhile
         (fake / "go-install").touch()
@@ -397,3 +402,35 @@ async def test_a_conversion_that_fails_in_the_unfinished_environment_is_tried_ag
         await asyncio.gather(run, return_exceptions=True)
     assert (fake / "converts").read_text().split() == ["started", "started"]
     assert packages_built(preparer)
+
+
+# ---------------------------------------------------------------- the .pyc, once the engine answers (issue #19)
+
+
+def _stamped_env(root: Path, name: str, *, stamp: bool = True) -> Path:
+    """A folder shaped like a virtual environment: bin/python (this interpreter), one module, qc_env's stamp."""
+    env_dir = root / name
+    site = env_dir / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "module_of_mine.py").write_text("X = 1\n")
+    (env_dir / "bin").mkdir()
+    (env_dir / "bin" / "python").symlink_to(sys.executable)
+    if stamp:
+        (env_dir / prepare_bg.COMPILE_LATER).touch()
+    return env_dir
+
+
+def test_only_environments_stamped_compile_later_are_compiled_later(tmp_path):
+    app, engine = _stamped_env(tmp_path, "app"), _stamped_env(tmp_path, "engine-cpu", stamp=False)
+    python = str(app / "bin" / "python")
+    assert prepare_bg.envs_to_compile(python, str(engine / "bin" / "python"), None, python) == [app]
+    assert prepare_bg.compile_argv(app)[:3] == ["nice", "-n", "19"]  # never ahead of the engine or the UI
+
+
+@pytest.mark.asyncio
+async def test_compile_later_writes_every_pyc_with_env_sh_and_removes_the_stamp(tmp_path):
+    env_dir = _stamped_env(tmp_path, "app")
+    await prepare_bg.compile_later([env_dir], tmp_path / "install.log")
+    assert list(env_dir.glob("lib/python*/site-packages/__pycache__/module_of_mine.*.pyc"))
+    assert not (env_dir / prepare_bg.COMPILE_LATER).exists()
+    assert "=== exit code 0" in (tmp_path / "install.log").read_text()
