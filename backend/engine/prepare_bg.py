@@ -518,7 +518,10 @@ class Preparer:
         self.publish(PHASE_CONVERT_MODEL, None)
         self.say(f"converting the embedded model into {model.resolved_path}; log: {self.log_dir / CONVERT_LOG}")
         python = os.environ.get(contract.ENV_ENGINE_PYTHON) or "python3"
-        rc, _, tail = await run_step([python, "-m", "backend", "build-default"], self.log_dir / CONVERT_LOG, _ignore)
+        # PYTHONDONTWRITEBYTECODE off: the .pyc of the torch and transformers modules it imports are written now,
+        # beside the install, and vLLM's first start (which imports them too) finds them (issue #19)
+        argv = [python, "-m", "backend", "build-default"]
+        rc, _, tail = await run_step(argv, self.log_dir / CONVERT_LOG, _ignore, env={"PYTHONDONTWRITEBYTECODE": ""})
         if rc != 0 or not packages.is_built(model.resolved_path):
             return self.fail(PHASE_CONVERT_MODEL, rc, tail)
         return None

@@ -270,6 +270,7 @@ echo "$ENV_DIR"
 FAKE_CONVERT = r"""#!/bin/sh
 echo $$ > "$FAKE/convert.pid"
 echo started >> "$FAKE/converts"
+echo "${PYTHONDONTWRITEBYTECODE:-empty}" > "$FAKE/convert-dont-write"
 if [ -e "$FAKE/convert-fails-once" ]; then rm "$FAKE/convert-fails-once"; echo "ModuleNotFoundError: x" >&2; exit 1; fi
 while [ ! -e "$FAKE/go-convert" ]; do sleep 0.05; done
 mkdir -p "$MODEL" && echo '{}' > "$MODEL/.qwenchat-built.json"
@@ -313,10 +314,11 @@ async def _until(check, what: str, timeout: float = 20.0, run=None) -> None:
 
 
 @pytest.mark.asyncio
-async def test_the_model_is_converted_while_the_rest_of_the_engine_installs(beside):
+async def test_the_model_is_converted_while_the_rest_of_the_engine_installs(beside, monkeypatch):
     import asyncio
 
     preparer, fake, status = beside
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     run = asyncio.create_task(preparer.run())
     try:
         await _until(lambda: (fake / "converts").exists(), "the conversion to start", run=run)
@@ -338,6 +340,8 @@ async def test_the_model_is_converted_while_the_rest_of_the_engine_installs(besi
         await asyncio.gather(run, return_exceptions=True)
     assert (fake / "converts").read_text().split() == ["started"]  # once
     assert packages_built(preparer)
+    # it writes the .pyc of what it imports (torch, transformers), for vLLM's first start
+    assert (fake / "convert-dont-write").read_text().split() == ["empty"]
 
 
 def packages_built(preparer: prepare_bg.Preparer) -> bool:
