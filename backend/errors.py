@@ -28,7 +28,8 @@ lives outside this module, next to the only code that raises it (marked below).
     │   ├── AdapterStatic          /unload of an adapter served from the start ([lora].modules)
     │   ├── AdapterAnswering       /unload of an adapter an answer streams from
     │   ├── AdapterSlotsBusy       every runtime adapter slot is answering: nothing can be evicted
-    │   └── AdapterFleetPartial    a runtime load/unload sent to every fleet replica failed on some of them
+    │   ├── AdapterFleetPartial    a runtime load/unload sent to every fleet replica failed on some of them
+    │   └── AdapterDownloadFailed  an adapter added by hub id (/adapters owner/name) could not be downloaded
     ├── merge.MergeError           (see backend/engine/merge.py) merging a LoRA into its base was refused or failed
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
@@ -336,6 +337,19 @@ class AdapterFleetPartial(AdapterError):
     def as_text(self) -> Text:
         said = Text(self.TEXTS.get(self.action, self.text_key), {"name": self.name, "failures": self.failures})
         return Text("sentences", {"first": said, "then": self.after}) if self.after else said
+
+
+class AdapterDownloadFailed(AdapterError):
+    """An adapter added at run time by hub id (``/adapters owner/name[@revision]``) was not added: not a hub id, or
+    its download failed (``detail``: the downloader's own text, e.g. 404, 401 naming HF_TOKEN, offline without a
+    copy in the cache)."""
+
+    code = "adapter_download"
+    text_key = "error.adapter_download"
+
+    def __init__(self, id: str, detail: Text) -> None:
+        self.id = id
+        super().__init__(detail)
 
 
 # ---------------------------------------------------------------- budget

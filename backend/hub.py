@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 #: One part of a repo id, as the hub accepts it (huggingface_hub's validate_repo_id): letters, digits, - _ . ;
 #: not starting or ending with - or . ; at most 96 characters.
@@ -237,3 +237,35 @@ def bytes_of(done: int, total: int) -> tuple[str, str]:
         if total >= size:
             return f"{done / size:.1f}", f"{total / size:.1f} {unit}"
     return str(done), f"{total} B"
+
+
+# ---------------------------------------------------------------- the downloader's lines (engine/download.py)
+
+#: ``python -m backend download-model`` writes these on stderr: progress twice a second, one error at the end.
+#: Read by the launcher's preparation (engine/prepare_bg.py) and by the UI's runtime adapter download
+#: (adapters/hub_runtime.py): here, because the UI must not import the engine side.
+PROGRESS_PREFIX = "[download] "
+ERROR_PREFIX = "[download-error] "
+
+
+def parse_progress(line: str) -> tuple[int, int, int] | None:
+    """A ``[download]`` line → (done, total, rate), else None."""
+    if not line.startswith(PROGRESS_PREFIX):
+        return None
+    try:
+        data = json.loads(line[len(PROGRESS_PREFIX) :])
+        return int(data["done"]), int(data["total"]), int(data["rate"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def parse_error(lines: list[str]) -> tuple[str, dict[str, Any]] | None:
+    """The ``[download-error]`` line among ``lines`` → (key, params), else None."""
+    for line in reversed(lines):
+        if line.startswith(ERROR_PREFIX):
+            try:
+                data = json.loads(line[len(ERROR_PREFIX) :])
+                return str(data["key"]), dict(data["params"])
+            except (ValueError, KeyError, TypeError):
+                return None
+    return None

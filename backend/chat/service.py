@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import contract, hub
 from ..engine_http import public_url, short
 from ..errors import (
     AdapterAnswering,
+    AdapterDownloadFailed,
     AdapterSlotsBusy,
     AdapterStatic,
     BackendError,
@@ -36,6 +37,10 @@ from .adapters_in_use import AdapterUsage
 from .client import ChatClient, Finish, anomaly_counts
 from .health import EngineState, HealthPoller, HealthStatus, get_poller
 from .votes import VoteStore
+
+if TYPE_CHECKING:
+    from ..adapters.doctor import Diagnosis
+    from ..adapters.hub_runtime import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +84,9 @@ class Service:
         self._warm: asyncio.Task[None] | None = None
         # Shared by every chat of this process: last use and answers streaming per adapter (LRU eviction).
         self.adapter_usage = AdapterUsage()
+        # Adapters added at run time by hub id (/adapters owner/name): name -> (repo, snapshot folder); loaded again
+        # after an eviction or an engine restart like a folder of [lora].dir.
+        self._hub_adapters: dict[str, tuple[hub.HubModel, Path]] = {}
         self._votes: VoteStore | None = None
 
     @classmethod
@@ -239,7 +247,12 @@ class Service:
 
         served = {m.id for m in status.models}
         found = await asyncio.to_thread(folder.discover_adapters, self.settings.lora.resolved_dir)
-        return [LocalAdapter(a.name, a.rank) for a in found if a.name not in served and not a.problem]
+        local = [LocalAdapter(a.name, a.rank) for a in found if a.name not in served and not a.problem]
+        known = {a.name for a in local}
+        for name, (_, snapshot) in self._hub_adapters.items():  # added from the hub, evicted or lost in a restart
+            if name not in served and name not in known:
+                local.append(LocalAdapter(name, self.adapter_rank(str(snapshot))))
+        return local
 
     @staticmethod
     def adapter_rank(root: str | None) -> int | None:
@@ -258,6 +271,8 @@ class Service:
         status = self.poller.status
         if any(m.id == model for m in status.models):
             return False
+        if model in self._hub_adapters and not self.settings.external:
+            return True
         return any(a.name == model for a in await self.local_adapters(status))
 
     def static_adapters(self) -> frozenset[str]:
@@ -274,6 +289,7 @@ class Service:
                 places.setdefault(form, label)
 
         add(lora.resolved_dir, "[lora].dir")
+        add(hub.hub_cache_dir(), "<huggingface_hub's cache>")
         for name in lora.modules:
             add(lora.adapter_path(name), f"[lora].modules.{name}")
         if not self.settings.external:
@@ -300,7 +316,7 @@ class Service:
         """
         if status is not None and any(m.id == name for m in status.models):
             return None
-        from ..adapters import folder, runtime
+        from ..adapters import runtime
 
         async with self._load_lock:
             status = self.poller.status
@@ -308,14 +324,7 @@ class Service:
                 return None  # another session loaded it while this one waited
             lora = self.settings.lora
             try:
-                diagnosis = await asyncio.to_thread(
-                    folder.prepare_runtime_load,
-                    lora.resolved_dir,
-                    name,
-                    None if self.settings.external else self.settings.model.resolved_path,
-                    lora.max_lora_rank,
-                    base_aliases=(self.default_model(status),),
-                )
+                diagnosis = await asyncio.to_thread(self._checked_for_load, name, status)
                 loaded = [m.id for m in status.adapters]
                 evicted = None
                 if lora.max_cpu_loras and len(loaded) >= lora.max_cpu_loras:
@@ -335,6 +344,45 @@ class Service:
             self.adapter_usage.touch(name)  # just loaded: not the next one to go
             await self.poller.refresh()
             return Loaded(name, evicted)
+
+    def _checked_for_load(self, name: str, status: HealthStatus) -> Diagnosis:
+        """Before a runtime load (in a thread): an adapter added from the hub, its snapshot checked by the doctor;
+        else the folder of [lora].dir (allow-list, file rules, doctor)."""
+        from ..adapters import folder, hub_runtime
+
+        lora = self.settings.lora
+        base = None if self.settings.external else self.settings.model.resolved_path
+        aliases = (self.default_model(status),)
+        added = self._hub_adapters.get(name)
+        if added is not None:
+            return hub_runtime.check_snapshot(added[1], name, base, lora.max_lora_rank, base_aliases=aliases)
+        return folder.prepare_runtime_load(lora.resolved_dir, name, base, lora.max_lora_rank, base_aliases=aliases)
+
+    async def add_hub_adapter(self, text: str, on_progress: Progress | None = None) -> tuple[str, Loaded | None]:
+        """/adapters owner/name[@revision]: the adapter downloaded into huggingface_hub's cache (the launcher's
+        downloader, adapters/hub_runtime.py), checked by the adapter doctor and loaded as ``ensure_loaded`` loads
+        one (slots, eviction, every fleet replica), under the repo's name. Returns that name and what the load did
+        (None: served already); raises an AdapterError saying what went wrong, with no server path in it."""
+        from ..adapters import hub_runtime
+
+        try:
+            model = hub_runtime.parse_adapter_id(text)
+            if self.settings.external:
+                raise AdapterDownloadFailed(str(model), Text("adapter_hub.external"))
+            if not self.settings.lora.runtime_loading:
+                raise AdapterDownloadFailed(str(model), Text("adapter_hub.runtime_off"))
+            snapshot = await hub_runtime.fetch_adapter(model, on_progress)
+        except QwenChatError as exc:
+            logger.warning("adapter %s from the hub not added: %s", text.strip(), exc)  # the log keeps the paths
+            self._shown(exc)
+            raise
+        name = model.name
+        self._hub_adapters[name] = (model, snapshot)
+        try:
+            return name, await self.ensure_loaded(name)
+        except QwenChatError:
+            del self._hub_adapters[name]  # refused (the doctor, the engine): not offered again
+            raise
 
     async def _evict_for(self, name: str, loaded: list[str]) -> str:
         """Unload the least recently used runtime adapter nothing streams from; its name (under the load lock)."""

@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import hub
-from ..hub import HubModel
+from ..hub import ERROR_PREFIX, PROGRESS_PREFIX, HubModel
+from ..hub import parse_error as parse_error  # the launcher's preparation reads both from here
+from ..hub import parse_progress as parse_progress
 from ..text import t
 
-PROGRESS_PREFIX = "[download] "
-ERROR_PREFIX = "[download-error] "
 #: Tests: the free space (bytes) the disk check sees instead of the real one.
 ENV_FREE_BYTES = "QWENCHAT_HUB_FREE_BYTES"
 WORKERS = 4  # files fetched at once (the weights' shards)
@@ -412,26 +412,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(folder, flush=True)
     return 0
-
-
-def parse_progress(line: str) -> tuple[int, int, int] | None:
-    """A ``[download]`` line → (done, total, rate), else None."""
-    if not line.startswith(PROGRESS_PREFIX):
-        return None
-    try:
-        data = json.loads(line[len(PROGRESS_PREFIX) :])
-        return int(data["done"]), int(data["total"]), int(data["rate"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def parse_error(lines: list[str]) -> tuple[str, dict[str, Any]] | None:
-    """The ``[download-error]`` line among ``lines`` → (key, params), else None."""
-    for line in reversed(lines):
-        if line.startswith(ERROR_PREFIX):
-            try:
-                data = json.loads(line[len(ERROR_PREFIX) :])
-                return str(data["key"]), dict(data["params"])
-            except (ValueError, KeyError, TypeError):
-                return None
-    return None

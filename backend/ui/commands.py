@@ -1,5 +1,5 @@
-"""The composer's commands (panel.send_commands lists them): /adapters, /unload NAME, /export, and compare's
-(compare_chat.py); a command message is marked as one in the history."""
+"""The composer's commands (panel.send_commands lists them): /adapters (with owner/name[@revision]: add one from the
+hub), /unload NAME, /export, and compare's (compare_chat.py); a command message is marked as one in the history."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from datetime import datetime
 
 import chainlit as cl
 
+from backend import hub
 from backend.chat import export as chat_export
 from backend.chat import history
 from backend.errors import QwenChatError
@@ -15,7 +16,7 @@ from backend.text import t
 from backend.ui.compare_chat import run_compare_command
 from backend.ui.compare_view import COMPARE_COMMANDS
 from backend.ui.context import Ui
-from backend.ui.panel import send_settings
+from backend.ui.panel import chat_view, send_settings
 from backend.ui.views import show_error
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,9 @@ async def run_command(ui: Ui, command: str, text: str) -> None:
         await run_export(ui)
         return
     if command == "adapters":
+        if text.strip():
+            await add_hub_adapter(ui, text)
+            return
         await cl.Message(content=app.adapters_overview(status, await app.local_adapters(status), lang)).send()
         return
     name = text.strip().strip("`")
@@ -43,6 +47,42 @@ async def run_command(ui: Ui, command: str, text: str) -> None:
     if chat.model == name:
         chat.model = app.default_model(app.poller.status)
     await cl.Message(content=t("unloaded", lang, name=name, model=chat.model)).send()
+    await send_settings(ui)
+
+
+async def add_hub_adapter(ui: Ui, text: str) -> None:
+    """/adapters owner/name[@revision]: the adapter downloaded (a step shows the progress), checked by the doctor and
+    loaded; this chat answers from it from now on. Anything that goes wrong is one message (Service.add_hub_adapter)."""
+    app, lang, chat = ui.service, ui.lang(), ui.chat()
+    shown = text.strip().strip("`")
+    said = [-1]
+    try:
+        async with chat_view(ui).step(t("adapter_hub.downloading", lang, id=shown)) as step:
+
+            async def progress(done: int, total: int, rate: int) -> None:
+                percent = done * 100 // total if total else 0
+                if percent == said[0]:
+                    return
+                said[0] = percent
+                size_done, size_total = hub.bytes_of(done, total)
+                step.output = t(
+                    "adapter_hub.progress",
+                    lang,
+                    percent=percent,
+                    done=size_done,
+                    total=size_total,
+                    rate=hub.human_bytes(rate),
+                )
+                await step.update()
+
+            name, loaded = await app.add_hub_adapter(text, progress)
+            if loaded is not None and loaded.evicted:
+                step.output = t("adapter_evicted", lang, name=name, evicted=loaded.evicted)
+    except QwenChatError as exc:
+        await show_error(exc.user_text(lang))
+        return
+    chat.model = name
+    await cl.Message(content=t("adapter_hub.added", lang, name=name, id=shown)).send()
     await send_settings(ui)
 
 

@@ -1,0 +1,186 @@
+"""An adapter added while the product runs by hub id (/adapters owner/name[@revision], #19): downloaded by the
+launcher's own downloader (python -m backend download-model --adapter, a child process of the UI), checked by the
+adapter doctor, then loaded at run time; each failure is one message naming what to fix. Against the fake hub
+(tests/fakes/hub_server.py) serving the tiny Qwen3's LoRA, and a fake vLLM's load route."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from backend import hub
+from backend.chat.health import HealthStatus, ModelEntry
+from backend.chat.service import Loaded, Service
+from backend.errors import AdapterError, AdapterRejected
+from backend.settings import LoggingSettings, LoraSettings, ModelSettings, Settings
+from tests.conftest import free_port
+from tests.fakes.hub_server import FakeHub
+from tests.unit.adapters.test_runtime import FakeVLLM, serve
+
+GOOD, GATED, BROKEN, MODEL = "acme/tiny-lora", "acme/gated-lora", "acme/broken-lora", "acme/tiny-model"
+
+
+@pytest.fixture
+def repos(test_models: Path, tmp_path: Path) -> dict[str, Path]:
+    """The tiny LoRA as hub repos: as it is (with a training file vLLM does not read), gated, with a rank above
+    [lora] max_lora_rank (the doctor's finding), and a model repo that is no adapter."""
+    good = tmp_path / "repos" / "good"
+    shutil.copytree(test_models / "tiny-qwen3-lora", good)
+    (good / "training_args.bin").write_bytes(b"\0" * 1000)
+    broken = tmp_path / "repos" / "broken"
+    shutil.copytree(good, broken)
+    config = json.loads((broken / "adapter_config.json").read_text())
+    (broken / "adapter_config.json").write_text(json.dumps({**config, "r": 64, "lora_alpha": 128}))
+    return {GOOD: good, GATED: good, BROKEN: broken, MODEL: test_models / "tiny-qwen3"}
+
+
+@pytest.fixture
+def fake_hub(repos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    with FakeHub(repos) as h:
+        h.gated.add(GATED)
+        for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "QWENCHAT_HUB_FREE_BYTES"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", h.url)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        yield h
+
+
+class EnginePoller:
+    """The poller's view of the fake engine: the tiny Qwen3 and what the fake has loaded."""
+
+    def __init__(self, fake: FakeVLLM) -> None:
+        self.fake = fake
+
+    @property
+    def status(self) -> HealthStatus:
+        adapters = [ModelEntry(n, parent="tiny-qwen3") for n in self.fake.loaded]
+        return HealthStatus(models=(ModelEntry("tiny-qwen3"), *adapters), base_model="tiny-qwen3")
+
+    async def refresh(self) -> HealthStatus:
+        return self.status
+
+
+def service_for(test_models: Path, tmp_path: Path, url: str, fake: FakeVLLM) -> Service:
+    settings = Settings(
+        model=ModelSettings(path=str(test_models / "tiny-qwen3"), served_model_name="tiny-qwen3"),
+        lora=LoraSettings(modules={}, dir=str(tmp_path / "lora-dir"), max_lora_rank=8, max_cpu_loras=4),
+        logging=LoggingSettings(dir=str(tmp_path / "logs")),
+    )
+    (tmp_path / "lora-dir").mkdir(exist_ok=True)
+    service = Service(settings)
+    service.base_url, service.api_key = url, fake.api_key
+    service._poller = EnginePoller(fake)  # type: ignore[assignment]
+    return service
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_an_adapter_added_by_hub_id_is_downloaded_checked_and_loaded_under_its_repos_name(
+    test_models, tmp_path, fake_hub
+):
+    fake = FakeVLLM()
+    seen: list[tuple[int, int, int]] = []
+
+    async def progress(done: int, total: int, rate: int) -> None:
+        seen.append((done, total, rate))
+
+    async def go() -> None:
+        async with serve(fake) as url:
+            service = service_for(test_models, tmp_path, url, fake)
+            assert await service.add_hub_adapter(f" `{GOOD}` ", progress) == ("tiny-lora", Loaded("tiny-lora"))
+            snapshot = hub.complete_snapshot(hub.HubModel(GOOD, adapter=True))
+            assert snapshot is not None and fake.loaded == {"tiny-lora": str(snapshot)}
+            # only the adapter's own files, and the last progress report says all of them
+            assert sorted(p.name for p in snapshot.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+            assert seen and seen[-1][0] == seen[-1][1] == sum(p.stat().st_size for p in snapshot.iterdir())
+
+            # evicted, or lost in an engine restart: offered in the dropdown and loaded again, from the cache
+            served = fake_hub.served
+            fake.loaded.clear()
+            assert [a.name for a in await service.local_adapters(service.poller.status)] == ["tiny-lora"]
+            assert await service.needs_runtime_load("tiny-lora")
+            assert await service.ensure_loaded("tiny-lora") == Loaded("tiny-lora")
+            # added again: served already, nothing fetched
+            assert await service.add_hub_adapter(GOOD) == ("tiny-lora", None)
+            assert fake_hub.served == served
+
+    run(go())
+
+
+@pytest.mark.parametrize(
+    "typed, words",
+    [
+        ("acme/no-such-lora", ["there is no adapter acme/no-such-lora", "HTTP 404", "check the id after /adapters"]),
+        (f"{GOOD}@v9", ["has no revision v9", "check the @revision after /adapters"]),
+        (GATED, ["HTTP 401", "HF_TOKEN"]),
+        (MODEL, ["has no adapter_config.json", "not a LoRA adapter"]),
+        ("acme/a/b", ["'acme/a/b' is not a hub id", "/adapters owner/name"]),
+        ("two words", ["'two words' is not a hub id"]),
+    ],
+    ids=["404", "no-revision", "gated", "a-model", "three-parts", "spaces"],
+)
+def test_an_adapter_the_hub_cannot_give_is_one_message_naming_what_to_fix_and_nothing_is_loaded(
+    test_models, tmp_path, fake_hub, typed, words
+):
+    fake = FakeVLLM()
+
+    async def go() -> AdapterError:
+        async with serve(fake) as url:
+            service = service_for(test_models, tmp_path, url, fake)
+            with pytest.raises(AdapterError) as caught:
+                await service.add_hub_adapter(typed)
+            assert fake.calls == [] and await service.local_adapters(service.poller.status) == []
+            return caught.value
+
+    error = run(go())
+    text = error.user_text("en")
+    assert text.startswith("the adapter ") and "was not added" in text, text
+    for word in words:
+        assert word in text, text
+    assert "[lora] modules" not in text and str(tmp_path) not in text, text
+    zh = error.user_text("zh-CN")
+    assert "适配器" in zh and "未添加" in zh, zh
+
+
+def test_an_adapter_the_doctor_refuses_is_not_loaded_and_not_offered(test_models, tmp_path, fake_hub):
+    fake = FakeVLLM()
+
+    async def go() -> None:
+        async with serve(fake) as url:
+            service = service_for(test_models, tmp_path, url, fake)
+            with pytest.raises(AdapterRejected) as caught:
+                await service.add_hub_adapter(BROKEN)
+            text = caught.value.user_text("en")
+            assert "broken-lora" in text and "64" in text and "max_lora_rank" in text, text
+            assert str(tmp_path) not in text, text  # the snapshot folder is not shown to the browser
+            assert fake.calls == [] and await service.local_adapters(service.poller.status) == []
+
+    run(go())
+
+
+def test_offline_an_adapter_in_the_cache_is_added_and_one_that_is_not_names_the_cache_and_how_to_copy_it_in(
+    test_models, tmp_path, fake_hub, monkeypatch
+):
+    fake = FakeVLLM()
+
+    async def go() -> None:
+        async with serve(fake) as url:
+            await service_for(test_models, tmp_path, url, fake).add_hub_adapter(GOOD)
+            fake.loaded.clear()
+            monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens: no network
+            service = service_for(test_models, tmp_path, url, fake)  # a new UI process
+            assert await service.add_hub_adapter(GOOD) == ("tiny-lora", Loaded("tiny-lora"))
+            with pytest.raises(AdapterError) as caught:
+                await service.add_hub_adapter("acme/other-lora")
+            text = caught.value.user_text("en")
+            assert "cannot reach" in text and "acme/other-lora" in text and "hf download acme/other-lora" in text
+            assert "models--acme--other-lora" in text and "<huggingface_hub's cache>" in text, text
+
+    run(go())
