@@ -22,9 +22,10 @@ SYSTEM = {"role": "system", "content": "You are a helpful assistant. 请用用�
 
 
 @pytest.fixture
-def fresh(qwen_dir):
-    """A private counter instance (own cache, own flags) for tests that change its state."""
-    return C._load_local(qwen_dir)
+def fresh(counter, qwen_dir):
+    """A private counter instance (own cache, own flags) for tests that change its state, on the run's tokenizer
+    (loading it again took seconds per test; no test changes the tokenizer itself)."""
+    return C.LocalCounter(counter.tokenizer, qwen_dir)
 
 
 class Recording:
