@@ -211,3 +211,30 @@ async def test_a_tab_back_before_its_first_message_is_not_sent_its_chat_again(ch
     assert view(link.shown()) == view(link.uncut())
     after = await chat.send(f"first {marker()}")
     assert after.answers and not after.errors
+
+
+async def test_a_chat_resumed_from_the_history_is_not_opened_again_from_the_database_on_reconnect(chat, monkeypatch):
+    """Chainlit's own handler, for a session opened on a stored thread, resumes that thread again at every reconnect:
+    the session's state replaced by the stored one (the answer under way lost) and the page's messages by the
+    database's. Past the first message, the reconnect only sends what the page missed."""
+    from chainlit.config import config
+
+    resumed: list[object] = []
+
+    async def on_chat_resume(thread: object) -> None:
+        resumed.append(thread)
+
+    monkeypatch.setattr(config.code, "on_chat_resume", on_chat_resume)
+    chat.session.thread_id_to_resume = chat.session.thread_id  # as if the page had opened it from the sidebar
+    await chat.send(f"first {marker()}")
+    link = Link(chat)
+    sending = chat.start_sending(f"[[normal:tokens=40:rate=20]] {marker()}")
+    await wait_for(lambda: link.shown().answers and link.shown().answers[-1].strip(), 20, "the first tokens")
+    await link.cut()
+    await link.back()
+    events = [e for e, _ in chat.events[link.mark :]]
+    assert "resume_thread" not in events and "resume_thread_error" not in events, events
+    assert resumed == []
+    await asyncio.wait_for(sending, 30)
+    assert "*`fake-qwen` ·" in link.shown().answers[-1]
+    assert view(link.shown()) == view(link.uncut())
