@@ -686,6 +686,25 @@ async def test_adapters_command_lists_the_base_and_the_served_adapter_and_sends_
     assert len(fake.records) == before
 
 
+@pytest.mark.parametrize(
+    "typed, words",
+    [
+        ("two words", ["'two words' is not a hub id", "/adapters owner/name"]),
+        # this chat's app talks to an external server (the fake): it could not read an adapter downloaded here
+        ("acme/some-lora", ["acme/some-lora was not added", "external server"]),
+    ],
+    ids=["not-an-id", "external-mode"],
+)
+async def test_adapters_with_a_hub_id_it_cannot_add_is_one_error_and_nothing_reaches_the_model(
+    chat, fake, typed, words
+):
+    before = len(fake.records)
+    screen = await send_command(chat, "adapters", typed)
+    assert len(screen.errors) == 1 and all(w in screen.errors[0] for w in words), screen.errors
+    assert len(fake.records) == before
+    assert (await chat.send("still there?")).answers
+
+
 async def test_unloading_something_that_is_not_a_served_adapter_is_a_clear_error(chat):
     screen = await send_command(chat, "unload", "fake-qwen")
     assert screen.errors and "fake-qwen" in screen.errors[-1]
