@@ -61,8 +61,10 @@ logger = logging.getLogger(__name__)
 
 INSTALL_LOG = "engine-install.log"
 #: What ``python -m backend build-default`` needs from the engine environment (with their dependencies): installed
-#: before the rest when the model is to be converted, so the conversion overlaps the install.
-MODEL_TOOLS = ("torch", "transformers", "gguf", "accelerate")
+#: before the rest when the model is to be converted, so the conversion overlaps the install. pydantic-settings:
+#: backend's settings, imported by ``python -m backend`` (without it every early conversion failed and was done
+#: again after the install: tests/unit/engine/test_prepare_bg.py runs the real import with only these).
+MODEL_TOOLS = ("torch", "transformers", "gguf", "accelerate", "pydantic-settings")
 EARLY_LINE = "[qwenchat] early packages installed"  # qc_env says it when MODEL_TOOLS can be used
 CONVERT_LOG = "model-convert.log"
 DOWNLOAD_LOG = "model-download.log"
@@ -371,7 +373,8 @@ class Preparer:
         else:
             self.publish(PHASE_INSTALL_ENGINE, PipProgress(lock_count(self.engine)).percent)
 
-    def fail(self, phase: str, rc: int | None, tail: list[str]) -> PrepareFailed:
+    def fail(self, phase: str, rc: int | None, tail: list[str], *, publish: bool = True) -> PrepareFailed:
+        """The failure, and (``publish``) the status file saying DOWN with it."""
         log = self.log_dir / _LOGS[phase]
         said = ""
         told = download.parse_error(tail) if phase == PHASE_DOWNLOAD_MODEL else None
@@ -386,6 +389,8 @@ class Preparer:
                 PHASE_DOWNLOAD_MODEL: "prepare.download_failed",
             }[phase]
             reason = Text(key, {"detail": failure_detail(tail), "log": log.name})
+        if not publish:
+            return PrepareFailed(phase, reason, log, rc, said)
         EngineStatus(
             state=SupervisorState.DOWN,
             reason=reason,
@@ -511,7 +516,7 @@ class Preparer:
             tools.set()
         return None
 
-    async def convert_model(self) -> PrepareFailed | None:
+    async def convert_model(self, *, publish_failure: bool = True) -> PrepareFailed | None:
         model = self.settings.model
         if not model.is_embedded or packages.is_built(model.resolved_path):
             return None
@@ -523,7 +528,7 @@ class Preparer:
         argv = [python, "-m", "backend", "build-default"]
         rc, _, tail = await run_step(argv, self.log_dir / CONVERT_LOG, _ignore, env={"PYTHONDONTWRITEBYTECODE": ""})
         if rc != 0 or not packages.is_built(model.resolved_path):
-            return self.fail(PHASE_CONVERT_MODEL, rc, tail)
+            return self.fail(PHASE_CONVERT_MODEL, rc, tail, publish=publish_failure)
         return None
 
     async def prepare_model(
@@ -536,9 +541,13 @@ class Preparer:
         if failed or not self.converts_model():
             return failed
         await tools.wait()
-        failed = await self.convert_model()
-        # started in an environment still being built (a uv that failed is replaced by pip, from scratch)
-        if failed and not install.done() and await asyncio.shield(install) is None:
+        unfinished = not install.done()
+        # started in an environment still being built (a uv that failed is replaced by pip, from scratch): a failure
+        # is no DOWN yet, the status line stays the install's until the conversion is tried in the finished one
+        failed = await self.convert_model(publish_failure=not unfinished)
+        if failed and unfinished:
+            if await asyncio.shield(install) is not None:
+                return None  # the install's failure is the one told
             self.say("the conversion failed in the unfinished engine environment; trying it again in the finished one")
             failed = await self.convert_model()
         return failed

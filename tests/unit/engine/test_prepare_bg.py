@@ -399,6 +399,8 @@ async def test_a_conversion_that_fails_in_the_unfinished_environment_is_tried_ag
         )
         await asyncio.sleep(0.3)
         assert not run.done()  # not given up: it waits for the install
+        st = contract.EngineStatus.read(preparer.status_path)
+        assert st is not None and st.state == contract.SupervisorState.PREPARING  # never "down" meanwhile
         (fake / "go-install").touch()
         assert await asyncio.wait_for(run, 20) is None
     finally:
@@ -438,3 +440,46 @@ async def test_compile_later_writes_every_pyc_with_env_sh_and_removes_the_stamp(
     assert list(env_dir.glob("lib/python*/site-packages/__pycache__/module_of_mine.*.pyc"))
     assert not (env_dir / prepare_bg.COMPILE_LATER).exists()
     assert "=== exit code 0" in (tmp_path / "install.log").read_text()
+
+
+# Run by the engine environment's python: the distributions MODEL_TOOLS pull in (their requirements, markers
+# evaluated), then the third-party modules that python -m backend build-default imports whose distribution is not
+# among them.
+_EARLY_CLOSURE = r"""
+import importlib.metadata as md, re, sys
+from packaging.requirements import Requirement
+
+canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+reached, todo = set(), [canon(n) for n in sys.argv[1:]]
+while todo:
+    name = todo.pop()
+    if name in reached:
+        continue
+    reached.add(name)
+    for text in md.requires(name) or []:
+        req = Requirement(text)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            todo.append(canon(req.name))
+import backend.__main__, backend.engine.models, backend.packages, backend.settings
+dists = md.packages_distributions()
+top = {m.split(".")[0] for m in sys.modules} - set(sys.stdlib_module_names) - {"backend", "__main__"}
+print(" ".join(sorted(m for m in top if m in dists and not {canon(d) for d in dists[m]} & reached)))
+"""
+
+
+def test_the_early_packages_are_enough_for_python_m_backend_build_default_to_start():
+    """The conversion beside the install starts with MODEL_TOOLS (and what they require) only: every module that
+    ``python -m backend build-default`` imports must come from them (pydantic-settings was missing: each early
+    conversion failed, said "down" for a moment, and ran again after the install). Checked in the engine
+    environment ./test.sh built, with its installed packages' own requirements."""
+    import os
+    import subprocess
+
+    python = os.environ.get(contract.ENV_ENGINE_PYTHON)
+    if not python:
+        pytest.fail("QWENCHAT_ENGINE_PYTHON is not set: run the tests through ./test.sh")
+    out = subprocess.run(
+        [python, "-c", _EARLY_CLOSURE, *prepare_bg.MODEL_TOOLS], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [], f"python -m backend build-default imports these beyond {prepare_bg.MODEL_TOOLS}"
