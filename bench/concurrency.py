@@ -53,6 +53,7 @@ class Round:
     peak_kb: int
     seconds: float
     uptime: str
+    disconnects: int = 0  # sockets that closed under the load (the app's or the client's side)
 
     @property
     def errors(self) -> int:
@@ -64,7 +65,8 @@ class Round:
         total = [t.total_s for t in self.turns if t.total_s is not None]
         events = sum(t.token_events for t in self.turns)
         return (
-            f"| {self.app} | {self.sessions} | {len(self.turns)} | {self.errors} | {self.lag['p50']:.1f} | "
+            f"| {self.app} | {self.sessions} | {len(self.turns)} | {self.errors} | {self.disconnects} | "
+            f"{self.lag['p50']:.1f} | "
             f"{self.lag['p99']:.1f} | {self.lag['max']:.0f} | {percentile(first, 50):.0f} | "
             f"{percentile(first, 99):.0f} | {percentile(total, 50):.2f} | {percentile(total, 99):.2f} | "
             f"{events} | {self.rss_before_kb / 1024:.0f} | {self.rss_after_kb / 1024:.0f} | "
@@ -73,9 +75,9 @@ class Round:
 
 
 HEADER = (
-    "| app | sessions | answers | errors | lag p50 ms | lag p99 ms | lag max ms | first token p50 ms | "
+    "| app | sessions | answers | errors | disconnects | lag p50 ms | lag p99 ms | lag max ms | first token p50 ms | "
     "first token p99 ms | total p50 s | total p99 s | token events | RSS before MiB | RSS after MiB | "
-    "peak MiB | load avg |\n|" + "---|" * 16
+    "peak MiB | load avg |\n|" + "---|" * 17
 )
 
 
@@ -114,22 +116,27 @@ async def run_round(
             os.kill(pid, signal.SIGUSR1)
         t0 = time.monotonic()
         turns: list[Turn] = []
+        missed = 0  # turns not sent: the session was gone
         for k in range(args.turns):
-            started = await asyncio.gather(*(s.start(f"bench turn {k} [[{spec}]]") for s in sessions))
-            await asyncio.gather(*(s.wait(args.timeout) for s in sessions))
+            # A session whose socket closed, or whose last turn never ended, sends no more: its turns count as lost.
+            live = [s for s in sessions if s.connected and (s.current is None or s.current.finished)]
+            started = await asyncio.gather(*(s.start(f"bench turn {k} [[{spec}]]") for s in live))
+            await asyncio.gather(*(s.wait(args.timeout) for s in live))
             turns.extend(started)
+            missed += len(sessions) - len(live)
         seconds = time.monotonic() - t0
         after = loopstats.read(stats)
         if profile:
             os.kill(pid, signal.SIGUSR1)
         uptime = load_average()
+        disconnects = sum(s.disconnects for s in sessions)
     finally:
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
     return Round(
         app=name + (" (cProfile on)" if profile else ""),
         sessions=args.sessions,
         turns=turns,
-        connect_errors=refused,
+        connect_errors=refused + missed,
         expected=expected_text(args.tokens).strip(),
         lag=loopstats.percentiles(loopstats.window(before, after)),
         rss_before_kb=int(before["rss_kb"]),
@@ -137,6 +144,7 @@ async def run_round(
         peak_kb=int(after["peak_rss_kb"]),
         seconds=seconds,
         uptime=uptime,
+        disconnects=disconnects,
     )
 
 
@@ -214,11 +222,13 @@ async def main(args: argparse.Namespace) -> int:
     if problems:
         print(f"\n{len(problems)} tracebacks / unexpected failures in the app log, e.g.:\n{problems[0]}")
     main_round = rounds[0]
-    verdict = "PASS" if main_round.errors == 0 and main_round.lag["p99"] <= TARGET_P99_MS else "FAIL"
+    clean = main_round.errors == 0 and main_round.disconnects == 0
+    verdict = "PASS" if clean and main_round.lag["p99"] <= TARGET_P99_MS else "FAIL"
     plain_round = next((r for r in rounds if r.app.startswith("plain")), None)
     vs = f"; plain Chainlit p99 {plain_round.lag['p99']:.1f} ms" if plain_round else ""
     print(
         f"\nsummary: {verdict}: {args.sessions} concurrent streaming sessions, {main_round.errors} errors, "
+        f"{main_round.disconnects} disconnects, "
         f"event-loop lag p50 {main_round.lag['p50']:.1f} ms p99 {main_round.lag['p99']:.1f} ms "
         f"(target <= {TARGET_P99_MS:.0f}){vs}; RSS {main_round.rss_before_kb / 1024:.0f} -> "
         f"{main_round.rss_after_kb / 1024:.0f} MiB; load avg {main_round.uptime}"

@@ -29,6 +29,7 @@ from typing import Any
 
 import socketio
 
+ENGINEIO_PING = 2  # engine.io's packet type of a PING (engineio.packet.PING)
 INTERRUPTED = "answer interrupted"  # backend/text.py "interrupted" (en), inside the ⚠ marker line
 
 
@@ -128,7 +129,9 @@ class Session:
         self.settings: list[dict[str, Any]] = []
         self.events: dict[str, int] = {}
         self.disconnects = 0
+        self.pings: list[float] = []  # when engine.io's pings arrived (time.monotonic()); each is answered at once
         self._done = asyncio.Event()
+        self._watch_pings()
         self._stream_types: dict[str, str] = {}
         for name in ("new_message", "update_message"):
             self.sio.on(name, self._step_handler(name))
@@ -140,6 +143,18 @@ class Session:
         self.sio.on("chat_settings", self._on_settings)
         self.sio.on("disconnect", self._on_disconnect)
         self.sio.on("*", self._on_other)
+
+    def _watch_pings(self) -> None:
+        """Note each engine.io PING as it arrives (python-engineio has no event for them)."""
+        eio = self.sio.eio
+        receive = eio._receive_packet
+
+        async def receive_packet(pkt: Any) -> None:
+            if pkt.packet_type == ENGINEIO_PING:
+                self.pings.append(time.monotonic())
+            await receive(pkt)
+
+        eio._receive_packet = receive_packet
 
     # ------------------------------------------------------------ connection
 
