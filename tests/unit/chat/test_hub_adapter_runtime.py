@@ -21,13 +21,13 @@ from tests.conftest import free_port
 from tests.fakes.hub_server import FakeHub
 from tests.unit.adapters.test_runtime import FakeVLLM, serve
 
-GOOD, GATED, BROKEN, MODEL = "acme/tiny-lora", "acme/gated-lora", "acme/broken-lora", "acme/tiny-model"
+GOOD, GATED, BROKEN = "acme/tiny-lora", "acme/gated-lora", "acme/broken-lora"
 
 
 @pytest.fixture
 def repos(test_models: Path, tmp_path: Path) -> dict[str, Path]:
     """The tiny LoRA as hub repos: as it is (with a training file vLLM does not read), gated, with a rank above
-    [lora] max_lora_rank (the doctor's finding), and a model repo that is no adapter."""
+    [lora] max_lora_rank (the doctor's finding)."""
     good = tmp_path / "repos" / "good"
     shutil.copytree(test_models / "tiny-qwen3-lora", good)
     (good / "training_args.bin").write_bytes(b"\0" * 1000)
@@ -35,7 +35,7 @@ def repos(test_models: Path, tmp_path: Path) -> dict[str, Path]:
     shutil.copytree(good, broken)
     config = json.loads((broken / "adapter_config.json").read_text())
     (broken / "adapter_config.json").write_text(json.dumps({**config, "r": 64, "lora_alpha": 128}))
-    return {GOOD: good, GATED: good, BROKEN: broken, MODEL: test_models / "tiny-qwen3"}
+    return {GOOD: good, GATED: good, BROKEN: broken}
 
 
 @pytest.fixture
@@ -118,13 +118,11 @@ def test_an_adapter_added_by_hub_id_is_downloaded_checked_and_loaded_under_its_r
     "typed, words",
     [
         ("acme/no-such-lora", ["there is no adapter acme/no-such-lora", "HTTP 404", "check the id after /adapters"]),
-        (f"{GOOD}@v9", ["has no revision v9", "check the @revision after /adapters"]),
         (GATED, ["HTTP 401", "HF_TOKEN"]),
-        (MODEL, ["has no adapter_config.json", "not a LoRA adapter"]),
         ("acme/a/b", ["'acme/a/b' is not a hub id", "/adapters owner/name"]),
         ("two words", ["'two words' is not a hub id"]),
     ],
-    ids=["404", "no-revision", "gated", "a-model", "three-parts", "spaces"],
+    ids=["404", "gated", "three-parts", "spaces"],
 )
 def test_an_adapter_the_hub_cannot_give_is_one_message_naming_what_to_fix_and_nothing_is_loaded(
     test_models, tmp_path, fake_hub, typed, words
@@ -147,6 +145,31 @@ def test_an_adapter_the_hub_cannot_give_is_one_message_naming_what_to_fix_and_no
     assert "[lora] modules" not in text and str(tmp_path) not in text, text
     zh = error.user_text("zh-CN")
     assert "适配器" in zh and "未添加" in zh, zh
+
+
+@pytest.mark.parametrize(
+    "key, params, words",
+    [
+        ("download.no_adapter_revision", {"revision": "v9"}, ["has no revision v9", "the @revision after /adapters"]),
+        ("download.not_an_adapter", {"files": "config.json"}, ["has no adapter_config.json", "not a LoRA adapter"]),
+        ("download.needs_token", {"status": 401}, ["HTTP 401", "HF_TOKEN"]),  # no [lora] modules in it: kept as is
+    ],
+)
+def test_the_downloaders_words_that_name_lora_modules_name_the_adapters_command_instead(key, params, words):
+    from backend.adapters import hub_runtime
+
+    line = hub.ERROR_PREFIX + json.dumps({"key": key, "params": {"id": GOOD, "endpoint": "https://hub", **params}})
+    text = hub_runtime.download_failed(hub.HubModel(GOOD, adapter=True), 2, ["x", line, "[qwenchat] …"]).user_text()
+    assert text.startswith(f"the adapter {GOOD} was not added: ") and "[lora] modules" not in text, text
+    for word in words:
+        assert word in text, text
+
+
+def test_a_downloader_that_dies_without_its_error_line_is_said_with_its_last_words():
+    from backend.adapters import hub_runtime
+
+    error = hub_runtime.download_failed(hub.HubModel(GOOD, adapter=True), -9, ["Traceback …", "MemoryError", ""])
+    assert "exit code -9: MemoryError" in error.user_text("en") and "退出码 -9" in error.user_text("zh-CN")
 
 
 def test_an_adapter_the_doctor_refuses_is_not_loaded_and_not_offered(test_models, tmp_path, fake_hub):
