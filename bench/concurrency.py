@@ -176,7 +176,11 @@ async def main(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-concurrency-"))
     async with FakeServer() as srv:
         (tmp / "qwenchat").mkdir()
-        app = await asyncio.to_thread(live_app.launch_external, tmp / "qwenchat", srv.base_url, {})
+        # The sessions are one script without login: one "user" to [ui] max_answers_per_user (default 2), which
+        # would refuse all but two of each round's answers. The load is many users': the limit off, as in tests/soak.
+        app = await asyncio.to_thread(
+            live_app.launch_external, tmp / "qwenchat", srv.base_url, {"QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0"}
+        )
         try:
             await warm_up(app.url, True)
             stats = live_app.loop_file(app)
