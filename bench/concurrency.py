@@ -188,11 +188,12 @@ async def main(args: argparse.Namespace) -> int:
             if args.profile:
                 rounds.append(await run_round("qwenchat", app.url, stats, args, chat_start=True, profile=True))
                 prof = stats.with_name(stats.name + ".prof")
-                for _ in range(50):
-                    if prof.exists():
+                for _ in range(300):  # the app writes the file when the second signal arrives: whole, in a while
+                    try:
+                        profile_text = top_of_profile(prof)
                         break
-                    await asyncio.sleep(0.1)
-                profile_text = top_of_profile(prof)
+                    except (OSError, EOFError, ValueError):
+                        await asyncio.sleep(0.1)
             problems = live_app.problems(app)
         finally:
             await asyncio.to_thread(e2e.stop, app)
