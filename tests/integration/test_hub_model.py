@@ -18,7 +18,7 @@ import pytest
 from backend import contract, hub
 from backend.engine import prepare_bg
 from backend.settings import ROOT
-from tests.conftest import free_port, need_env
+from tests.conftest import NO_COMPILE_ENV, free_port, need_env
 from tests.fakes.hub_server import FakeHub
 from tests.unit.engine.test_prepare_launch import finish, get, ui_status, wait_for
 
@@ -42,6 +42,7 @@ def launcher_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
             "QWENCHAT_MODEL_PATH": REPO,
             "QWENCHAT_MODEL_MAX_MODEL_LEN": "4096",
             "QWENCHAT_LORA_ENABLE": "false",
+            **NO_COMPILE_ENV,
             "QWENCHAT_HEALTH_POLL_STARTING": "0.2",
             contract.ENV_ENGINE_PYTHON: need_env(contract.ENV_ENGINE_PYTHON),  # built: no install step
             "HF_ENDPOINT": endpoint,

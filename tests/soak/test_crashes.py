@@ -21,6 +21,7 @@ import urllib.request
 
 import pytest
 
+from tests.conftest import NO_COMPILE_ENV
 from tests.e2e import support as e2e
 from tests.support import live_app
 from tests.support.socket_client import Session, Turn
@@ -70,6 +71,7 @@ async def test_kill_9_of_the_engine_while_sessions_stream(tmp_path, soak_level, 
         "QWENCHAT_MODEL_SERVED_MODEL_NAME": "tiny-qwen3",
         "QWENCHAT_MODEL_MAX_MODEL_LEN": "4096",  # the reply reserve and a few turns of history
         "QWENCHAT_LORA_ENABLE": "false",
+        **NO_COMPILE_ENV,
         "QWENCHAT_VLLM_MAX_NUM_SEQS": str(max(16, n_sessions)),
         "QWENCHAT_BUDGET_REPLY_RESERVE": str(REPLY_TOKENS),
         "QWENCHAT_UI_LANGUAGE": "en",
