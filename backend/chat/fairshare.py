@@ -3,6 +3,7 @@ over all their chats and tabs in this UI process (a compare pair is 2 answers).
 
 share = FairShare(limit)                 # one per UI process; limit 0: no limit
 claim = share.claim(who, count)          # raises TooMany (nothing taken) when ``who`` would exceed the limit
+claim.ahead                              # ``who``'s answers already streaming then: the engine priority (issue #20)
 with claim: ...                          # or claim.release() in a finally / a task's done callback; twice is harmless
 
 ``who`` is the login name, else the browser (backend/ui/context.answerer). A user with nothing streaming may
@@ -31,6 +32,7 @@ class Claim:
     share: FairShare | None  # None: a claim of nothing (a command starts no answer)
     who: str
     count: int
+    ahead: int = 0  # ``who``'s answers already streaming when this claim was taken
     released: bool = field(default=False, init=False)
 
     def release(self) -> None:
@@ -61,7 +63,7 @@ class FairShare:
         if self.limit and held and held + count > self.limit:
             raise TooMany(who, held, count, self.limit)
         self._held[who] = held + count
-        return Claim(self, who, count)
+        return Claim(self, who, count, ahead=held)
 
     def _give_back(self, who: str, count: int) -> None:
         left = self.held(who) - count

@@ -34,3 +34,6 @@ class ChatSession:
     # A message, an edit or a button is being answered (a compare pair is one answer). Another one meanwhile is
     # refused (backend/ui/socket_guard.py, answering.py one_answer): one answer streaming per chat (issue #18).
     answering: bool = False
+    # The user's answers already streaming (over all their chats) when this chat's answer was claimed: the engine
+    # priority its requests go with under [vllm] scheduling_policy = "priority" (0 goes first; issue #20).
+    ahead: int = 0

@@ -314,6 +314,8 @@ class _Turn:
                     max_tokens=service.reply_tokens(),
                     sampling=sampling_body(self.session.sampling),
                     request_id=a.rid,
+                    # a user with answers already streaming yields to one with none (issue #20)
+                    priority=self.session.ahead if service.settings.priority_scheduling else 0,
                 )
             ) as events:
                 async for ev in events:

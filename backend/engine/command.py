@@ -194,6 +194,8 @@ def build_engine_command(
     if chat_template is not None:
         # vLLM refuses chat requests for a model folder without a chat template.
         argv += ["--chat-template", str(chat_template)]
+    if s.scheduling_policy != "fcfs":  # vLLM's default: a fcfs command stays as it was
+        argv += ["--scheduling-policy", s.scheduling_policy]
     argv += list(s.extra_args)
     # PYTHONDONTWRITEBYTECODE off for vLLM: a fresh engine environment's .pyc are written later (prepare_bg.
     # compile_later), so the first start writes those of what it imports; with it on, the API server, the EngineCore

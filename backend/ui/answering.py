@@ -98,6 +98,7 @@ async def one_answer(ui: Ui, count: int | None = None) -> AsyncIterator[bool]:
         yield False
         return
     state.answering = True
+    state.ahead = claim.ahead  # the engine priority of its requests
     try:
         with claim:
             yield True

@@ -146,6 +146,7 @@ class Guard:
             return
         cleaned(message)
         state.answering = True  # until the task Chainlit starts for it ends (no await in between: no race)
+        state.ahead = claim.ahead  # the engine priority of its requests
 
         def ended(_task: object = None) -> None:
             state.answering = False
@@ -184,6 +185,7 @@ class Guard:
         if claim is None:
             return
         state.answering = True  # Chainlit answers an edit inline, in this handler
+        state.ahead = claim.ahead
         try:
             with claim:
                 await original(sid, payload)

@@ -233,6 +233,7 @@ class RequestRecord:
     messages: list[Any]
     body_bytes: int
     max_tokens: int | None = None
+    priority: int | None = None  # vLLM's scheduling priority, when the client sent one
     peer: str = ""  # the client's "host:port": the same for requests that reused one connection
     status: int = 200
     chunks_sent: int = 0
@@ -481,6 +482,7 @@ class FakeServer:
             messages=messages if isinstance(messages, list) else [],
             body_bytes=len(raw),
             max_tokens=body.get("max_tokens"),
+            priority=body.get("priority"),
             peer=":".join(map(str, (request.transport.get_extra_info("peername") or ()) if request.transport else ())),
         )
         self.records.append(rec)

@@ -184,3 +184,35 @@ async def test_a_tab_closed_while_its_answer_streams_gives_its_share_back(ui, ta
     tabs.open.remove(gone)
     await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 40)
     assert ui.fair.held(f"browser:{cookie}") == 0
+
+
+async def test_with_priority_scheduling_a_users_second_answer_goes_with_priority_1_and_others_first_with_0(
+    ui, tabs, monkeypatch
+):
+    """Issue #20: with [vllm] scheduling_policy = "priority" (an engine the launcher started; the fake server stands
+    in for it here) each answer is sent with its user's answers already streaming as vLLM's priority, so the engine
+    serves a user with none first when its batch is full."""
+    monkeypatch.setattr(type(ui.service.settings), "priority_scheduling", property(lambda _: True))
+    phone, laptop = await tabs.tab(browser(), user="alice"), await tabs.tab(browser(), user="alice")
+    bob = await tabs.tab(browser(), user="bob")
+    m = marker()
+    tasks = [await tabs.streaming(phone, f"first {m}"), await tabs.streaming(laptop, f"second {m}")]
+    assert (await answered(bob, f"bob {m}")).answers
+    sent = {t: [r.priority for r in c.received(f"{t} {m}")] for c, t in ((phone, "first"), (laptop, "second"))}
+    assert sent == {"first": [None], "second": [1]}  # 0 is vLLM's default: not sent
+    assert [r.priority for r in bob.received(f"bob {m}")] == [None]
+    for chat, task in zip((phone, laptop), tasks, strict=True):
+        await chat.stop()
+        await asyncio.wait_for(task, 20)
+    assert (await answered(laptop, f"again {m}")).answers  # nothing of alice's streams now: first in line again
+    assert [r.priority for r in laptop.received(f"again {m}")] == [None]
+
+
+async def answered(chat: Chat, text: str):
+    """Send ``text`` through the socket guard (which claims the user's share) and wait for its answer to end."""
+    n = len(chat.events)
+    await guarded_send(chat, text)
+    task = chat.session.current_task
+    if task is not None:
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
+    return chat.screen(n)

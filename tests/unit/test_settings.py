@@ -118,6 +118,7 @@ def test_bad_value_names_key_value_and_expectation(tmp_path, text, key, fragment
         ("QWENCHAT_LOGIN_ENABLE", "maybe", "true or false"),
         ("QWENCHAT_CLIENT_IDLE_TIMEOUT", "soon", "a positive number of seconds"),
         ("QWENCHAT_VLLM_DEVICE", "tpu", '"cpu"'),
+        ("QWENCHAT_VLLM_SCHEDULING_POLICY", "lifo", '"priority"'),
         ("QWENCHAT_LORA_STARTERS", "no-equals-sign", 'a table of name = ["text", ...]'),
         ("QWENCHAT_LORA_MODULES", "a", 'a table of name = "value"'),
     ],
@@ -348,3 +349,20 @@ def test_replace_makes_a_checked_copy():
 def test_a_bad_value_in_a_file_is_refused_even_when_the_environment_replaces_it(tmp_path):
     with pytest.raises(ConfigError, match="network.engine_port = 'eighty': expected a TCP port"):
         load_settings(write(tmp_path, "[server]\nport = 'eighty'\n"), env={"QWENCHAT_NETWORK_ENGINE_PORT": "9000"})
+
+
+@pytest.mark.parametrize(
+    "env, sent",
+    [
+        ({}, True),  # the default: engines the launcher starts run --scheduling-policy priority
+        ({"QWENCHAT_VLLM_SCHEDULING_POLICY": "PRIORITY"}, True),
+        ({"QWENCHAT_VLLM_SCHEDULING_POLICY": "fcfs"}, False),
+        ({"OPENAI_BASE_URL": "http://gpu-b:8000/v1"}, False),  # an external server may run fcfs
+        ({"QWENCHAT_FLEET_REMOTE": "http://gpu-b:8000/v1"}, False),  # so may a remote replica
+        ({"QWENCHAT_FLEET_LOCAL": "2"}, True),  # local replicas are started with the same command
+    ],
+)
+def test_answers_carry_a_priority_only_to_engines_started_with_the_priority_policy(tmp_path, env, sent):
+    """Issue #20: vLLM refuses a non-zero priority under fcfs, so the chat client sends one only to engines the
+    launcher started with [vllm] scheduling_policy = "priority"."""
+    assert load_settings(write(tmp_path, ""), env=env).priority_scheduling is sent

@@ -292,6 +292,15 @@ async def test_max_tokens_and_sampling_reach_the_server_and_length_is_reported(s
 
 
 @pytest.mark.asyncio
+async def test_a_priority_reaches_the_server_and_priority_0_is_not_sent(server, client):
+    """vLLM's scheduling priority (issue #20); 0, its default, is left out: vLLM under fcfs refuses any priority."""
+    events, exc = await collect(client, "normal:tokens=3", priority=2)
+    assert exc is None and server.records[-1].priority == 2
+    events, exc = await collect(client, "normal:tokens=3")
+    assert exc is None and server.records[-1].priority is None
+
+
+@pytest.mark.asyncio
 async def test_directive_in_the_user_message_picks_the_mode_for_the_served_model(server, client):
     events, exc = await collect(client, server.model, [{"role": "user", "content": "[[fault:overflow-400]] hi"}])
     assert type(exc) is ContextOverflow

@@ -90,3 +90,14 @@ async def test_release_when_the_answer_is_cancelled_stop_or_disconnect():
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     assert share.held("user:alice") == 0
+
+
+def test_a_claim_knows_how_many_answers_its_user_had_streaming_already():
+    """The engine priority of an answer (issue #20): 0 for a user with nothing streaming, 1 for their second."""
+    share = FairShare(0)
+    first, pair = share.claim("user:alice"), share.claim("user:bob", 2)
+    second = share.claim("user:alice")
+    assert (first.ahead, second.ahead, pair.ahead) == (0, 1, 0)
+    first.release()
+    second.release()
+    assert share.claim("user:alice").ahead == 0

@@ -57,6 +57,19 @@ def test_lora_disabled_adds_no_lora_flags():
     assert not [a for a in argv if "lora" in a]
 
 
+def engine_argv(engine: str, vllm: VllmSettings | None = None) -> list[str]:
+    s = Settings(vllm=vllm) if vllm is not None else Settings()
+    return list(command.build_engine_command(s, engine=engine, python="/p", api_key="k", adapters={}).argv)
+
+
+@pytest.mark.parametrize("engine", ["cpu", "gpu"])
+def test_the_scheduling_policy_goes_to_vllm_and_fcfs_leaves_the_command_as_it_was(engine):
+    """Issue #20: [vllm] scheduling_policy = "priority" (the default) lets the chat client's per-answer priority
+    order vLLM's waiting queue; "fcfs" is vLLM's own default, so no flag."""
+    assert argv_value(engine_argv(engine), "--scheduling-policy") == "priority"
+    assert "--scheduling-policy" not in engine_argv(engine, VllmSettings(scheduling_policy="fcfs"))
+
+
 def test_extra_args_are_appended_verbatim():
     s = Settings(vllm=VllmSettings(extra_args=("--enforce-eager", "--seed", "7")))
     argv = command.build_engine_command(s, engine="cpu", python="p", api_key="k", adapters={}).argv
