@@ -75,6 +75,15 @@ async def on_chat_end(ui: Ui) -> None:
 
 
 @guarded
+async def on_reconnect(ui: Ui) -> None:
+    """The same session back on a new socket after a network cut (reconnect.py): the model-list watcher that the
+    disconnect's on_chat_end stopped runs again, and a model list that changed meanwhile reaches the panel."""
+    ensure_watcher(ui, from_browser=True)
+    if ui.service.poller.status.version != ui.chat().models_version:
+        await send_settings(ui)
+
+
+@guarded
 async def on_settings_update(ui: Ui, values: dict[str, Any]) -> None:
     # Chainlit runs this in its socket handler: make it the task Stop cancels (an adapter load can take a while).
     cl.context.session.current_task = asyncio.current_task()

@@ -33,7 +33,7 @@ def install(service: Service) -> Ui:
     # The browser's client_message and edit_message, checked before Chainlit takes them (socket_guard.py).
     socket_guard.install(ui.chat, ui.lang, functools.partial(answering.claim_answers, ui))
     # A browser back after a network cut gets what was emitted while it was away (reconnect.py).
-    reconnect.install()
+    reconnect.install(bound(ui, chat.on_reconnect))
 
     cl.on_app_startup(bound(ui, server.on_app_startup))
     cl.set_starters(bound(ui, chat.set_starters))

@@ -16,6 +16,7 @@ streaming. Here, once per process:
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -67,7 +68,9 @@ async def disconnect(original: Callable[[str], Awaitable[Any]], sid: str) -> Non
     await original(sid)
 
 
-async def connection_successful(original: Callable[[str], Awaitable[Any]], sid: str) -> None:
+async def connection_successful(
+    original: Callable[[str], Awaitable[Any]], sid: str, *, on_back: Callable[[], Awaitable[None]]
+) -> None:
     session = WebsocketSession.get(sid)
     if session is None or not session.restored:  # a new session: Chainlit opens the chat
         await original(sid)
@@ -84,6 +87,7 @@ async def connection_successful(original: Callable[[str], Awaitable[Any]], sid: 
     task = session.current_task
     running = task is not None and not task.done()
     await (session.emit("task_start", {}) if running else session.emit("task_end", {}))
+    await on_back()
     logger.info(
         "socket: session %s back on a new socket: %d event(s) sent again, %s",
         session.id[:8],
@@ -92,17 +96,19 @@ async def connection_successful(original: Callable[[str], Awaitable[Any]], sid: 
     )
 
 
-def install() -> None:
+def install(on_back: Callable[[], Awaitable[None]]) -> None:
     """The journal on every session's emits, and the two handlers (again by a later installation: around
-    Chainlit's own handlers, not around an earlier wrapper)."""
+    Chainlit's own handlers, not around an earlier wrapper). ``on_back``: the app's own work when a session is
+    back (chat.on_reconnect), run in the session's context after the replay."""
     ChainlitEmitter.emit = property(_journaled_emit)  # type: ignore[assignment,method-assign]
     handlers = sio.handlers.setdefault(NAMESPACE, {})
-    for event, method in (("disconnect", disconnect), ("connection_successful", connection_successful)):
+    back = functools.partial(connection_successful, on_back=on_back)
+    for event, method in (("disconnect", disconnect), ("connection_successful", back)):
         current = handlers[event]
         handlers[event] = _wrapped(method, getattr(current, "chainlit_handler", current))
 
 
-def _wrapped(method: Callable[[Callable[[str], Awaitable[Any]], str], Awaitable[None]], original: Any) -> Any:
+def _wrapped(method: Callable[..., Awaitable[None]], original: Any) -> Any:
     # One argument, like Chainlit's: python-socketio calls a disconnect handler that refuses (sid, reason) again
     # with the socket id alone.
     async def handler(sid: str) -> None:

@@ -238,3 +238,23 @@ async def test_a_chat_resumed_from_the_history_is_not_opened_again_from_the_data
     await asyncio.wait_for(sending, 30)
     assert "*`fake-qwen` ·" in link.shown().answers[-1]
     assert view(link.shown()) == view(link.uncut())
+
+
+async def test_a_model_list_that_changed_while_the_tab_was_away_reaches_its_panel_when_back(chat, ui):
+    """Chainlit runs on_chat_end at every disconnect, which stops the chat's model-list watcher: a change meanwhile
+    reached nobody, and the panel stayed stale until the next message. Back on a new socket, the panel gets the
+    new list at once and the watcher follows the next change."""
+    import dataclasses
+
+    await chat.send(f"first {marker()}")
+    link = Link(chat)
+    await link.cut()
+    poller = ui.service.poller  # the engine's list changes while the tab is away (a new version, as a poll makes)
+    poller._status = dataclasses.replace(poller._status, version=poller._status.version + 1000)
+    await asyncio.sleep(0.3)  # away for a moment (the stopped watcher ends)
+    await link.back()
+    assert handlers.user_session(chat).models_version == poller.status.version, "the panel was sent the new list"
+    await asyncio.sleep(0.3)  # the restarted watcher subscribes to the poller
+    n = len(chat.events)
+    await handlers.push_model_change(ui)  # and the watcher runs again
+    await wait_for(lambda: handlers.settings_sent(chat, n), 10, "the next change sent by the watcher")
