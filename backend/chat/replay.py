@@ -17,7 +17,7 @@ that time is lost too. No Chainlit import here: backend/ui/reconnect.py feeds it
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,25 +123,34 @@ class Journal:
         self.entries = {k: e for k, e in self.entries.items() if e.touched >= cutoff}
         self._prune_at = max(PRUNE_MIN, 2 * len(self.entries))
 
-    def replay(self) -> list[Event]:
+    def replay(self) -> Iterator[Event]:
         """The events that bring a reconnected browser's screen up to date: everything changed since ``window``
         before the cut, in the order first emitted. An action button is removed before it is added again (the
-        browser's client adds an action twice if told twice). The session counts as connected again."""
+        browser's client adds an action twice if told twice). The session counts as connected again.
+
+        Lazily: each thing's state is taken when its event is asked for, so that an event sent right after it
+        (a token of an answer still streaming, emitted while the replay is being sent) is never older than the
+        state it follows. What first appears during the replay is sent live."""
         cutoff = self._cutoff()
         self.away_since = None
-        events: list[Event] = []
+        keys = [key for key, entry in self.entries.items() if entry.touched >= cutoff]
+        return self._events(keys)
+
+    def _events(self, keys: list[tuple[str, str]]) -> Iterator[Event]:
         added: list[Event] = []
-        for (kind, _key), entry in self.entries.items():
-            if entry.touched < cutoff:
+        for key in keys:
+            entry = self.entries.get(key)
+            if entry is None:
                 continue
+            kind = key[0]
             if kind == "step":
-                events.append(("delete_message", entry.data) if entry.gone else ("new_message", entry.current()))
+                yield ("delete_message", entry.data) if entry.gone else ("new_message", entry.current())
             elif kind == "action":
-                events.append(("remove_action", entry.data))
+                yield ("remove_action", entry.data)
                 if not entry.gone:
                     added.append(("action", entry.data))
             elif kind == "element":
-                events.append(("remove_element" if entry.gone else "element", entry.data))
+                yield ("remove_element" if entry.gone else "element", entry.data)
             else:
-                events.append((kind, entry.data["value"]))
-        return events + added
+                yield (kind, entry.data["value"])
+        yield from added

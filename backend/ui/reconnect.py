@@ -81,9 +81,10 @@ async def connection_successful(
         await context.emitter.clear("clear_call_fn")
     else:  # back before the first message: Chainlit starts the chat if it had not started yet
         await original(sid)
-    events = journal_of(session).replay()
-    for event, data in events:
+    sent = 0
+    for event, data in journal_of(session).replay():  # each taken just before it is sent (replay.py)
         await session.emit(event, data)  # not through the emitter: already in the journal
+        sent += 1
     task = session.current_task
     running = task is not None and not task.done()
     await (session.emit("task_start", {}) if running else session.emit("task_end", {}))
@@ -91,7 +92,7 @@ async def connection_successful(
     logger.info(
         "socket: session %s back on a new socket: %d event(s) sent again, %s",
         session.id[:8],
-        len(events),
+        sent,
         "an answer still running" if running else "nothing running",
     )
 

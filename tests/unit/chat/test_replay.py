@@ -28,7 +28,7 @@ def test_a_streamed_step_is_sent_again_whole_with_the_tokens_it_got():
     for token in ("w1 ", "w2 "):
         j.record("stream_token", {"id": "a", "token": token, "isSequence": False, "isInput": False})
     j.disconnected()
-    assert j.replay() == [("new_message", step("a", "w0 w1 w2 ", streaming=True))]
+    assert list(j.replay()) == [("new_message", step("a", "w0 w1 w2 ", streaming=True))]
 
 
 def test_the_final_send_replaces_the_streamed_text_and_a_sequence_token_replaces_it_too():
@@ -39,7 +39,7 @@ def test_the_final_send_replaces_the_streamed_text_and_a_sequence_token_replaces
     j.record("stream_start", step("b", "x"))
     j.record("stream_token", {"id": "b", "token": "whole", "isSequence": True, "isInput": False})
     j.record("stream_token", {"id": "b", "token": "in", "isSequence": False, "isInput": True})
-    assert j.replay() == [
+    assert list(j.replay()) == [
         ("new_message", step("a", "w0 w1 w2\n\n*footer*")),
         ("new_message", {**step("b", "whole"), "input": "in"}),
     ]
@@ -57,7 +57,7 @@ def test_removed_things_are_removed_and_buttons_are_removed_before_they_are_adde
     j.record("element", {"id": "f", "name": "export.md"})
     j.record("set_commands", [{"id": "compare"}])
     j.record("task_start", {})  # not a thing on the screen: the reconnect sets it from the task
-    assert j.replay() == [
+    assert list(j.replay()) == [
         ("delete_message", step("a", "gone")),  # by its id
         ("new_message", step("e", "error", isError=True)),
         ("remove_action", retry),
@@ -77,11 +77,11 @@ def test_only_what_changed_since_the_window_before_the_cut_is_sent_and_the_next_
     j.disconnected()
     clock.now += 300  # away for five minutes: what changed meanwhile counts, however long
     j.record("new_message", step("meanwhile", "while away"))
-    assert [d["id"] for _, d in j.replay()] == ["recent", "meanwhile"]
+    assert [d["id"] for _, d in list(j.replay())] == ["recent", "meanwhile"]
     clock.now += 200
     j.record("new_message", step("later", "after"))
     j.disconnected()
-    assert [d["id"] for _, d in j.replay()] == ["later"]
+    assert [d["id"] for _, d in list(j.replay())] == ["later"]
 
 
 def test_a_cut_the_server_did_not_notice_counts_back_from_the_reconnect():
@@ -90,7 +90,7 @@ def test_a_cut_the_server_did_not_notice_counts_back_from_the_reconnect():
     clock.now += 60
     j.record("new_message", step("recent", ""))
     clock.now += 30
-    assert [d["id"] for _, d in j.replay()] == ["recent"]
+    assert [d["id"] for _, d in list(j.replay())] == ["recent"]
 
 
 def test_the_journal_forgets_what_no_reconnect_can_need():
@@ -107,4 +107,17 @@ def test_what_is_not_a_dict_or_not_known_is_ignored():
     j.record("new_message", "not a dict")
     j.record("stream_token", {"id": "nobody", "token": "x"})
     j.record("token_usage", 3)
-    assert j.replay() == []
+    assert list(j.replay()) == []
+
+
+def test_each_things_state_is_taken_when_its_event_is_sent_not_before():
+    """A token emitted while the replay is being sent (to the new socket) must not be overwritten by an older
+    state of its step sent after it."""
+    j, _ = journal()
+    j.record("new_message", step("a", "done"))
+    j.record("stream_start", step("b", "w0 "))
+    events = j.replay()
+    assert next(events) == ("new_message", step("a", "done"))
+    j.record("stream_token", {"id": "b", "token": "w1 ", "isSequence": False, "isInput": False})  # sent live
+    j.record("new_message", step("c", "new"))  # first emitted during the replay: sent live, not again
+    assert list(events) == [("new_message", step("b", "w0 w1 "))]
