@@ -230,12 +230,12 @@ async def main(args: argparse.Namespace) -> int:
     clean = main_round.errors == 0 and main_round.disconnects == 0
     verdict = "PASS" if clean and main_round.lag["p99"] <= TARGET_P99_MS else "FAIL"
     plain_round = next((r for r in rounds if r.app.startswith("plain")), None)
-    vs = f"; plain Chainlit p99 {plain_round.lag['p99']:.1f} ms" if plain_round else ""
+    vs = f"; plain Chainlit p99 {plain_round.lag['p99']:.1f} ms ({plain_round.lag['n']:.0f})" if plain_round else ""
     print(
         f"\nsummary: {verdict}: {args.sessions} concurrent streaming sessions, {main_round.errors} errors, "
         f"{main_round.disconnects} disconnects, "
         f"event-loop lag p50 {main_round.lag['p50']:.1f} ms p99 {main_round.lag['p99']:.1f} ms "
-        f"(target <= {TARGET_P99_MS:.0f}){vs}; RSS {main_round.rss_before_kb / 1024:.0f} -> "
+        f"over {main_round.lag['n']:.0f} samples (target <= {TARGET_P99_MS:.0f}){vs}; RSS {main_round.rss_before_kb / 1024:.0f} -> "
         f"{main_round.rss_after_kb / 1024:.0f} MiB; load avg {main_round.uptime}"
     )
     return 0 if verdict == "PASS" else 1

@@ -119,19 +119,24 @@ class LoopStats:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         next_write = loop.time()
+        writing: asyncio.Future[dict[str, Any]] | None = None
         while True:
             t0 = loop.time()
             await asyncio.sleep(self.interval)
             now = loop.time()
             b = bucket(now - t0 - self.interval)
             self.hist[b] = self.hist.get(b, 0) + 1
-            if now >= next_write:
-                next_write = now + WRITE_EVERY
-                try:  # off the loop: a file write can block for milliseconds on a busy disk
-                    await asyncio.to_thread(self.write, dict(self.hist))
-                except OSError:
-                    logger.exception("loop stats: could not write %s", self.path)
+            if writing is not None and writing.done():
+                if isinstance(writing.exception(), OSError):
+                    logger.error("loop stats: could not write %s: %s", self.path, writing.exception())
                     return
+                writing = None
+            if now >= next_write and writing is None:
+                next_write = now + WRITE_EVERY
+                # Off the loop (a file write can block for milliseconds on a busy disk), and not awaited: the
+                # sampling goes on meanwhile (awaiting it, a loaded machine's slow thread hand-off left whole
+                # seconds unsampled, and the percentiles of a window were those of a few dozen samples).
+                writing = asyncio.ensure_future(asyncio.to_thread(self.write, dict(self.hist)))
 
     def toggle_profile(self) -> None:
         if self.profile is None:

@@ -1,9 +1,11 @@
 """What this process changes in Chainlit's server once: its files folder, the socket's message size and ping
-timeout, the timestamps of its messages, the browser-cookie and security middleware, and the tasks started with the app."""
+timeout, httpx's log line per request, the timestamps of its messages, the browser-cookie and security middleware, and
+the tasks started with the app."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ import chainlit.server as chainlit_server
 from chainlit.server import app as http_app
 from chainlit.server import sio
 
-from backend.chat import files, logthread, loopstats, metrics, preferences, security
+from backend.chat import files, loopstats, metrics, preferences, security
 from backend.settings import Settings
 from backend.ui.chat import log_unserved_starters
 from backend.ui.context import Ui
@@ -33,6 +35,8 @@ MAX_SOCKET_MESSAGE = 16 * 1024 * 1024
 # a browser that is really gone is noticed within 85 s instead of 45 (its answer ends anyway; the replay of
 # backend/ui/reconnect.py reads the window from here).
 PING_TIMEOUT = 60
+
+QUIET_LOGGERS = ("httpx", "httpx2")  # INFO lines per request
 
 
 def own_files_directory() -> Path:
@@ -66,6 +70,10 @@ def patch(settings: Settings) -> None:
     process)."""
     sio.eio.max_http_buffer_size = MAX_SOCKET_MESSAGE
     sio.eio.ping_timeout = PING_TIMEOUT
+    # httpx logs every request at INFO ("HTTP Request: POST ... 200 OK"): beside the client's own line per answer
+    # ("done: ..."), one more line per request written on the event loop. Its warnings stay.
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
     # By the classes' own globals: the package's name "chainlit.step" is the @step decorator, not the module.
     for cls in (cl.Message, cl.Step):
         cls.__init__.__globals__["time"] = _NonBlockingTime()
@@ -78,7 +86,6 @@ def patch(settings: Settings) -> None:
 
 async def on_app_startup(ui: Ui) -> None:
     """Poll the engine from the first second, so the status line is right before anyone chats."""
-    logthread.move_off_the_loop()  # log lines written by a thread: a full pipe to the launcher blocks no session
     loopstats.start_from_environment()  # benchmarks only: nothing unless QWENCHAT_LOOPSTATS is set
     await ui.service.start()
     ui.tasks.add(asyncio.create_task(log_unserved_starters(ui)))
