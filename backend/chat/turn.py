@@ -25,7 +25,8 @@ The policy, in order:
 - Failures: a message too long for the model offers a trimmed version; Stop keeps what was shown,
   marked, and lets ``CancelledError`` through; an engine that vanished before any text is waited
   for and asked once more, and so is a fleet whose router answered with a 5xx or 429 when a probe through it now
-  fails too (not routable: restarted, its workers not checked yet); an adapter the engine no longer serves
+  fails too (not routable: restarted, its workers not checked yet), up to ``ROUTER_WAITS`` times in a turn, also
+  after a first wait (a router that was down, then back but not routing yet); an adapter the engine no longer serves
   switches the chat back to the default model; any other error of ours says what happened (Retry when resending
   may help); a bug in the app says so, with the request id the log has.
 
@@ -151,6 +152,11 @@ class Recorder(Protocol):
     def __call__(self, turn_id: str, text: str, model: str, interrupted: bool) -> Any: ...
 
 
+#: A turn waits at most this many times for a fleet's router that answered but did not route (each wait is bounded by
+#: the poller's own wait); with the one wait for an engine that vanished, a message is sent at most 1 + 1 + 3 times.
+ROUTER_WAITS = 3
+
+
 async def answer(
     session: ChatSession,
     service: Service,
@@ -167,7 +173,7 @@ async def answer(
     """
     turn = _Turn(session, service, view, model=model, record=record)
     outcome = await turn.attempt(may_wait_again=True)
-    if outcome is Outcome.ENGINE_GONE:
+    while outcome is Outcome.ENGINE_GONE:  # once, and up to ROUTER_WAITS times more for a router not routing
         outcome = await turn.attempt(may_wait_again=False)
     return outcome
 
@@ -208,6 +214,7 @@ class _Turn:
     ) -> None:
         self.session, self.service, self.view = session, service, view
         self.fixed_model = model  # a compare side: this model answers, whatever the chat's choice
+        self.router_waits = 0  # waits for a fleet's router that did not route (ROUTER_WAITS at most)
 
         def add(turn_id: str, text: str, model: str, interrupted: bool) -> None:
             session.conversation.add_assistant(turn_id, text, model, interrupted=interrupted)
@@ -359,7 +366,9 @@ class _Turn:
     async def _failed(self, a: _Attempt, exc: Exception, *, may_wait_again: bool) -> Outcome:
         """Say why the attempt failed and keep what was shown, marked; ENGINE_GONE: worth waiting for the engine."""
         service, view, lang, rid, model = self.service, self.view, self.view.lang, a.rid, a.model
-        if not a.text and may_wait_again and await self._fleet_not_routable(exc):
+        waits_left = may_wait_again or self.router_waits < ROUTER_WAITS
+        if not a.text and waits_left and await self._fleet_not_routable(exc):
+            self.router_waits += 1
             logger.info("[%s] the fleet's router did not route it (%s): waiting for it", rid, type(exc).__name__)
             return Outcome.ENGINE_GONE  # not counted: the next attempt is
         if isinstance(exc, PromptTooLong):

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from backend.chat import turn
-from backend.chat.health import EngineLoad, EngineState, HealthPoller, HealthStatus
+from backend.chat.health import EngineLoad, EngineState, HealthPoller, HealthStatus, ReplicaHealth
 from backend.chat.service import Service
 from backend.chat.session import ChatSession
 from backend.chat.turn import Outcome, Reply
@@ -279,6 +279,39 @@ async def test_an_engine_gone_before_any_text_is_waited_for_and_asked_once_more(
         [(text, retry, _)] = view.errors()
         assert "broke off" in text and retry
         assert "drop_answer" in view.kinds() and [t.role for t in session.conversation.turns] == ["user"]
+
+
+class UnroutablePoller(RestartingPoller):
+    """A fleet (one replica ready) whose router does not route until waited for: a probe through it after a failed
+    message says STARTING ("not routable"), as the real poller does for a router that answers /health only."""
+
+    @property
+    def status(self) -> HealthStatus:
+        return dataclasses.replace(super().status, replicas=(ReplicaHealth(1, "127.0.0.1:1", ready=True),))
+
+
+@pytest.mark.parametrize("fails, outcome, sent", [(3, Outcome.ANSWERED, 4), (9, Outcome.FAILED, 4)])
+async def test_a_router_that_does_not_route_is_waited_for_again_after_a_first_wait(
+    service, fake, monkeypatch, fails, outcome, sent
+):
+    """Issue #20: a router that answers a message with 503 while a probe through it fails too (back, but routing
+    nothing yet) is waited for, and again after that wait if it still does not route, up to ROUTER_WAITS times (it
+    used to be waited for once per turn: a message that had waited for a router that was down, then met one not
+    routing yet, ended in an error bubble; seen against the real router in tests/integration/test_fleet.py)."""
+    poller = UnroutablePoller(service.poller)
+    monkeypatch.setattr(service, "_poller", poller)
+    m = marker()
+    session = chat(service, f"[[fault:http-503:fail={fails}]] {m}")  # the router: "no available workers"
+    view = Recorder()
+
+    assert await turn.answer(session, service, view) is outcome
+
+    assert len(received(fake, m)) == sent and poller.waits == turn.ROUTER_WAITS
+    if outcome is Outcome.ANSWERED:
+        assert view.errors() == [] and view.reply().text == FULL
+    else:
+        [(text, retry, _)] = view.errors()
+        assert "busy" in text and retry
 
 
 class DownPoller:
