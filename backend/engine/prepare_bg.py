@@ -32,6 +32,10 @@ engine installs. A conversion that fails in the unfinished environment is tried 
 either step failing stops the other. While the install runs the status line shows it; the model's step takes the
 line when the install is done.
 
+The install leaves the environment's .pyc for later (``QC_COMPILE=later``: a ``.compile-later`` stamp, as start.sh
+does for the app environment); ``compile_later`` writes them at ``nice 19`` once the engine answers, and until then
+the conversion and vLLM write those of what they import.
+
 A failure returns ``PrepareFailed``: the reason (a catalog Text: the last error lines, no absolute paths) and
 the log; the launcher writes it to the status file as DOWN and exits 1, like a failed first start.
 """
