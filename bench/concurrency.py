@@ -54,6 +54,7 @@ class Round:
     seconds: float
     uptime: str
     disconnects: int = 0  # sockets that closed under the load (the app's or the client's side)
+    cpu_s: float = 0.0  # the app process's CPU time over the load (its own work, not inflated by others' load)
 
     @property
     def errors(self) -> int:
@@ -70,14 +71,14 @@ class Round:
             f"{self.lag['p99']:.1f} | {self.lag['max']:.0f} | {percentile(first, 50):.0f} | "
             f"{percentile(first, 99):.0f} | {percentile(total, 50):.2f} | {percentile(total, 99):.2f} | "
             f"{events} | {self.rss_before_kb / 1024:.0f} | {self.rss_after_kb / 1024:.0f} | "
-            f"{self.peak_kb / 1024:.0f} | {self.uptime} |"
+            f"{self.peak_kb / 1024:.0f} | {1000 * self.cpu_s / max(1, len(self.turns)):.1f} | {self.uptime} |"
         )
 
 
 HEADER = (
     "| app | sessions | answers | errors | disconnects | lag p50 ms | lag p99 ms | lag max ms | first token p50 ms | "
     "first token p99 ms | total p50 s | total p99 s | token events | RSS before MiB | RSS after MiB | "
-    "peak MiB | load avg |\n|" + "---|" * 17
+    "peak MiB | app CPU ms per answer | load avg |\n|" + "---|" * 18
 )
 
 
@@ -145,6 +146,7 @@ async def run_round(
         seconds=seconds,
         uptime=uptime,
         disconnects=disconnects,
+        cpu_s=float(after.get("cpu_s", 0.0)) - float(before.get("cpu_s", 0.0)),
     )
 
 

@@ -105,6 +105,7 @@ class LoopStats:
             "resolution_ms": RESOLUTION_MS,
             "rss_kb": rss,
             "peak_rss_kb": hwm,
+            "cpu_s": time.process_time(),  # the process's CPU time: its work, whatever the machine's load
             "profiling": self.profile is not None,
             "hist": {str(b): c for b, c in sorted((self.hist if hist is None else hist).items())},
         }
