@@ -104,6 +104,18 @@ async def connect_all(url: str, n: int, chat_start: bool) -> tuple[list[Session]
     return ok, n - len(ok)
 
 
+async def fresh_snapshot(path: Path, timeout: float = 30) -> dict[str, Any]:
+    """The app's first loop-stats snapshot written from now on: the newest on disk can be seconds old on a loaded
+    machine (its writer thread waits for a core), and a window between stale snapshots misses part of the load."""
+    since = time.time()
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = loopstats.read(path)
+        if float(snap.get("time", 0)) >= since or time.monotonic() > deadline:
+            return snap
+        await asyncio.sleep(0.05)
+
+
 async def run_round(
     name: str, url: str, stats: Path, args: argparse.Namespace, *, chat_start: bool, profile: bool = False
 ) -> Round:
@@ -111,7 +123,7 @@ async def run_round(
     spec = f"normal:tokens={args.tokens}:rate={args.rate}"
     try:
         await asyncio.sleep(1.0)  # let the chat starts settle; lag is measured for the load only
-        before = loopstats.read(stats)
+        before = await fresh_snapshot(stats)
         pid = int(before["pid"])
         if profile:
             os.kill(pid, signal.SIGUSR1)
@@ -126,7 +138,7 @@ async def run_round(
             turns.extend(started)
             missed += len(sessions) - len(live)
         seconds = time.monotonic() - t0
-        after = loopstats.read(stats)
+        after = await fresh_snapshot(stats)
         if profile:
             os.kill(pid, signal.SIGUSR1)
         uptime = load_average()
