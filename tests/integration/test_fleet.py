@@ -107,6 +107,8 @@ def fleet(tmp_path_factory) -> Fleet:
             "QWENCHAT_UI_LANGUAGE": "en",
             # the watchdog's probes would count as served requests on the replicas
             "QWENCHAT_HEALTH_PROBE_EVERY": "3600",
+            # the tests' socket sessions are one script without login, i.e. one user of the fair share
+            "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0",
         },
         timeout=400,
     )
@@ -426,34 +428,110 @@ def outage(fleet, page) -> None:
     print(f"\n[fleet] kill -9 of replica {v}: back in rotation {t_back:.1f} s later; the stream it served: {result}")
 
 
-def test_kill_9_of_the_router_is_restarted_by_the_launcher_and_chat_resumes(fleet):
+def test_kill_9_of_the_router_is_restarted_and_messages_through_the_ui_meanwhile_wait_or_are_answered(fleet):
+    """Issue #20, ready means routable: the launcher restarts a killed router; messages sent through the UI meanwhile
+    (from chats open before the kill: one while the router is down, three as it comes back) each get a wait step or
+    the answer, never an error. The restarted router (vllm-router 0.1.17) listens once a worker answers and routed
+    its first chat at once on this machine, so the window where it answers /health but routes nothing (restarted,
+    its workers not in yet) is opened for sure: its workers are taken out through its own admin routes right after
+    the restart and put back a few seconds later. A UI that called the fleet ready at the router's /health (with
+    both replicas' /health fine) sends the messages into that window, and they fail (HTTP 503, an error bubble)."""
     main = fleet.app.log_dir / contract.STATUS_FILE_NAME
     before = contract.EngineStatus.read(main)
     assert before is not None and before.state == contract.SupervisorState.RUNNING and before.pid
-    os.kill(before.pid, signal.SIGKILL)
-    wait_for(
-        "the router restarted",
-        lambda: (
-            (s := contract.EngineStatus.read(main))
-            and s.state == contract.SupervisorState.RUNNING
-            and s.pid != before.pid
-            and s.attempt == (before.attempt or 0) + 1
-        ),
-        120,
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # as in outage(): a loop of its own
+        turns, window, direct = pool.submit(asyncio.run, through_the_restart(fleet, main, before)).result()
+    waited = [any(str(s.get("name", "")).startswith(WAIT_STEP) for s in t.steps.values()) for t in turns]
+    said = [
+        f"{t.outcome}, {'waited' if w else 'no wait'}, {t.total_s or 0:.1f} s"
+        for t, w in zip(turns, waited, strict=True)
+    ]
+    print(
+        f"\n[fleet] kill -9 of the router, then its workers out for a while: in the window the router answered "
+        f"{window}; direct chats once they were back: {direct}; the UI's messages: {said}"
     )
-    # the restarted router may answer its /health before it has checked its workers: ask until it routes
-    answer = wait_for("a chat through the restarted router", lambda: chat_or_none(fleet.router, "Still there?"), 60, 1)
-    assert answer["choices"][0]["message"]["content"]
+    assert window["/health"] == 200 and window["chat"] >= 500, window  # the window: /health fine, nothing routed
+    for turn in turns:
+        assert turn.answered and not turn.errors, turn.summary()
+    assert any(waited[1:]), "no message sent in the window waited: it showed nothing of the window"
     assert all(fleet.replica_status(i).pid for i in range(2))  # the replicas were left alone
+
+
+# the wait step's name while it waits and once it ended (catalog "loading", "loading_done", en)
+WAIT_STEP = ("The model is loading", "The model is ready (waited")
+WINDOW_S = 8  # how long the restarted router routes nothing
+
+
+async def through_the_restart(
+    fleet: Fleet, main: Path, before: contract.EngineStatus
+) -> tuple[list, dict[str, int], list[str]]:
+    """Kill the router; one UI message while it is down; once it is back, its workers out (the window), three UI
+    messages a second apart, its workers back after WINDOW_S: (the UI's turns, what the router answered in the
+    window, direct chats until one routed)."""
+    sessions = [await Session(fleet.app.url).connect(timeout=60) for _ in range(4)]
+    try:
+        os.kill(before.pid, signal.SIGKILL)
+        sends = [asyncio.create_task(sessions[0].send("Sent while the router is down.", timeout=300))]
+
+        def restarted() -> bool:
+            s = contract.EngineStatus.read(main)
+            return bool(s and s.state == contract.SupervisorState.RUNNING and s.pid != before.pid)
+
+        deadline = time.monotonic() + 120
+        while not await asyncio.to_thread(restarted):  # the supervisor: the router's /health answers
+            assert time.monotonic() < deadline, "the router was not restarted within 120 s"
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(move_workers, fleet, "/remove_worker")
+        t_out = time.monotonic()
+        window = await asyncio.to_thread(router_answers, fleet)
+        for i, s in enumerate(sessions[1:]):
+            sends.append(asyncio.create_task(s.send(f"Sent {i} s into the window.", timeout=300)))
+            await asyncio.sleep(1)
+        await asyncio.sleep(max(0.0, WINDOW_S - (time.monotonic() - t_out)))
+        await asyncio.to_thread(move_workers, fleet, "/add_worker")
+        direct = await asyncio.to_thread(direct_chats_until_routed, fleet, 60)
+        return list(await asyncio.gather(*sends)), window, direct
+    finally:
+        for s in sessions:
+            await s.close()
+
+
+def move_workers(fleet: Fleet, route: str) -> None:
+    """Both replicas out of the router (``/remove_worker``) or back in (``/add_worker``), with the key."""
+    from urllib.parse import quote
+
+    for root in (r.removesuffix("/v1") for r in fleet.replicas):
+        code, body = router_call(fleet, "POST", f"{route}?url={quote(root)}", KEY)
+        assert code == 200, (route, root, code, body[:200])
+
+
+def router_answers(fleet: Fleet) -> dict[str, int]:
+    """What the router answers now: its /health's status and a chat's (200 when it is answered)."""
+    health, _ = router_call(fleet, "GET", "/health", KEY)
+    try:
+        chat(fleet.router, "tiny-qwen3", "Anyone there?", timeout=30)
+        code = 200
+    except urllib.error.HTTPError as exc:
+        code = exc.code
+    return {"/health": health, "chat": code}
+
+
+def direct_chats_until_routed(fleet: Fleet, timeout: float) -> list[str]:
+    """Chats straight through the router, one every 0.5 s until one is answered: what each got."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chat(fleet.router, "tiny-qwen3", "Still there?", timeout=30)
+            return [*seen, "answered"]
+        except urllib.error.HTTPError as exc:
+            seen.append(f"HTTP {exc.code}")
+        except OSError as exc:
+            seen.append(type(exc).__name__)
+        time.sleep(0.5)
+    pytest.fail(f"no chat through the restarted router within {timeout:.0f} s: {seen}")
 
 
 def ui_metrics(app: e2e.LiveApp) -> str:
     with _NO_PROXY.open(app.url + "/metrics", timeout=10) as resp:
         return resp.read().decode()
-
-
-def chat_or_none(base: str, text: str) -> dict | None:
-    try:
-        return chat(base, "tiny-qwen3", text, timeout=30)
-    except (urllib.error.HTTPError, OSError):
-        return None
