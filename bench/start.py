@@ -9,7 +9,9 @@ stops it. A run on a HOME without environments is *cold* (it builds the app and 
 the model); a later run on the same HOME is *warm*. ``--fresh`` deletes HOME first. uv's download cache is
 ``HOME/uv-cache`` (``UV_CACHE_DIR``), so a fresh HOME is cold for uv too; pip's cache (``~/.cache/pip``) is left
 as it is (on the machines measured pip kept no downloads there: every pip run downloaded everything). The load average (``uptime``) at the start and the end of each run is printed next
-to each figure: the machine is shared; compare before/after ratios measured in one sitting.
+to each figure: the machine is shared; compare before/after ratios measured in one sitting. So is the CPU time (user
++ system) that start.sh and everything it started used until stopped (``os.wait4``): the work, which the load
+changes less than the wall time.
 """
 
 from __future__ import annotations
