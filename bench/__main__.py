@@ -28,6 +28,7 @@ BENCHES: dict[str, list[str]] = {
     "concurrency": ["-m", "bench.concurrency"],
     "engine": ["-m", "bench.engine", "--tokens", "128", "--runs", "3"],
     "fleet": ["-m", "bench.fleet"],
+    "priority": ["-m", "bench.priority", "--runs", "5", "--max-num-seqs", "8", "4", "--tokens", "128"],
     "start": ["-m", "bench.start", "--home", "/tmp/qc-bench-cold", "--fresh", "--runs", "1", "--phases"],
 }
 ONLY_WHEN_NAMED = {"start"}
