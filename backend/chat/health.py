@@ -171,6 +171,8 @@ class EngineLoad:
         return self.waiting > 0
 
 
+#: seconds before a server whose /metrics answered 404 is asked again (a server may become a vLLM behind one URL)
+METRICS_RETRY_S = 60.0
 _GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$", re.MULTILINE)
 
 
@@ -431,6 +433,8 @@ class HealthPoller:
         # probes; None while probes fail or after /health or /v1/models failed: probe on every poll
         self._answered: tuple[EngineState, Text] | None = None
         self._health_404_logged = False
+        # roots whose /metrics answered 404 (a server that is no vLLM): not asked again before this (monotonic)
+        self._no_metrics_until: dict[str, float] = {}
         self._published: tuple[Any, ...] = ()
         self._poll_seq = 0  # polls started
         self._sup_key: tuple[Any, ...] | None = None
@@ -643,9 +647,16 @@ class HealthPoller:
 
     async def _note_load(self) -> None:
         """vLLM's ``/metrics`` (each replica's in a fleet, summed; the engine key as for every request): how many
-        requests run and wait. Published when it changes; unknown (None) when no answer has the gauges."""
+        requests run and wait. Published when it changes; unknown (None) when no answer has the gauges. A server
+        whose /metrics is 404 (an external server that is no vLLM) is asked again only ``METRICS_RETRY_S`` later, or
+        after an engine (re)start, not at every poll."""
+        now = time.monotonic()
         roots = [root for _, _, root in self.replica_roots] or [self.root_url]
+        roots = [root for root in roots if self._no_metrics_until.get(root, 0.0) <= now]
         answers = await asyncio.gather(*(self._get(root + "/metrics", self.settings.request_timeout) for root in roots))
+        for root, answer in zip(roots, answers, strict=True):
+            if answer.ok and answer.status == 404:
+                self._no_metrics_until[root] = now + METRICS_RETRY_S
         loads = [parse_load(a.body) for a in answers if a.ok and a.status == 200 and isinstance(a.body, str)]
         known = [load for load in loads if load is not None]
         load = EngineLoad(sum(x.running for x in known), sum(x.waiting for x in known)) if known else None
@@ -902,6 +913,7 @@ class HealthPoller:
 
     def _new_life(self, since: float | None) -> None:
         self._ever_ready = False
+        self._no_metrics_until.clear()
         self._last_probe_at = None
         self._answered = None
         if since is not None:

@@ -72,6 +72,26 @@ async def test_the_poller_reads_the_load_with_the_key_and_publishes_each_change(
         await poller.stop()
 
 
+async def test_a_server_without_metrics_is_not_asked_at_every_poll(engine):
+    """An external server that is no vLLM answers /metrics with 404: asked once, then again only after
+    METRICS_RETRY_S (it used to be asked at every poll: one wasted request per poll, for good)."""
+    engine.metrics = False
+    poller = HealthPoller(engine.url, KEY, FAST)
+    try:
+        await poller.start()
+        await until(poller, lambda s: s.state is health.EngineState.READY, what="ready")
+        polls = poller._poll_seq
+        await until(poller, lambda s: poller._poll_seq >= polls + 10, what="ten more polls")
+        asked = [path for path, _ in engine.seen if path == "/metrics"]
+        assert len(asked) == 1, f"/metrics asked {len(asked)} times in {poller._poll_seq} polls"
+        assert poller.status.load is None
+        engine.metrics, engine.running, engine.waiting = True, 4, 1  # became a vLLM behind the same URL
+        poller._no_metrics_until = {root: 0.0 for root in poller._no_metrics_until}  # its minute is over
+        await until(poller, lambda s: s.load == EngineLoad(4, 1), what="the load read once it is there")
+    finally:
+        await poller.stop()
+
+
 async def test_a_fleet_sums_its_replicas_load_and_asks_them_not_the_router():
     router, replicas = FakeEngine(api_key=KEY), [FakeEngine(api_key=KEY) for _ in range(2)]
     for e in (router, *replicas):
