@@ -37,3 +37,6 @@ class ChatSession:
     # The user's answers already streaming (over all their chats) when this chat's answer was claimed: the engine
     # priority its requests go with under [vllm] scheduling_policy = "priority" (0 goes first; issue #20).
     ahead: int = 0
+    # Chainlit's on_chat_resume restored this chat from the history (its turns and settings): a message of a chat
+    # being resumed waits for it (backend/ui/socket_guard.py), or it would be answered without its earlier turns.
+    resumed: bool = False

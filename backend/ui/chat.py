@@ -60,6 +60,7 @@ async def on_chat_resume(ui: Ui, thread: ThreadDict) -> None:
     conv = history.conversation_from_thread(thread)
     ui.chat().conversation = conv
     restore(ui, history.state_from_thread(thread, conv))
+    ui.chat().resumed = True  # a message that came meanwhile may go now (socket_guard.Guard.resumed)
     await open_chat(ui)
 
 

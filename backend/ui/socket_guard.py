@@ -19,8 +19,10 @@ data layer refuses the same moves on its own (``backend/chat/datalayer.py``), wh
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -40,6 +42,7 @@ from backend.ui.views import show_error
 logger = logging.getLogger(__name__)
 
 USER_MESSAGE = "user_message"
+RESUME_WAIT_S = 15.0  # how long a message waits for its chat to be resumed from the history (Guard.resumed)
 NAMESPACE = "/"
 Handler = Callable[[str, Any], Awaitable[Any]]
 Claimer = Callable[[], Claim | TooMany]  # answering.claim_answers: the user's fair share of what a message starts
@@ -125,9 +128,29 @@ class Guard:
             logger.warning("socket: could not look message id %s up in the history (%s)", mid[:40], failure(exc))
             return None
 
+    async def resumed(self, session: WebsocketSession, timeout: float = RESUME_WAIT_S) -> None:
+        """Wait (at most ``timeout``) until a chat this process is resuming from the history is resumed.
+
+        A UI process that restarted (issue #20) gets the page's socket back with its thread id: Chainlit resumes the
+        chat in ``connection_successful``, after it has told the page that nothing runs (the page's Stop button goes,
+        so the user may type), and a message the page kept while it was away comes even before. Answered at once,
+        it would go without the chat's earlier turns, and the resume would then replace the session's state under
+        it. A thread that cannot be resumed (deleted meanwhile) costs its first message ``timeout``."""
+        if not session.thread_id_to_resume or self.chat_session().resumed:
+            return
+        deadline = time.monotonic() + timeout
+        while not self.chat_session().resumed:
+            if time.monotonic() > deadline:
+                logger.warning(
+                    "socket: thread %s not resumed after %.0f s: the message goes on", session.thread_id, timeout
+                )
+                return
+            await asyncio.sleep(0.05)
+
     async def client_message(self, original: Handler, sid: str, payload: Any) -> None:
         session = WebsocketSession.require(sid)
         init_ws_context(session)
+        await self.resumed(session)
         message = payload.get("message") if isinstance(payload, dict) else None
         if not isinstance(message, dict):
             logger.warning("socket: client_message without a message refused (user %r)", _who(session))

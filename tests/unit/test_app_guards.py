@@ -144,3 +144,33 @@ async def test_a_browsers_message_loses_our_metadata_and_any_parent(chat):
     [stored] = [x for x in chat_context.get() if x.id == payload["id"]]
     assert stored.metadata == {"location": "http://x/"} and stored.parent_id is None
     assert len(chat.received(m)) == 1  # answered as an ordinary message
+
+
+async def test_a_message_of_a_chat_still_being_resumed_waits_for_the_resume_then_goes_with_its_turns(chat):
+    """Issue #20: a UI process that restarted gets the page's socket back with its thread id, and Chainlit resumes
+    the chat from the history after it has told the page that nothing runs (the Stop button goes): a message sent
+    then (or kept by the page while it was away) waits until on_chat_resume has restored the chat, instead of being
+    answered at once without its earlier turns (the resume then replacing the session's state under it)."""
+    from backend.chat.conversation import Conversation
+    from tests.unit.test_app_handlers import user_session
+
+    chat.session.thread_id_to_resume = chat.session.thread_id  # as Chainlit's connect makes it for a new process
+    user_session(chat).resumed = False
+    earlier = marker()
+    try:
+        m = marker()
+        sending = asyncio.create_task(guarded_send(chat, f"after the restart {m}"))
+        await asyncio.sleep(0.5)
+        assert not sending.done() and chat.received(m) == []  # not sent while the chat is not resumed
+        resumed = Conversation()  # what on_chat_resume restores from the thread: an earlier turn
+        resumed.add_user("u1", f"the earlier question {earlier}")
+        resumed.add_assistant("a1", "the earlier answer", "fake-qwen")
+        user_session(chat).conversation, user_session(chat).resumed = resumed, True
+        await asyncio.wait_for(sending, 10)
+        task = chat.session.current_task
+        if task is not None:
+            await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 20)
+        [request] = chat.received(m)
+        assert any(earlier in str(msg.get("content")) for msg in request.messages)  # sent with its earlier turns
+    finally:
+        chat.session.thread_id_to_resume = None
