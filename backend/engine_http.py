@@ -305,7 +305,9 @@ def transport_error(exc: BaseException, route: Route, *, url: str, limits: Limit
         # write: the request body (a big prompt) stopped going out; nothing was answered yet, so
         # this is not the idle timeout of an answer that stalled.
         if any(isinstance(c, httpx2.WriteTimeout) for c in chain):
-            return ConnectionLost(f"sending the request stalled for {limits.read:g} s, {limits.read_setting}")
+            return ConnectionLost(
+                Text("error.detail.send_stalled", {"seconds": limits.read, "setting": limits.read_setting})
+            )
         if any(isinstance(c, httpx2.ReadTimeout) for c in chain):
             return read_timeout()
         if route is not Route.CHAT and not any(

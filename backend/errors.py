@@ -119,7 +119,7 @@ class ModelPathError(PreflightError):
     code = "model_path"
     text_key = "error.model_path"
 
-    def __init__(self, path: str, problem: str) -> None:
+    def __init__(self, path: str, problem: str | Text) -> None:
         self.path, self.problem = path, problem
         super().__init__()
 

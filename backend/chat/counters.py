@@ -300,7 +300,7 @@ def _load_local(folder: Path) -> LocalCounter:
     )
 
     if not has_tokenizer(folder):
-        raise ModelPathError(str(folder), "no tokenizer files (tokenizer.json / tokenizer_config.json)")
+        raise ModelPathError(str(folder), Text("model_path.no_tokenizer"))
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     counter = LocalCounter(tokenizer, folder)
     logger.info("token counter: %s (additive=%s)", counter.source, counter.additive)

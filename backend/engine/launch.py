@@ -213,11 +213,7 @@ def preflight(settings: Settings, engine: str, *, ui_started: bool = False) -> N
         say(warning)
     if not settings.external:
         if prepare_bg.needs_download(settings):  # serve without --prepare: nothing downloads it
-            raise ModelPathError(
-                str(settings.model.hub),
-                "is a hub id whose files are not all downloaded yet: ./start.sh downloads them (or run "
-                "python -m backend prepare)",
-            )
+            raise ModelPathError(str(settings.model.hub), Text("model_path.not_downloaded"))
         check_model_dir(settings.model.resolved_path)
         command.check_parallel(settings, engine=engine, gpus=command.gpu_count() if engine == "gpu" else None)
         check_port_free(

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError, ExposureRefused, ModelPathError, PortInUse
 from ..settings import Settings, host_name_of, is_loopback, is_wildcard, served_host_names
-from ..text import t
+from ..text import Text, t
 
 logger = logging.getLogger(__name__)
 
@@ -23,20 +23,15 @@ logger = logging.getLogger(__name__)
 def check_model_dir(path: Path) -> None:
     """The most common start-up failure: a wrong model path. Checked before vLLM is launched."""
     if not path.exists():
-        raise ModelPathError(str(path), "does not exist")
+        raise ModelPathError(str(path), Text("model_path.missing"))
     if not path.is_dir():
-        raise ModelPathError(str(path), "is a file, not a model folder")
+        raise ModelPathError(str(path), Text("model_path.is_file"))
     if (path / "adapter_config.json").exists():
-        raise ModelPathError(
-            str(path),
-            "is an un-merged LoRA adapter, not a model; serve the base with "
-            "[lora].modules, or merge it: python -m backend merge --base BASE --adapter "
-            f"{path} --out DIR",
-        )
+        raise ModelPathError(str(path), Text("model_path.adapter", {"path": str(path)}))
     if not (path / "config.json").exists():
-        raise ModelPathError(str(path), "has no config.json (expected a Hugging Face model folder)")
+        raise ModelPathError(str(path), Text("model_path.no_config"))
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-        raise ModelPathError(str(path), "has no weights (*.safetensors or *.bin)")
+        raise ModelPathError(str(path), Text("model_path.no_weights"))
 
 
 def check_port_free(host: str, port: int, setting: str) -> None:

@@ -29,6 +29,26 @@ def test_adapter_folder_given_as_model_is_explained(tmp_path):
         preflight.check_model_dir(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("make", "en", "zh"),
+    [
+        (lambda p: p / "missing", "does not exist", "不存在"),
+        (lambda p: (p / "f").write_text("x") and p / "f", "is a file, not a model folder", "是一个文件"),
+        (lambda p: p, "has no config.json", "缺少 config.json"),
+        (lambda p: (p / "config.json").write_text("{}") and p, "has no weights", "没有权重文件"),
+        (lambda p: (p / "adapter_config.json").write_text("{}") and p, "un-merged LoRA adapter", "未合并的 LoRA"),
+    ],
+    ids=["missing", "file", "no-config", "no-weights", "adapter"],
+)
+def test_a_bad_model_folder_is_said_in_the_reader_s_language(tmp_path, make, en, zh):
+    """The problem is a catalog text too: no English inside the Chinese sentence (it used to be an English string)."""
+    with pytest.raises(ModelPathError) as exc:
+        preflight.check_model_dir(make(tmp_path))
+    assert en in exc.value.user_text("en") and en in str(exc.value)
+    chinese = exc.value.user_text("zh-CN")
+    assert zh in chinese and en not in chinese, chinese
+
+
 def test_port_in_use_names_port_and_setting():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
