@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,36 +17,12 @@ from backend.chat.service import Loaded, Service
 from backend.errors import AdapterError, AdapterRejected
 from backend.settings import LoggingSettings, LoraSettings, ModelSettings, Settings
 from tests.conftest import free_port
-from tests.fakes.hub_server import FakeHub
 from tests.unit.adapters.test_runtime import FakeVLLM, serve
+from tests.unit.engine import test_hub_adapter as hub_adapter
 
-GOOD, GATED, BROKEN = "acme/tiny-lora", "acme/gated-lora", "acme/broken-lora"
-
-
-@pytest.fixture
-def repos(test_models: Path, tmp_path: Path) -> dict[str, Path]:
-    """The tiny LoRA as hub repos: as it is (with a training file vLLM does not read), gated, with a rank above
-    [lora] max_lora_rank (the doctor's finding)."""
-    good = tmp_path / "repos" / "good"
-    shutil.copytree(test_models / "tiny-qwen3-lora", good)
-    (good / "training_args.bin").write_bytes(b"\0" * 1000)
-    broken = tmp_path / "repos" / "broken"
-    shutil.copytree(good, broken)
-    config = json.loads((broken / "adapter_config.json").read_text())
-    (broken / "adapter_config.json").write_text(json.dumps({**config, "r": 64, "lora_alpha": 128}))
-    return {GOOD: good, GATED: good, BROKEN: broken}
-
-
-@pytest.fixture
-def fake_hub(repos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    with FakeHub(repos) as h:
-        h.gated.add(GATED)
-        for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "QWENCHAT_HUB_FREE_BYTES"):
-            monkeypatch.delenv(var, raising=False)
-        monkeypatch.setenv("HF_ENDPOINT", h.url)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-        yield h
+# the fake hub's repos and the hub's environment, as for [lora] modules by hub id (the same adapters)
+GOOD, GATED, BROKEN = hub_adapter.GOOD, hub_adapter.GATED, hub_adapter.BROKEN
+repos, fake_hub = hub_adapter.repos, hub_adapter.fake_hub
 
 
 class EnginePoller:
