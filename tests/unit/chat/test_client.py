@@ -57,7 +57,7 @@ from backend.errors import (
     TotalTimeout,
 )
 from backend.settings import ClientSettings
-from backend.text import catalog
+from backend.text import Text, catalog
 from tests.fakes.openai_server import FAULTS, FakeServer, expected_text, not_found_body, overflow_body
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -766,7 +766,8 @@ def test_map_error_translates_most_specific_first(exc, expected):
     mapped = map_error(exc, url="http://h/v1", model="m", settings=FAST)
     assert type(mapped) is expected
     for lang in ("en", "zh-CN"):  # every mapped error renders its own template, with no fallback
-        assert mapped.user_text(lang) == catalog()[lang][mapped.text_key].format(**mapped.params)
+        params = {k: v.in_(lang) if isinstance(v, Text) else v for k, v in mapped.params.items()}  # a Text: in lang
+        assert mapped.user_text(lang) == catalog()[lang][mapped.text_key].format(**params)
 
 
 def test_a_404_that_is_not_about_the_model_points_at_the_base_url_not_the_model_list():
