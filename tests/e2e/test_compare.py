@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
 
@@ -137,15 +138,23 @@ def test_compare_base_and_pirate_stream_at_once_side_by_side_and_differ(page, li
         (ROOT / "docs" / "screenshot-compare.png").write_bytes(shot.read_bytes())
 
 
+def ended_by_itself(side: str) -> bool:
+    """A compare side that shows its footer and no mark (it ended before a Stop could cut it)."""
+    return bool(re.search(r" tokens · | s · context", side)) and "⚠" not in side
+
+
 def test_stop_during_a_compare_stops_both_and_keeps_both_partials(page, live):
-    n, _ = send_until_both_stream(page, "Write a very long story about a ship at sea, with many chapters.")
-    page.click("#stop-button")
-    page.wait_for_selector("#stop-button", state="detached", timeout=30_000)
-    page.wait_for_function(
-        "([n]) => (" + SIDES_JS + ")().slice(n).filter(t => t.includes('⚠ stopped')).length === 2",
-        arg=[n],
-        timeout=30_000,
-    )
+    for _ in range(3):
+        n, _ = send_until_both_stream(page, "Write a very long story about a ship at sea, with many chapters.")
+        page.click("#stop-button")
+        page.wait_for_selector("#stop-button", state="detached", timeout=30_000)
+        wait_both_done(page, n, timeout_ms=30_000)
+        a, b = new_sides(page, n)
+        # a side whose short answer ended by itself between "both streaming" and the Stop reaching the server (seen:
+        # the adapter's 83 characters, done in the same second as the Stop) shows its footer, not a mark: that
+        # proves nothing either way, so ask again
+        if not any(ended_by_itself(side) for side in (a, b)):
+            break
     a, b = new_sides(page, n)
     assert a.startswith(f"A · {BASE}") and a.endswith(f"⚠ stopped · {BASE}"), a
     assert b.startswith(f"B · {ADAPTER}") and b.endswith(f"⚠ stopped · {ADAPTER}"), b

@@ -79,14 +79,16 @@ def n_answers(page) -> int:
     return len(e2e.assistant_messages(page))
 
 
-def click_starter(page, text: str) -> str:
-    """Click the welcome-screen starter whose label starts with ``text``; the newest bubble once it is done."""
+def click_starter(page, text: str, until: str = " tokens · ") -> str:
+    """Click the welcome-screen starter whose label starts with ``text``; the newest bubble once it shows ``until``
+    (an answer's footer by default: the Stop button may not have shown yet when the first words do, seen: 'w0 ')."""
     before = n_answers(page)
     page.locator("#starters button", has_text=text).first.click()
     page.wait_for_function(
-        """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content')
-                     .length > n""",
-        arg=[before],
+        """([n, until]) => { const m = document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content');
+                            return m.length > n && m[m.length - 1].innerText.includes(until); }""",
+        arg=[before, until],
+        timeout=120_000,
     )
     page.wait_for_selector("#stop-button", state="detached")
     return e2e.assistant_messages(page)[-1]
@@ -141,7 +143,7 @@ def test_the_configured_logo_and_favicon_are_served(owner):
 
 def test_a_starter_for_an_unserved_adapter_says_so_and_sends_nothing(owner, live, fake):
     n = len(requests_seen(fake))
-    text = click_starter(owner, "What is the capital of France?")
+    text = click_starter(owner, "What is the capital of France?", until="not served")
     assert "'pirate'" in text and "not served" in text and "fake-qwen, fake-adapter" in text
     assert len(requests_seen(fake)) == n  # nothing went to the model
     said = "[lora.starters] names 'pirate', which the engine does not serve"
@@ -270,7 +272,7 @@ def test_the_welcome_screen_share_refusals_and_compare_labels_are_chinese_in_a_z
     try:
         labels = starter_labels(page)
         assert "法国的首都是哪里？ · pirate" in labels
-        text = click_starter(page, "法国的首都是哪里？")
+        text = click_starter(page, "法国的首都是哪里？", until="未发送任何内容")
         assert "未发送任何内容" in text and "“pirate”" in text
         page.goto(live.url + "/share/00000000-0000-4000-8000-000000000000")  # a link to no chat
         assert notice(page) == t("share.gone", "zh")
