@@ -230,11 +230,12 @@ def fallback_chat_template(log_dir: Path) -> Path:
 
 
 def build_ui_command(settings: Settings, *, python: str) -> Command:
-    """The Chainlit command; pure."""
+    """The Chainlit command (``chainlit run`` without nest_asyncio: backend/ui/launch.py; run from the checkout,
+    the supervisor's working directory); pure."""
     argv = (
         python,
         "-m",
-        "chainlit",
+        "backend.ui.launch",
         "run",
         str(ROOT / "app.py"),
         "--headless",

@@ -92,7 +92,13 @@ async def test_a_lone_surrogate_in_a_user_message_is_stored_as_the_model_sees_it
         await plain.close()
 
 
-BAD_IDS = ["1' OR '1'='1", "') UNION SELECT identifier FROM users --", "", "../../etc", str(uuid.uuid4()) + "x"]
+BAD_IDS = [
+    "1' OR '1'='1",
+    "') UNION SELECT identifier FROM users --",
+    "",
+    "../../etc",
+    "6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4bx",
+]  # a UUID and one more character
 
 
 @pytest.mark.parametrize("bad", BAD_IDS)

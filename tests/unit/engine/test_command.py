@@ -79,7 +79,7 @@ def test_extra_args_are_appended_verbatim():
 def test_ui_command_runs_chainlit_headless_on_the_ui_port():
     s = Settings(network=NetworkSettings(ui_port=8765))
     cmd = command.build_ui_command(s, python="/app/bin/python")
-    assert list(cmd.argv[:4]) == ["/app/bin/python", "-m", "chainlit", "run"]
+    assert list(cmd.argv[:4]) == ["/app/bin/python", "-m", "backend.ui.launch", "run"]  # chainlit run, not nested
     assert "--headless" in cmd.argv and argv_value(list(cmd.argv), "--port") == "8765"
 
 
