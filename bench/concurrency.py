@@ -1,11 +1,13 @@
 """P4 concurrency: N chat sessions streaming at once through Chainlit's real socket protocol (no browser).
 
-    python -m bench.concurrency [--sessions 200] [--turns 2] [--tokens 64] [--rate 50] [--profile] [--no-plain]
+    python -m bench.concurrency [--sessions 200] [--turns 2] [--tokens 64] [--rate 50] [--stream-interval 4]
+                                [--profile] [--no-plain]
 
 The product runs as start.sh runs it (`python -m backend serve`, external mode) against the fault-injecting
 fake OpenAI server in this process (loopback only); every session (tests/support/socket_client.py) connects,
 waits for its chat to open, then all send their messages at the same moment and stream the answers
-(``--tokens`` tokens at ``--rate`` tokens/s each). Inside the app process backend/chat/loopstats.py samples
+(``--tokens`` tokens at ``--rate`` tokens/s each, in chunks of ``--stream-interval`` tokens after the first as
+vLLM sends them under the launcher's ``--stream-interval``: 4 on a GPU, the meeting room of issue #20). Inside the app process backend/chat/loopstats.py samples
 the event-loop lag (QWENCHAT_LOOPSTATS); the window of the load is diffed from its snapshots. Printed: a table
 (errors, lag p50/p99/max, first token and total time p50/p99, RSS before/after/peak) and a one-line summary.
 The plain Chainlit streaming example (bench/plain_chainlit_app.py, with the same sampler) runs the same load
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.chat import loopstats
+from backend.engine import command
 from backend.settings import ROOT
 from tests.e2e import support as e2e
 from tests.fakes.openai_server import FakeServer, expected_text
@@ -120,7 +123,7 @@ async def run_round(
     name: str, url: str, stats: Path, args: argparse.Namespace, *, chat_start: bool, profile: bool = False
 ) -> Round:
     sessions, refused = await connect_all(url, args.sessions, chat_start)
-    spec = f"normal:tokens={args.tokens}:rate={args.rate}"
+    spec = f"normal:tokens={args.tokens}:rate={args.rate}:interval={args.stream_interval}"
     try:
         await asyncio.sleep(1.0)  # let the chat starts settle; lag is measured for the load only
         before = await fresh_snapshot(stats)
@@ -229,7 +232,8 @@ async def main(args: argparse.Namespace) -> int:
         elif args.plain:
             print("(no bench/plain_chainlit_app.py: the comparison with plain Chainlit is skipped)")
     print(
-        f"\n{args.sessions} sessions x {args.turns} turns, {args.tokens} tokens at {args.rate} tok/s each, "
+        f"\n{args.sessions} sessions x {args.turns} turns, {args.tokens} tokens at {args.rate} tok/s each "
+        f"({args.stream_interval} a chunk after the first), "
         f"fake OpenAI server (loopback), {os.cpu_count()} CPUs; event-loop lag sampled every "
         f"{loopstats.INTERVAL * 1000:.0f} ms inside the app\n"
     )
@@ -261,6 +265,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=2, help="messages per session (all sessions send at once)")
     p.add_argument("--tokens", type=int, default=64, help="tokens per answer")
     p.add_argument("--rate", type=float, default=50, help="tokens/s per answer (the fake server's pace)")
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=command.GPU_STREAM_INTERVAL,
+        help="tokens per chunk after the first, as vLLM's --stream-interval (default: the product's on a GPU)",
+    )
     p.add_argument("--timeout", type=float, default=180, help="seconds a turn may take before it counts as lost")
     p.add_argument("--profile", action="store_true", help="one more round with cProfile on the app's event loop")
     p.add_argument("--no-plain", dest="plain", action="store_false", help="skip the plain Chainlit comparison")

@@ -51,18 +51,6 @@ TINY_ENGINE, FAKE_OPENAI, BROWSER = (
 )
 
 
-class _Groups:
-    """pytest-xdist's groups (``--dist loadgroup``), marked before its worker hook reads the marks."""
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        SHARED.mark_groups(items)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(_Groups(), "qwenchat-groups")
-
-
 @pytest.hookimpl(trylast=True)  # after -k/-m have deselected: what runs
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     items[:] = SHARED.group_modules(items)

@@ -412,6 +412,13 @@ class _TolerantSSEDecoder(SSEDecoder):
                 yield sse
 
 
+#: The SDK's connection limits but for the idle keep-alive connections kept: 8, not 100. httpcore checks every idle
+#: connection (a poll() of its socket) at each request's start and end, so with 200 answers streaming at once the
+#: 100 left idle by one round made the next round's 200 starts a quadratic walk on the event loop (issue #20, P4 in
+#: docs/PERFORMANCE.md: 15-20 % of the UI's CPU per answer). 8 stay warm for the next turns; the rest reconnect.
+CONNECTION_LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=8, keepalive_expiry=5.0)
+
+
 class _EngineAPI(AsyncOpenAI):
     """AsyncOpenAI with our retry policy and a UTF-8-tolerant SSE decoder.
 
@@ -848,6 +855,7 @@ class ChatClient:
             # read=None: first-token / idle / total are enforced by our own deadlines below.
             # write: a body that stops going out (map_error: ConnectionLost, not IdleTimeout).
             timeout=httpx2.Timeout(connect=s.connect_timeout, read=None, write=s.idle_timeout, pool=s.connect_timeout),
+            http_client=openai.DefaultAsyncHttpxClient(limits=CONNECTION_LIMITS),
         )
 
     async def aclose(self) -> None:

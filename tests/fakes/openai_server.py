@@ -16,7 +16,8 @@ ends early when the client disconnects), ``fail`` (only the first N attempts of 
 spec misbehave, later ones are normal — for retry tests), ``retry_after`` (503/429
 ``Retry-After`` value, default ``1``), ``param`` (``input_tokens``|``max_tokens`` for
 ``overflow-400``), ``finish`` (the finish reason the answer ends with, e.g. ``content_filter``,
-``tool_calls`` or one nobody knows; default ``stop``, or ``length`` at ``max_tokens``), ``model`` (only
+``tool_calls`` or one nobody knows; default ``stop``, or ``length`` at ``max_tokens``), ``interval`` (tokens per
+chunk after the first, as vLLM's ``--stream-interval``; a request's ``stream_interval`` raises it), ``model`` (only
 requests for that model follow the spec, others get the default mode: one side of a compare fails). Faults are
 listed in ``FAULTS``; ``http-<status>`` works for any status.
 
@@ -178,6 +179,7 @@ class Mode:
     image: int = 0  # a port: the answer starts with a markdown image from http://127.0.0.1:<port>
     status: int = 500
     finish: str = ""
+    interval: int = 1  # tokens per chunk after the first (vLLM's --stream-interval)
     model: str = ""  # only requests for this model follow the spec; others get the default mode (compare tests)
 
     @classmethod
@@ -204,7 +206,7 @@ class Mode:
             if not sep or key not in types or key in ("spec", "fault"):
                 raise ValueError(
                     f"mode {spec!r}: bad option {item!r}; use key=value with keys "
-                    "tokens, rate, at, stall, fail, retry_after, param, status, finish, model"
+                    "tokens, rate, at, stall, fail, retry_after, param, status, finish, interval, model"
                 )
             conv = {"int": int, "float": float, "int | None": int}.get(str(types[key]), str)
             kw[key] = conv(value)
@@ -331,6 +333,11 @@ class FakeServer:
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    def open_connections(self) -> int:
+        """Client connections open now (kept alive or busy)."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
 
     @property
     def base_url(self) -> str:
@@ -751,6 +758,9 @@ class FakeServer:
                 if hold and i == len(script) - 1:
                     await self._stall(request, hold)
                 await send(chunk({"content": piece}))
+        # tokens per chunk after the first: the larger of the mode's and the request's (as vLLM clamps a request's
+        # stream_interval to its engine's)
+        interval, pending = max(mode.interval, int(body.get("stream_interval") or 1)), []
         for i in range(n if self.script is None or fault is not None else 0):
             if i == at and fault is not None:
                 if fault == "stall-mid":
@@ -794,7 +804,11 @@ class FakeServer:
                     await send(chunk(None))
             if fault == "null-content":
                 await send(chunk({"content": None}))
-            await send(chunk({"content": token_text(i)}))
+            pending.append(token_text(i))
+            # vLLM's --stream-interval: the first token at once, then a chunk per `interval` tokens, and the rest
+            if i == 0 or len(pending) >= interval or i == n - 1 or (fault is not None and i + 1 == at):
+                await send(chunk({"content": "".join(pending)}))
+                pending.clear()
             await pause()
         if fault == "no-finish":
             pass

@@ -143,3 +143,36 @@ async def test_poller_sees_ready_and_lists_the_adapter(tiny_engine):
         await poller.stop()
     assert status.ready and status.base_model == "tiny-qwen3" and status.max_model_len == 4096
     assert [m.id for m in status.adapters] == ["tiny-lora"]
+
+
+def sse_token_chunks(engine, body: dict) -> list[int]:
+    """Tokens per streamed chunk of a raw chat completion (vLLM's ``return_token_ids``), chunks without any left out."""
+    req = urllib.request.Request(
+        engine.base_url + "/chat/completions",
+        data=json.dumps({**body, "stream": True, "return_token_ids": True}).encode(),
+        headers={"Authorization": f"Bearer {engine.api_key}", "Content-Type": "application/json"},
+    )
+    sizes = []
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:]).get("choices") or []:
+                    if choice.get("token_ids"):
+                        sizes.append(len(choice["token_ids"]))
+    return sizes
+
+
+async def test_a_stream_interval_sends_the_first_token_at_once_then_chunks_of_that_many(tiny_engine):
+    """[vllm] stream_interval (--stream-interval) as vLLM applies it, per request here (the shared engine runs with
+    1; vLLM takes the larger of the two): what tests/fakes/openai_server.py's ``interval`` copies for the P4
+    benchmark. 13 tokens: 1, then 4, 4, 4, then the last one."""
+    body = {
+        "model": "tiny-qwen3",
+        "messages": [{"role": "user", "content": "count"}],
+        "max_tokens": 13,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    assert sse_token_chunks(tiny_engine, body) == [1] * 13
+    assert sse_token_chunks(tiny_engine, {**body, "stream_interval": 4}) == [1, 4, 4, 4]

@@ -6,8 +6,7 @@ Wall time on a shared 2-core machine says as much about the neighbours as about 
 depend much on them. After each test this adds up the CPU time (user + system) of this pytest process, of the
 children it has waited for (which holds their own waited-for children), and of every live descendant (an engine,
 a browser, a launched product) read from /proc; the growth is the test's. The terminal summary lists the modules by
-CPU seconds beside their wall seconds (a module's wall seconds are its own worker's under pytest-xdist: the
-columns add up to more than the run), and the whole run's CPU seconds over its wall seconds.
+CPU seconds beside their wall seconds, and the whole run's share of CPU time spent in descendants.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from pathlib import Path
 import pytest
 
 TICKS = os.sysconf("SC_CLK_TCK")
-KEY = "qwenchat-cputime"
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -74,23 +72,10 @@ class CpuTime:
         self.wall[module] += now_wall - self.last_wall
         self.last_cpu, self.last_wall = now_cpu, now_wall
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        workeroutput = getattr(session.config, "workeroutput", None)
-        if workeroutput is not None:  # a pytest-xdist worker: its figures go to the controller, which prints them
-            workeroutput[KEY] = {"cpu": dict(self.cpu), "wall": dict(self.wall)}
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node, error) -> None:  # type: ignore[no-untyped-def]
-        """(pytest-xdist's controller) A worker's modules; the controller's own tree holds the workers' CPU."""
-        figures = getattr(node, "workeroutput", {}).get(KEY)
-        if figures:
-            self.cpu.update(figures["cpu"])
-            self.wall.update(figures["wall"])
-
     def pytest_terminal_summary(self, terminalreporter) -> None:  # type: ignore[no-untyped-def]
         tr = terminalreporter
+        cpu_total = sum(self.cpu.values())
         wall_total = time.monotonic() - self.start_wall
-        cpu_total = tree_cpu(os.getpid()) - self.start_cpu  # with workers: theirs, waited for, included
         tr.section("CPU seconds per module (this process and its processes)")
         tr.write_line(f"{'cpu s':>8} {'wall s':>8}  module")
         for module, seconds in self.cpu.most_common():

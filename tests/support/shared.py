@@ -93,33 +93,6 @@ class Shared:
                 place(m)
         return [item for m in placed for item in modules[m]]
 
-    def mark_groups(self, items: list[pytest.Item]) -> None:
-        """Under pytest-xdist (``--dist loadgroup``): an ``xdist_group`` mark on every test, so a worker runs the
-        modules of one directory that share a kind (linked through any kind they use) one after another on one
-        engine, product or fake server, and every other module whole. Heavier groups are sent first (see
-        ``weight``); the rest, small modules, fill in at the end."""
-        modules: dict[Node, list[pytest.Item]] = {}
-        for item in items:
-            modules.setdefault(module_of(item), []).append(item)
-        parent: dict[str, str] = {}
-
-        def find(x: str) -> str:
-            while parent.setdefault(x, x) != x:
-                x = parent[x]
-            return x
-
-        for module, its in modules.items():
-            kinds = sorted(f"{module.path.parent.name}/{k}" for k in self.grouped & set().union(*map(self.uses, its)))
-            for kind in kinds:
-                parent[find(kind)] = find(kinds[0])
-            for kind in kinds or [str(module.nodeid)]:
-                parent[find(str(module.nodeid))] = find(kind)
-        for module, its in modules.items():
-            group = find(str(module.nodeid))
-            for item in its:
-                item.add_marker(pytest.mark.xdist_group(group))
-        self.group_of = {module: find(str(module.nodeid)) for module in modules}
-
     def plan(self, items: list[pytest.Item]) -> None:
         """The kinds each module of the run uses (after the selection: what runs, in the order it runs)."""
         self.module_kinds: dict[Node, set[str]] = {}

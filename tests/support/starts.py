@@ -98,28 +98,9 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
     _counter.current = nodeid
 
 
-KEY = "qwenchat-starts"
-_from_workers: list[dict[str, dict[str, int]]] = []
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:  # a pytest-xdist worker: its counts go to the controller, which prints them
-        _counter.stop()
-        workeroutput[KEY] = {module: dict(counts) for module, counts in _counter.per_module().items()}
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error) -> None:  # type: ignore[no-untyped-def]
-    _from_workers.append(getattr(node, "workeroutput", {}).get(KEY, {}))
-
-
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     _counter.stop()
     modules = _counter.per_module()
-    for worker in _from_workers:  # under pytest-xdist the controller runs no test: the workers counted
-        for module, counts in worker.items():
-            modules[module].update(counts)
     total: collections.Counter[str] = collections.Counter()
     terminalreporter.section("vLLM and Chromium starts (tests/support/starts.py)")
     for module in sorted(modules):

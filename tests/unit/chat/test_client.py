@@ -301,6 +301,34 @@ async def test_a_priority_reaches_the_server_and_priority_0_is_not_sent(server, 
 
 
 @pytest.mark.asyncio
+async def test_the_fake_servers_stream_interval_groups_tokens_as_vllm_does_and_loses_none(server, client):
+    """``interval`` (vLLM's --stream-interval, checked against the real engine in tests/integration/test_engine.py):
+    the same text in fewer chunks, the first token at once; a fault mid-stream still follows every token before it."""
+    sizes = {}
+    for interval in (1, 4):
+        events, exc = await collect(client, f"normal:tokens=13:interval={interval}")
+        assert exc is None and text_of(events) == expected_text(13)
+        assert [e.text for e in events if isinstance(e, TextDelta)][0] == expected_text(1)
+        sizes[interval] = server.records[-1].chunks_sent
+    assert sizes[1] - sizes[4] == 13 - 4  # 13 content chunks become 1 + 4 + 4 + 4 tokens
+    events, exc = await collect(client, "fault:drop-mid:at=6:tokens=13:interval=4")
+    assert exc is not None and text_of(events) == expected_text(6)
+
+
+@pytest.mark.asyncio
+async def test_after_a_burst_of_answers_at_most_eight_idle_connections_stay_open(server, client):
+    """Issue #20: every idle keep-alive connection is polled at each request's start and end; the SDK's default
+    keeps 100 of them. 20 answers at once, each whole, then the server sees at most 8 connections left open."""
+    results = await asyncio.gather(*(collect(client, "normal:tokens=5:rate=50") for _ in range(20)))
+    assert all(exc is None and text_of(events) == expected_text(5) for events, exc in results)
+    assert len({r.peer for r in server.records[-20:]}) > 8  # the burst did use more than 8 connections
+    await asyncio.sleep(0.2)  # the surplus closes as the answers end; the server sees each close
+    assert 0 < server.open_connections() <= 8
+    events, exc = await collect(client, "normal:tokens=3")  # and the next answer goes on a kept one
+    assert exc is None and server.open_connections() <= 8
+
+
+@pytest.mark.asyncio
 async def test_directive_in_the_user_message_picks_the_mode_for_the_served_model(server, client):
     events, exc = await collect(client, server.model, [{"role": "user", "content": "[[fault:overflow-400]] hi"}])
     assert type(exc) is ContextOverflow

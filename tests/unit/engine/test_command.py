@@ -70,6 +70,16 @@ def test_the_scheduling_policy_goes_to_vllm_and_fcfs_leaves_the_command_as_it_wa
     assert "--scheduling-policy" not in engine_argv(engine, VllmSettings(scheduling_policy="fcfs"))
 
 
+def test_the_stream_interval_is_four_tokens_on_a_gpu_one_on_cpu_or_as_set():
+    """[vllm] stream_interval = 0 (the default): fewer, larger chunks where many answers stream at once (a GPU);
+    on CPU vLLM's own default (no flag). A value set goes to either engine."""
+    assert argv_value(engine_argv("gpu"), "--stream-interval") == "4"
+    assert "--stream-interval" not in engine_argv("cpu")
+    for engine in ("cpu", "gpu"):
+        assert argv_value(engine_argv(engine, VllmSettings(stream_interval=8)), "--stream-interval") == "8"
+        assert "--stream-interval" not in engine_argv(engine, VllmSettings(stream_interval=1))
+
+
 def test_extra_args_are_appended_verbatim():
     s = Settings(vllm=VllmSettings(extra_args=("--enforce-eager", "--seed", "7")))
     argv = command.build_engine_command(s, engine="cpu", python="p", api_key="k", adapters={}).argv
