@@ -7,8 +7,8 @@ The product runs as start.sh runs it (`python -m backend serve`, external mode) 
 fake OpenAI server in this process (loopback only); every session (tests/support/socket_client.py) connects,
 waits for its chat to open, then all send their messages at the same moment and stream the answers
 (``--tokens`` tokens at ``--rate`` tokens/s each, in chunks of ``--stream-interval`` tokens after the first as
-vLLM sends them under the launcher's ``--stream-interval``: 4 on a GPU, the meeting room of issue #20). Inside the app process backend/chat/loopstats.py samples
-the event-loop lag (QWENCHAT_LOOPSTATS); the window of the load is diffed from its snapshots. Printed: a table
+vLLM sends them under the launcher's ``--stream-interval``: 4 on a GPU, the meeting room of issue #20). Inside the
+app process backend/chat/loopstats.py samples the event-loop lag (QWENCHAT_LOOPSTATS); the window of the load is diffed from its snapshots. Printed: a table
 (errors, lag p50/p99/max, first token and total time p50/p99, RSS before/after/peak) and a one-line summary.
 The plain Chainlit streaming example (bench/plain_chainlit_app.py, with the same sampler) runs the same load
 for comparison when it exists. ``--profile``: one more round with cProfile on the app's event loop (SIGUSR1),

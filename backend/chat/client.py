@@ -415,7 +415,7 @@ class _TolerantSSEDecoder(SSEDecoder):
 #: The SDK's connection limits but for the idle keep-alive connections kept: 8, not 100. httpcore checks every idle
 #: connection (a poll() of its socket) at each request's start and end, so with 200 answers streaming at once the
 #: 100 left idle by one round made the next round's 200 starts a quadratic walk on the event loop (issue #20, P4 in
-#: docs/PERFORMANCE.md: 15-20 % of the UI's CPU per answer). 8 stay warm for the next turns; the rest reconnect.
+#: docs/PERFORMANCE.md: up to a fifth of the UI's CPU per answer). 8 stay warm for the next turns; the rest reconnect.
 CONNECTION_LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=8, keepalive_expiry=5.0)
 
 

@@ -92,7 +92,7 @@ def test_the_password_in_the_remote_url_is_in_no_command_line_log_or_output(remo
     out = remote_fleet.log()
     assert f"the user:password in the URL of the replica {tiny_engine.base_url} is not used" in out
     assert PASSWORD not in out
-    cmdlines, ours = [], []  # every process's; this run's (another test's fleet may run beside it: pytest-xdist)
+    cmdlines, ours = [], []  # every process's; this run's (another run's fleet may be up beside it)
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             cmdlines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
