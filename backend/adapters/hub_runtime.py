@@ -43,6 +43,7 @@ RUNTIME_KEYS = {
     "download.no_repo_or_private": "adapter_hub.no_repo_or_private",
     "download.not_an_adapter": "adapter_hub.not_an_adapter",
     "download.offline": "adapter_hub.offline",
+    "download.adapter_offline": "adapter_hub.offline",
 }
 
 Progress = Callable[[int, int, int], Awaitable[None]]

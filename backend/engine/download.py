@@ -110,7 +110,10 @@ _ADAPTER_KEYS = {
     "download.no_repo": "download.no_adapter_repo",
     "download.no_revision": "download.no_adapter_revision",
     "download.no_repo_or_private": "download.no_adapter_repo_or_private",
+    "download.offline": "download.adapter_offline",
 }
+#: No network and no complete copy in the cache, for a model and for an adapter: a copy that is there is served.
+OFFLINE_KEYS = ("download.offline", "download.adapter_offline")
 
 
 def translate(exc: BaseException, model: HubModel, file: str = "") -> DownloadError:
@@ -316,7 +319,7 @@ def download(model: HubModel, write: Callable[[str], None]) -> Path:
     except Exception as exc:
         err = translate(exc, model)
         cached = hub.complete_snapshot(model)
-        if err.key == "download.offline" and cached is not None:
+        if err.key in OFFLINE_KEYS and cached is not None:
             return cached
         raise err from exc
     check_disk(p)

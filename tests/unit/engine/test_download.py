@@ -266,6 +266,27 @@ def test_each_hub_failure_becomes_its_own_message(case, monkeypatch):
         assert "HF_TOKEN" in str(got)
 
 
+def test_no_network_names_the_setting_of_what_was_downloading_a_model_or_an_adapter():
+    """The way out for a copy made by hand: [model] path for a model, [lora] modules for an adapter (it said
+    [model] path for both); in either language, and /adapters at run time has its own words for it."""
+    import httpx2
+
+    model, adapter = hub.HubModel("qwen/tiny"), hub.HubModel("me/tiny-lora").as_adapter()
+    for target, key, setting in (
+        (model, "download.offline", "[model] path"),
+        (adapter, "download.adapter_offline", "[lora] modules"),
+    ):
+        got = download.translate(httpx2.ConnectError("refused"), target)
+        assert got.key == key and got.key in download.OFFLINE_KEYS
+        for lang in ("en", "zh-CN"):
+            text = download.t(got.key, lang, **got.params)
+            assert setting in text and target.repo_id in text, text
+            assert ("[model] path" in text) is (target is model), text
+    from backend.adapters.hub_runtime import RUNTIME_KEYS
+
+    assert RUNTIME_KEYS["download.adapter_offline"] == RUNTIME_KEYS["download.offline"] == "adapter_hub.offline"
+
+
 def test_a_connection_dropped_mid_file_is_told_as_such():
     import httpx2
 
