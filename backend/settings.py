@@ -369,7 +369,7 @@ class VllmSettings(Section):
         'one of "priority" (a user with answers streaming yields to one with none) or "fcfs" (arrival order)',
     )
     # vLLM's --stream-interval: tokens per streamed chunk after the first. Each chunk is read and parsed on the UI's
-    # event loop; with many answers at once, fewer and larger chunks keep it responsive (issue #20, P4 in
+    # event loop; with many answers at once, fewer and larger chunks cost it about a fifth less CPU (issue #20, P4 in
     # docs/PERFORMANCE.md) while the browser shows no difference (the UI sends text at most every 40 ms anyway).
     stream_interval: Int = key(0, "0 (auto: 4 on a GPU, 1 on CPU) or a positive number of tokens", ge=0)
     cpu_kvcache_gib: Int = key(1, "a positive whole number of GiB (VLLM_CPU_KVCACHE_SPACE)", gt=0)
