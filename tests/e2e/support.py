@@ -233,11 +233,7 @@ def ui_pid(app: LiveApp) -> int:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (
-            (b"chainlit" in argv or b"backend.ui.launch" in argv)
-            and b"--port" in argv
-            and argv[argv.index(b"--port") + 1] == port
-        ):
+        if b"backend.ui.launch" in argv and b"--port" in argv and argv[argv.index(b"--port") + 1] == port:
             return int(entry)
     raise LookupError(f"no Chainlit process on port {port.decode()}")
 
