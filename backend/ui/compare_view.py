@@ -12,6 +12,7 @@ from chainlit.utils import utc_now
 from backend.chat import compare
 from backend.chat.budget import FitResult
 from backend.chat.coalesce import Coalescer
+from backend.chat.history import META_KEY
 from backend.chat.turn import Reply
 from backend.text import t
 from backend.ui import markdown, views
@@ -178,6 +179,19 @@ class CompareView(ChatView):
             self.headed = True
             text = self.heading() + text
         await super()._emit(kind, text)
+
+    def cut_form(self, why: str) -> tuple[str, dict[str, Any]] | None:
+        """The side's cut answer as ``keep_partial`` would show it (names masked in a blind compare)."""
+        raw = self.bubble.content
+        if self.headed:
+            raw = raw.removeprefix(self.heading())
+        if not raw:
+            return None
+        shown = compare.shown_model(self.pair, self.side, self.lang)
+        marked = self.heading() + markdown.close_fence(raw) + markdown.interrupted_marker(why, shown)
+        metadata = compare.side_metadata(self.pair, self.side)
+        metadata[META_KEY] = {**metadata[META_KEY], "raw": raw, "interrupted": True}
+        return marked, metadata
 
     def render(self) -> str:
         pair, side, lang = self.pair, self.side, self.lang

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 from typing import Any, Protocol
 
 import chainlit as cl
+from chainlit.data import get_data_layer
+from chainlit.utils import utc_now
 
 from backend.chat import history
 from backend.chat.budget import FitResult
@@ -15,6 +20,14 @@ from backend.text import t
 from backend.ui import markdown
 
 logger = logging.getLogger(__name__)
+
+#: While an answer streams, the history gets what it has shown so far, marked as a cut answer ("⚠ answer
+#: interrupted"), this long after its first text and then every CHECKPOINT_EVERY_S; the answer's end (its footer),
+#: a Stop or an error replaces it. A UI process that dies mid-answer (kill -9, the OOM killer) thus leaves the resumed
+#: chat its cut answer, as an engine that dies does, not a question without one (which the model, sent the chat
+#: again, would answer in place of the next message). One upsert of the step each time, with login on only.
+FIRST_CHECKPOINT_S = 2.0
+CHECKPOINT_EVERY_S = 10.0
 
 
 class ViewHost(Protocol):
@@ -58,6 +71,8 @@ class ChatView:
         self.reasoning: cl.Step | None = None
         # Tokens reach the browser in batches (one socket message and re-render each): [ui].stream_flush_ms.
         self.out = Coalescer(self._emit, host.flush_seconds())
+        self._checkpoint_due: float | None = None  # monotonic; None until the answer's first text
+        self._checkpoint: asyncio.Task[None] | None = None
 
     @property
     def bubble(self) -> cl.Message:
@@ -73,6 +88,7 @@ class ChatView:
         await self.flushed()
         self.msg, self.reasoning = cl.Message(content="", author=model), None
         self.out = Coalescer(self._emit, self.host.flush_seconds())  # its first token at once
+        self._checkpoint_due = None
 
     async def stream_token(self, token: str) -> None:
         await self.out.add("answer", token)
@@ -84,6 +100,7 @@ class ChatView:
         """The coalescer's sink: one batch of answer or reasoning text to the browser."""
         if kind == "answer":
             await self.bubble.stream_token(text)
+            self._maybe_checkpoint()
             return
         if self.reasoning is None:
             self.reasoning = cl.Step(name=t("reasoning", self.lang), type="llm", default_open=False)
@@ -91,11 +108,59 @@ class ChatView:
         await self.reasoning.stream_token(text)
 
     async def flushed(self) -> None:
-        """Send what the coalescer holds: before the answer is finalised, cut, removed or an error shown."""
+        """Send what the coalescer holds: before the answer is finalised, cut, removed or an error shown. A
+        checkpoint still being written ends first, so that it never lands over the answer's final form."""
         try:
             await self.out.aclose()
         except Exception:  # the bubble may be gone (websocket); the final send sets the whole text anyway
             logger.debug("could not flush the streamed text", exc_info=True)
+        if self._checkpoint is not None:
+            with contextlib.suppress(Exception):
+                await self._checkpoint
+            self._checkpoint = None
+
+    def checkpoint_step(self) -> dict[str, Any] | None:
+        """The answer bubble as the history keeps a cut answer (as ``keep_partial`` stores it), or None before
+        its first text."""
+        msg = self.msg
+        form = self.cut_form(t("interrupted", self.lang)) if msg is not None else None
+        if msg is None or form is None:
+            return None
+        if not msg.created_at:  # the final send keeps it: the answer stays where it opened in the chat
+            msg.created_at = utc_now()
+        step = dict(msg.to_dict())
+        step["output"], step["metadata"] = form
+        step["streaming"] = False
+        return step
+
+    def cut_form(self, why: str) -> tuple[str, dict[str, Any]] | None:
+        """(text, metadata) of the answer shown so far as a cut answer, marked with ``why``; None before its text."""
+        msg = self.bubble
+        if not msg.content:
+            return None
+        marked = markdown.close_fence(msg.content) + markdown.interrupted_marker(why, msg.author)
+        return marked, history.answer_metadata(msg.content, msg.author, interrupted=True)
+
+    def _maybe_checkpoint(self) -> None:
+        """Write the answer shown so far to the history when one is due and none is being written."""
+        now = time.monotonic()
+        if self._checkpoint_due is None:
+            self._checkpoint_due = now + FIRST_CHECKPOINT_S
+        if now < self._checkpoint_due or (self._checkpoint is not None and not self._checkpoint.done()):
+            return
+        layer = get_data_layer()
+        step = self.checkpoint_step() if layer is not None else None
+        if layer is None or step is None:
+            return
+        self._checkpoint_due = now + CHECKPOINT_EVERY_S
+        self._checkpoint = asyncio.create_task(self._write_checkpoint(layer, step))
+
+    @staticmethod
+    async def _write_checkpoint(layer: Any, step: dict[str, Any]) -> None:
+        try:
+            await layer.update_step(step)
+        except Exception:  # the answer goes on; the final write stores it whole
+            logger.warning("could not write the streaming answer %s to the history", step.get("id"), exc_info=True)
 
     async def reasoning_done(self) -> None:
         await self.flushed()

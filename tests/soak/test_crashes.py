@@ -87,6 +87,7 @@ async def test_kill_9_of_the_engine_while_sessions_stream(tmp_path, soak_level, 
         await state_is(app, ("ready",), 120)
         sessions = [await Session(app.url).connect(timeout=60) for _ in range(n_sessions)]
         sids = [s.sid for s in sessions]
+        ui_before = e2e.ui_pid(app)
         rounds: list[list[Turn]] = []
         for k in range(kills + 1):
             for attempt in range(TRIES):
@@ -147,6 +148,15 @@ async def test_kill_9_of_the_engine_while_sessions_stream(tmp_path, soak_level, 
         problems = live_app.problems(app)
         final_sids = [s.sid for s in sessions]
         disconnects = sum(s.disconnects for s in sessions)
+        # what a failure of the socket check needs to be understood: each disconnect's reason and time, and whether
+        # the UI process itself was replaced (the launcher restarts a UI that died)
+        try:
+            ui_after: int | str = e2e.ui_pid(app)
+        except LookupError as exc:  # restarting right now
+            ui_after = str(exc)
+        socket_log = [f"session {i}: {entry}" for i, s in enumerate(sessions) for entry in s.disconnect_log]
+        ui_lines = [line for line in app.log().splitlines() if "the UI" in line]
+        t_end = time.monotonic()
         for s in sessions:
             await s.close()
     finally:
@@ -155,7 +165,10 @@ async def test_kill_9_of_the_engine_while_sessions_stream(tmp_path, soak_level, 
     assert all(t.answered for t in last), "after the restarts not every session was answered:\n" + "\n".join(
         t.summary() for t in last if not t.answered
     )
-    assert final_sids == sids and disconnects == 0, "a session had to reconnect"
+    assert final_sids == sids and disconnects == 0, (
+        f"{disconnects} disconnects (now {t_end:.1f} s): {socket_log}; UI pid {ui_before} -> {ui_after}; "
+        f"the launcher on the UI: {ui_lines}"
+    )
     assert len(engines) == kills + 1, f"engine pids seen: {engines}"
     lost = [t.summary() for r in rounds for t in r if t.outcome in ("silent", "unfinished")]
     assert not lost, "lost turns:\n" + "\n".join(lost)

@@ -72,8 +72,10 @@ class Turn:
 
     @property
     def answered(self) -> bool:
-        """A whole answer arrived (not cut, no error)."""
-        return bool(self.answers) and not self.interrupted and not self.errors
+        """A whole answer arrived (its task ended on the socket; not cut, no error)."""
+        return (
+            self.finished and not self.disconnected and bool(self.answers) and not self.interrupted and not self.errors
+        )
 
     @property
     def outcome(self) -> str:
@@ -97,7 +99,13 @@ class Turn:
 
     def summary(self) -> str:
         return json.dumps(
-            {"sent": self.text[:80], "outcome": self.outcome, "answers": self.answers, "errors": self.errors},
+            {
+                "sent": self.text[:80],
+                "outcome": self.outcome,
+                "disconnected": self.disconnected,
+                "answers": self.answers,
+                "errors": self.errors,
+            },
             ensure_ascii=False,
         )[:1500]
 
@@ -129,6 +137,7 @@ class Session:
         self.settings: list[dict[str, Any]] = []
         self.events: dict[str, int] = {}
         self.disconnects = 0
+        self.disconnect_log: list[str] = []  # "<reason> at <monotonic> s[, mid-turn 'text']", one per disconnect
         self.pings: list[float] = []  # when engine.io's pings arrived (time.monotonic()); each is answered at once
         self._done = asyncio.Event()
         self._watch_pings()
@@ -323,10 +332,14 @@ class Session:
         self.settings.append(data)
 
     async def _on_disconnect(self, *args: Any) -> None:
+        """python-socketio passes the reason ("transport error", "server disconnect", "client disconnect")"""
         self.disconnects += 1
+        entry = f"{args[0] if args else 'no reason'} at {time.monotonic():.1f} s"
         if self.current is not None and not self.current.finished:
             self.current.disconnected = True
+            entry += f", mid-turn {self.current.text[:30]!r}"
             self._done.set()
+        self.disconnect_log.append(entry)
 
     async def _on_other(self, event: str, *args: Any) -> None:
         self._count(event)
