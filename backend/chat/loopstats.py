@@ -4,7 +4,8 @@
 late it woke up (the event loop's lag: how long a ready callback waited behind others) in a cumulative histogram
 of 0.1 ms buckets. Every ``WRITE_EVERY`` s, and at exit, it writes a JSON snapshot to the file (atomically): pid,
 RSS, peak RSS, the histogram. A reader takes two snapshots and diffs them (``window``) to get the lag of exactly
-that stretch of time; ``percentiles`` turns a histogram into p50/p99. The exit snapshot is also logged in one line.
+that stretch of time; ``percentiles`` turns a histogram into p50/p99. The snapshot also holds the garbage collector's
+pauses per generation (``gc``: count, total and longest, in ms). The exit snapshot is also logged in one line.
 
 With the variable set, ``SIGUSR1`` toggles a cProfile of the event-loop thread: the first signal starts it, the
 second stops it and writes ``<file>.prof`` (read it with ``pstats``). Unset: no task, no handler, nothing.
@@ -16,6 +17,7 @@ import asyncio
 import atexit
 import contextlib
 import cProfile
+import gc
 import json
 import logging
 import os
@@ -94,6 +96,21 @@ class LoopStats:
         self.started = time.time()
         self.profile: cProfile.Profile | None = None
         self.task: asyncio.Task[None] | None = None
+        # The garbage collector's pauses (they stop the loop like any blocking call): per generation, their count,
+        # total and longest, in ms
+        self.gc: dict[str, dict[str, float]] = {}
+        self._gc_start = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+            return
+        ms = (time.perf_counter() - self._gc_start) * 1000
+        gen = self.gc.setdefault(str(info.get("generation")), {"n": 0, "total_ms": 0.0, "max_ms": 0.0})
+        gen["n"] += 1
+        gen["total_ms"] += ms
+        gen["max_ms"] = max(gen["max_ms"], ms)
 
     def snapshot(self, hist: Mapping[int, int] | None = None) -> dict[str, Any]:
         rss, hwm = _rss_kb()
@@ -107,6 +124,7 @@ class LoopStats:
             "peak_rss_kb": hwm,
             "cpu_s": time.process_time(),  # the process's CPU time: its work, whatever the machine's load
             "profiling": self.profile is not None,
+            "gc": {g: dict(v) for g, v in self.gc.items()},
             "hist": {str(b): c for b, c in sorted((self.hist if hist is None else hist).items())},
         }
 

@@ -168,6 +168,7 @@ class CompareView(ChatView):
             self.reasoning = None
             self.out = Coalescer(self._emit, self.host.flush_seconds())
             self.msg.content, self.headed = self.heading(), True
+            self._checkpoint_due = None
             return
         await super().new_answer(model)
         self.bubble.author = compare.author(self.pair, self.side)

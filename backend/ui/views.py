@@ -148,11 +148,11 @@ class ChatView:
             self._checkpoint_due = now + FIRST_CHECKPOINT_S
         if now < self._checkpoint_due or (self._checkpoint is not None and not self._checkpoint.done()):
             return
-        layer = get_data_layer()
-        step = self.checkpoint_step() if layer is not None else None
-        if layer is None or step is None:
-            return
         self._checkpoint_due = now + CHECKPOINT_EVERY_S
+        layer = get_data_layer()  # None with login off: no history
+        step = self.checkpoint_step() if layer is not None else None
+        if step is None:
+            return
         self._checkpoint = asyncio.create_task(self._write_checkpoint(layer, step))
 
     @staticmethod

@@ -21,6 +21,7 @@ import urllib.request
 
 import pytest
 
+from backend.chat import loopstats
 from tests.conftest import NO_COMPILE_ENV
 from tests.e2e import support as e2e
 from tests.support import live_app
@@ -59,6 +60,14 @@ async def wait_until(pred, timeout: float, what: str, step: float = 0.2) -> None
         await asyncio.sleep(step)
 
 
+async def loop_lag(out: list[float], every: float = 0.1) -> None:
+    """Append how late this process's event loop woke up, each ``every`` s (until cancelled)."""
+    while True:
+        t0 = time.monotonic()
+        await asyncio.sleep(every)
+        out.append(time.monotonic() - t0 - every)
+
+
 async def state_is(app: e2e.LiveApp, states: tuple[str, ...], timeout: float) -> dict:
     return await asyncio.to_thread(live_app.wait_state, app, states, timeout)
 
@@ -88,6 +97,10 @@ async def test_kill_9_of_the_engine_while_sessions_stream(tmp_path, soak_level, 
         sessions = [await Session(app.url).connect(timeout=60) for _ in range(n_sessions)]
         sids = [s.sid for s in sessions]
         ui_before = e2e.ui_pid(app)
+        t_start = time.monotonic()
+        ui_loop_start = loopstats.read(live_app.loop_file(app))
+        test_lag = [0.0]
+        lag_probe = asyncio.create_task(loop_lag(test_lag))
         rounds: list[list[Turn]] = []
         for k in range(kills + 1):
             for attempt in range(TRIES):
@@ -130,7 +143,7 @@ async def test_kill_9_of_the_engine_while_sessions_stream(tmp_path, soak_level, 
             await asyncio.gather(*(s.wait(120) for s in sessions))
             interrupted = sum(1 for t in turns if t.interrupted)
             log.append(
-                f"kill {k + 1}: {streaming} of {n_sessions} streaming, {interrupted} interrupted, outcomes "
+                f"kill {k + 1} at {t_kill - t_start:.0f} s: {streaming} of {n_sessions} streaming, {interrupted} interrupted, outcomes "
                 f"{sorted(t.outcome for t in turns)}"
             )
             assert all(t.finished for t in turns), f"round {k}: turns without an end: {log[-1]}"
@@ -157,6 +170,21 @@ async def test_kill_9_of_the_engine_while_sessions_stream(tmp_path, soak_level, 
         socket_log = [f"session {i}: {entry}" for i, s in enumerate(sessions) for entry in s.disconnect_log]
         ui_lines = [line for line in app.log().splitlines() if "the UI" in line]
         t_end = time.monotonic()
+        # engine.io's heartbeat as the sessions saw it: the longest wait for a ping (Python's client gives up after
+        # 65 s without one, the server 60 s after a ping it queued was not answered)
+        waits = [max((b - a, b) for a, b in zip([t_start, *s.pings], [*s.pings, t_end], strict=True)) for s in sessions]
+        gaps = [gap for gap, _ in waits]
+        gap_end = max(waits)[1] - t_start
+        # ... and whose loop was late: the UI's (its loop-stats file) or this test's (its sessions' client)
+        ui_loop_end = loopstats.read(live_app.loop_file(app))
+        ui_lag = loopstats.percentiles(loopstats.window(ui_loop_start, ui_loop_end))
+        log.append(f"the UI's garbage collections (ms) {ui_loop_end.get('gc')}")
+        lag_probe.cancel()
+        log.append(
+            f"longest wait for a ping: {max(gaps):.1f} s, until {gap_end:.0f} s into the rounds (median of the "
+            f"sessions {sorted(gaps)[len(gaps) // 2]:.1f} s); "
+            f"longest event-loop stall: the UI {ui_lag['max'] / 1000:.1f} s, this test's client {max(test_lag):.1f} s"
+        )
         for s in sessions:
             await s.close()
     finally:

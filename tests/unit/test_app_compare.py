@@ -372,3 +372,29 @@ async def test_a_blind_sides_progress_lines_never_name_its_model(chat, ui):
     shown = [d for e, d in chat.events[n:] if e in ("new_message", "update_message")]
     assert shown and all(BASE not in str(d) and ADAPTER not in str(d) for d in shown), shown
     assert shown[-1]["name"] == "B (hidden) loaded; A (hidden) unloaded to make room"
+
+
+async def test_a_blind_sides_answer_written_to_the_history_while_it_streams_never_names_its_model(chat, ui):
+    """The checkpoint of a streaming answer (views.py) stores a side as keep_partial would: its heading, the text so
+    far, the cut mark; in a blind compare with the names masked, in the text and in the metadata alike."""
+    from chainlit.context import init_ws_context
+
+    from backend.chat import compare
+    from backend.ui.compare_view import CompareView
+    from backend.ui.panel import Host
+
+    init_ws_context(chat.session)
+    pair = compare.new_pair(compare.CompareMode(BASE, ADAPTER, blind=True), "u", [])
+    view = CompareView("en", Host(ui), pair, pair.side("B"))
+    await view.new_answer(ADAPTER)
+    assert view.checkpoint_step() is None  # no text yet: nothing to keep
+    await view.stream_token("Once upon ")
+    await view.stream_token("a time")
+    await view.flushed()
+    step = view.checkpoint_step()
+    assert step is not None and BASE not in str(step) and ADAPTER not in str(step), step
+    view.cut = ("Once upon a time", "answer interrupted")
+    assert step["output"] == view.render() and step["output"].endswith("time\n\n*⚠ answer interrupted · `B (hidden)`*")
+    meta = step["metadata"]["qwenchat"]
+    assert meta["raw"] == "Once upon a time" and meta["interrupted"] is True and meta["model"] == ""
+    assert meta["compare"] == {"side": "B", "picked": False, "blind": True} and step["streaming"] is False
