@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 from sqlalchemy import text
@@ -23,6 +22,7 @@ from tests.e2e import support as e2e
 from tests.e2e.test_history import LOGIN, PASSWORD, USER
 from tests.e2e.test_history import launch as launch_ready
 from tests.fakes.openai_server import expected_text
+from tests.integration.test_message_ids import until
 from tests.support.socket_client import Session, Turn, login_cookie
 
 TOKENS = 80
@@ -49,14 +49,6 @@ def stored(db: database.Database, step_id: str) -> tuple[str, dict] | None:
 def answer_id(turn: Turn) -> str | None:
     ids = [i for i in turn.order if turn.steps[i].get("type") == "assistant_message"]
     return ids[-1] if ids else None
-
-
-async def until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"waited {timeout:g} s for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def checkpointed(db: database.Database, turn: Turn) -> tuple[str, str, dict]:
