@@ -98,11 +98,11 @@ class LoopStats:
         self.task: asyncio.Task[None] | None = None
         # The garbage collector's pauses (they stop the loop like any blocking call): per generation, their count,
         # total and longest, in ms
-        self.gc: dict[str, dict[str, float]] = {}
+        self.gc: dict[str, dict[str, float]] = {}  # filled by on_gc, once start_from_environment hooks it
         self._gc_start = 0.0
-        gc.callbacks.append(self._on_gc)
 
-    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """A ``gc.callbacks`` entry: the time from each collection's start to its stop."""
         if phase == "start":
             self._gc_start = time.perf_counter()
             return
@@ -199,6 +199,7 @@ def start_from_environment() -> LoopStats | None:
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
         loop.add_signal_handler(signal.SIGUSR1, stats.toggle_profile)
     atexit.register(stats.at_exit)
+    gc.callbacks.append(stats.on_gc)
     _active = stats
     logger.info("loop stats: sampling the event loop every %.0f ms into %s", stats.interval * 1000, target)
     return stats

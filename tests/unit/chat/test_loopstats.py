@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import time
@@ -48,6 +49,7 @@ async def test_a_blocked_loop_shows_as_lag_and_sigusr1_writes_a_profile(tmp_path
         os.kill(os.getpid(), signal.SIGUSR1)  # profile on
         await asyncio.sleep(0.05)
         time.sleep(0.08)  # block the loop for 80 ms
+        gc.collect()  # a full collection: its pause is recorded
         await asyncio.sleep(0.4)
         os.kill(os.getpid(), signal.SIGUSR1)  # profile off: written
         await asyncio.sleep(0.05)
@@ -55,8 +57,11 @@ async def test_a_blocked_loop_shows_as_lag_and_sigusr1_writes_a_profile(tmp_path
     finally:
         stats.task.cancel()
         asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR1)
+        gc.callbacks.remove(stats.on_gc)
     assert after["pid"] == os.getpid() and after["rss_kb"] > 0 and after["peak_rss_kb"] >= after["rss_kb"]
     lag = loopstats.percentiles(loopstats.window(before, after))
     assert lag["max"] >= 60, lag  # the 80 ms block, seen by the sampler
     assert lag["p50"] < 60, lag  # and most wake-ups were not blocked
     assert (tmp_path / "loop.json.prof").stat().st_size > 0
+    full = after["gc"]["2"]
+    assert full["n"] >= 1 and 0 < full["max_ms"] <= full["total_ms"], after["gc"]
