@@ -192,17 +192,22 @@ async def test_kill_9_of_the_engine_while_sessions_stream(tmp_path, soak_level, 
         if lag_probe is not None:
             lag_probe.cancel()
         await asyncio.to_thread(e2e.stop, app)
-    print("\n[chaos] " + "\n[chaos] ".join(log))
-    assert all(t.answered for t in last), "after the restarts not every session was answered:\n" + "\n".join(
-        t.summary() for t in last if not t.answered
-    )
-    assert final_sids == sids and disconnects == 0, (
+    report = "\n[chaos] " + "\n[chaos] ".join(log)
+    print(report)
+    # Each failure message carries the whole log: a CI report shows the assertion, not always the captured output.
+    sockets = (
         f"{disconnects} disconnects (now {t_end:.1f} s): {socket_log}; UI pid {ui_before} -> {ui_after}; "
         f"the launcher on the UI: {ui_lines}"
     )
-    assert len(engines) == kills + 1, f"engine pids seen: {engines}"
+    unanswered = [t.summary() for t in last if not t.answered]
+    assert not unanswered, (
+        f"after the restarts {len(unanswered)} of {len(last)} sessions were not answered; {sockets}{report}\n"
+        + "\n".join(unanswered[:3])
+    )
+    assert final_sids == sids and disconnects == 0, sockets + report
+    assert len(engines) == kills + 1, f"engine pids seen: {engines}{report}"
     lost = [t.summary() for r in rounds for t in r if t.outcome in ("silent", "unfinished")]
-    assert not lost, "lost turns:\n" + "\n".join(lost)
+    assert not lost, "lost turns:\n" + "\n".join(lost) + report
     assert not problems, f"{len(problems)} tracebacks / unexpected failures in the app log, e.g.:\n{problems[0]}"
     left = {pid: wait_group_empty(pid, 15) for pid in engines}
     assert not any(left.values()), f"engine processes outlived the product: {left}"

@@ -39,6 +39,9 @@ pytestmark = pytest.mark.soak
 SESSIONS, TOKENS = 10, 3000
 PING_EVERY = 25.0  # engine.io's ping interval (Chainlit keeps python-engineio's default)
 EARLY = 2.0  # seconds the stall begins before the first ping is due
+# Past any one websocket keepalive of uvicorn's defaults (a ping within 20 s, then 20 s for its pong): 41 s close a
+# socket whatever the phase; 45 s is well within engine.io's ping timeout.
+CLIENT_STALL = 45.0
 LONG = os.environ.get("QWENCHAT_SOAK", "short") == "long"
 
 
@@ -54,8 +57,11 @@ def pings_after(s: Session, t: float) -> int:
     return sum(1 for p in s.pings if p > t)
 
 
-async def stream_through_a_stall(app: e2e.LiveApp, prompt: str, stall: float, expected: str = "") -> list[Turn]:
-    """SESSIONS sessions each ask ``prompt`` at once; the UI process stops for ``stall`` s around a ping's time."""
+async def stream_through_a_stall(
+    app: e2e.LiveApp, prompt: str, stall: float, expected: str = "", *, client: bool = False
+) -> list[Turn]:
+    """SESSIONS sessions each ask ``prompt`` at once; the UI process stops for ``stall`` s around a ping's time
+    (``client``: this process's event loop, which runs every session's client, stops instead)."""
     stopped = False
     pid = await asyncio.to_thread(e2e.ui_pid, app)
     try:
@@ -72,11 +78,16 @@ async def stream_through_a_stall(app: e2e.LiveApp, prompt: str, stall: float, ex
         due = connected + PING_EVERY
         await asyncio.sleep(max(0.0, due - EARLY - time.monotonic()))
         streaming = sum(1 for t in turns if t.first_token_at is not None and not t.finished)
-        os.kill(pid, signal.SIGSTOP)  # the UI does not run, as on a saturated machine
-        stopped = True
-        await asyncio.sleep(stall)
-        os.kill(pid, signal.SIGCONT)
-        stopped = False
+        if client:
+            # Nothing of the clients runs: they neither read what the UI sends nor answer its pings, as a client
+            # on a saturated machine or behind a link that stalls (the UI goes on writing into the socket buffers)
+            time.sleep(stall)
+        else:
+            os.kill(pid, signal.SIGSTOP)  # the UI does not run, as on a saturated machine
+            stopped = True
+            await asyncio.sleep(stall)
+            os.kill(pid, signal.SIGCONT)
+            stopped = False
         resumed = time.monotonic()
         await asyncio.gather(*(s.wait(900) for s in sessions))
         # The heartbeat goes on: a ping after the stall on every socket (it comes PING_EVERY after the late pong:
@@ -98,11 +109,15 @@ async def stream_through_a_stall(app: e2e.LiveApp, prompt: str, stall: float, ex
             os.kill(pid, signal.SIGCONT)
     sizes = [len(t.answers[0]) if t.answers else 0 for t in turns]
     print(
-        f"\n[long answers] {SESSIONS} x {TOKENS} tokens, {streaming} streaming at the {stall:.0f} s stall; "
+        f"\n[long answers] {SESSIONS} x {TOKENS} tokens, {streaming} streaming at the {stall:.0f} s stall of the "
+        f"{'client' if client else 'UI'}; "
         f"outcomes {sorted(t.outcome for t in turns)}; answer chars {min(sizes)}..{max(sizes)}; "
         f"disconnects {disconnects}; pings after the stall {pings}"
     )
-    assert disconnects == 0, f"{disconnects} of {SESSIONS} sockets closed (pings after the stall: {pings})"
+    assert disconnects == 0, (
+        f"{disconnects} of {SESSIONS} sockets closed (pings after the stall: {pings}): "
+        + "; ".join(entry for s in sessions for entry in s.disconnect_log)
+    )
     assert final_sids == sids, "a session had to reconnect"
     assert all(t.answered and expected in t.answers[0] for t in turns), "not every answer arrived whole:\n" + (
         "\n".join(t.summary() for t in turns if not t.answered)
@@ -122,6 +137,27 @@ async def test_ten_long_answers_drop_no_socket_when_the_ui_stalls(tmp_path):
         try:
             await stream_through_a_stall(
                 app, f"a long answer [[normal:tokens={TOKENS}:rate=80]]", 16.0, expected_text(TOKENS).strip()
+            )
+        finally:
+            await asyncio.to_thread(e2e.stop, app)
+
+
+@pytest.mark.asyncio
+async def test_ten_long_answers_drop_no_socket_when_the_clients_stall(tmp_path):
+    """The clients' side of a saturated machine: not one ping is answered, not one byte read, for CLIENT_STALL s.
+    Engine.io's heartbeat allows that (its ping timeout, backend/ui/server.py); uvicorn's own websocket keepalive
+    under it (a ping every 20 s, the socket closed with 1011 when its pong is not back within 20 s) did not: all 10
+    sockets closed (tests/soak/test_crashes.py's last round on a slow CI machine). backend/ui/launch.py turns it off."""
+    async with FakeServer() as srv:
+        env = {"QWENCHAT_BUDGET_REPLY_RESERVE": str(TOKENS), "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0"}
+        app = await asyncio.to_thread(live_app.launch_external, tmp_path, srv.base_url, env)
+        try:
+            await stream_through_a_stall(
+                app,
+                f"a long answer [[normal:tokens={TOKENS}:rate=80]]",
+                CLIENT_STALL,
+                expected_text(TOKENS).strip(),
+                client=True,
             )
         finally:
             await asyncio.to_thread(e2e.stop, app)

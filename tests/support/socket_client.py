@@ -33,6 +33,24 @@ ENGINEIO_PING = 2  # engine.io's packet type of a PING (engineio.packet.PING)
 INTERRUPTED = "answer interrupted"  # backend/text.py "interrupted" (en), inside the ⚠ marker line
 
 
+class TransportLog:
+    """python-engineio's logger for one session: its warnings and errors kept (why the transport gave up: "Server sent
+    close packet data 1011, aborting", "packet queue is empty, aborting", ...), the rest dropped."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def _keep(self, msg: str, *args: Any, **_kwargs: Any) -> None:
+        self.lines.append(f"{msg % args if args else msg} at {time.monotonic():.1f} s")
+
+    warning = error = exception = critical = _keep
+
+    def info(self, *_args: Any, **_kwargs: Any) -> None:
+        pass
+
+    debug = info
+
+
 @dataclass
 class Turn:
     """One user message and what came back for it."""
@@ -130,7 +148,11 @@ class Session:
         self.language = language
         self.origin = origin
         self.session_id = str(uuid.uuid4())
-        self.sio = socketio.AsyncClient(reconnection=False, websocket_extra_options={"max_msg_size": 0})
+        self.transport_log = TransportLog()
+        self.sio = socketio.AsyncClient(
+            reconnection=False, websocket_extra_options={"max_msg_size": 0}, engineio_logger=self.transport_log
+        )
+        self.closing = False  # close() called: the disconnect that follows is this client's own
         self.turns: list[Turn] = []
         self.current: Turn | None = None
         self.opened = asyncio.Event()
@@ -194,6 +216,7 @@ class Session:
         return self
 
     async def close(self) -> None:
+        self.closing = True
         await self.sio.disconnect()
 
     async def __aenter__(self) -> Session:
@@ -332,9 +355,16 @@ class Session:
         self.settings.append(data)
 
     async def _on_disconnect(self, *args: Any) -> None:
-        """python-socketio passes the reason ("transport error", "server disconnect", "client disconnect")"""
-        self.disconnects += 1
+        """python-socketio passes the reason ("transport error", "server disconnect", "client disconnect"); engine.io's
+        own words, if it gave up, are in ``transport_log``. A close of this client's own (``close()``) is not
+        counted, and does not mark an unfinished turn as cut."""
         entry = f"{args[0] if args else 'no reason'} at {time.monotonic():.1f} s"
+        if self.transport_log.lines:
+            entry += f" (engine.io: {self.transport_log.lines[-1]})"
+        if self.closing:
+            self.disconnect_log.append(entry + ", closed by this client")
+            return
+        self.disconnects += 1
         if self.current is not None and not self.current.finished:
             self.current.disconnected = True
             entry += f", mid-turn {self.current.text[:30]!r}"

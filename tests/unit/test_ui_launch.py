@@ -1,4 +1,5 @@
-"""backend/ui/launch.py: `chainlit run` without nest_asyncio's pure-Python tasks, futures and loop step."""
+"""backend/ui/launch.py: `chainlit run` without nest_asyncio's pure-Python tasks, futures and loop step, and without
+uvicorn's websocket keepalive."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ print(asyncio.Task.__module__, asyncio.Future.__module__, hasattr(asyncio, "_nes
 """
 
 
-def _asyncio_after(load: str) -> str:
+def _printed_after(load: str, probe: str = PROBE) -> str:
     out = subprocess.run(
-        [sys.executable, "-c", PROBE.format(load=load)], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", probe.format(load=load)], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     return out.stdout.split("\n")[-2]
@@ -24,6 +25,22 @@ def _asyncio_after(load: str) -> str:
 
 def test_chainlits_command_line_keeps_asyncios_c_tasks_and_futures():
     ours = "from backend.ui import launch\ntry:\n    launch.main(['--version'])\nexcept SystemExit:\n    pass"
-    assert _asyncio_after(ours) == "_asyncio _asyncio False"
+    assert _printed_after(ours) == "_asyncio _asyncio False"
     # what `chainlit run` itself does, so that the check above can fail
-    assert _asyncio_after("import chainlit.cli") == "asyncio.tasks asyncio.futures True"
+    assert _printed_after("import chainlit.cli") == "asyncio.tasks asyncio.futures True"
+
+
+KEEPALIVE = """
+import uvicorn
+{load}
+config = uvicorn.Config("app:app", ws="wsproto")  # as chainlit.cli builds it: no keepalive argument
+print(config.ws_ping_interval, config.ws_ping_timeout, uvicorn.Config("app:app", ws_ping_interval=5).ws_ping_interval)
+"""
+
+
+def test_the_ui_server_leaves_the_heartbeat_to_engine_io():
+    """uvicorn's websocket keepalive (20 s for a pong, then code 1011) would close a socket engine.io's 120 s keep;
+    tests/soak/test_long_answers.py shows it on the live server."""
+    ours = "from backend.ui import launch\ntry:\n    launch.main(['--version'])\nexcept SystemExit:\n    pass"
+    assert _printed_after(ours, KEEPALIVE) == "None None 5"
+    assert _printed_after("", KEEPALIVE) == "20.0 20.0 5"  # uvicorn's defaults, so that the check above can fail
