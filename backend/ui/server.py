@@ -36,7 +36,8 @@ MAX_SOCKET_MESSAGE = 16 * 1024 * 1024
 # that test saw pings up to 50 s apart (25 s late: the loop stalled up to 10 s at a time, and a ping waits behind
 # the tokens queued before it), 15 s short of Python's client's 65. 120 s rides out such a machine; a browser that
 # is really gone is noticed within 145 s instead of 45 (its answer ends anyway; the replay of
-# backend/ui/reconnect.py reads the window from here).
+# backend/ui/reconnect.py reads the window from here). The only heartbeat: uvicorn's websocket keepalive under it
+# (20 s for a pong, then the socket closed) is off, backend/ui/launch.py.
 PING_TIMEOUT = 120
 
 QUIET_LOGGERS = ("httpx", "httpx2")  # INFO lines per request

@@ -12,7 +12,8 @@ at load 60-100 all stopped that way ("packet queue is empty, aborting"). Such a 
 this test makes one: while the answers stream, the Chainlit process is stopped (SIGSTOP) for ``stall`` seconds
 around the moment the first session's next ping is due, as the kernel's scheduler leaves it out on a saturated
 machine, then continued. Expected: every answer arrives whole, no socket closes, every session keeps its socket id,
-and the heartbeat goes on (one more ping on every socket).
+and the heartbeat goes on (one more ping on every socket). The clients' side of the same machine is a stall of this
+process's own loop (45 s: past uvicorn's websocket keepalive, which backend/ui/launch.py turns off).
 
 Short (CI): 10 sessions x 3,000 tokens at 80 tokens/s each from the fake OpenAI server (about 40 s of streaming
 through the UI, 800 tokens/s in all), a 16 s stall. Long (``QWENCHAT_SOAK=long``): the same against the shared tiny
