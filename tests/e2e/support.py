@@ -242,9 +242,20 @@ def assistant_messages(page: Page) -> list[str]:
     return page.locator('.step[data-step-type="assistant_message"] .message-content').all_inner_texts()
 
 
+# The chat is open: the settings button is there (on_chat_start sent the panel) and enabled. Chainlit's composer takes
+# no message while a task runs, on_chat_start's included: Enter does nothing and the text stays in the box, and the
+# button carries the same `disabled` (useChatData's: not connected, or a task running). On a loaded machine
+# on_chat_start's task outlives the panel's arrival by seconds; a message typed in between was not sent.
+CHAT_OPEN = "#chat-settings-open-modal:not([disabled])"
+
+
+def wait_chat_open(page: Page, timeout_ms: int = 60_000) -> None:
+    page.wait_for_selector(CHAT_OPEN, timeout=timeout_ms)
+
+
 def wait_ready_ui(page: Page, timeout_ms: int = 240_000) -> None:
     page.wait_for_selector('#qwenchat-status[data-state="ready"]', timeout=timeout_ms)
-    page.wait_for_selector("#chat-settings-open-modal", timeout=60_000)
+    wait_chat_open(page)
 
 
 def send(page: Page, text: str, timeout_ms: int = 180_000) -> str:

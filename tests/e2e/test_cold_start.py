@@ -104,7 +104,7 @@ def test_a_message_sent_while_installing_waits_and_is_answered_once_the_engine_i
             timeout=60_000,
         )
         assert re.search(r"— preparing \d+ s · installing the engine \d+ %", page.inner_text("#qwenchat-status"))
-        page.wait_for_selector("#chat-settings-open-modal", timeout=60_000)
+        e2e.wait_chat_open(page)
         page.fill("#chat-input", "What is the capital of France?")
         page.keyboard.press("Enter")
         # the message waits with a live step that shows the install's progress, and the message's context as the UI

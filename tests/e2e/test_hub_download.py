@@ -70,7 +70,7 @@ def test_a_message_sent_while_downloading_waits_and_is_answered_from_the_downloa
         )
         text = page.inner_text("#qwenchat-status")
         assert PROGRESS.search(text), text
-        page.wait_for_selector("#chat-settings-open-modal", timeout=60_000)
+        e2e.wait_chat_open(page)
         page.fill("#chat-input", "What is the capital of France?")
         page.keyboard.press("Enter")
         page.wait_for_selector("text=downloading the model", timeout=60_000)  # the waiting message's live step
