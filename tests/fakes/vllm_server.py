@@ -1,6 +1,6 @@
 """A small vLLM look-alike (aiohttp, 127.0.0.1 only) whose behaviour tests switch while it runs.
 
-    engine = FakeEngine(api_key="k")          # picks a free port; nothing listens yet
+    engine = FakeEngine(api_key="k")          # takes a free port (bound, so no one else gets it); nothing listens yet
     await engine.start()                      # listen (again) on the same port
     engine.probe = "hang"                     # "ok" | "hang" | "error" | "slow"
     engine.models.append(adapter("pirate"))   # the next /v1/models lists it
@@ -20,10 +20,14 @@ from typing import Any
 from aiohttp import web
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def reserved_port() -> socket.socket:
+    """A socket bound to a free port and kept: between picking a free port (bound, closed) and the server's bind the port was free for
+    anyone, and another process's outgoing connection once took it (EADDRINUSE in a full run). The kernel gives no
+    bound port to a connection or a bind of another socket."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 def base(model_id: str = "base-model", max_model_len: int = 8192) -> dict[str, Any]:
@@ -42,7 +46,8 @@ def adapter(name: str, parent: str = "base-model") -> dict[str, Any]:
 
 class FakeEngine:
     def __init__(self, api_key: str = "", port: int | None = None) -> None:
-        self.port = port or free_port()
+        self._reserved = None if port else reserved_port()  # listened on by the first start()
+        self.port = port or self._reserved.getsockname()[1]
         self.api_key = api_key
         self.health_status = 200
         self.models: list[dict[str, Any]] = [base()]
@@ -74,11 +79,19 @@ class FakeEngine:
         self._release = asyncio.Event()
         runner = web.AppRunner(app, shutdown_timeout=0.2, handler_cancellation=True, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True)
+        sock, self._reserved = self._reserved, None
+        site: web.BaseSite
+        if sock is not None:
+            site = web.SockSite(runner, sock)
+        else:  # again, on the port it had (reuse_address: past the last run's TIME_WAIT)
+            site = web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True)
         await site.start()
         self._runner = runner
 
     async def stop(self) -> None:
+        if self._reserved is not None:  # never started
+            self._reserved.close()
+            self._reserved = None
         self._release.set()
         runner, self._runner = self._runner, None
         if runner is not None:
