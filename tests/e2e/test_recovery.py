@@ -38,10 +38,12 @@ def live(tmp_path_factory):
     app.ui_reachable_s = time.monotonic() - t0
     app.engine_state_at_ui = engine_status(app)["state"]
     app.engine_pgids = set()
-    hold_engine(app)
-    yield app
-    release_engine(app)
-    e2e.stop(app)
+    try:
+        hold_engine(app)
+        yield app
+    finally:
+        release_engine(app)
+        e2e.stop(app)
     left = {pgid: wait_group_empty(pgid, 15) for pgid in app.engine_pgids}
     assert not any(left.values()), f"engine processes outlived the product: {left}"
 

@@ -21,9 +21,9 @@ from aiohttp import web
 
 
 def reserved_port() -> socket.socket:
-    """A socket bound to a free port and kept: between picking a free port (bound, closed) and the server's bind the port was free for
-    anyone, and another process's outgoing connection once took it (EADDRINUSE in a full run). The kernel gives no
-    bound port to a connection or a bind of another socket."""
+    """A socket bound to a free port, and kept. A port picked and let go (bound, closed) was free for anyone until the
+    server bound it again, and another process's outgoing connection once took it in between (EADDRINUSE in a full
+    run). The kernel gives a bound port to no connection and no other bind."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
