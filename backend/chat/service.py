@@ -420,8 +420,11 @@ class Service:
             except QwenChatError as exc:
                 self._shown(exc)
                 raise
+            finally:
+                # the list as the unload left it, also after a refusal loaded it back: a poll taken during the
+                # rollback saw it missing on a replica, and a retry was told the adapter is not served
+                await self.poller.refresh()
             self.adapter_usage.forget(name)
-            await self.poller.refresh()
 
     async def _unload_everywhere(self, name: str) -> None:
         """Unload from the engine; in a fleet from every replica (loaded back on all if some refuse)."""
