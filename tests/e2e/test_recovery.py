@@ -38,12 +38,8 @@ def live(tmp_path_factory):
     app.ui_reachable_s = time.monotonic() - t0
     app.engine_state_at_ui = engine_status(app)["state"]
     app.engine_pgids = set()
-    try:
-        hold_engine(app)
-        yield app
-    finally:
-        release_engine(app)
-        e2e.stop(app)
+    yield app
+    e2e.stop(app)
     left = {pgid: wait_group_empty(pgid, 15) for pgid in app.engine_pgids}
     assert not any(left.values()), f"engine processes outlived the product: {left}"
 
@@ -65,24 +61,6 @@ def engine_status(app) -> dict:
         except (OSError, ValueError):
             time.sleep(0.1)
     pytest.fail(f"no status file at {path}:\n{app.log()}")
-
-
-def hold_engine(app) -> None:
-    """Keep the first engine loading (SIGSTOP of its process group, as a slower machine would) until a test has seen a
-    message wait for it: on this machine vLLM is ready ~40 s after the launch, and a cold Chromium and a login can
-    take as long, after which there is no load left to wait for. The supervisor allows [supervision]
-    startup_timeout (600 s) for the load. The group is this pid's: the supervisor starts it in a new session."""
-    status = engine_status(app)
-    assert status["state"] == "starting", f"the engine was up before it could be held: {status}"
-    os.killpg(status["pid"], signal.SIGSTOP)
-    app.held_engine = status["pid"]
-
-
-def release_engine(app) -> None:
-    """Let the held engine load (once; a no-op after)."""
-    pgid, app.held_engine = getattr(app, "held_engine", None), None
-    if pgid is not None:
-        os.killpg(pgid, signal.SIGCONT)
 
 
 def badge(page) -> tuple[str | None, str]:
@@ -124,7 +102,6 @@ def test_a_message_sent_while_the_model_loads_waits_with_a_live_step_and_is_answ
     # the live step ticks while the engine loads ("The model is loading… 12 s")
     page.get_by_text(re.compile(r"The model is loading… \d+ s")).first.wait_for(timeout=30_000)
     assert badge(page)[0] == "starting", "the engine was up before the message could wait"
-    release_engine(live)  # the message waits: now the engine may load, and the answer follow
     page.wait_for_function(
         """() => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content').length > 0""",
         timeout=300_000,
@@ -141,7 +118,6 @@ def test_a_message_sent_while_the_model_loads_waits_with_a_live_step_and_is_answ
 
 
 def test_kill_9_mid_answer_keeps_the_partial_shows_the_reason_and_recovers_by_itself(live, page):
-    release_engine(live)  # when run without the test before
     e2e.wait_ready_ui(page)
     before = len(e2e.assistant_messages(page))
     page.fill("#chat-input", "Write a long story about a dragon.")
@@ -247,7 +223,6 @@ def test_kill_9_of_the_ui_mid_answer_restarts_it_and_the_same_page_resumes_its_c
     running (same pid); the page open before the crash reconnects by itself to the new process (which never saw it),
     its status line says what happened, the chat is resumed from the history (login on: same thread, its turns on
     screen), and a message from that page is answered with the earlier turns sent along."""
-    release_engine(live)  # when run alone
     e2e.wait_ready_ui(page)
     if "/thread/" not in page.url:  # run alone: the earlier tests' turns are not there
         e2e.send(page, "What is the capital of France?")
