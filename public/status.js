@@ -57,9 +57,12 @@
   poll();
   setInterval(poll, 2000);
 })();
-// Shared-chat refusals in plain words (public/share.js): Chainlit loads one custom_js, this one.
+// Shared-chat refusals in plain words (public/share.js) and commands typed out in full (public/commands.js):
+// Chainlit loads one custom_js, this one.
 (function () {
-  const s = document.createElement("script");
-  s.src = "/public/share.js";
-  document.head.appendChild(s);
+  for (const src of ["/public/share.js", "/public/commands.js"]) {
+    const s = document.createElement("script");
+    s.src = src;
+    document.head.appendChild(s);
+  }
 })();

@@ -38,8 +38,6 @@ logger = logging.getLogger(__name__)
 
 WAIT_STEP = 1.0  # s between attempts while waiting for a PostgreSQL that is not there yet ([history].wait)
 META_KEY = "qwenchat"  # our key inside Chainlit's step and thread metadata
-# Composer commands (backend/ui/commands.py): talk to the app, never to the model.
-COMMANDS = ("adapters", "unload", "export", "compare", "leaderboard", "vote")
 
 # Columns Chainlit 2.12's SQLAlchemyDataLayer reads and writes (chainlit/data/sql_alchemy.py: the keys
 # of Step.to_dict / Message.to_dict / Element.to_dict / Feedback, and the SELECTs). All nullable but
@@ -327,8 +325,7 @@ def conversation_from_thread(thread: Mapping[str, Any]) -> Conversation:
     conv = Conversation()
     for step in thread.get("steps") or []:  # answers have a parent (Chainlit's on_message run step)
         ours = _json_dict(step.get("metadata")).get(META_KEY)
-        command = step.get("command") or (ours.get("command") if isinstance(ours, dict) else None)
-        if command in COMMANDS:  # "/unload pirate" is stored as the user message "pirate"
+        if isinstance(ours, dict) and ours.get("command"):  # "/unload pirate" is stored as the user message "pirate"
             continue
         if step.get("type") == "user_message":
             conv.add_user(str(step["id"]), step.get("output") or "")

@@ -22,23 +22,24 @@ from backend.ui.views import show_error
 logger = logging.getLogger(__name__)
 
 
-async def run_compare_command(ui: Ui, command: str, text: str) -> None:
-    if command == "leaderboard":
-        standings = await asyncio.to_thread(ui.service.votes.leaderboard)
-        await cl.Message(content=markdown.leaderboard_markdown(standings, ui.lang())).send()
-    elif command == "vote":
-        pair = compare_state().latest(blind=True)
-        if pair is None:
-            await show_error(t("compare.vote_none", ui.lang()))
-            return
-        try:
-            winner, comment = compare.parse_vote(text)
-        except compare.CompareRefused as exc:
-            await show_error(exc.user_text(ui.lang()))
-            return
-        await cast_vote(ui, pair, winner, comment)
-    else:
-        await set_compare(ui, text)
+async def show_leaderboard(ui: Ui) -> None:
+    """/leaderboard: wins, losses and ties per model from the stored blind votes."""
+    standings = await asyncio.to_thread(ui.service.votes.leaderboard)
+    await cl.Message(content=markdown.leaderboard_markdown(standings, ui.lang())).send()
+
+
+async def run_vote(ui: Ui, text: str) -> None:
+    """/vote A|B|tie [comment] on this chat's latest blind pair."""
+    pair = compare_state().latest(blind=True)
+    if pair is None:
+        await show_error(t("compare.vote_none", ui.lang()))
+        return
+    try:
+        winner, comment = compare.parse_vote(text)
+    except compare.CompareRefused as exc:
+        await show_error(exc.user_text(ui.lang()))
+        return
+    await cast_vote(ui, pair, winner, comment)
 
 
 async def choose_compare(ui: Ui, choice: object) -> None:

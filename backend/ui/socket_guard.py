@@ -34,9 +34,10 @@ from chainlit.session import WebsocketSession
 
 from backend.chat.database import failure
 from backend.chat.fairshare import Claim, TooMany
-from backend.chat.history import COMMANDS, META_KEY
+from backend.chat.history import META_KEY, command_metadata
 from backend.chat.session import ChatSession
 from backend.text import t
+from backend.ui.commands import BY_ID, typed_command
 from backend.ui.views import show_error
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,17 @@ def cleaned(message: dict[str, Any]) -> None:
     if isinstance(metadata, dict):
         metadata.pop(META_KEY, None)
     message.pop("parentId", None)
+
+
+def as_picked(message: dict[str, Any]) -> None:
+    """A command typed out in full (``/compare off``) in the form Chainlit's menu sends a picked one: ``command`` set,
+    the text after it as the message. Chainlit then stores and shows it as a command, and it starts no answer."""
+    output = message.get("output")
+    if message.get("command") or not isinstance(output, str):
+        return
+    typed = typed_command(output)
+    if typed is not None:
+        message["command"], message["output"] = typed
 
 
 def _who(session: WebsocketSession) -> str:
@@ -164,10 +176,18 @@ class Guard:
             logger.info("socket: a message while this chat is answering refused (user %r)", _who(session))
             await show_error(t("busy", self.lang(), text=quoted(str(message.get("output") or ""))))
             return
-        claim = await self.claimed(str(message.get("output") or ""), message.get("command") in COMMANDS)
+        as_picked(message)
+        command = message.get("command") in BY_ID
+        claim = await self.claimed(str(message.get("output") or ""), command)
         if claim is None:
             return
         cleaned(message)
+        if command:  # marked as a command in its first write: the history never sends it to the model
+            metadata = message.get("metadata")
+            message["metadata"] = {
+                **(metadata if isinstance(metadata, dict) else {}),
+                **command_metadata(message["command"]),
+            }
         state.answering = True  # until the task Chainlit starts for it ends (no await in between: no race)
         state.ahead = claim.ahead  # the engine priority of its requests
 

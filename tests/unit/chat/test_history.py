@@ -237,10 +237,16 @@ async def test_a_resumed_thread_leaves_out_composer_commands_marked_by_the_app(l
 @pytest.mark.parametrize(
     "step",
     [
-        {"id": "c", "type": "user_message", "output": "pirate", "command": "unload"},  # a layer that keeps "command"
+        {"id": "c", "type": "user_message", "output": "pirate", "metadata": history.command_metadata("unload")},
         {"id": "c", "type": "user_message", "output": "", "metadata": json.dumps(history.command_metadata("adapters"))},
     ],
 )
 def test_command_steps_are_not_chat_turns(step):
     thread = {"steps": [{"id": "u1", "type": "user_message", "output": "hi"}, step]}
     assert [t.content for t in history.conversation_from_thread(thread).turns] == ["hi"]
+
+
+def test_a_starters_message_is_a_chat_turn_though_chainlit_calls_its_model_a_command():
+    # set_starters sends the starter's model as Chainlit's "command"; only our own mark makes a step a command.
+    step = {"id": "s", "type": "user_message", "output": "Tell me about ships", "command": "pirate"}
+    assert [t.content for t in history.conversation_from_thread({"steps": [step]}).turns] == ["Tell me about ships"]
