@@ -30,10 +30,10 @@ lives outside this module, next to the only code that raises it (marked below).
     │   ├── AdapterSlotsBusy       every runtime adapter slot is answering: nothing can be evicted
     │   ├── AdapterFleetPartial    a runtime load/unload sent to every fleet replica failed on some of them
     │   └── AdapterDownloadFailed  an adapter added by hub id (/adapters owner/name) could not be downloaded
-    ├── merge.MergeError           (see backend/engine/merge.py) merging a LoRA into its base was refused or failed
+    ├── merge.MergeError           (see backend/tools/merge.py) merging a LoRA into its base was refused or failed
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
-    ├── preferences.SystemPromptRefused  (see backend/chat/preferences.py) a system prompt past the 32 KB cap
+    ├── preferences.SystemPromptRefused  (see backend/storage/preferences.py) a system prompt past the 32 KB cap
     └── BackendError               talking to the engine failed
         ├── ServerUnreachable      connection refused / DNS: no connection could be made
         ├── ConnectionLost         the connection broke after it was made (reset, dropped mid-answer,

@@ -352,7 +352,7 @@ class ModelSettings(Section):
 
 
 class VllmSettings(Section):
-    """The flags the launcher gives vLLM (backend/engine/command.py)."""
+    """The flags the launcher gives vLLM (backend/launcher/command.py)."""
 
     section: ClassVar[str] = "vllm"
     device: Annotated[Literal["auto", "cpu", "gpu"], _case(str.lower)] = key(
@@ -483,7 +483,7 @@ MAX_HISTORY_WAIT = 600.0  # [history] wait: ten minutes at most (the launcher wa
 
 
 def check_history_db(value: str) -> None:
-    """``[history] db``: a path, or a URL of a kind the history supports (backend/chat/database.py parses it)."""
+    """``[history] db``: a path, or a URL of a kind the history supports (backend/storage/database.py parses it)."""
     if "://" not in value:
         return
     scheme = value.split("://", 1)[0].strip().lower()

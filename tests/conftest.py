@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backend.engine import command, supervisor
-from backend.engine.log_diagnosis import ATTEMPT_MARKER
+from backend.launcher import command, supervisor
+from backend.launcher.log_diagnosis import ATTEMPT_MARKER
 from backend.settings import (
     ClientSettings,
     LoggingSettings,

@@ -46,6 +46,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from backend.web import metrics
+
 from ..errors import (
     ConnectionLost,
     EngineError,
@@ -58,7 +60,6 @@ from ..errors import (
     ServerUnreachable,
 )
 from ..text import t
-from . import metrics
 from .budget import FitResult
 from .client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
 from .health import EngineState, HealthStatus

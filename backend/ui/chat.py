@@ -10,8 +10,9 @@ from typing import Any
 import chainlit as cl
 from chainlit.types import ThreadDict
 
-from backend.chat import history, preferences, welcome
 from backend.chat import service as chat_service
+from backend.chat import welcome
+from backend.storage import history, preferences
 from backend.text import pick_language, t
 from backend.ui.answering import answer
 from backend.ui.commands import BY_ID, mark_command, name_bare_command, run_command, send_commands, typed_command

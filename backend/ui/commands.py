@@ -20,8 +20,8 @@ import chainlit as cl
 
 from backend import hub
 from backend.chat import export as chat_export
-from backend.chat import history
 from backend.errors import QwenChatError
+from backend.storage import history
 from backend.text import t
 from backend.ui import compare_chat
 from backend.ui.context import Ui

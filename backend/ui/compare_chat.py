@@ -11,7 +11,7 @@ import chainlit as cl
 
 from backend.chat import compare
 from backend.chat.turn import Outcome
-from backend.chat.votes import WINNERS, Winner
+from backend.storage.votes import WINNERS, Winner
 from backend.text import t
 from backend.ui import markdown
 from backend.ui.compare_view import CompareView, compare_state, pair_of, panel_choice, update_pair

@@ -12,8 +12,8 @@ from chainlit.utils import utc_now
 from backend.chat import compare
 from backend.chat.budget import FitResult
 from backend.chat.coalesce import Coalescer
-from backend.chat.history import META_KEY
 from backend.chat.turn import Reply
+from backend.storage.history import META_KEY
 from backend.text import t
 from backend.ui import markdown, views
 from backend.ui.views import ChatView, ViewHost

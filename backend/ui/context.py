@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 import chainlit as cl
 
-from backend.chat import preferences
 from backend.chat.client import new_request_id
 from backend.chat.fairshare import FairShare
-from backend.chat.history import HistoryStart
-from backend.chat.preferences import Preferences
 from backend.chat.service import Service
 from backend.chat.session import ChatSession
 from backend.settings import Settings
+from backend.storage import preferences
+from backend.storage.history import HistoryStart
+from backend.storage.preferences import Preferences
 from backend.text import t
 from backend.ui.views import show_error
 

@@ -9,8 +9,8 @@ import functools
 import chainlit as cl
 from chainlit.server import app as http_app
 
-from backend.chat import history, preferences
 from backend.chat.service import Service
+from backend.storage import history, preferences
 from backend.ui import answering, chainlit_settings, chat, compare_chat, login, reconnect, server, socket_guard
 from backend.ui.context import Ui, bound
 from backend.ui.routes import Routes, install_routes

@@ -1,5 +1,5 @@
 """[login].enable in Chainlit: the password callback, the history as Chainlit's data layer (SQLite or PostgreSQL,
-behind backend/chat/datalayer.py's guard), and who may view a shared chat. With login off, none is set (an
+behind backend/storage/datalayer.py's guard), and who may view a shared chat. With login off, none is set (an
 earlier installation's are taken out)."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from chainlit.config import config as chainlit_config
 from chainlit.data.base import BaseDataLayer
 from chainlit.types import ThreadDict
 
-from backend.chat import security, share
-from backend.chat.datalayer import GuardedDataLayer
-from backend.chat.login import verify_login
+from backend.storage import share
+from backend.storage.datalayer import GuardedDataLayer
 from backend.ui.context import Ui
+from backend.web import security
+from backend.web.login import verify_login
 
 logger = logging.getLogger(__name__)
 

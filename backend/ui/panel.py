@@ -11,8 +11,9 @@ import chainlit as cl
 from chainlit.data import get_data_layer
 from chainlit.input_widget import Select, Slider, TextInput
 
-from backend.chat import history, turn
 from backend.chat import service as chat_service
+from backend.chat import turn
+from backend.storage import history
 from backend.text import t
 from backend.ui.compare_view import compare_widget
 from backend.ui.context import Ui, preference_key

@@ -18,13 +18,15 @@ from chainlit.types import DeleteFeedbackRequest, ShareThreadRequest, UpdateFeed
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from backend.chat import metrics, share, welcome
+from backend.chat import welcome
 from backend.chat.client import anomaly_counts
 from backend.chat.service import Service
 from backend.settings import ROOT, resolve_path
+from backend.storage import share
 from backend.text import pick_language, t
 from backend.ui import renderer
 from backend.ui.chainlit_settings import THEME_CSS
+from backend.web import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ class Routes:
         return self.service.status_json(lang)
 
     async def metrics(self, user: cl.User | None = Depends(get_current_user)) -> Response:
-        """Prometheus text format (backend/chat/metrics.py); 401 without a login when [login].enable is on."""
+        """Prometheus text format (backend/web/metrics.py); 401 without a login when [login].enable is on."""
         await self.service.start()
         text = metrics.METRICS.render(
             engine=self.service.poller.status, active_sessions=connected_sessions(), anomalies=anomaly_counts()
@@ -111,7 +113,7 @@ class Routes:
         self, request: Request, thread_id: str, user: cl.User | None = Depends(get_current_user)
     ) -> Response:
         """GET /project/share/{id} (Chainlit's shared-thread page): logged-in viewers, shared threads only,
-        a clear refusal otherwise (backend/chat/share.py); the owner's settings are not sent along."""
+        a clear refusal otherwise (backend/storage/share.py); the owner's settings are not sent along."""
         layer = get_data_layer()
         thread = await layer.get_thread(thread_id) if layer is not None and user is not None else None
         refusal = share.view_refusal(thread, user.identifier if user else None)

@@ -16,10 +16,12 @@ import chainlit.server as chainlit_server
 from chainlit.server import app as http_app
 from chainlit.server import sio
 
-from backend.chat import files, loopstats, metrics, preferences, security
+from backend.chat import files
 from backend.settings import Settings
+from backend.storage import preferences
 from backend.ui.chat import log_unserved_starters
 from backend.ui.context import Ui
+from backend.web import loopstats, metrics, security
 
 # One socket message may carry a pasted document: python-engineio's default cap (1 MB) closes the
 # connection on a larger one and the message is lost. 256K tokens of CJK text are ~3 MB of UTF-8;

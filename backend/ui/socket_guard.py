@@ -14,7 +14,7 @@ sees the event:
   user's fair share.
 
 Each refusal is logged and said in the chat, in the user's language; nothing is stored, moved or overwritten. The
-data layer refuses the same moves on its own (``backend/chat/datalayer.py``), whichever path a write takes.
+data layer refuses the same moves on its own (``backend/storage/datalayer.py``), whichever path a write takes.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from chainlit.data import get_data_layer
 from chainlit.server import sio
 from chainlit.session import WebsocketSession
 
-from backend.chat.database import failure
 from backend.chat.fairshare import Claim, TooMany
-from backend.chat.history import META_KEY, command_metadata
 from backend.chat.session import ChatSession
+from backend.storage.database import failure
+from backend.storage.history import META_KEY, command_metadata
 from backend.text import t
 from backend.ui.commands import BY_ID, typed_command
 from backend.ui.views import show_error

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backend.engine import supervisor
+from backend.launcher import supervisor
 from backend.settings import ROOT
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from backend import contract
-from backend.engine import prepare_bg
+from backend.launcher import prepare_bg
 from backend.settings import EMBEDDED_MODEL_NAME, ModelSettings
 from tests.e2e import support as e2e
 

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from backend.engine import supervisor
+from backend.launcher import supervisor
 from tests.e2e import fidelity_corpus as corpus
 from tests.e2e import support as e2e
 from tests.support import live_app

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from backend.engine import supervisor
+from backend.launcher import supervisor
 from tests.e2e import support as e2e
 from tests.e2e.test_history import LOGIN, PASSWORD, USER, launch  # the app against the fake server, ready
 from tests.fakes.openai_server import expected_text

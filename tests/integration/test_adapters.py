@@ -29,10 +29,10 @@ from backend.chat.client import ChatClient
 from backend.chat.health import HealthPoller, HealthSettings, reset_shared
 from backend.chat.service import Service, model_options
 from backend.chat.session import ChatSession
-from backend.engine import supervisor
-from backend.engine.launch import static_adapters
-from backend.engine.log_diagnosis import classify_failure
 from backend.errors import AdapterPathRefused, AdapterRejected, ModelNotFound
+from backend.launcher import supervisor
+from backend.launcher.launch import static_adapters
+from backend.launcher.log_diagnosis import classify_failure
 from backend.settings import replace
 from backend.text import t
 from tests.conftest import free_port, start_engine, tiny_settings

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from backend.chat import database
+from backend.storage import database
 from tests.e2e import support as e2e
 from tests.e2e.test_history import PASSWORD, USER
 from tests.integration.test_message_ids import BOB, BOB_PW, launch, step_rows, until

@@ -62,7 +62,7 @@ def chat(base: str, model: str, text: str = "Say hello.", max_tokens: int = 8, t
 
 
 def metrics_request(base: str, key: str = KEY) -> urllib.request.Request:
-    """A replica's vLLM /metrics: it needs the key, like every route but /health (backend/engine/gate.py)."""
+    """A replica's vLLM /metrics: it needs the key, like every route but /health (backend/engine_plugins/gate.py)."""
     return urllib.request.Request(base.removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {key}"})
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from backend import contract, hub
-from backend.engine import prepare_bg
+from backend.launcher import prepare_bg
 from backend.settings import ROOT
 from tests.conftest import NO_COMPILE_ENV, free_port, need_env
 from tests.fakes.hub_server import FakeHub

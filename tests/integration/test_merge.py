@@ -20,7 +20,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from backend.adapters.doctor import diagnose_adapter
-from backend.engine import merge
+from backend.tools import merge
 from tests.conftest import need_env
 
 ROOT = Path(__file__).resolve().parents[2]

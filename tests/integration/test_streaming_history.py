@@ -15,8 +15,8 @@ import json
 import pytest
 from sqlalchemy import text
 
-from backend.chat import database
-from backend.chat.history import META_KEY
+from backend.storage import database
+from backend.storage.history import META_KEY
 from backend.ui import views
 from tests.e2e import support as e2e
 from tests.e2e.test_history import LOGIN, PASSWORD, USER

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from backend.adapters.doctor import diagnose_adapter
-from backend.chat import preferences
-from backend.chat.votes import Vote, VoteStore
 from backend.settings import ROOT, LoggingSettings, Settings
+from backend.storage import preferences
+from backend.storage.votes import Vote, VoteStore
 from tests.conftest import need_env
 
 pytestmark = pytest.mark.integration

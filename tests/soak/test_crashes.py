@@ -21,7 +21,7 @@ import urllib.request
 
 import pytest
 
-from backend.chat import loopstats
+from backend.web import loopstats
 from tests.conftest import NO_COMPILE_ENV
 from tests.e2e import support as e2e
 from tests.support import live_app

@@ -758,7 +758,7 @@ async def test_a_typed_command_is_kept_as_the_picked_form_marked_so_a_resumed_ch
     from chainlit.chat_context import chat_context
     from chainlit.context import init_ws_context
 
-    from backend.chat import history
+    from backend.storage import history
 
     await send_typed(chat, "/unload fake-adapter")
     init_ws_context(chat.session)
@@ -930,7 +930,7 @@ async def test_settings_changes_are_kept_in_the_user_session_copy_chainlit_write
     from chainlit.config import config
     from chainlit.context import init_ws_context
 
-    from backend.chat import history
+    from backend.storage import history
 
     init_ws_context(chat.session)
     await config.code.on_settings_update({"model": "fake-adapter", "temperature": 0.25})
@@ -939,7 +939,7 @@ async def test_settings_changes_are_kept_in_the_user_session_copy_chainlit_write
 
 
 async def test_a_command_message_is_marked_so_a_resumed_chat_leaves_it_out(chat):
-    from backend.chat import history
+    from backend.storage import history
 
     n = len(chat.events)
     await send_command(chat, "unload", "fake-qwen")

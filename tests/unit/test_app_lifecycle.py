@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from backend.chat import preferences
 from backend.chat.health import EngineState, HealthPoller
 from backend.contract import EngineStatus, SupervisorState
 from backend.settings import HealthSettings, replace
+from backend.storage import preferences
 from backend.text import Text, t
 from tests.conftest import free_port
 from tests.unit import test_app_handlers as handlers

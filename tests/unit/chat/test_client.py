@@ -880,15 +880,15 @@ def test_every_backend_error_subclass_is_reachable_from_the_client():
 
 
 def test_the_error_tree_in_the_errors_docstring_names_every_class():
-    import backend.chat.preferences
-    import backend.engine.merge  # noqa: F401 - registers MergeError, which lives next to its only user
+    import backend.storage.preferences
+    import backend.tools.merge  # noqa: F401 - registers MergeError, which lives next to its only user
 
     tree = errors.__doc__.split("QwenChatError", 1)[1]
     named = set(re.findall(r"[├└]── (?:\w+\.)?(\w+)", tree))
     classes = {c.__name__ for c in _all_subclasses(errors.QwenChatError)}
     assert classes - named == set(), f"missing from the tree: {sorted(classes - named)}"
     assert named - classes == set(), f"in the tree but not a class: {sorted(named - classes)}"
-    assert "merge.MergeError (see backend/engine/merge.py)" in " ".join(errors.__doc__.split())
+    assert "merge.MergeError (see backend/tools/merge.py)" in " ".join(errors.__doc__.split())
 
 
 # ---------------------------------------------------------------- any malformed body: the principle

@@ -1,4 +1,4 @@
-"""backend/chat/datalayer.py on Chainlit's real SQLAlchemyDataLayer and a real SQLite file."""
+"""backend/storage/datalayer.py on Chainlit's real SQLAlchemyDataLayer and a real SQLite file."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest_asyncio
 from sqlalchemy import event, text
 from sqlalchemy.exc import IntegrityError
 
-from backend.chat import database, datalayer, history
+from backend.storage import database, datalayer, history
 
 pytestmark = pytest.mark.asyncio
 
@@ -191,7 +191,7 @@ async def check_a_step_never_moves_to_another_thread_nor_changes_type(dl, caplog
     await dl.create_step(forged)
     assert await stored_steps(dl, alice) == before
     assert await stored_steps(dl, bob) == {}
-    said = [r.getMessage() for r in caplog.records if r.name == "backend.chat.datalayer"]
+    said = [r.getMessage() for r in caplog.records if r.name == "backend.storage.datalayer"]
     assert (
         sum(f"step {question.id} belongs to thread {alice} (user 'alice'), not {bob}; nothing moved" in m for m in said)
         == 2

@@ -1,4 +1,4 @@
-"""backend/chat/history.py: the SQLite schema under Chainlit's real SQLAlchemyDataLayer, rebuilding a chat
+"""backend/storage/history.py: the SQLite schema under Chainlit's real SQLAlchemyDataLayer, rebuilding a chat
 from its stored thread, and ``prepare`` (the database and the login secret). The password check is in
 test_login.py, settings remembered per user or browser in test_preferences.py.
 
@@ -15,10 +15,10 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from backend.chat import history
-from backend.chat.login import SECRET_FILE, auth_secret
 from backend.settings import LoggingSettings, LoginSettings, Settings
+from backend.storage import history
 from backend.ui.markdown import footer, interrupted_marker
+from backend.web.login import SECRET_FILE, auth_secret
 
 RAW = "Arr, matey! Paris be the capital."
 

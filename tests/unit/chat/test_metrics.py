@@ -12,9 +12,9 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backend.chat import metrics
 from backend.chat.client import reset_anomaly_counts
 from backend.chat.health import EngineState, HealthStatus
+from backend.web import metrics
 from tests.unit.test_app_handlers import Chat, chat, fake, marker, ui, wait_for  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

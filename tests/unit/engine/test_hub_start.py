@@ -12,8 +12,9 @@ import pytest
 from backend import contract, hub
 from backend.chat.health import _supervisor_starting_text
 from backend.contract import PHASE_DOWNLOAD_MODEL, EngineStatus, SupervisorState
-from backend.engine import download, prepare_bg
+from backend.launcher import prepare_bg
 from backend.settings import ModelSettings, Settings
+from backend.tools import download
 from tests.unit.engine.test_launch import QWEN3_4B_CONFIG, run
 
 QWEN = "Qwen/Qwen3-4B-Instruct-2507"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from backend import contract
-from backend.engine import prepare_bg
+from backend.launcher import prepare_bg
 from backend.settings import EMBEDDED_MODEL_NAME, ROOT
 from tests.conftest import free_port
 

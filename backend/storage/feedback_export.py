@@ -26,11 +26,11 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from ..settings import Settings
-from . import history, preferences
-from .database import Database, sqlite_file, store
-from .datalayer import signed_answer
-from .votes import Vote, VoteStore
+from backend.settings import Settings
+from backend.storage import history, preferences
+from backend.storage.database import Database, sqlite_file, store
+from backend.storage.datalayer import signed_answer
+from backend.storage.votes import Vote, VoteStore
 
 
 class NothingToExport(Exception):

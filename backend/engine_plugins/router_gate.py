@@ -1,4 +1,4 @@
-"""vllm-router with the engine key required on every route (issue #18): ``python -m backend.engine.router_gate
+"""vllm-router with the engine key required on every route (issue #18): ``python -m backend.engine_plugins.router_gate
 <vllm-router flags>``, the key in the environment (``QWENCHAT_ENGINE_API_KEY``, never in argv).
 
 vllm-router 0.1.17 checks callers only when it is given API-key validation URLs, a setting its CLI does not offer
@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 
-from ..contract import ENV_ENGINE_API_KEY
+from backend.contract import ENV_ENGINE_API_KEY
 
 
 class _Validator(http.server.BaseHTTPRequestHandler):

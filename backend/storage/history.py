@@ -29,10 +29,10 @@ from sqlalchemy import Boolean, Column, ForeignKey, Index, Integer, MetaData, Ta
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
-from ..settings import Settings
-from .conversation import Conversation
-from .database import Database, ensure_tables, failure, from_setting, sqlite_file, store, transient
-from .login import SECRETS, accounts_fingerprint, auth_secret, session_secret, shared_auth_secret
+from backend.chat.conversation import Conversation
+from backend.settings import Settings
+from backend.storage.database import Database, ensure_tables, failure, from_setting, sqlite_file, store, transient
+from backend.web.login import SECRETS, accounts_fingerprint, auth_secret, session_secret, shared_auth_secret
 
 logger = logging.getLogger(__name__)
 

@@ -54,12 +54,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import contract, hub, packages
-from ..contract import PHASE_CONVERT_MODEL, PHASE_DOWNLOAD_MODEL, PHASE_INSTALL_ENGINE, EngineStatus, SupervisorState
-from ..settings import ROOT, Settings
-from ..text import Text, t
-from . import download
-from .supervisor import _die_with_parent
+from backend import contract, hub, packages
+from backend.contract import (
+    PHASE_CONVERT_MODEL,
+    PHASE_DOWNLOAD_MODEL,
+    PHASE_INSTALL_ENGINE,
+    EngineStatus,
+    SupervisorState,
+)
+from backend.launcher.supervisor import _die_with_parent
+from backend.settings import ROOT, Settings
+from backend.text import Text, t
+from backend.tools import download
 
 logger = logging.getLogger(__name__)
 

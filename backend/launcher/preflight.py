@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, ExposureRefused, ModelPathError, PortInUse
-from ..settings import Settings, host_name_of, is_loopback, is_wildcard, served_host_names
-from ..text import Text, t
+from backend.errors import ConfigError, ExposureRefused, ModelPathError, PortInUse
+from backend.settings import Settings, host_name_of, is_loopback, is_wildcard, served_host_names
+from backend.text import Text, t
 
 logger = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contract import ENV_ENGINE_API_KEY
-from ..errors import ConfigError, EngineUnavailable
-from ..settings import ROOT, Settings
-from . import gate
+from backend.contract import ENV_ENGINE_API_KEY
+from backend.engine_plugins import gate
+from backend.errors import ConfigError, EngineUnavailable
+from backend.settings import ROOT, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ def needs_chat_template(model_dir: Path) -> bool:
 
 def fallback_chat_template(log_dir: Path) -> Path:
     """Our documented ChatML fallback written to a file vLLM can read."""
-    from ..chatml import CHATML_TEMPLATE
+    from backend.chatml import CHATML_TEMPLATE
 
     path = log_dir / "chatml-fallback.jinja"
     path.write_text(CHATML_TEMPLATE)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .datalayer import valid_thread_id
+from backend.storage.datalayer import valid_thread_id
 
 
 @dataclass(frozen=True)

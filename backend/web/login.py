@@ -15,9 +15,9 @@ from pathlib import Path
 from sqlalchemy import Column, MetaData, Table, Text, text
 from sqlalchemy.engine import Connection
 
-from ..passwords import ALGORITHM, ITERATIONS, verify_password
-from ..settings import Settings
-from .database import Store, ensure_tables
+from backend.passwords import ALGORITHM, ITERATIONS, verify_password
+from backend.settings import Settings
+from backend.storage.database import Store, ensure_tables
 
 logger = logging.getLogger(__name__)
 

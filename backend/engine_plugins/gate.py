@@ -1,6 +1,6 @@
 """The engine's own door: an ASGI middleware every vLLM process we start loads (issue #18).
 
-    python -m vllm.entrypoints.openai.api_server … --middleware backend.engine.gate.EngineGate
+    python -m vllm.entrypoints.openai.api_server … --middleware backend.engine_plugins.gate.EngineGate
     env VLLM_API_KEY=<key> QWENCHAT_ENGINE_HOSTS=localhost,127.0.0.1,::1 QWENCHAT_ENGINE_PORT=8000
 
 vLLM 0.32 checks its key only on paths that start with ``/v1``, ``/v2``, ``/inference`` or ``/cohere``: with

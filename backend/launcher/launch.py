@@ -24,13 +24,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import contract, hub
-from ..errors import ModelPathError, QwenChatError
-from ..probe import OneTokenProbe
-from ..settings import Settings
-from ..text import Text
-from . import command, fleet, prepare_bg
-from .preflight import (
+from backend import contract, hub
+from backend.errors import ModelPathError, QwenChatError
+from backend.launcher import command, fleet, prepare_bg
+from backend.launcher.preflight import (
     check_exposure,
     check_limits,
     check_model_dir,
@@ -39,8 +36,11 @@ from .preflight import (
     known_config,
     model_config,
 )
-from .supervisor import Supervisor, configure_logs, read_tail, start_process, stop_process_group
-from .ui_keeper import UiKeeper
+from backend.launcher.supervisor import Supervisor, configure_logs, read_tail, start_process, stop_process_group
+from backend.launcher.ui_keeper import UiKeeper
+from backend.probe import OneTokenProbe
+from backend.settings import Settings
+from backend.text import Text
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def static_adapters(
     bad: dict[str, Text] = {}
     if not settings.lora.enable:
         return good, bad
-    from ..adapters import doctor
+    from backend.adapters import doctor
 
     for name in settings.lora.modules:
         path = settings.lora.adapter_path(name)
@@ -233,7 +233,7 @@ def preflight(settings: Settings, engine: str, *, ui_started: bool = False) -> N
             )
         for advice in advices:
             if advice.level == "error":
-                from ..errors import ConfigError
+                from backend.errors import ConfigError
 
                 raise ConfigError("model.max_model_len", settings.model.max_model_len, advice.text)
             say(f"{advice.level}: {advice.text}")
@@ -285,7 +285,7 @@ HISTORY_NOTE_PREFIX = {
 
 
 def history_notes(log_tail: str) -> list[tuple[str, str]]:
-    """The UI log's lines about its history database (backend/chat/history.py open_history), from "history:" on:
+    """The UI log's lines about its history database (backend/storage/history.py open_history), from "history:" on:
     ("waiting", line) while it waits for PostgreSQL, ("off", line) when it starts without history."""
     found = []
     for line in log_tail.splitlines():

@@ -34,8 +34,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from ..errors import ConfigError
-from ..settings import HISTORY_DB_FORMS, without_password
+from backend.errors import ConfigError
+from backend.settings import HISTORY_DB_FORMS, without_password
 
 logger = logging.getLogger(__name__)
 

@@ -60,8 +60,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..settings import Settings, canonical_origin, host_name_of, is_loopback, served_host_names
-from ..text import pick_language, t
+from backend.settings import Settings, canonical_origin, host_name_of, is_loopback, served_host_names
+from backend.text import pick_language, t
 
 logger = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from typing import Any, ClassVar
 from sqlalchemy import Column, Float, Index, MetaData, Table, Text, text
 from sqlalchemy.engine import Connection
 
-from ..errors import QwenChatError
-from ..settings import Settings
-from . import database, history
-from .client import sanitize_text
-from .database import Store
+from backend.chat.client import sanitize_text
+from backend.errors import QwenChatError
+from backend.settings import Settings
+from backend.storage import database, history
+from backend.storage.database import Store
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from .health import EngineState, HealthStatus
+from backend.chat.health import EngineState, HealthStatus
 
 #: Content type of the text exposition format.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes

@@ -19,9 +19,9 @@ from typing import Any, Literal, cast
 from sqlalchemy import CheckConstraint, Column, Index, Integer, MetaData, Table, Text, text
 from sqlalchemy.engine import Connection
 
-from . import database
-from .client import sanitize_text
-from .database import Store
+from backend.chat.client import sanitize_text
+from backend.storage import database
+from backend.storage.database import Store
 
 Winner = Literal["a", "b", "tie"]
 WINNERS: tuple[Winner, ...] = ("a", "b", "tie")

@@ -33,9 +33,9 @@ from typing import Any
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .client import sanitize_text
-from .database import failure, sqlite_pragmas
-from .history import META_KEY, _json_dict
+from backend.chat.client import sanitize_text
+from backend.storage.database import failure, sqlite_pragmas
+from backend.storage.history import META_KEY, _json_dict
 
 logger = logging.getLogger(__name__)
 

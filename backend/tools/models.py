@@ -23,7 +23,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..packages import (
+from backend.packages import (
     SMOLLM2_GGUF,
     Progress,
     atomic_build_dir,
@@ -33,7 +33,7 @@ from ..packages import (
     smollm2_gguf,
     write_marker,
 )
-from ..settings import home_dir
+from backend.settings import home_dir
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ def train_demo_adapter(
         ),
     )
     if examples is None:
-        from ..training_data import read_examples
+        from backend.training_data import read_examples
 
         examples = read_examples(DEMO_DATA)
     end = "<|im_end|>" if "<|im_end|>" in tok.get_vocab() else (tok.eos_token or "")

@@ -21,11 +21,11 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from ..contract import UI_STATUS_FILE_NAME, EngineStatus, SupervisorState
-from ..settings import Settings
-from ..text import Text
-from .command import Command
-from .supervisor import start_process, stop_process_group
+from backend.contract import UI_STATUS_FILE_NAME, EngineStatus, SupervisorState
+from backend.launcher.command import Command
+from backend.launcher.supervisor import start_process, stop_process_group
+from backend.settings import Settings
+from backend.text import Text
 
 logger = logging.getLogger(__name__)
 

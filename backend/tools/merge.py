@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .. import contract
-from ..adapters.doctor import Diagnosis, diagnose_adapter
-from ..adapters.safetensors import read_safetensors_header, read_safetensors_metadata
-from ..errors import ModelPathError, QwenChatError
-from ..settings import home_dir
-from .preflight import check_model_dir
+from backend import contract
+from backend.adapters.doctor import Diagnosis, diagnose_adapter
+from backend.adapters.safetensors import read_safetensors_header, read_safetensors_metadata
+from backend.errors import ModelPathError, QwenChatError
+from backend.launcher.preflight import check_model_dir
+from backend.settings import home_dir
 
 logger = logging.getLogger(__name__)
 

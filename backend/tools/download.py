@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import hub
-from ..hub import ERROR_PREFIX, PROGRESS_PREFIX, HubModel
-from ..hub import parse_error as parse_error  # the launcher's preparation reads both from here
-from ..hub import parse_progress as parse_progress
-from ..text import t
+from backend import hub
+from backend.hub import ERROR_PREFIX, PROGRESS_PREFIX, HubModel
+from backend.hub import parse_error as parse_error  # the launcher's preparation reads both from here
+from backend.hub import parse_progress as parse_progress
+from backend.text import t
 
 #: Tests: the free space (bytes) the disk check sees instead of the real one.
 ENV_FREE_BYTES = "QWENCHAT_HUB_FREE_BYTES"
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         model = hub.parse_hub_id(args.id)
         model = model.as_adapter() if model and args.adapter else model
     else:
-        from ..settings import load_settings
+        from backend.settings import load_settings
 
         model = load_settings().model.hub
     if model is None:

@@ -27,7 +27,7 @@ What ``vllm-router`` 0.1.17 does (measured against recording servers and real vL
 - As its CLI starts it, it checks no key of its own, on any route: ``POST /add_worker?url=…`` and
   ``/remove_worker`` let any local process (or a web page, through DNS rebinding) put its own worker in the
   rotation and receive the next chats with the engine key in ``Authorization`` (issue #18, measured). So it is
-  started through ``router_gate`` (``python -m backend.engine.router_gate <its flags>``, the key in
+  started through ``router_gate`` (``python -m backend.engine_plugins.router_gate <its flags>``, the key in
   ``QWENCHAT_ENGINE_API_KEY``), which gives its Rust binding an API-key validation URL served by the router's own
   process: then every route of its port, admin and health ones included, answers 401 without the key (see
   ``router_gate`` and docs/ARCHITECTURE.md). The launcher's health check of it sends the key.
@@ -78,16 +78,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import contract
-from ..contract import ENV_ENGINE_API_KEY
-from ..engine_http import public_url
-from ..errors import ConfigError, EngineStartFailed, FleetModelsDiffer, ReplicaKeyRefused, ReplicaNotOpenAI
-from ..probe import OneTokenProbe
-from ..settings import ROOT, Settings, is_loopback, replace
-from ..text import t
-from .command import Command, build_engine_command
-from .preflight import check_port_free
-from .supervisor import Supervisor
+from backend import contract
+from backend.contract import ENV_ENGINE_API_KEY
+from backend.engine_http import public_url
+from backend.errors import ConfigError, EngineStartFailed, FleetModelsDiffer, ReplicaKeyRefused, ReplicaNotOpenAI
+from backend.launcher.command import Command, build_engine_command
+from backend.launcher.preflight import check_port_free
+from backend.launcher.supervisor import Supervisor
+from backend.probe import OneTokenProbe
+from backend.settings import ROOT, Settings, is_loopback, replace
+from backend.text import t
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ def build_router_command(settings: Settings, *, python: str, api_key: str) -> Co
     argv = [
         python,
         "-m",
-        "backend.engine.router_gate",
+        "backend.engine_plugins.router_gate",
         "--host",
         s.engine_host,
         "--port",

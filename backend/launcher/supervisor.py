@@ -27,13 +27,13 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from ..contract import EngineStatus, SupervisorState
-from ..errors import EngineStartFailed
-from ..probe import ProbeResult
-from ..settings import ROOT
-from ..text import Text
-from . import log_diagnosis, logfile
-from .command import Command
+from backend.contract import EngineStatus, SupervisorState
+from backend.errors import EngineStartFailed
+from backend.launcher import log_diagnosis, logfile
+from backend.launcher.command import Command
+from backend.probe import ProbeResult
+from backend.settings import ROOT
+from backend.text import Text
 
 logger = logging.getLogger(__name__)
 

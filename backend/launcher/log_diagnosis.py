@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from ..text import Text
+from backend.text import Text
 
 CauseKind = Literal[
     "oom_gpu", "oom_cpu_kvcache", "lora_load_failed", "model_missing", "port_in_use", "unsupported_flag", "unknown"
