@@ -25,8 +25,8 @@ from sqlalchemy.engine import Connection
 from ..errors import QwenChatError
 from ..settings import Settings
 from . import database, history
-from .client import sanitize_text
 from .database import Store
+from .sanitize import sanitize_text
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from sqlalchemy import CheckConstraint, Column, Index, Integer, MetaData, Table,
 from sqlalchemy.engine import Connection
 
 from . import database
-from .client import sanitize_text
 from .database import Store
+from .sanitize import sanitize_text
 
 Winner = Literal["a", "b", "tie"]
 WINNERS: tuple[Winner, ...] = ("a", "b", "tie")

@@ -59,7 +59,7 @@ from ..contract import PHASE_CONVERT_MODEL, PHASE_DOWNLOAD_MODEL, PHASE_INSTALL_
 from ..settings import ROOT, Settings
 from ..text import Text, t
 from . import download
-from .supervisor import _die_with_parent
+from .supervisor import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ async def run_step(
         cwd=str(ROOT),
         env={**os.environ, **(env or {})},
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
         limit=1 << 20,  # pip's "Installing collected packages: …" is one long line
     )
     assert proc.stdout is not None and proc.stderr is not None
