@@ -71,7 +71,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -80,7 +79,7 @@ from typing import Any
 
 import aiohttp
 
-from ..contract import EngineStatus, SupervisorState
+from ..contract import EngineStatus
 from ..engine_http import auth_headers
 from ..probe import probe_body
 from ..settings import HealthSettings  # re-exported: the [health] section
@@ -97,10 +96,11 @@ from .health_status import (
     ReplicaHealth,
     base_of,
     fleet_models,
+    next_status,
     parse_load,
     parse_models,
 )
-from .health_subscriptions import Subscribers, Subscription
+from .health_subscriptions import Subscribers, Subscription, wait_for_state
 
 __all__ = [
     "METRICS_RETRY_S",
@@ -261,36 +261,11 @@ class HealthPoller:
         Time while the launcher is still preparing (installing the engine, converting the model: ``phase``)
         does not count against ``timeout``, which is about the model loading: a first start's install takes
         minutes and ends in READY or, on failure, DOWN."""
-        started = time.monotonic()
-        preparing = 0.0  # seconds spent in a preparation phase, not counted
-        done_states = {EngineState.READY, EngineState.DOWN} | ({EngineState.DEGRADED} if accept_degraded else set())
-        sub = self.subscribe()
-        try:
-            status = await sub.__anext__()  # the current status, queued by subscribe()
-            mark = time.monotonic()
-            while True:
-                now = time.monotonic()
-                if status.phase:
-                    preparing += now - mark
-                mark = now
-                elapsed = now - started
-                if on_progress is not None:
-                    result = on_progress(elapsed, status)
-                    if inspect.isawaitable(result):
-                        await result
-                counted = elapsed - preparing
-                if status.state in done_states or counted >= timeout or self._stopped:
-                    return status
-                wait = min(progress_every, max(0.0, timeout - counted))
-                try:
-                    nxt = await asyncio.wait_for(sub.__anext__(), wait)
-                    status = nxt
-                except TimeoutError:
-                    status = self.status
-                except StopAsyncIteration:
-                    return self.status
-        finally:
-            await sub.aclose()
+        done = {EngineState.READY, EngineState.DOWN} | ({EngineState.DEGRADED} if accept_degraded else set())
+        async with self.subscribe() as sub:
+            return await wait_for_state(
+                sub, lambda: self.status, lambda: self._stopped, done, timeout, on_progress, progress_every
+            )
 
     def subscribe(self) -> Subscription:
         """An async iterator of statuses: the current one first, then each change. Ends at stop().
@@ -495,23 +470,7 @@ class HealthPoller:
                 self._force_probe = True  # each poll asks the router again: is anything still answering?
             state, reason = fleet_view(state, reason, self.fleet.view, self._fresh_answer)
         old = self._status
-        now = time.time()
-        new = dataclasses.replace(
-            old,
-            state=state,
-            reason=reason,
-            since=now if state is not old.state else old.since,
-            models_stale=bool(old.models) and not verdict.models_ok,
-            last_probe_latency=latency if latency is not None else old.last_probe_latency,
-            checked_at=now,
-            cause=(sup.cause or None) if sup else None,
-            attempt=sup.attempt if sup else None,
-            max_attempts=sup.max_attempts if sup else None,
-            log_path=(sup.log_path or None) if sup else None,
-            phase=(sup.phase or None) if sup and sup.state is SupervisorState.PREPARING else None,
-            replicas=self.fleet.view,
-        )
-        self._status = new
+        new = self._status = next_status(old, state, reason, verdict.models_ok, sup, latency, self.fleet.view)
         if state is not old.state or reason != old.reason:
             level = logging.INFO if state in (EngineState.STARTING, EngineState.READY) else logging.WARNING
             if state is old.state:

@@ -10,10 +10,12 @@ import contextlib
 import dataclasses
 import enum
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..contract import EngineStatus, SupervisorState
 from ..text import Text, t
 
 
@@ -189,6 +191,35 @@ class HealthStatus:
     def text(self, lang: str | None = "en") -> str:
         """The reason in the best language for ``lang`` ("" when there is none)."""
         return self.reason.in_(lang) if self.reason else ""
+
+
+def next_status(
+    old: HealthStatus,
+    state: EngineState,
+    reason: Text,
+    models_ok: bool,
+    sup: EngineStatus | None,
+    latency: float | None,
+    replicas: tuple[ReplicaHealth, ...],
+) -> HealthStatus:
+    """The status after a poll: ``old``'s model list kept (stale unless this poll read it), the supervisor's
+    restart attempt, cause and log path, the probe's latency when it answered."""
+    now = time.time()
+    return dataclasses.replace(
+        old,
+        state=state,
+        reason=reason,
+        since=now if state is not old.state else old.since,
+        models_stale=bool(old.models) and not models_ok,
+        last_probe_latency=latency if latency is not None else old.last_probe_latency,
+        checked_at=now,
+        cause=(sup.cause or None) if sup else None,
+        attempt=sup.attempt if sup else None,
+        max_attempts=sup.max_attempts if sup else None,
+        log_path=(sup.log_path or None) if sup else None,
+        phase=(sup.phase or None) if sup and sup.state is SupervisorState.PREPARING else None,
+        replicas=replicas,
+    )
 
 
 # ---------------------------------------------------------------- the model list

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 
-from .health_status import HealthStatus
+from .health_status import EngineState, HealthStatus
 
 Queue = asyncio.Queue[HealthStatus | None]
 
@@ -94,3 +96,40 @@ class Subscription:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+async def wait_for_state(
+    sub: Subscription,
+    current: Callable[[], HealthStatus],
+    stopped: Callable[[], bool],
+    done: Collection[EngineState],
+    timeout: float,
+    on_progress: Callable[[float, HealthStatus], Awaitable[None] | None] | None,
+    progress_every: float,
+) -> HealthStatus:
+    """HealthPoller.wait_until_ready's wait, on ``sub`` (whose first status is the current one): until a state in
+    ``done``, ``timeout`` seconds not counting a preparation phase, or ``stopped()``."""
+    started = time.monotonic()
+    preparing = 0.0  # seconds spent in a preparation phase, not counted
+    status = await sub.__anext__()  # the current status, queued by subscribe()
+    mark = time.monotonic()
+    while True:
+        now = time.monotonic()
+        if status.phase:
+            preparing += now - mark
+        mark = now
+        elapsed = now - started
+        if on_progress is not None:
+            result = on_progress(elapsed, status)
+            if inspect.isawaitable(result):
+                await result
+        counted = elapsed - preparing
+        if status.state in done or counted >= timeout or stopped():
+            return status
+        wait = min(progress_every, max(0.0, timeout - counted))
+        try:
+            status = await asyncio.wait_for(sub.__anext__(), wait)
+        except TimeoutError:
+            status = current()
+        except StopAsyncIteration:
+            return current()
