@@ -32,7 +32,7 @@ Guarantees:
   the request, for connection failures and HTTP 429/502/503/504; never once a stream was
   returned, so a half-shown answer is never silently replayed. ``max_retries=0`` shows the
   first failure as it is.
-- Input text is sanitized: lone surrogates (which cannot be encoded as UTF-8 and would
+- Input text is sanitized (sanitize.py): lone surrogates (which cannot be encoded as UTF-8 and would
   crash the request) become U+FFFD; NUL and everything else is sent unchanged. Response
   bytes that are not valid UTF-8 are decoded with U+FFFD and reported as an anomaly.
 - Every request has an id (8 hex chars) on all our log lines and sent as ``X-Request-Id``.
@@ -87,6 +87,7 @@ from ..errors import (
 )
 from ..settings import ClientSettings
 from ..text import Text
+from .sanitize import sanitize_messages, sanitize_text
 
 logger = logging.getLogger(__name__)
 
@@ -219,30 +220,6 @@ def _maybe_log_summary() -> None:
 def new_request_id() -> str:
     """8 hex characters, unique enough to grep one request in the logs."""
     return secrets.token_hex(4)
-
-
-def sanitize_text(text: str) -> str:
-    """Replace lone surrogates (unencodable in UTF-8) with U+FFFD; join valid surrogate pairs."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def _sanitize(value: Any) -> Any:
-    if isinstance(value, str):
-        return sanitize_text(value)
-    if isinstance(value, list):
-        return [_sanitize(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _sanitize(v) for k, v in value.items()}
-    return value
-
-
-def sanitize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A copy of ``messages`` that can always be sent (see sanitize_text); the input is not changed."""
-    return [_sanitize(m) for m in messages]
 
 
 def _raw(data: Any) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .client import sanitize_text
+from .sanitize import sanitize_text
 from .template import strip_reasoning
 
 

@@ -16,8 +16,8 @@ from datetime import datetime
 from typing import Any
 
 from ..text import t
-from .client import sanitize_text
 from .conversation import Conversation
+from .sanitize import sanitize_text
 from .template import strip_reasoning
 
 

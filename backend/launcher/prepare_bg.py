@@ -62,7 +62,7 @@ from backend.contract import (
     EngineStatus,
     SupervisorState,
 )
-from backend.launcher.supervisor import _die_with_parent
+from backend.launcher.supervisor import die_with_parent
 from backend.settings import ROOT, Settings
 from backend.text import Text, t
 from backend.tools import download
@@ -244,7 +244,7 @@ async def run_step(
         cwd=str(ROOT),
         env={**os.environ, **(env or {})},
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
         limit=1 << 20,  # pip's "Installing collected packages: …" is one long line
     )
     assert proc.stdout is not None and proc.stderr is not None

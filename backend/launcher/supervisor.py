@@ -120,7 +120,7 @@ def start_process(
             cwd=str(cwd),
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
     except BaseException:
         log.close()
@@ -141,7 +141,7 @@ def settle_log(proc: subprocess.Popen[bytes], timeout: float = 3.0) -> None:
             _PUMPS.pop(proc.pid, None)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: get SIGTERM when the launcher dies, however it dies (closed terminal, kill -9).
 
     The children run in their own sessions (so a Ctrl-C reaches only the launcher, which stops

@@ -6,7 +6,7 @@
   reads answer "no such thread" (Chainlit's routes then say 404), writes raise ``InvalidThreadId``.
   The browser sends thread ids to resume, rename, delete and share a chat and with every step it
   writes; Chainlit 2.12 pastes stored thread ids into the SQL text of its thread listing.
-- **Stored text is sanitised like what is sent to the model** (``client.sanitize_text``): a lone
+- **Stored text is sanitised like what is sent to the model** (``sanitize.sanitize_text``): a lone
   surrogate typed in a message cannot be encoded for SQLite and would make the write fail.
 - **A step stays in its thread, and keeps its type** (issue #18). Chainlit's ``create_step`` upserts on the
   step id (``ON CONFLICT (id) DO UPDATE SET "threadId" = …``), and the browser chooses the ids of the messages
@@ -33,9 +33,9 @@ from typing import Any
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from backend.chat.client import sanitize_text
+from backend.chat.sanitize import sanitize_text
 from backend.storage.database import failure, sqlite_pragmas
-from backend.storage.history import META_KEY, _json_dict
+from backend.storage.history import META_KEY, json_dict
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def answer_signature(key: bytes, step_id: str, thread_id: str, raw: str, model: 
 
 
 def _answer_meta(step: Mapping[str, Any]) -> dict[str, Any] | None:
-    ours = _json_dict(step.get("metadata")).get(META_KEY)
+    ours = json_dict(step.get("metadata")).get(META_KEY)
     return ours if step.get("type") == "assistant_message" and isinstance(ours, dict) and "raw" in ours else None
 
 

@@ -144,7 +144,7 @@ def _thumbs_up(conn: Connection, key: bytes | None) -> Liked:
             for s in steps
             if s.get("parentId") == row.run_id
             and s.get("type") == "assistant_message"
-            and "raw" in history._json_dict(s.get("metadata")).get(history.META_KEY, {})
+            and "raw" in history.json_dict(s.get("metadata")).get(history.META_KEY, {})
         ]
         if not answers:
             continue  # thumbs on a command's reply or an error bubble: not a model answer

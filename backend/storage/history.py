@@ -305,7 +305,7 @@ def command_metadata(command: str) -> dict[str, Any]:
     return {META_KEY: {"command": command}}
 
 
-def _json_dict(value: Any) -> dict[str, Any]:
+def json_dict(value: Any) -> dict[str, Any]:
     """Chainlit hands metadata back as a JSON string on SQLite, a dict elsewhere."""
     if isinstance(value, str):
         try:
@@ -324,7 +324,7 @@ def conversation_from_thread(thread: Mapping[str, Any]) -> Conversation:
     """
     conv = Conversation()
     for step in thread.get("steps") or []:  # answers have a parent (Chainlit's on_message run step)
-        ours = _json_dict(step.get("metadata")).get(META_KEY)
+        ours = json_dict(step.get("metadata")).get(META_KEY)
         if isinstance(ours, dict) and ours.get("command"):  # "/unload pirate" is stored as the user message "pirate"
             continue
         if step.get("type") == "user_message":
@@ -350,7 +350,7 @@ def chat_state(model: str, sampling: Mapping[str, float], system_prompt: str) ->
 
 def state_from_thread(thread: Mapping[str, Any], conv: Conversation | None = None) -> dict[str, Any]:
     """The settings a stored thread was last used with; the last answer's model when none were saved."""
-    meta = _json_dict(thread.get("metadata"))
+    meta = json_dict(thread.get("metadata"))
     stored = meta.get(META_KEY)
     state: dict[str, Any] = stored if isinstance(stored, dict) else {}
     out: dict[str, Any] = {}

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from sqlalchemy import Column, Float, Index, MetaData, Table, Text, text
 from sqlalchemy.engine import Connection
 
-from backend.chat.client import sanitize_text
+from backend.chat.sanitize import sanitize_text
 from backend.errors import QwenChatError
 from backend.settings import Settings
 from backend.storage import database, history

@@ -19,7 +19,7 @@ from typing import Any, Literal, cast
 from sqlalchemy import CheckConstraint, Column, Index, Integer, MetaData, Table, Text, text
 from sqlalchemy.engine import Connection
 
-from backend.chat.client import sanitize_text
+from backend.chat.sanitize import sanitize_text
 from backend.storage import database
 from backend.storage.database import Store
 

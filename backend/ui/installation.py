@@ -11,13 +11,24 @@ from chainlit.server import app as http_app
 
 from backend.chat.service import Service
 from backend.storage import history, preferences
-from backend.ui import answering, chainlit_settings, chat, compare_chat, login, reconnect, server, socket_guard
+from backend.ui import (
+    answering,
+    chainlit_patches,
+    chainlit_settings,
+    chat,
+    compare_chat,
+    login,
+    reconnect,
+    server,
+    socket_guard,
+)
 from backend.ui.context import Ui, bound
 from backend.ui.routes import Routes, install_routes
 
 
 def install(service: Service) -> Ui:
     """Open what the UI keeps (history, preferences, files folder) and register its handlers with Chainlit."""
+    chainlit_patches.check_chainlit()  # the patches below reach into Chainlit's internals (chainlit_patches.py)
     settings = service.settings
     # Sets CHAINLIT_AUTH_SECRET: Chainlit reads it only after importing app.py (which calls this). With [login].enable
     # the history is in SQLite or PostgreSQL ([history].db); one that cannot be reached leaves login on, history

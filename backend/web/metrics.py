@@ -7,27 +7,23 @@
     metrics.METRICS.observe_engine(status)           # ui/server.py: every poller snapshot (restarts by cause, per replica)
     text = metrics.METRICS.render(engine=status, active_sessions=n, anomalies=client.anomaly_counts())
 
-Per process, since it started (several UI processes each have their own; Prometheus sums them). The counts are
-kept here (the restart counts are derived from the poller's snapshots, which prometheus_client's own metric objects
-cannot express); the families are built for each scrape and written by ``prometheus_client``, so the text is
-Prometheus's own. vLLM's own metrics are at the engine's ``/metrics`` (its port, with the engine key), not here.
+Per process, since it started (several UI processes each have their own; Prometheus sums them). Each family is a
+prometheus_client ``Histogram``, ``Counter`` or ``Gauge`` in this process's own ``CollectorRegistry`` (not the
+library's global one), written by ``generate_latest``. Two kinds of values are set at each scrape rather than
+counted: the engine snapshot's (state, replicas, attempt) and the client's stream anomaly counts, which client.py
+keeps (a small collector reads them). vLLM's own metrics are at the engine's ``/metrics`` (its port, with the engine
+key), not here.
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import threading
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from backend.chat.health import EngineState, HealthStatus
 
@@ -48,6 +44,9 @@ ADAPTER = "adapter"  # a compare side whose adapter could not be loaded
 
 UNKNOWN_CAUSE = "unknown"
 
+#: Families written only when they have a sample: those of a fleet.
+_FLEET_ONLY = frozenset({"qwenchat_replica_restarts", "qwenchat_replica_ready"})
+
 
 def _new_restarts(last: int, attempt: int) -> int:
     """Restarts a supervisor's ``attempt`` (restarts within its window) reveals after ``last``: a rise counts the
@@ -56,65 +55,82 @@ def _new_restarts(last: int, attempt: int) -> int:
     return attempt - last if attempt > last else (1 if 0 < attempt < last else 0)
 
 
-@dataclass
-class _Histogram:
-    """One label set's observations: per-bucket counts (not cumulative; the last is +Inf), their sum and count."""
+class _Registry(CollectorRegistry):
+    """This process's registry, written as /metrics has always been: no ``_created`` series (a library-wide switch
+    otherwise), no fleet family without a fleet, and a family in ``without_samples`` as HELP and TYPE only."""
 
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
+    def __init__(self) -> None:
+        super().__init__(auto_describe=True)
+        self.without_samples: set[str] = set()
 
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.buckets) + 1)
+    def collect(self) -> Iterator[Metric]:
+        for family in super().collect():
+            family.samples = [
+                s for s in family.samples if not s.name.endswith("_created") and family.name not in self.without_samples
+            ]
+            if family.samples or family.name not in _FLEET_ONLY:
+                yield family
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
 
-    def cumulative(self) -> list[tuple[str, float]]:
-        """(upper bound as Prometheus spells it, cumulative count) for HistogramMetricFamily."""
-        bounds = [floatToGoString(b) for b in self.buckets] + ["+Inf"]  # type: ignore[no-untyped-call]
-        return list(zip(bounds, itertools.accumulate(self.counts), strict=True))
+class _Anomalies(Collector):
+    """``qwenchat_stream_anomalies_total`` from the counts client.py keeps, as given to the scrape."""
+
+    def __init__(self) -> None:
+        self.counts: Mapping[str, int] = {}
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily("qwenchat_stream_anomalies", _HELP["anomalies"], labels=("kind",))
+        for kind in sorted(self.counts):
+            family.add_metric((kind,), self.counts[kind])
+        return [family]
 
 
 class Metrics:
     """Counters, gauges and histograms of one UI process; thread-safe (the Chainlit loop and to_thread callers)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._first_token: dict[str, _Histogram] = {}
-        self._answer: dict[str, _Histogram] = {}
-        self._outcomes: Counter[tuple[str, str]] = Counter()  # (model, outcome)
-        self._streaming = 0
-        self._restarts: Counter[str] = Counter()
+        self._lock = threading.Lock()  # the restart bookkeeping, and one scrape's snapshot at a time
         self._last_attempt = 0
-        self._replica_restarts: Counter[tuple[int, str]] = Counter()  # (replica number, cause)
         self._replica_attempts: dict[int, int] = {}
+        r = self._registry = _Registry()
+        # Registered in the order /metrics has always listed them.
+        self._first_token = Histogram(
+            "qwenchat_first_token_seconds", _HELP["first_token"], ("model",), buckets=FIRST_TOKEN_BUCKETS, registry=r
+        )
+        self._answer = Histogram(
+            "qwenchat_answer_seconds", _HELP["answer"], ("model",), buckets=ANSWER_BUCKETS, registry=r
+        )
+        self._outcomes = Counter("qwenchat_answers", _HELP["answers"], ("model", "outcome"), registry=r)
+        self._streaming = Gauge("qwenchat_streaming_answers", _HELP["streaming"], registry=r)
+        self._restarts = Counter("qwenchat_engine_restarts", _HELP["restarts"], ("cause",), registry=r)
+        self._replica_restarts = Counter(
+            "qwenchat_replica_restarts", _HELP["replica_restarts"], ("replica", "cause"), registry=r
+        )
+        self._anomalies = _Anomalies()
+        r.register(self._anomalies)
+        self._sessions = Gauge("qwenchat_active_sessions", _HELP["sessions"], registry=r)
+        self._state = Gauge("qwenchat_engine_state", _HELP["state"], ("state",), registry=r)
+        self._replica_ready = Gauge(
+            "qwenchat_replica_ready", _HELP["replica_ready"], ("replica", "address"), registry=r
+        )
+        self._attempt = Gauge("qwenchat_engine_restart_attempt", _HELP["attempt"], registry=r)
 
     # ------------------------------------------------------------ updates
 
     def first_token(self, model: str, seconds: float) -> None:
-        with self._lock:
-            self._first_token.setdefault(model, _Histogram(FIRST_TOKEN_BUCKETS)).observe(seconds)
+        self._first_token.labels(model).observe(seconds)
 
     def answered(self, model: str, seconds: float) -> None:
-        with self._lock:
-            self._answer.setdefault(model, _Histogram(ANSWER_BUCKETS)).observe(seconds)
+        self._answer.labels(model).observe(seconds)
 
     def outcome(self, outcome: str, model: str) -> None:
-        with self._lock:
-            self._outcomes[(model, outcome)] += 1
+        self._outcomes.labels(model, outcome).inc()
 
     @contextmanager
     def streaming(self) -> Iterator[None]:
         """An answer streams for the duration of the block (also left on error or Stop)."""
-        with self._lock:
-            self._streaming += 1
-        try:
+        with self._streaming.track_inprogress():
             yield
-        finally:
-            with self._lock:
-                self._streaming -= 1
 
     def observe_engine(self, status: HealthStatus) -> None:
         """Count the restarts this snapshot reveals, from the supervisor's ``attempt`` (``_new_restarts``), and in
@@ -124,14 +140,14 @@ class Metrics:
                 new = _new_restarts(self._last_attempt, status.attempt)
                 self._last_attempt = status.attempt
                 if new:
-                    self._restarts[status.cause or UNKNOWN_CAUSE] += new
+                    self._restarts.labels(status.cause or UNKNOWN_CAUSE).inc(new)
             for r in status.replicas:  # a fleet: the launcher's own replicas have supervisors too
                 if r.attempt is None:
                     continue
                 new = _new_restarts(self._replica_attempts.get(r.number, 0), r.attempt)
                 self._replica_attempts[r.number] = r.attempt
                 if new:
-                    self._replica_restarts[(r.number, r.cause or UNKNOWN_CAUSE)] += new
+                    self._replica_restarts.labels(str(r.number), r.cause or UNKNOWN_CAUSE).inc(new)
 
     def reset(self) -> None:
         """Tests only: back to a fresh process."""
@@ -142,73 +158,20 @@ class Metrics:
     def render(self, *, engine: HealthStatus, active_sessions: int, anomalies: Mapping[str, int]) -> str:
         """The text exposition of this process's metrics and the given snapshot (prometheus_client's writer)."""
         self.observe_engine(engine)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Scrape(self._families(engine, active_sessions, anomalies)))
-        return generate_latest(registry).decode()
-
-    def _families(self, engine: HealthStatus, active_sessions: int, anomalies: Mapping[str, int]) -> list[Metric]:
-        """Every family, in the order /metrics has always listed them; those of a fleet only with a fleet."""
         with self._lock:
-            out: list[Metric] = [
-                _histograms("qwenchat_first_token_seconds", self._first_token, _HELP["first_token"]),
-                _histograms("qwenchat_answer_seconds", self._answer, _HELP["answer"]),
-                _counter("qwenchat_answers", _HELP["answers"], ("model", "outcome"), self._outcomes),
-                _gauge("qwenchat_streaming_answers", _HELP["streaming"], self._streaming),
-                _counter("qwenchat_engine_restarts", _HELP["restarts"], ("cause",), self._restarts),
-            ]
-            if self._replica_restarts:
-                replica_restarts = {(str(n), cause): v for (n, cause), v in self._replica_restarts.items()}
-                out.append(
-                    _counter(
-                        "qwenchat_replica_restarts", _HELP["replica_restarts"], ("replica", "cause"), replica_restarts
-                    )
-                )
-        out.append(_counter("qwenchat_stream_anomalies", _HELP["anomalies"], ("kind",), anomalies))
-        out.append(_gauge("qwenchat_active_sessions", _HELP["sessions"], active_sessions))
-        state = GaugeMetricFamily("qwenchat_engine_state", _HELP["state"], labels=("state",))
-        for s in EngineState:
-            state.add_metric((s.value,), 1 if engine.state is s else 0)
-        out.append(state)
-        if engine.replicas:  # a [fleet]: each replica as the poller last saw it (its own /health)
-            ready = GaugeMetricFamily("qwenchat_replica_ready", _HELP["replica_ready"], labels=("replica", "address"))
-            for r in engine.replicas:
-                ready.add_metric((str(r.number), r.address), 1 if r.ready else 0)
-            out.append(ready)
-        attempt = GaugeMetricFamily("qwenchat_engine_restart_attempt", _HELP["attempt"])
-        if engine.attempt is not None:  # absent with an external engine
-            attempt.add_metric((), engine.attempt)
-        out.append(attempt)
-        return out
-
-
-class _Scrape(Collector):
-    """One scrape's families, ready-made (the registry asks a collector for them)."""
-
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families
-
-
-def _histograms(name: str, per_model: Mapping[str, _Histogram], text: str) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, text, labels=("model",))
-    for model in sorted(per_model):
-        h = per_model[model]
-        family.add_metric((model,), h.cumulative(), h.total)
-    return family
-
-
-def _counter(name: str, text: str, labels: tuple[str, ...], values: Mapping[Any, float]) -> CounterMetricFamily:
-    """``name`` without ``_total``: prometheus_client adds it to the sample (and the parser strips it again)."""
-    family = CounterMetricFamily(name, text, labels=labels)
-    for key in sorted(values):
-        family.add_metric(key if isinstance(key, tuple) else (key,), values[key])
-    return family
-
-
-def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, text, value=value)
+            self._anomalies.counts = dict(anomalies)
+            self._sessions.set(active_sessions)
+            for s in EngineState:
+                self._state.labels(s.value).set(1 if engine.state is s else 0)
+            self._replica_ready.clear()  # a fleet: each replica as the poller last saw it (its own /health)
+            for replica in engine.replicas:
+                self._replica_ready.labels(str(replica.number), replica.address).set(1 if replica.ready else 0)
+            self._registry.without_samples.discard("qwenchat_engine_restart_attempt")
+            if engine.attempt is None:  # an external engine: no supervisor, no attempt
+                self._registry.without_samples.add("qwenchat_engine_restart_attempt")
+            else:
+                self._attempt.set(engine.attempt)
+            return generate_latest(self._registry).decode()
 
 
 _HELP = {

@@ -808,7 +808,7 @@ async def push_model_change(ui) -> None:
     import dataclasses
 
     st = ui.service.poller.status
-    for q in list(ui.service.poller._subscribers):
+    for q in list(ui.service.poller.subscribers):
         q.put_nowait(dataclasses.replace(st, version=st.version + 1000))
 
 
@@ -816,18 +816,18 @@ async def test_a_reconnect_restarts_the_model_watcher_and_a_cancelled_one_unsubs
     from chainlit.config import config
     from chainlit.context import init_ws_context
 
-    subscribers = len(ui.service.poller._subscribers)
+    subscribers = len(ui.service.poller.subscribers)
     first = user_session(chat).watcher
     init_ws_context(chat.session)
     await config.code.on_chat_end()  # Chainlit calls it on every disconnect, also a brief network drop
     await asyncio.wait({first}, timeout=5)
     assert first.cancelled()
-    assert len(ui.service.poller._subscribers) == subscribers - 1  # its queue left the poller
+    assert len(ui.service.poller.subscribers) == subscribers - 1  # its queue left the poller
 
     await chat.send(f"after the reconnect {marker()}")  # same session: no on_chat_start
     again = user_session(chat).watcher
     assert again is not first and not again.done()
-    assert len(ui.service.poller._subscribers) == subscribers
+    assert len(ui.service.poller.subscribers) == subscribers
     n = len(chat.events)
     await push_model_change(ui)
     await wait_for(lambda: settings_sent(chat, n), 5, "the settings panel re-sent by the restarted watcher")

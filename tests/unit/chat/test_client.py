@@ -36,8 +36,8 @@ from backend.chat.client import (
     map_error,
     new_request_id,
     reset_anomaly_counts,
-    sanitize_messages,
 )
+from backend.chat.sanitize import sanitize_messages
 from backend.errors import (
     AuthenticationFailed,
     BackendError,
