@@ -17,7 +17,8 @@ poll while probes fail or right after /health or /v1/models failed.
 
 States (``EngineState``):
 
-    STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting;
+    STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting
+              (even with /health answering: ready only once the launcher's status says running);
               or the launcher still preparing (installing the engine, converting the model: ``phase``, no HTTP);
               or a fleet's router that answers /health while a probe through it fails with a 5xx (not routable)
     READY     health 200 (or no /health route), models listed, probe answered within probe_slow
@@ -702,7 +703,10 @@ class HealthPoller:
             self._health_404_logged = True
             logger.info("%s/health is not served (404); readiness from /v1/models and the probe only", self.root_url)
 
-        if sup is not None and sup.state in _SUP_STARTING and not health_ok:
+        if sup is not None and sup.state in _SUP_STARTING:
+            # Until its supervisor says running, whatever /health says: the UI never calls an engine ready (and answers
+            # through it) while the launcher's status still says it (re)starts (issue #28: a restarted engine answered
+            # /health and the probe up to a second before its supervisor's next check wrote "running").
             self._set(EngineState.STARTING, _supervisor_starting_text(sup), sup=sup, models_ok=False)
         elif not health.ok:
             self._health_unanswered(health, sup)
@@ -829,7 +833,8 @@ class HealthPoller:
         lists: dict[int, tuple[ModelEntry, ...]] = {}
         for (number, address, _), resp, listed in zip(self.replica_roots, answers[:n], answers[n:], strict=True):
             sup = sups.get(number)
-            ready = resp.ok and resp.status == 200
+            # a local replica is ready once its supervisor says so too (as the router's: see _check_health)
+            ready = resp.ok and resp.status == 200 and not (sup is not None and sup.state in _SUP_STARTING)
             text: Text | None
             if sup is not None and not ready and sup.state in (*_SUP_STARTING, *_SUP_DOWN):
                 # the launcher's own replica: what its supervisor says (restarting, attempt 1 of 5, and why)

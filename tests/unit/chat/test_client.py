@@ -758,6 +758,11 @@ MAPPING: list[tuple[str, Exception, type]] = [
     ("422", _status(openai.UnprocessableEntityError, 422, {"message": "bad field"}), RequestRejected),
     ("429", _status(openai.RateLimitError, 429, {"message": "slow down"}), Overloaded),
     ("503", _status(openai.InternalServerError, 503, {"message": "busy"}), Overloaded),
+    (
+        "503 vllm-router without a worker",
+        _status(openai.InternalServerError, 503, "No available workers (all circuits open or unhealthy)"),
+        errors.NoWorkerAvailable,
+    ),
     ("500", _status(openai.InternalServerError, 500, {"message": "boom"}), EngineError),
     ("502 html", _status(openai.InternalServerError, 502, "<html>bad gateway</html>"), errors.WebPageResponse),
     (
