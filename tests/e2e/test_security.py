@@ -33,7 +33,7 @@ from tests.e2e import support as e2e
 from tests.e2e.test_history import LOGIN, PASSWORD, USER, launch  # the app against the fake server, ready
 from tests.fakes.openai_server import expected_text
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 
 class Listener:

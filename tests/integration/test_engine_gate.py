@@ -23,6 +23,9 @@ import pytest
 from backend.engine import command, gate, logfile
 from tests.conftest import Engine, need_env
 
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+
 #: The one route open without the key (the supervisor's and vllm-router's health checks).
 OPEN = {("GET", "/health")}
 

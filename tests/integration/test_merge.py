@@ -33,6 +33,9 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+
 base, adapter, merged = sys.argv[1:4]
 torch.set_grad_enabled(False)
 messages = [{"role": "user", "content": "What is the capital of France?"}]

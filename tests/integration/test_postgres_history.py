@@ -31,6 +31,9 @@ from backend.errors import ConfigError
 from backend.settings import HistorySettings, LoggingSettings, LoginSettings, Settings
 from tests.support.postgres import free_port
 
+pytestmark = [pytest.mark.integration]
+
+
 ROOT = Path(__file__).resolve().parents[2]
 RAW = "Arr, matey! Paris be the capital."
 
