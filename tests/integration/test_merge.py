@@ -23,6 +23,8 @@ from backend.adapters.doctor import diagnose_adapter
 from backend.engine import merge
 from tests.conftest import need_env
 
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120  # one subprocess; each takes 4-10 s here
 
@@ -32,9 +34,6 @@ import json, sys
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-pytestmark = [pytest.mark.integration, pytest.mark.engine]
-
 
 base, adapter, merged = sys.argv[1:4]
 torch.set_grad_enabled(False)

@@ -34,6 +34,7 @@ FIXTURES = {
 #: the test running now (its setup, call and teardown), and what each module started: module node id -> kinds
 CURRENT: list[pytest.Item | None] = [None]
 STARTED: dict[str, set[str]] = defaultdict(set)
+SAID: dict[str, set[str]] = defaultdict(set)  # what was reported of each module (once, at the first teardown after)
 
 
 def module_id(item: pytest.Item) -> str:
@@ -67,8 +68,9 @@ def note(*kinds: str) -> None:
 
 
 def started_unmarked(item: pytest.Item) -> str:
-    """What ``item``'s module started without the marker for it ("" when nothing)."""
-    kinds = STARTED.get(module_id(item), set()) - marked(item)
+    """What ``item``'s module started without the marker for it ("" when nothing, or when said already)."""
+    kinds = STARTED.get(module_id(item), set()) - marked(item) - SAID[module_id(item)]
+    SAID[module_id(item)] |= kinds
     return _say(module_id(item), kinds, "started") if kinds else ""
 
 
@@ -83,10 +85,10 @@ def kinds_of(argv: Sequence[Any]) -> set[str]:
     or of another Chainlit app. (A product's own engine is its launcher's child, not seen here: a module launching
     the product on its own engine carries ``engine`` by hand, and its fixtures are checked at collection.)"""
     args = [str(a) for a in argv]
-    joined = " ".join(args)
-    if "vllm.entrypoints" in joined:
+    module = {args[i + 1]: args[i + 2 : i + 3] for i in range(len(args) - 1) if args[i] == "-m"}  # -m NAME ARG
+    if any(name.startswith("vllm.entrypoints") for name in module):
         return {"engine"}
-    if ("-m backend serve" in joined and "--dry-run" not in args) or "-m chainlit run" in joined:
+    if (module.get("backend") == ["serve"] and "--dry-run" not in args) or module.get("chainlit") == ["run"]:
         return {"product"}
     return set()
 

@@ -30,6 +30,9 @@ from tests.conftest import free_port
 from tests.fakes.openai_server import FakeServer
 from tests.unit.engine.test_launch import fake_gpus, run
 
+#: it runs `python -m backend serve` (refusals) and vllm-router (tests/support/marks.py)
+pytestmark = pytest.mark.product
+
 
 def argv_value(argv, flag):
     return argv[list(argv).index(flag) + 1]
