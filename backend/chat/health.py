@@ -95,6 +95,7 @@ from ..contract import (
     replica_status_file_name,
 )
 from ..engine_http import Route, auth_headers, error_message, public_url, replica_address, status_error
+from ..errors import NoWorkerAvailable
 from ..probe import probe_body
 from ..settings import HealthSettings  # re-exported: the [health] section
 from ..text import Text, t
@@ -804,9 +805,12 @@ class HealthPoller:
         elif probe.error == "timeout":
             reason = Text("health.probe_timeout", {"seconds": s.probe_timeout})
             self._set(EngineState.DEGRADED, reason, sup=sup, models_ok=True)
-        elif self.replica_roots and probe.status >= 500 and any(r.ready for r in self._replica_view):
+        elif (self.replica_roots and probe.status >= 500 and any(r.ready for r in self._replica_view)) or isinstance(
+            status_error(probe.status, probe.body, Route.CHAT), NoWorkerAvailable
+        ):
             # Ready means routable: a router that answers /health (e.g. just restarted, its workers not checked yet)
-            # but fails a request through it would fail the user's message too; wait for it like a start.
+            # but fails a request through it would fail the user's message too; wait for it like a start. A router
+            # that says it has no worker (also one in front of replicas this app does not know) is one.
             reason = Text("health.router_not_routing", {"detail": _error_detail(probe)})
             if self._status.state is not EngineState.STARTING:  # "starting 12 s" counts from here, not the UI's start
                 self._life_started = time.monotonic()

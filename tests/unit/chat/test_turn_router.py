@@ -28,11 +28,13 @@ NO_WORKER_MODE = "fault:http-503:router=1"  # every request: vllm-router's plain
 FAST = HealthSettings(poll_starting=0.05, poll_ready=0.5, probe_every=0.5, probe_timeout=5, probe_slow=4)
 
 
-@pytest_asyncio.fixture
-async def fleet(tmp_path):
+@pytest_asyncio.fixture(params=["local", "remote"])
+async def fleet(tmp_path, request):
     """(service, router, status file): the router (a fake) in front of one ready replica (another fake), the
-    router's status file saying running; the poller has seen the fleet ready."""
+    router's status file saying running; the poller has seen the fleet ready. "remote": the app does not know the
+    replicas (an OPENAI_BASE_URL that is a router): it sees the router only."""
     async with FakeServer() as router, FakeServer() as replica:
+        replicas = [replica.base_url] if request.param == "local" else []
         status_file = tmp_path / STATUS_FILE_NAME
         EngineStatus(SupervisorState.RUNNING, pid=1, attempt=0).write(status_file)
         settings = Settings(
@@ -43,11 +45,11 @@ async def fleet(tmp_path):
             logging=LoggingSettings(dir=str(tmp_path / "logs")),
         )
         service = Service(settings)
-        service._poller = HealthPoller(router.base_url, "test", FAST, status_file, replicas=[replica.base_url])
+        service._poller = HealthPoller(router.base_url, "test", FAST, status_file, replicas=replicas)
         await service.poller.start()
         try:
             status = await service.poller.wait_until_ready(30)
-            assert status.ready and status.replicas_ready == 1, status
+            assert status.ready and status.replicas_ready == len(replicas), status
             yield service, router, status_file
         finally:
             await service.poller.stop()
