@@ -30,9 +30,8 @@ The policy, in order:
   (``NoWorkerAvailable``: nothing was generated) is asked again as soon as a probe through it answers; all of it
   within ``[ui] wait_for_ready`` seconds from the router's first refusal, never a fixed number of tries (a router
   that was down, then back but not routing yet, then flapping while its workers come in: issue #28); an adapter
-  the engine no longer serves
-  switches the chat back to the default model; any other error of ours says what happened (Retry when resending
-  may help); a bug in the app says so, with the request id the log has.
+  the engine no longer serves switches the chat back to the default model; any other error of ours says what
+  happened (Retry when resending may help); a bug in the app says so, with the request id the log has.
 
 What was shown is what the history holds: an answer cut by an error or Stop is kept, marked
 interrupted; one that never showed any text is removed and not recorded.
