@@ -51,6 +51,7 @@ lives outside this module, next to the only code that raises it (marked below).
         ├── AuthenticationFailed   401 / 403: the API key was refused
         ├── RequestRejected        any other 4xx (incl. a 404 for a wrong route): refused as sent
         ├── Overloaded             429 / 503
+        │   └── NoWorkerAvailable  a fleet's router: 503 "No available workers" (restarted, its workers not in yet)
         ├── EngineError            other 5xx, or an error event inside a stream
         ├── EmptyAnswer            stream ended with no text and no finish reason
         ├── MalformedResponse      the server sent something that is not the API
@@ -538,6 +539,14 @@ class Overloaded(BackendError):
 
     code = "overloaded"
     text_key = "error.overloaded"
+
+
+class NoWorkerAvailable(Overloaded):
+    """A fleet's router has no worker it may route to (vllm-router's 503 "No available workers"): it was restarted
+    and has not admitted its workers yet, or their circuits are open. Nothing was generated: resending is safe."""
+
+    code = "no_worker"
+    text_key = "error.no_worker"
 
 
 class EngineError(BackendError):

@@ -17,7 +17,8 @@ poll while probes fail or right after /health or /v1/models failed.
 
 States (``EngineState``):
 
-    STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting;
+    STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting
+              (even with /health answering: ready only once the launcher's status says running);
               or the launcher still preparing (installing the engine, converting the model: ``phase``, no HTTP);
               or a fleet's router that answers /health while a probe through it fails with a 5xx (not routable)
     READY     health 200 (or no /health route), models listed, probe answered within probe_slow

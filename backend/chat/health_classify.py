@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from .. import hub
 from ..contract import PHASE_CONVERT_MODEL, PHASE_DOWNLOAD_MODEL, PHASE_INSTALL_ENGINE, EngineStatus, SupervisorState
 from ..engine_http import Route, status_error
+from ..errors import NoWorkerAvailable
 from ..settings import HealthSettings
 from ..text import Text
 from .health_http import Http, error_detail
@@ -90,7 +91,10 @@ def _starting(reason: Text, life: Life, settings: HealthSettings) -> Verdict:
 
 def _health(health: Http, sup: EngineStatus | None, life: Life, settings: HealthSettings) -> Verdict | None:
     ok = health_ok(health, life)
-    if sup is not None and sup.state in SUP_STARTING and not ok:
+    if sup is not None and sup.state in SUP_STARTING:
+        # Until its supervisor says running, whatever /health says: the UI never calls an engine ready (and answers
+        # through it) while the launcher's status still says it (re)starts (issue #28: a restarted engine answered
+        # /health and the probe up to a second before its supervisor's next check wrote "running").
         return Verdict(EngineState.STARTING, supervisor_starting_text(sup))
     if not health.ok:  # no answer: slow or gone after having been ready, else still starting
         if life.ever_ready and health.error == "timeout":
@@ -136,9 +140,12 @@ def _probe(probe: Http, life: Life, settings: HealthSettings) -> Verdict:
         )
     if probe.error == "timeout":
         return Verdict(EngineState.DEGRADED, Text("health.probe_timeout", {"seconds": settings.probe_timeout}), True)
-    if life.fleet and probe.status >= 500 and life.replica_ready:
+    if (life.fleet and probe.status >= 500 and life.replica_ready) or isinstance(
+        status_error(probe.status, probe.body, Route.CHAT), NoWorkerAvailable
+    ):
         # Ready means routable: a router that answers /health (e.g. just restarted, its workers not checked yet)
-        # but fails a request through it would fail the user's message too; wait for it like a start.
+        # but fails a request through it would fail the user's message too; wait for it like a start. A router
+        # that says it has no worker (also one in front of replicas this app does not know) is one.
         return Verdict(EngineState.STARTING, Text("health.router_not_routing", {"detail": error_detail(probe)}), True)
     reason = Text("health.probe_failed", {"detail": probe.error or error_detail(probe)})
     return Verdict(EngineState.DEGRADED, reason, True)
@@ -175,7 +182,8 @@ def fleet_view(
 def replica_text(resp: Http, sup: EngineStatus | None, timeout: float) -> Text | None:
     """Why a fleet replica is not ready (None when it is): its supervisor's words for the launcher's own replica,
     else what its /health answered."""
-    ready = resp.ok and resp.status == 200
+    # a local replica is ready once its supervisor says so too (as the router's: see _health)
+    ready = resp.ok and resp.status == 200 and not (sup is not None and sup.state in SUP_STARTING)
     if sup is not None and not ready and sup.state in (*SUP_STARTING, *SUP_DOWN):
         # the launcher's own replica: what its supervisor says (restarting, attempt 1 of 5, and why)
         return supervisor_down_text(sup) if sup.state in SUP_DOWN else supervisor_starting_text(sup)

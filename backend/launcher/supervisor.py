@@ -85,6 +85,9 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> No
         proc.wait(timeout=5)
 
 
+#: Seconds between the health checks of an engine that (re)starts; the status says "running" this long after it is.
+HEALTH_CHECK_EVERY = 0.5
+
 #: The log pump of each process start_process started (its output pipe into the size-capped log).
 _PUMPS: dict[int, logfile.LogPump] = {}
 #: [logging] max_bytes, backups for the logs start_process writes (the launcher sets them: configure_logs).
@@ -304,7 +307,8 @@ class Supervisor:
                     return True
             except Exception:  # noqa: BLE001 - refused/reset while loading is the normal case
                 pass
-            await asyncio.sleep(1.0)
+            # the UI calls the engine ready only once this says "running": check often (a local GET, cheap)
+            await asyncio.sleep(HEALTH_CHECK_EVERY)
         return False
 
     def _health_status(self) -> int:

@@ -22,7 +22,7 @@ from backend.launcher import prepare_bg
 from backend.settings import EMBEDDED_MODEL_NAME, ModelSettings
 from tests.e2e import support as e2e
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.product, pytest.mark.browser]
 
 COLLECTED = 40
 FAKE_BASH = r"""#!/bin/sh

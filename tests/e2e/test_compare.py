@@ -22,7 +22,7 @@ import pytest
 from backend.settings import ROOT
 from tests.e2e import support as e2e
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.product, pytest.mark.browser]
 
 BASE, ADAPTER = "smollm2-135m-instruct", "pirate"
 QUESTION = "What is the capital of France?"

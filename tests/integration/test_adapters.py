@@ -38,7 +38,7 @@ from backend.text import t
 from tests.conftest import free_port, start_engine, tiny_settings
 from tests.fakes import adapter_zoo as zoo
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.asyncio]
 
 RANK = 8  # the good adapters' rank; tiny_settings serves with --max-lora-rank 8
 BIG_RANK = 16  # the bad static adapter: above --max-lora-rank 8

@@ -24,6 +24,9 @@ from backend.engine_plugins import gate
 from backend.launcher import command, logfile
 from tests.conftest import Engine, need_env
 
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+
 #: The one route open without the key (the supervisor's and vllm-router's health checks).
 OPEN = {("GET", "/health")}
 

@@ -30,7 +30,7 @@ from tests.e2e import support as e2e
 from tests.support.ports import free_block
 from tests.support.socket_client import Session
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.product, pytest.mark.browser]
 
 KEY = e2e.ENGINE_KEY
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))

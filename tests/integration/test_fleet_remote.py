@@ -27,7 +27,7 @@ from tests.integration.test_fleet import served, wait_for
 from tests.support.socket_client import Session
 from tests.support.starts import descends_from
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.product]
 
 
 def chat(base: str, key: str, model: str, text: str = "Tell me a story.", max_tokens: int = 8) -> dict:

@@ -23,6 +23,8 @@ from backend.adapters.doctor import diagnose_adapter
 from backend.tools import merge
 from tests.conftest import need_env
 
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120  # one subprocess; each takes 4-10 s here
 

@@ -24,6 +24,9 @@ from tests.e2e.test_history import LOGIN, PASSWORD, USER
 from tests.e2e.test_history import launch as launch_ready
 from tests.support.socket_client import Session, login_cookie
 
+pytestmark = [pytest.mark.integration, pytest.mark.product, pytest.mark.browser]
+
+
 BOB, BOB_PW = "bob", "bob's long password"
 SLOW = "[[normal:tokens=40:rate=8]]"  # the fake server streams this answer for ~5 s
 

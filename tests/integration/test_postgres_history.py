@@ -31,6 +31,9 @@ from backend.storage.datalayer import GuardedDataLayer
 from backend.storage.votes import Vote, VoteStore
 from tests.support.postgres import free_port
 
+pytestmark = [pytest.mark.integration]
+
+
 ROOT = Path(__file__).resolve().parents[2]
 RAW = "Arr, matey! Paris be the capital."
 

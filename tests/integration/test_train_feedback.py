@@ -18,7 +18,7 @@ from backend.storage import preferences
 from backend.storage.votes import Vote, VoteStore
 from tests.conftest import need_env
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 
 def run(python: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

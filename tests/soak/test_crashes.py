@@ -28,7 +28,7 @@ from tests.support import live_app
 from tests.support.socket_client import Session, Turn
 from tests.support.supervision import wait_group_empty
 
-pytestmark = pytest.mark.soak
+pytestmark = [pytest.mark.soak, pytest.mark.engine, pytest.mark.product]
 
 SIZES = {"short": (10, 2), "long": (50, 3)}  # sessions, kills
 # Long enough to still stream at the kill (about 12 s of generation for 10 sessions at once; the kill waits for the

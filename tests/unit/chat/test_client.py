@@ -248,15 +248,17 @@ async def test_stream_fault_ends_in_its_typed_outcome(server, client, fault):
 @pytest.mark.asyncio
 @pytest.mark.parametrize("fault", sorted(NONSTREAM))
 async def test_complete_fault_ends_in_its_typed_outcome(server, fault):
-    client = make_client(server, total_timeout=0.5)
-    spec = f"fault:{fault}:stall=5"
+    # [client] total_timeout is what a stall (30 s here) runs into; every other fault gets a limit no busy machine
+    # reaches (a 0.5 s limit for all once ended a plain answer in TotalTimeout while another process was busy)
+    expected = NONSTREAM[fault]
+    client = make_client(server, total_timeout=0.5 if expected is TotalTimeout else 120)
+    spec = f"fault:{fault}:stall=30"
     try:
         result: Answer | BaseException = await client.complete(HI, spec)
     except Exception as exc:  # noqa: BLE001
         result = exc
     finally:
         await client.aclose()
-    expected = NONSTREAM[fault]
     if isinstance(expected, type):
         assert type(result) is expected, f"{fault}: got {result!r}"
     else:
@@ -758,6 +760,11 @@ MAPPING: list[tuple[str, Exception, type]] = [
     ("422", _status(openai.UnprocessableEntityError, 422, {"message": "bad field"}), RequestRejected),
     ("429", _status(openai.RateLimitError, 429, {"message": "slow down"}), Overloaded),
     ("503", _status(openai.InternalServerError, 503, {"message": "busy"}), Overloaded),
+    (
+        "503 vllm-router without a worker",
+        _status(openai.InternalServerError, 503, "No available workers (all circuits open or unhealthy)"),
+        errors.NoWorkerAvailable,
+    ),
     ("500", _status(openai.InternalServerError, 500, {"message": "boom"}), EngineError),
     ("502 html", _status(openai.InternalServerError, 502, "<html>bad gateway</html>"), errors.WebPageResponse),
     (

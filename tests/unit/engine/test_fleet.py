@@ -30,6 +30,9 @@ from tests.conftest import free_port
 from tests.fakes.openai_server import FakeServer
 from tests.unit.engine.test_launch import fake_gpus, run
 
+#: it runs `python -m backend serve` (refusals) and vllm-router (tests/support/marks.py)
+pytestmark = pytest.mark.product
+
 
 def argv_value(argv, flag):
     return argv[list(argv).index(flag) + 1]
@@ -548,6 +551,12 @@ class Recorder:
         await self.runner.cleanup()
 
 
+#: Routes vllm-router 0.1.17 serves (its admin and OpenAI ones): the scrape of its binary must find at least these.
+KNOWN_ROUTER_PATHS = frozenset(
+    {"/add_worker", "/remove_worker", "/list_workers", "/flush_cache", "/health", "/v1/chat/completions", "/v1/models"}
+)
+
+
 def router_paths() -> list[str]:
     """Every path the router's binary may serve, read from the binary itself (its route literals sit side by side,
     so every run of /segments is cut into its pieces of 1 to 4 segments): a route a new release adds is probed
@@ -653,7 +662,10 @@ async def test_without_the_key_no_route_of_the_router_answers_and_nobody_changes
         port, proc, _ = await start_router(tmp_path, real.root + "/v1")
         try:
             assert await asyncio.to_thread(workers, port) == [real.root]
-            probes = [(m, path) for path in router_paths() for m in ("GET", "POST", "DELETE")]
+            paths = router_paths()
+            missed = KNOWN_ROUTER_PATHS - set(paths)
+            assert not missed, f"the scrape of the router's binary missed {sorted(missed)}: the probes prove nothing"
+            probes = [(m, path) for path in paths for m in ("GET", "POST", "DELETE")]
             answered = await asyncio.to_thread(ask_all, port, probes)
             opened = {req: code for req, code in answered.items() if code < 400}
             assert not opened, f"{len(opened)} of {len(probes)} keyless requests not refused: {sorted(opened)[:20]}"

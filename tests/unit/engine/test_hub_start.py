@@ -17,6 +17,9 @@ from backend.settings import ModelSettings, Settings
 from backend.tools import download
 from tests.unit.engine.test_launch import QWEN3_4B_CONFIG, run
 
+pytestmark = pytest.mark.product  # it runs `python -m backend serve` (tests/support/marks.py)
+
+
 QWEN = "Qwen/Qwen3-4B-Instruct-2507"
 
 

@@ -11,8 +11,13 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 from backend.settings import ROOT, HistorySettings, LoginSettings
 from tests.conftest import free_port
+
+pytestmark = pytest.mark.product  # it runs `python -m backend serve` (tests/support/marks.py)
+
 
 TEST_CONFIG = ROOT / "tests" / "config.toml"
 

@@ -21,6 +21,9 @@ from backend.launcher import prepare_bg
 from backend.settings import EMBEDDED_MODEL_NAME, ROOT
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.product  # it runs `python -m backend serve` (tests/support/marks.py)
+
+
 TEST_CONFIG = ROOT / "tests" / "config.toml"
 COLLECTED_BEFORE_WAIT = 30
 UNPACKED = 75  # dist-info folders the fake pip "installs" while it prints nothing
