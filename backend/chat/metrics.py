@@ -90,6 +90,8 @@ class Metrics:
         self._last_attempt = 0
         self._replica_restarts: Counter[tuple[int, str]] = Counter()  # (replica number, cause)
         self._replica_attempts: dict[int, int] = {}
+        self._history_failures: Counter[str] = Counter()  # by cause (database.CAUSES)
+        self._history_pending = 0
 
     # ------------------------------------------------------------ updates
 
@@ -115,6 +117,14 @@ class Metrics:
         finally:
             with self._lock:
                 self._streaming -= 1
+
+    def history_failed(self, cause: str) -> None:
+        with self._lock:
+            self._history_failures[cause] += 1
+
+    def history_pending(self, writes: int) -> None:
+        with self._lock:
+            self._history_pending = writes
 
     def observe_engine(self, status: HealthStatus) -> None:
         """Count the restarts this snapshot reveals, from the supervisor's ``attempt`` (``_new_restarts``), and in
@@ -155,6 +165,10 @@ class Metrics:
                 _counter("qwenchat_answers", _HELP["answers"], ("model", "outcome"), self._outcomes),
                 _gauge("qwenchat_streaming_answers", _HELP["streaming"], self._streaming),
                 _counter("qwenchat_engine_restarts", _HELP["restarts"], ("cause",), self._restarts),
+                _gauge("qwenchat_history_pending_writes", _HELP["history_pending"], self._history_pending),
+                _counter(
+                    "qwenchat_history_write_failures", _HELP["history_failures"], ("cause",), self._history_failures
+                ),
             ]
             if self._replica_restarts:
                 replica_restarts = {(str(n), cause): v for (n, cause), v in self._replica_restarts.items()}
@@ -227,6 +241,8 @@ _HELP = {
     "state": "The engine's state as the UI sees it: 1 for the current state.",
     "replica_ready": "A fleet's replicas as the UI sees them: 1 if the replica answers its own /health, else 0.",
     "attempt": "The supervisor's attempt now (restarts within its window; absent with an external engine).",
+    "history_pending": "History writes kept (journalled) and not stored yet: the database is locked, full, slow or down.",
+    "history_failures": "Failed history write attempts (each retried), by cause: locked, full, down, slow, error.",
 }
 
 

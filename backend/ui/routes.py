@@ -20,6 +20,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 
 from backend.chat import metrics, share, welcome
 from backend.chat.client import anomaly_counts
+from backend.chat.outbox import Outbox, backlog_text
 from backend.chat.service import Service
 from backend.settings import ROOT, resolve_path
 from backend.text import pick_language, t
@@ -78,6 +79,7 @@ class Routes:
 
     def __init__(self, service: Service, *, sharing: bool) -> None:
         self.service, self.sharing = service, sharing
+        self.outbox: Outbox | None = None  # set by installation.install with the history on
 
     async def status(self, lang: str = "", user: cl.User | None = Depends(get_current_user)) -> dict[str, Any]:
         """Polled by public/status.js: the engine state line shown at all times, in the viewer's language (``?lang=``,
@@ -87,7 +89,10 @@ class Routes:
         401 without a login (and returns None when login is off).
         """
         await self.service.start()
-        return self.service.status_json(lang)
+        out = self.service.status_json(lang)
+        # History writes waiting for the database (backend/chat/outbox.py): "" when all are stored
+        out["history_text"] = backlog_text(self.outbox.state(), out["lang"]) if self.outbox is not None else ""
+        return out
 
     async def metrics(self, user: cl.User | None = Depends(get_current_user)) -> Response:
         """Prometheus text format (backend/chat/metrics.py); 401 without a login when [login].enable is on."""
