@@ -366,6 +366,8 @@ def backlog_text(backlog: Backlog, lang: str) -> str:
     be saved · the database is locked"."""
     if not backlog.cause:
         return ""
+    if backlog.messages == 1:
+        return t("history.waiting_message", lang, cause=cause_text(backlog, lang))
     if backlog.messages:
         return t("history.waiting_messages", lang, count=backlog.messages, cause=cause_text(backlog, lang))
     return t("history.waiting_writes", lang, count=backlog.writes, cause=cause_text(backlog, lang))

@@ -191,6 +191,7 @@ async def test_a_write_that_keeps_failing_for_no_cure_is_set_aside_after_its_att
     ("backlog", "lang", "want"),
     [
         (Backlog(5, 3, "locked"), "en", "history: 3 messages waiting to be saved · the database is locked"),
+        (Backlog(3, 1, "slow"), "en", "history: 1 message waiting to be saved · the database is slow"),
         (Backlog(2, 0, "down"), "en", "history: 2 changes waiting to be saved · the database is not answering"),
         (Backlog(4, 2, "full"), "zh-CN", "历史记录：2 条消息等待保存 · 磁盘已满"),
         (Backlog(4, 2, ""), "en", ""),  # writes in flight, none failed nor slow yet: nothing to tell
