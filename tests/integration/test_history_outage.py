@@ -26,14 +26,15 @@ from tests.e2e import support as e2e
 from tests.e2e.test_history import LOGIN, PASSWORD, USER
 from tests.e2e.test_history import launch as launch_ready
 from tests.fakes.openai_server import expected_text
+from tests.support.faults import Held
 from tests.support.postgres import Postgres, free_port, running_postgres
 from tests.support.socket_client import Session, Turn, login_cookie
-from tests.unit.chat.test_outbox_sqlite import Held
 
 TOKENS = 80
 SLOW = f"[[normal:tokens={TOKENS}:rate=10]]"  # about 8 s of streaming
 LOCK_S = 40.0  # the issue's lock: a backup tool or a sqlite3 shell left in a transaction
 WRITE_DELAY_S = 5.0  # the slow database: each write statement reaches PostgreSQL this late
+PACED = "[[normal:tokens=40:rate=100]]"  # the slow-database test's answers: about 0.4 s of streaming each
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +93,14 @@ def thread_of(turn: Turn) -> str:
 
 
 def clean_log(app: e2e.LiveApp, *, reads_failed: bool = False) -> None:
-    """No traceback; and no write swallowed by Chainlit ("An error occurred: ..." is its log of a failed statement;
-    with the server down its own reads, a user's lookup at connect, log it too: ``reads_failed``)."""
+    """No traceback of the history's write path; and, unless the server was down (``reads_failed``: Chainlit's own
+    reads log "An error occurred: ..." then), no traceback and no write swallowed by Chainlit at all."""
     log = app.log("ui")
-    assert "Traceback" not in log, log[-3000:]
     if not reads_failed:
+        assert "Traceback" not in log, log[-3000:]
         assert "An error occurred" not in log, log[-3000:]
+    # with the server down, Chainlit's login lookup and the remembered preferences log their own tracebacks
+    assert "outbox.py" not in log and "datalayer.py" not in log, log[-3000:]
 
 
 def journal_empty(folder: Path) -> bool:
@@ -311,7 +314,7 @@ async def test_a_database_that_takes_5_s_per_write_does_not_hold_up_the_answers(
         async with Session(app.url, cookie=cookie) as s:
             turns = []
             for n in range(3):
-                turn = await s.send(f"healthy question {n}")
+                turn = await s.send(f"{PACED} healthy question {n}")
                 assert turn.answered, turn.summary()
                 healthy.append(turn.total_s or 0.0)
                 turns.append(turn)
@@ -319,7 +322,7 @@ async def test_a_database_that_takes_5_s_per_write_does_not_hold_up_the_answers(
             await stored_within(db, thread_id, [i for t in turns for i in ids(t)], 30, "the healthy turns stored")
             proxy.slow = True
             for n in range(3):
-                turn = await s.send(f"slow question {n}")
+                turn = await s.send(f"{PACED} slow question {n}")
                 assert turn.answered, turn.summary()
                 slow.append(turn.total_s or 0.0)
                 stored_now = [st[0] for st in chat_steps(db, thread_id)]

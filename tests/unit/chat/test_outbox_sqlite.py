@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import asdict
@@ -25,28 +23,9 @@ from sqlalchemy import event
 from backend.chat import datalayer, history, outbox
 from backend.chat.outbox import Outbox
 from backend.chat.votes import Vote, VoteStore
+from tests.support.faults import Held
 
 pytestmark = pytest.mark.asyncio
-
-# Another process holding SQLite's write lock (a backup tool, a sqlite3 shell in a transaction) until told to stop.
-LOCKER = (
-    "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); c.execute('BEGIN EXCLUSIVE'); "
-    "print('locked', flush=True); sys.stdin.read()"
-)
-
-
-class Held:
-    def __init__(self, path: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", LOCKER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "locked"
-
-    def release(self) -> float:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(30)
-        return time.monotonic()
 
 
 class History:
