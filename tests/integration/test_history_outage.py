@@ -137,6 +137,8 @@ async def test_a_turn_answered_under_a_40_s_exclusive_lock_is_stored_after_it_an
             assert second.answered, second.summary()
             said = await until(lambda: "waiting" in (t := history_text(app, cookie)) and t, 60, "the status line")
             assert said == "history: 2 messages waiting to be saved · the database is locked"
+            metrics = urllib.request.urlopen(urllib.request.Request(app.url + "/metrics", headers={"Cookie": cookie}))
+            assert 'qwenchat_history_write_failures_total{cause="locked"}' in metrics.read().decode()
             shown = get(app, f"/project/thread/{thread_id}", cookie)  # a resume or a reload now
             assert [st["id"] for st in shown["steps"] if st["type"] in ("user_message", "assistant_message")] == [
                 *ids(first),

@@ -207,3 +207,30 @@ async def test_a_journal_replayed_twice_doubles_nothing(tmp_path):
     assert await third.box.drained(60)
     assert snapshot(third) == once  # every write an upsert or a delete by id: nothing doubled, nothing changed
     await third.close()
+
+
+async def test_a_chat_none_of_whose_writes_is_stored_is_read_from_them_in_order():
+    """The database down since the chat began: a resume in this process builds it from the pending writes alone, its
+    author from the login that made it, a rating on its answer, and a step deleted since gone."""
+    from chainlit.context import init_http_context
+
+    thread_id = str(uuid.uuid4())
+    init_http_context(thread_id=thread_id)
+    q, a = turn(thread_id, "hello", "hi there")
+    cut = {**a, "output": "hi th", "metadata": history.answer_metadata("hi th", "fake-qwen", interrupted=True)}
+    tool = {**q, "id": str(uuid.uuid4()), "type": "tool"}
+    writes = [
+        outbox.Write(1, thread_id, "update_thread", {"name": "greetings", "user_id": "u1", "metadata": None}),
+        outbox.Write(2, thread_id, "create_step", {"step": q}),
+        outbox.Write(3, thread_id, "create_step", {"step": tool}),
+        outbox.Write(4, thread_id, "create_step", {"step": cut}),
+        outbox.Write(5, thread_id, "update_step", {"step": a}),
+        outbox.Write(6, thread_id, "delete_step", {"id": tool["id"]}),
+        outbox.Write(7, thread_id, "upsert_feedback", {"feedback": {"forId": a["id"], "value": 1, "id": "f1"}}),
+    ]
+    thread = datalayer.with_pending(None, thread_id, writes, {"u1": "admin"})
+    assert thread["name"] == "greetings" and thread["userIdentifier"] == "admin"
+    assert [s["id"] for s in thread["steps"]] == [q["id"], a["id"]]
+    assert thread["steps"][1]["feedback"]["value"] == 1
+    assert conversation(thread) == [("user", q["id"], "hello"), ("assistant", a["id"], "hi there")]
+    assert datalayer.with_pending(thread, thread_id, [outbox.Write(8, thread_id, "delete_thread", {})], {}) is None
