@@ -162,6 +162,53 @@ async def test_a_turn_answered_under_a_40_s_exclusive_lock_is_stored_after_it_an
     clean_log(app)
 
 
+def pending_writes(app: e2e.LiveApp, cookie: str) -> float:
+    req = urllib.request.Request(app.url + "/metrics", headers={"Cookie": cookie})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("qwenchat_history_pending_writes "):
+                return float(line.split()[1])
+    return 0.0
+
+
+@pytest.mark.asyncio
+async def test_past_pending_max_a_new_chat_is_refused_with_its_text_and_the_open_chat_goes_on(fake, tmp_path):
+    app = launch_ready(fake, tmp_path, **LOGIN, QWENCHAT_HISTORY_PENDING_MAX="10")
+    path = tmp_path / "logs" / "history.sqlite3"
+    db = database.sqlite_file(path)
+    lock: Held | None = None
+    try:
+        cookie = login_cookie(app.url, USER, PASSWORD)
+        async with Session(app.url, cookie=cookie) as s:
+            turns = [await s.send("What is the capital of France?")]
+            thread_id = thread_of(turns[0])
+            await stored_within(db, thread_id, ids(turns[0]), 30, "the first turn stored")
+            lock = Held(path)
+            while pending_writes(app, cookie) < 10:
+                assert len(turns) < 12, f"{pending_writes(app, cookie)} writes pending after {len(turns)} turns"
+                turns.append(await s.send(f"turn {len(turns)} while locked"))
+                assert turns[-1].answered, turns[-1].summary()
+            async with Session(app.url, cookie=cookie) as other:
+                refused = await other.start("a new chat while the history is behind")
+                said = await until(lambda: refused.errors, 30, "the new chat's message refused")
+                assert "New chats are paused" in said[0] and "a new chat while the history is behind" in said[0]
+                assert "the database is locked" in said[0], said
+            goes_on = await s.send("the open chat goes on")
+            assert goes_on.answered, goes_on.summary()
+            lock.release()
+            lock = None
+            want = [i for t in [*turns, goes_on] for i in ids(t)]
+            await stored_within(db, thread_id, want, 120, "every turn of the open chat stored")
+            async with Session(app.url, cookie=cookie) as later:
+                fine = await later.send("a new chat once the history caught up")
+                assert fine.answered, fine.summary()
+    finally:
+        if lock is not None:
+            lock.release()
+        e2e.stop(app)
+    clean_log(app)
+
+
 # ---------------------------------------------------------------- PostgreSQL stopped and started
 
 
