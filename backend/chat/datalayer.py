@@ -316,8 +316,12 @@ class GuardedDataLayer:
         step = self._signed(storable_step(dict(step_dict)))
         await self._write(step["threadId"], "update_step", {"step": step})
 
+    def pending_thread_of_step(self, step_id: str) -> str | None:
+        """The chat of a step whose write is still pending (not readable from the database yet), or None."""
+        return next((w.thread for w in self._pending_steps() if w.args["step"].get("id") == step_id), None)
+
     async def delete_step(self, step_id: str) -> None:
-        thread = next((w.thread for w in self._pending_steps() if w.args["step"].get("id") == step_id), None)
+        thread = self.pending_thread_of_step(step_id)
         if thread is None and self._engine is not None:
             try:
                 owner = await self.step_owner(step_id)
@@ -398,7 +402,13 @@ class GuardedDataLayer:
         return str(feedback.id)
 
     async def delete_feedback(self, feedback_id: str) -> bool:
-        await self._write(f"feedback:{feedback_id}", "delete_feedback", {"id": feedback_id})
+        """Behind its rating's own write when that is still pending (in that chat's lane), else in a lane of its own."""
+        pending = self.outbox.pending() if self.outbox is not None else []
+        lane = next(
+            (w.thread for w in pending if w.op == "upsert_feedback" and w.args["feedback"].get("id") == feedback_id),
+            f"feedback:{feedback_id}",
+        )
+        await self._write(lane, "delete_feedback", {"id": feedback_id})
         return True
 
 

@@ -20,6 +20,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 
 from backend.chat import metrics, share, welcome
 from backend.chat.client import anomaly_counts
+from backend.chat.datalayer import GuardedDataLayer
 from backend.chat.outbox import Outbox, backlog_text
 from backend.chat.service import Service
 from backend.settings import ROOT, resolve_path
@@ -45,6 +46,8 @@ async def author_of_step(step_id: str) -> tuple[str | None, str]:
         return None, ""
     rows = await execute('SELECT "threadId" FROM steps WHERE "id" = :id', {"id": step_id})
     thread_id = rows[0].get("threadId") if isinstance(rows, list) and rows else None
+    if not thread_id and isinstance(layer, GuardedDataLayer):  # an answer whose write still waits (outbox.py)
+        thread_id = layer.pending_thread_of_step(step_id)
     if not thread_id:
         return None, ""
     try:

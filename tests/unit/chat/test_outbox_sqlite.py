@@ -234,3 +234,25 @@ async def test_a_chat_none_of_whose_writes_is_stored_is_read_from_them_in_order(
     assert thread["steps"][1]["feedback"]["value"] == 1
     assert conversation(thread) == [("user", q["id"], "hello"), ("assistant", a["id"], "hi there")]
     assert datalayer.with_pending(thread, thread_id, [outbox.Write(8, thread_id, "delete_thread", {})], {}) is None
+
+
+async def test_a_rating_given_and_taken_back_while_its_answer_waits_ends_taken_back(store):
+    """A thumbs up on an answer not stored yet, then removed: the removal waits behind the rating in the chat's lane
+    (else the rating, stored later, would come back); while it waits, the answer's chat is known for the owner
+    check (routes.author_of_step)."""
+    from chainlit.types import Feedback
+
+    thread_id, _ = await new_thread(store)
+    lock = Held(store.path)
+    q, a = turn(thread_id, "hello", "hi there")
+    await store.layer.create_step(q)
+    await store.layer.create_step(a)
+    assert store.layer.pending_thread_of_step(a["id"]) == thread_id
+    feedback_id = await store.layer.upsert_feedback(Feedback(forId=a["id"], value=1, threadId=thread_id))
+    assert (await store.layer.get_thread(thread_id))["steps"][1]["feedback"]["value"] == 1
+    await store.layer.delete_feedback(feedback_id)
+    assert [w.op for w in store.box.pending(thread_id)][-2:] == ["upsert_feedback", "delete_feedback"]
+    lock.release()
+    assert await store.box.drained(60)
+    assert store.rows("SELECT id FROM feedbacks") == []
+    assert len(store.rows(f"SELECT id FROM steps WHERE \"threadId\" = '{thread_id}'")) == 2
