@@ -506,6 +506,9 @@ class HistorySettings(Section):
     # At start, how long (s) a PostgreSQL that refuses connections, does not answer or is starting up is waited for
     # (one started alongside the UI); then the UI starts without history. 0: do not wait.
     wait: Float = key(30.0, f"seconds from 0 to {MAX_HISTORY_WAIT:g}", ge=0, le=MAX_HISTORY_WAIT)
+    # History writes kept (journalled, retried) while the database is locked, full, slow or down (backend/storage/outbox.py);
+    # at this many, new chats are refused until the backlog drains, and the open ones go on.
+    pending_max: Int = key(2000, "a whole number of writes from 10 to 1000000", ge=10, le=1_000_000)
 
     @field_validator("db")
     @classmethod

@@ -48,6 +48,8 @@
     if (s.partial_text) text += ` · ${s.partial_text}`;
     // the UI process itself was restarted by the launcher lately: why, and that the model kept running
     if (s.ui_note) text += ` · ${s.ui_note}`;
+    // history writes waiting for the database: "history: 3 messages waiting to be saved · the database is locked"
+    if (s.history_text) text += ` · ${s.history_text}`;
     el.hidden = false;
     el.textContent = text;
     el.dataset.state = s.state;

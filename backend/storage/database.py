@@ -8,6 +8,7 @@
     database.ensure_tables(store, metadata, "history", version)  # create / upgrade, idempotent, race-free
     database.failure(exc)                    # "connection refused" / "authentication failed" / ... for a log line
     database.transient(exc)                  # True: refused, no answer, starting up (worth waiting for)
+    database.cause(exc)                      # "locked" / "full" / "down" / "slow" / "error": why a write failed
 
 SQLite runs on SQLAlchemy's sync pysqlite engine (one connection per call, WAL, busy timeout), as the raw
 sqlite3 code did before. PostgreSQL has only an async driver here (asyncpg, which Chainlit's data layer uses
@@ -314,3 +315,27 @@ def failure(exc: BaseException) -> str:
         return f"cannot connect ({err.strerror or type(err).__name__})"
     last = seen[-1]
     return f"{type(last).__name__}: {str(last).splitlines()[0][:200] if str(last) else ''}".rstrip(": ")
+
+
+# Why a history write failed, as a word the status line and /metrics use (outbox.py). SQLSTATE classes: 08 connection
+# exception, 57P0x the server shutting down or not ready; 53100 disk full, 53xxx other insufficient resources.
+CAUSES = ("locked", "full", "down", "slow", "error")
+_DOWN_NAMES = {"ConnectionDoesNotExistError", "InterfaceError", "CannotConnectNowError", "ConnectionResetError"}
+
+
+def cause(exc: BaseException) -> str:
+    """One of ``CAUSES`` for a failed write: a SQLite lock, a full disk, a server down or unreachable, or anything
+    else ("slow" is the outbox's own: a write still unanswered after its time)."""
+    seen = _causes(exc)
+    words = " ".join(str(e).lower() for e in seen)
+    sqlstates = {str(getattr(e, "sqlstate", None) or "") for e in seen} - {""}
+    if "database is locked" in words or "database table is locked" in words:
+        return "locked"
+    if "disk is full" in words or "no space left" in words or any(s.startswith("53") for s in sqlstates):
+        return "full"
+    if any(isinstance(e, OSError) and getattr(e, "errno", None) == 28 for e in seen):  # ENOSPC
+        return "full"
+    down = transient(exc) or any(s.startswith(("08", "57P")) for s in sqlstates)
+    if down or any(type(e).__name__ in _DOWN_NAMES for e in seen) or "connection is closed" in words:
+        return "down"
+    return "error"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
 
 import chainlit as cl
 
@@ -151,12 +153,17 @@ def voter() -> str:
 async def cast_vote(ui: Ui, pair: compare.Pair, winner: Winner, comment: str) -> None:
     """Store the vote (the last vote on a turn wins, and the chat says so), then reveal the names."""
     vote = compare.to_vote(pair, winner, voter(), cl.context.session.thread_id, comment)
-    try:
-        replaced = await asyncio.to_thread(ui.service.votes.record, vote)
-    except Exception as exc:  # a locked or broken file: say so, keep the names hidden
-        logger.exception("could not store a vote")
-        await show_error(t("compare.vote_failed", ui.lang(), detail=type(exc).__name__))
-        return
+    if ui.outbox is not None:  # the history's one write path: after this turn's steps, kept until stored
+        replaced = pair.vote is not None  # the last vote on a turn wins
+        created = datetime.now(UTC).isoformat(timespec="milliseconds")  # set once: a replay writes the same row
+        ui.outbox.submit(vote.thread_id, "vote", asdict(replace(vote, created_at=created)))
+    else:
+        try:
+            replaced = await asyncio.to_thread(ui.service.votes.record, vote)
+        except Exception as exc:  # a locked or broken file: say so, keep the names hidden
+            logger.exception("could not store a vote")
+            await show_error(t("compare.vote_failed", ui.lang(), detail=type(exc).__name__))
+            return
     compare.apply_vote(pair, winner, ui.chat().conversation)
     await update_pair(pair, ui.lang())
     if replaced:

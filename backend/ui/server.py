@@ -88,6 +88,8 @@ async def on_app_startup(ui: Ui) -> None:
     """Poll the engine from the first second, so the status line is right before anyone chats."""
     loopstats.start_from_environment()  # benchmarks only: nothing unless QWENCHAT_LOOPSTATS is set
     await ui.service.start()
+    if ui.outbox is not None:  # writes a UI process left unstored (killed, or the database was down) go again
+        await ui.outbox.start()
     ui.tasks.add(asyncio.create_task(log_unserved_starters(ui)))
     ui.tasks.add(asyncio.create_task(count_restarts(ui)))
 

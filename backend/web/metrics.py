@@ -103,6 +103,10 @@ class Metrics:
         self._outcomes = Counter("qwenchat_answers", _HELP["answers"], ("model", "outcome"), registry=r)
         self._streaming = Gauge("qwenchat_streaming_answers", _HELP["streaming"], registry=r)
         self._restarts = Counter("qwenchat_engine_restarts", _HELP["restarts"], ("cause",), registry=r)
+        self._history_pending = Gauge("qwenchat_history_pending_writes", _HELP["history_pending"], registry=r)
+        self._history_failures = Counter(
+            "qwenchat_history_write_failures", _HELP["history_failures"], ("cause",), registry=r
+        )
         self._replica_restarts = Counter(
             "qwenchat_replica_restarts", _HELP["replica_restarts"], ("replica", "cause"), registry=r
         )
@@ -131,6 +135,12 @@ class Metrics:
         """An answer streams for the duration of the block (also left on error or Stop)."""
         with self._streaming.track_inprogress():
             yield
+
+    def history_failed(self, cause: str) -> None:
+        self._history_failures.labels(cause).inc()
+
+    def history_pending(self, writes: int) -> None:
+        self._history_pending.set(writes)
 
     def observe_engine(self, status: HealthStatus) -> None:
         """Count the restarts this snapshot reveals, from the supervisor's ``attempt`` (``_new_restarts``), and in
@@ -190,6 +200,8 @@ _HELP = {
     "state": "The engine's state as the UI sees it: 1 for the current state.",
     "replica_ready": "A fleet's replicas as the UI sees them: 1 if the replica answers its own /health, else 0.",
     "attempt": "The supervisor's attempt now (restarts within its window; absent with an external engine).",
+    "history_pending": "History writes kept (journalled) and not stored yet: the database is locked, full, slow or down.",
+    "history_failures": "Failed history write attempts (each retried), by cause: locked, full, down, slow, error.",
 }
 
 
