@@ -12,6 +12,7 @@ table's cells and the reading order survived. A library that is not installed is
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 import tempfile
@@ -21,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.documents_build import make_docx, make_pdf  # noqa: E402
+from tests.support.documents_build import make_docx, make_pdf
 
 
 def _pdfium(path: Path) -> str:
-    import pypdfium2 as pdfium  # type: ignore[import-untyped]
+    pdfium = importlib.import_module("pypdfium2")
 
     doc = pdfium.PdfDocument(str(path))
     try:
@@ -35,19 +36,19 @@ def _pdfium(path: Path) -> str:
 
 
 def _pypdf(path: Path) -> str:
-    import pypdf  # type: ignore[import-not-found]
+    pypdf = importlib.import_module("pypdf")
 
     return "\n".join(page.extract_text() for page in pypdf.PdfReader(str(path)).pages)
 
 
 def _markitdown(path: Path) -> str:
-    from markitdown import MarkItDown  # type: ignore[import-not-found]
+    MarkItDown = importlib.import_module("markitdown").MarkItDown
 
     return str(MarkItDown().convert(str(path)).text_content)
 
 
 def _python_docx(path: Path) -> str:
-    import docx  # type: ignore[import-not-found]
+    docx = importlib.import_module("docx")
 
     out = []
     for block in docx.Document(str(path)).iter_inner_content():
@@ -59,7 +60,7 @@ def _python_docx(path: Path) -> str:
 
 
 def _mammoth(path: Path) -> str:
-    import mammoth  # type: ignore[import-not-found]
+    mammoth = importlib.import_module("mammoth")
 
     with path.open("rb") as f:
         return str(mammoth.extract_raw_text(f).value)
@@ -88,17 +89,27 @@ def main() -> None:
     words = [f"codeword{i:04d}" for i in range(args.pages)]
     lines = "\n".join(f"Line {j} of the page, some ordinary text to read." for j in range(40))
     pdf = make_pdf([f"Page {i + 1} holds {w}.\n{lines}" for i, w in enumerate(words)])
-    docx = make_docx([f"Paragraph {i} holds {w}." for i, w in enumerate(words[:50])], heading="Title",
-                     table=[["cellA1", "cellB1"], ["cellA2", "cellB2"]])
+    docx = make_docx(
+        [f"Paragraph {i} holds {w}." for i, w in enumerate(words[:50])],
+        heading="Title",
+        table=[["cellA1", "cellB1"], ["cellA2", "cellB2"]],
+    )
     with tempfile.TemporaryDirectory() as tmp:
         pdf_path, docx_path = Path(tmp, "doc.pdf"), Path(tmp, "doc.docx")
         pdf_path.write_bytes(pdf)
         docx_path.write_bytes(docx)
         print(f"PDF: {args.pages} pages, {len(pdf) / 1e6:.1f} MB; DOCX: 50 paragraphs and a 2x2 table")
         print(f"{'library':<14} {'file':<5} {'median s':>9} {'code words':>11}  table / order")
-        cases = [("pypdfium2", _pdfium, pdf_path), ("pypdf", _pypdf, pdf_path), ("markitdown", _markitdown, pdf_path),
-                 ("python-docx", _python_docx, docx_path), ("mammoth", _mammoth, docx_path),
-                 ("markitdown", _markitdown, docx_path), ("qwenchat", _ours, pdf_path), ("qwenchat", _ours, docx_path)]
+        cases = [
+            ("pypdfium2", _pdfium, pdf_path),
+            ("pypdf", _pypdf, pdf_path),
+            ("markitdown", _markitdown, pdf_path),
+            ("python-docx", _python_docx, docx_path),
+            ("mammoth", _mammoth, docx_path),
+            ("markitdown", _markitdown, docx_path),
+            ("qwenchat", _ours, pdf_path),
+            ("qwenchat", _ours, docx_path),
+        ]
         for name, fn, path in cases:
             try:
                 secs, text = _time(fn, path, args.runs)
@@ -107,10 +118,14 @@ def main() -> None:
                 continue
             want = words if path is pdf_path else words[:50]
             found = sum(w in text for w in want)
-            order = all(text.find(a) < text.find(b) for a, b in zip(want, want[1:], strict=False) if a in text and b in text)
+            order = all(
+                text.find(a) < text.find(b) for a, b in zip(want, want[1:], strict=False) if a in text and b in text
+            )
             table = "cells ok" if all(c in text for c in ("cellA1", "cellB2")) else "cells lost"
             extra = f"{table}, " if path is docx_path else ""
-            print(f"{name:<14} {path.suffix[1:]:<5} {secs:>9.3f} {found:>5}/{len(want):<5}  {extra}order {'ok' if order else 'WRONG'}")
+            print(
+                f"{name:<14} {path.suffix[1:]:<5} {secs:>9.3f} {found:>5}/{len(want):<5}  {extra}order {'ok' if order else 'WRONG'}"
+            )
 
 
 if __name__ == "__main__":

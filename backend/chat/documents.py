@@ -42,13 +42,71 @@ from ..errors import (
     DocumentUnreadable,
     DocumentUnsupported,
 )
+from ..text import t
 from .template import NEUTRALIZER
 
 #: What the name's extension claims, by extension; any other extension claims nothing (the content decides).
 TEXT_SUFFIXES = frozenset(
-    ".txt .md .markdown .rst .py .pyi .js .mjs .cjs .ts .tsx .jsx .java .kt .go .rs .c .h .cc .cpp .hpp .cs .rb .php"
-    " .swift .scala .sh .bash .zsh .sql .json .jsonl .yaml .yml .toml .ini .cfg .conf .csv .tsv .log .xml .tex .r"
-    " .lua .pl .diff .patch .css .scss .vue .svelte .env .properties .gradle .dockerfile .proto .graphql".split()
+    [
+        ".txt",
+        ".md",
+        ".markdown",
+        ".rst",
+        ".py",
+        ".pyi",
+        ".js",
+        ".mjs",
+        ".cjs",
+        ".ts",
+        ".tsx",
+        ".jsx",
+        ".java",
+        ".kt",
+        ".go",
+        ".rs",
+        ".c",
+        ".h",
+        ".cc",
+        ".cpp",
+        ".hpp",
+        ".cs",
+        ".rb",
+        ".php",
+        ".swift",
+        ".scala",
+        ".sh",
+        ".bash",
+        ".zsh",
+        ".sql",
+        ".json",
+        ".jsonl",
+        ".yaml",
+        ".yml",
+        ".toml",
+        ".ini",
+        ".cfg",
+        ".conf",
+        ".csv",
+        ".tsv",
+        ".log",
+        ".xml",
+        ".tex",
+        ".r",
+        ".lua",
+        ".pl",
+        ".diff",
+        ".patch",
+        ".css",
+        ".scss",
+        ".vue",
+        ".svelte",
+        ".env",
+        ".properties",
+        ".gradle",
+        ".dockerfile",
+        ".proto",
+        ".graphql",
+    ]
 )
 CLAIMS: dict[str, str] = {
     ".pdf": "pdf",
@@ -122,6 +180,21 @@ class Document:
         return cls(**known)
 
 
+def describe(doc: Document, lang: str) -> str:
+    """ "report.pdf: PDF · 12 pages · 34,567 characters" (the reading step, /export)."""
+    pages = t("document.read_pages", lang, pages=doc.pages) if doc.pages else ""
+    return t(
+        "document.read", lang, name=doc.name, kind=KIND_NAMES.get(doc.kind, doc.kind), pages=pages, chars=len(doc.text)
+    )
+
+
+def fenced(text: str) -> str:
+    """``text`` in a fenced block that shows it verbatim (a fence longer than any run of backticks inside)."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
 # ---------------------------------------------------------------- framing
 
 _FRAME_MARK = re.compile(r"<(/?)(document)", re.IGNORECASE)
@@ -158,7 +231,7 @@ def framed_message(question: str, documents: tuple[Document, ...] | list[Documen
 
 
 def _zip_kind(path: Path, name: str, limits: Limits) -> str:
-    """"docx", "pptx" or "zip" from the parts a zip lists; a bomb refused on its declared sizes, nothing inflated."""
+    """ "docx", "pptx" or "zip" from the parts a zip lists; a bomb refused on its declared sizes, nothing inflated."""
     try:
         with zipfile.ZipFile(path) as z:
             infos = z.infolist()
@@ -240,7 +313,8 @@ def convert_file(path: Path, name: str, limits: Limits | None = None) -> Documen
         return Document(name, "docx", docx_text(path, name))
     if kind == "pptx":
         slides = pptx_slides(path, name)
-        return Document(name, "pptx", *_joined(slides), pages=len(slides))
+        text, ends = _joined(slides)
+        return Document(name, "pptx", text, pages=len(slides), page_ends=ends)
     decoded = _decode(path.read_bytes())
     if decoded is None:  # the head decoded, the whole did not
         raise DocumentTypeMismatch(name, KIND_NAMES[kind], FOUND_NAMES["binary"])
@@ -311,7 +385,7 @@ def docx_text(path: Path, name: str) -> str:
     try:
         with path.open("rb") as f:
             result = mammoth.convert_to_html(f)
-    except Exception as exc:  # noqa: BLE001 - mammoth raises many kinds on a damaged file; the name is said
+    except Exception as exc:
         raise DocumentUnreadable(name, "DOCX", f"{type(exc).__name__}: {exc}"[:200]) from exc
     return html_text(str(result.value))
 
@@ -339,7 +413,29 @@ def pptx_slides(path: Path, name: str) -> list[str]:
 class _HtmlText(HTMLParser):
     """HTML to plain text with its structure: headings ``#``, list items ``-``, table cells ``|``, blocks apart."""
 
-    BLOCKS = frozenset("p div br li tr h1 h2 h3 h4 h5 h6 table ul ol section article pre blockquote hr".split())
+    BLOCKS = frozenset(
+        [
+            "p",
+            "div",
+            "br",
+            "li",
+            "tr",
+            "h1",
+            "h2",
+            "h3",
+            "h4",
+            "h5",
+            "h6",
+            "table",
+            "ul",
+            "ol",
+            "section",
+            "article",
+            "pre",
+            "blockquote",
+            "hr",
+        ]
+    )
     SKIP = frozenset(("script", "style", "head", "template", "noscript"))
 
     def __init__(self) -> None:

@@ -19,6 +19,7 @@ from backend.chat.client import new_request_id
 from backend.chat.fairshare import FairShare
 from backend.chat.history import HistoryStart
 from backend.chat.preferences import Preferences
+from backend.chat.reading import Reader
 from backend.chat.service import Service
 from backend.chat.session import ChatSession
 from backend.settings import Settings
@@ -47,9 +48,11 @@ class Ui:
     routes: Routes  # our HTTP routes, bound to ``service``
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # started at app startup, kept referenced
     fair: FairShare = field(init=False)  # answers streaming per user, over all chats ([ui] max_answers_per_user)
+    reader: Reader = field(init=False)  # converts attached files, [uploads] workers at once (backend/chat/reading.py)
 
     def __post_init__(self) -> None:
         self.fair = FairShare(self.settings.ui.max_answers_per_user)
+        self.reader = Reader(self.settings.uploads)
 
     @property
     def settings(self) -> Settings:

@@ -11,7 +11,17 @@ from chainlit.server import app as http_app
 
 from backend.chat import history, preferences
 from backend.chat.service import Service
-from backend.ui import answering, chainlit_settings, chat, compare_chat, login, reconnect, server, socket_guard
+from backend.ui import (
+    answering,
+    attachments,
+    chainlit_settings,
+    chat,
+    compare_chat,
+    login,
+    reconnect,
+    server,
+    socket_guard,
+)
 from backend.ui.context import Ui, bound
 from backend.ui.routes import Routes, install_routes
 
@@ -44,6 +54,7 @@ def install(service: Service) -> Ui:
     cl.on_message(bound(ui, chat.on_message))
     cl.action_callback("retry")(bound(ui, answering.on_retry))
     cl.action_callback("send_trimmed")(bound(ui, answering.on_send_trimmed))
+    cl.action_callback("send_cut")(bound(ui, attachments.on_send_cut))
     cl.action_callback("compare_vote")(bound(ui, compare_chat.on_compare_vote))
     cl.action_callback("compare_pick")(bound(ui, compare_chat.on_compare_pick))
     return ui

@@ -16,7 +16,13 @@ from xml.sax.saxutils import escape
 
 
 def _pdf_text(line: str) -> str:
-    return line.encode("latin-1", "replace").decode("latin-1").replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+    return (
+        line.encode("latin-1", "replace")
+        .decode("latin-1")
+        .replace("\\", "\\\\")
+        .replace("(", "\\(")
+        .replace(")", "\\)")
+    )
 
 
 def _page_stream(text: str, drawn: bool) -> bytes:
@@ -76,7 +82,7 @@ _RELS = (
 
 def _para(text: str, style: str = "") -> str:
     props = f'<w:pPr><w:pStyle w:val="{style}"/></w:pPr>' if style else ""
-    return f"<w:p>{props}<w:r><w:t xml:space=\"preserve\">{escape(text)}</w:t></w:r></w:p>"
+    return f'<w:p>{props}<w:r><w:t xml:space="preserve">{escape(text)}</w:t></w:r></w:p>'
 
 
 def make_docx(paragraphs: list[str], *, table: list[list[str]] | None = None, heading: str = "") -> bytes:
@@ -84,9 +90,7 @@ def make_docx(paragraphs: list[str], *, table: list[list[str]] | None = None, he
     body = _para(heading, "Heading1") if heading else ""
     body += "".join(_para(p) for p in paragraphs)
     if table:
-        rows = "".join(
-            "<w:tr>" + "".join(f"<w:tc>{_para(cell)}</w:tc>" for cell in row) + "</w:tr>" for row in table
-        )
+        rows = "".join("<w:tr>" + "".join(f"<w:tc>{_para(cell)}</w:tc>" for cell in row) + "</w:tr>" for row in table)
         body += f"<w:tbl>{rows}</w:tbl>"
     document = (
         f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document xmlns:w="{_W}"><w:body>{body}'
