@@ -125,6 +125,8 @@ KIND_NAMES = {"pdf": "PDF", "docx": "DOCX", "pptx": "PPTX", "html": "HTML", "tex
 FOUND_NAMES = {**KIND_NAMES, "zip": "a zip archive", "binary": "binary data (no text encoding fits)"}
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
 _SNIFF_BYTES = 1 << 16
+#: Encodings preferred when several decode a text equally well, most common first.
+_COMMON = ("ascii", "utf_8", "gb18030", "gbk", "big5", "shift_jis", "euc_kr", "cp1252", "latin_1", "cp1251")
 _MB = 1024 * 1024
 
 
@@ -259,10 +261,15 @@ def _decode(data: bytes) -> tuple[str, str] | None:
         return None  # no text encoding without a BOM puts NUL bytes in text
     from charset_normalizer import from_bytes
 
-    best = from_bytes(data).best()
-    if best is None or best.encoding is None:
+    found = list(from_bytes(data))
+    if not found:
         return None
-    return str(best), best.encoding
+    # Single-byte code pages often tie (cp1250 and cp1252 read French text equally "well"): among the guesses as
+    # good as the best, the most common encoding wins, else charset-normalizer's own order.
+    best = min(m.chaos for m in found)
+    tied = [m for m in found if m.chaos <= best + 1e-6]
+    pick = min(tied, key=lambda m: _COMMON.index(m.encoding) if m.encoding in _COMMON else len(_COMMON))
+    return str(pick), pick.encoding
 
 
 def _found(path: Path, name: str, limits: Limits) -> str:
