@@ -184,7 +184,8 @@ class Document:
 
 def describe(doc: Document, lang: str) -> str:
     """ "report.pdf: PDF · 12 pages · 34,567 characters" (the reading step, /export)."""
-    pages = t("document.read_pages", lang, pages=doc.pages) if doc.pages else ""
+    pages = t("document.read_one_page", lang) if doc.pages == 1 else ""
+    pages = t("document.read_pages", lang, pages=doc.pages) if doc.pages > 1 else pages
     return t(
         "document.read", lang, name=doc.name, kind=KIND_NAMES.get(doc.kind, doc.kind), pages=pages, chars=len(doc.text)
     )
