@@ -575,6 +575,18 @@ class UISettings(Section):
     max_answers_per_user: Int = key(2, "0 (no limit) or a positive number of answers", ge=0)
 
 
+class UploadsSettings(Section):
+    """Files attached in the chat's composer (backend/chat/documents.py): how many, how large, what they may inflate to."""
+
+    section: ClassVar[str] = "uploads"
+    enabled: Bool = key(True, "true or false")
+    max_files: Int = key(5, "1 to 20 files per message", ge=1, le=20)
+    max_mb: Float = key(20.0, "more than 0, at most 500 MB per file", gt=0, le=500)
+    # a DOCX, PPTX (a zip) whose parts declare more than this when inflated is refused before any is inflated
+    max_unzipped_mb: Float = key(100.0, "more than 0, at most 2000 MB", gt=0, le=2000)
+    workers: Int = key(1, "1 to 8 conversion processes", ge=1, le=8)  # the pool converting files, off the UI's loop
+
+
 class LoraSettings(Section):
     section: ClassVar[str] = "lora"
     enable: Bool = key(True, "true or false")
@@ -786,6 +798,7 @@ class Settings(BaseSettings):
     history: HistorySettings = Field(default_factory=HistorySettings)
     branding: BrandingSettings = Field(default_factory=BrandingSettings)
     ui: UISettings = Field(default_factory=UISettings)
+    uploads: UploadsSettings = Field(default_factory=UploadsSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)

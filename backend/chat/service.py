@@ -37,6 +37,8 @@ from ..settings import ROOT, HealthSettings, Settings, load_settings
 from ..text import Text, pick_language, t
 from .adapters_in_use import AdapterUsage
 from .client import ChatClient, Finish, anomaly_counts
+from .conversation import Conversation
+from .documents import Document
 from .health import EngineState, HealthPoller, HealthStatus, get_poller
 
 if TYPE_CHECKING:
@@ -567,6 +569,16 @@ class Service:
             return await budget_mod.fit_history(
                 messages, await self.counter(), max_model_len=self.max_model_len(), reply_reserve=self.reply_tokens()
             )
+
+    async def fit_conversation(self, conversation: Conversation, system_prompt: str) -> budget_mod.FitResult:
+        """``fit`` of the conversation's messages, with each document's share for the meter."""
+        fitted = await self.fit(conversation.messages(system_prompt))
+        return await budget_mod.with_documents(fitted, conversation.documents(system_prompt), await self.counter())
+
+    async def document_cut(self, question: str, documents: tuple[Document, ...], exc: PromptTooLong) -> tuple[int, int]:
+        """Which document to cut and to how many pages (or lines), so the message fits (``budget.fitting_part``)."""
+        room = exc.limit or max(1, exc.budget - exc.system - 16)
+        return await budget_mod.fitting_part(question, documents, int(room), await self.counter())
 
     async def trimmed(self, text: str, exc: PromptTooLong) -> str:
         """The user's message with its middle replaced by a marker, sized to fit the budget."""

@@ -66,6 +66,7 @@ from ..errors import (
 from ..text import t
 from .budget import FitResult
 from .client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
+from .documents import Document
 from .health import EngineState, HealthStatus
 from .service import Service, no_text_message, sampling_body
 from .session import ChatSession
@@ -143,6 +144,10 @@ class Renderer(Protocol):
 
     async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
         """An error bubble; with Retry, or with "Send trimmed" that sends ``trimmed`` in place of the message."""
+
+    async def offer_cut(self, text: str, *, document: int, part: int, label: str) -> None:
+        """An error bubble saying a document does not fit, with a button that sends only its first ``part`` pages
+        (or lines) of the latest user turn's ``document`` (by index), labelled ``label``."""
 
     async def model_changed(self) -> None:
         """The chat's model changed (an adapter loaded, or back to the default): show the choice again."""
@@ -281,7 +286,7 @@ class _Turn:
 
     async def _stream(self, a: _Attempt) -> FitResult:
         """Fit the history and stream the answer into the view (``a`` keeps its text, usage and finish)."""
-        fitted = await self.service.fit(self.session.conversation.messages(self.session.system_prompt))
+        fitted = await self.service.fit_conversation(self.session.conversation, self.session.system_prompt)
         queued = asyncio.create_task(self._queued_note(a), name="qwenchat-queued-note")  # until the first token
         try:
             await self._stream_events(a, fitted, queued)
@@ -434,6 +439,9 @@ class _Turn:
         """A message too long for the model: say so, with a trimmed version to send instead when one can be made."""
         view, lang = self.view, self.view.lang
         last = self.session.conversation.last_user()
+        if last is not None and last.documents:
+            await self._offer_cut(a, exc, last.content, last.documents)
+            return
         try:
             assert last is not None  # the message too long is the newest user turn
             trimmed = await self.service.trimmed(last.content, exc)
@@ -442,6 +450,26 @@ class _Turn:
             await view.show_error(exc.user_text(lang))
         else:
             await view.show_error(exc.user_text(lang), trimmed=trimmed)
+
+    async def _offer_cut(self, a: _Attempt, exc: PromptTooLong, question: str, docs: tuple[Document, ...]) -> None:
+        """A message with documents too long: never cut silently. Say how much of the largest document fits and
+        offer to send that part (the user's choice), or that not even its first page fits."""
+        view, lang = self.view, self.view.lang
+        try:
+            index, part = await self.service.document_cut(question, docs, exc)
+        except Exception:  # without the cut the numbers still help
+            logger.exception("[%s] could not find the part of the document that fits", a.rid)
+            await view.show_error(exc.user_text(lang))
+            return
+        doc = docs[index]
+        unit = t(f"document.unit.{doc.unit}", lang)
+        numbers = {"name": doc.name, "tokens": exc.tokens, "limit": exc.limit or exc.budget, "unit": unit}
+        if part == 0:
+            await view.show_error(t("document.too_long_none", lang, total=doc.units, **numbers))
+            return
+        text = t("document.too_long", lang, part=part, total=doc.units, **numbers)
+        label = t("document.send_cut", lang, unit=unit, part=part, total=doc.units)
+        await view.offer_cut(text, document=index, part=part, label=label)
 
     async def wait_for_engine(self) -> bool:
         """Wait (with a live step) while the model loads; False when the user must retry later."""
@@ -489,7 +517,7 @@ class _Turn:
         model's tokenizer is not there yet (a cold start), exact once it is; "" when it cannot be said (too long:
         the answer's attempt says so)."""
         try:
-            fitted = await self.service.fit(self.session.conversation.messages(self.session.system_prompt))
+            fitted = await self.service.fit_conversation(self.session.conversation, self.session.system_prompt)
         except Exception as exc:  # noqa: BLE001 - a detail of the wait; the attempt fits again and says what fails
             logger.debug("no context meter while waiting: %s", exc)
             return ""

@@ -20,7 +20,7 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from backend.chat.conversation import Conversation
+from backend.chat.documents import Document
 from backend.settings import Settings
 from backend.storage.database import Database, ensure_tables, failure, from_setting, sqlite_file, store, transient
 from backend.web.login import SECRETS, accounts_fingerprint, auth_secret, session_secret, shared_auth_secret
@@ -299,6 +300,22 @@ def answer_metadata(raw: str, model: str, *, interrupted: bool = False) -> dict[
     return {META_KEY: {"raw": raw, "model": model, "interrupted": interrupted}}
 
 
+def documents_metadata(docs: Iterable[Document]) -> dict[str, Any]:
+    """Metadata of a user message with files attached: each as the converted text the model was given."""
+    return {META_KEY: {"documents": [d.to_dict() for d in docs]}}
+
+
+def documents_of(step: Mapping[str, Any]) -> tuple[Document, ...]:
+    """The documents stored with a user message (``documents_metadata``); none when it has none or they are bad."""
+    ours = json_dict(step.get("metadata")).get(META_KEY)
+    stored = ours.get("documents") if isinstance(ours, dict) else None
+    try:
+        return tuple(Document.from_dict(d) for d in stored or ())
+    except (TypeError, ValueError):
+        logger.warning("history: step %s has documents that cannot be read; resumed without them", step.get("id"))
+        return ()
+
+
 def command_metadata(command: str) -> dict[str, Any]:
     """Metadata marking a user message as a composer command (Chainlit's data layer drops the
     step's own "command" column when it reads a thread back)."""
@@ -328,7 +345,7 @@ def conversation_from_thread(thread: Mapping[str, Any]) -> Conversation:
         if isinstance(ours, dict) and ours.get("command"):  # "/unload pirate" is stored as the user message "pirate"
             continue
         if step.get("type") == "user_message":
-            conv.add_user(str(step["id"]), step.get("output") or "")
+            conv.add_user(str(step["id"]), step.get("output") or "", documents_of(step))
             continue
         if step.get("type") != "assistant_message" or not isinstance(ours, dict) or "raw" not in ours:
             continue

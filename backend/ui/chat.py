@@ -14,6 +14,7 @@ from backend.chat import service as chat_service
 from backend.chat import welcome
 from backend.storage import history, preferences
 from backend.text import pick_language, t
+from backend.ui import attachments
 from backend.ui.answering import answer
 from backend.ui.commands import BY_ID, mark_command, name_bare_command, run_command, send_commands, typed_command
 from backend.ui.compare_chat import choose_compare
@@ -123,7 +124,8 @@ async def on_message(ui: Ui, message: cl.Message) -> None:
         await name_bare_command(ui, message)
         await run_command(ui, command, text)
         return
-    if not text.strip():
+    uploads = attachments.uploads_of(message)  # files attached in the composer
+    if not text.strip() and not uploads:
         await show_error(t("empty_message", ui.lang()))
         return
     picked = (getattr(message, "modes", None) or {}).get("model")
@@ -131,7 +133,10 @@ async def on_message(ui: Ui, message: cl.Message) -> None:
         await choose_model(ui, picked)
     if not await starter_chosen(ui, text, getattr(message, "command", None)):  # a starter picks its model first
         return
-    ui.chat().conversation.add_user(message.id, text)
+    docs = await attachments.read_documents(ui, message, uploads) if uploads else ()
+    if docs is None:  # refused, said with the text kept
+        return
+    ui.chat().conversation.add_user(message.id, text, docs or None)
     await answer(ui)
 
 

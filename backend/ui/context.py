@@ -16,6 +16,7 @@ import chainlit as cl
 
 from backend.chat.client import new_request_id
 from backend.chat.fairshare import FairShare
+from backend.chat.reading import Reader
 from backend.chat.service import Service
 from backend.chat.session import ChatSession
 from backend.settings import Settings
@@ -49,9 +50,11 @@ class Ui:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # started at app startup, kept referenced
     outbox: Outbox | None = None  # with the history on: every history write's one path (backend/storage/outbox.py)
     fair: FairShare = field(init=False)  # answers streaming per user, over all chats ([ui] max_answers_per_user)
+    reader: Reader = field(init=False)  # converts attached files, [uploads] workers at once (backend/chat/reading.py)
 
     def __post_init__(self) -> None:
         self.fair = FairShare(self.settings.ui.max_answers_per_user)
+        self.reader = Reader(self.settings.uploads)
 
     @property
     def settings(self) -> Settings:

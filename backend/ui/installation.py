@@ -17,6 +17,7 @@ from backend.storage.outbox import Outbox
 from backend.storage.votes import Vote
 from backend.ui import (
     answering,
+    attachments,
     chainlit_patches,
     chainlit_settings,
     chat,
@@ -61,6 +62,7 @@ def install(service: Service) -> Ui:
     cl.on_message(bound(ui, chat.on_message))
     cl.action_callback("retry")(bound(ui, answering.on_retry))
     cl.action_callback("send_trimmed")(bound(ui, answering.on_send_trimmed))
+    cl.action_callback("send_cut")(bound(ui, attachments.on_send_cut))
     cl.action_callback("compare_vote")(bound(ui, compare_chat.on_compare_vote))
     cl.action_callback("compare_pick")(bound(ui, compare_chat.on_compare_pick))
     return ui

@@ -213,6 +213,11 @@ class ChatView:
             )
         await show_error(text, actions)
 
+    async def offer_cut(self, text: str, *, document: int, part: int, label: str) -> None:
+        await self.flushed()
+        payload = {"turn": self.host.latest_turn_id(), "document": document, "part": part}
+        await show_error(text, [cl.Action(name="send_cut", payload=payload, label=label, icon="scissors")])
+
     def retry_payload(self) -> dict[str, Any]:
         """What this answer's Retry button carries: the user turn it answers (an older turn's button is refused)."""
         return {"turn": self.host.latest_turn_id()}

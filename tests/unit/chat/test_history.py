@@ -250,3 +250,29 @@ def test_a_starters_message_is_a_chat_turn_though_chainlit_calls_its_model_a_com
     # set_starters sends the starter's model as Chainlit's "command"; only our own mark makes a step a command.
     step = {"id": "s", "type": "user_message", "output": "Tell me about ships", "command": "pirate"}
     assert [t.content for t in history.conversation_from_thread({"steps": [step]}).turns] == ["Tell me about ships"]
+
+
+@pytest.mark.asyncio
+async def test_documents_stored_with_a_user_message_come_back_with_the_resumed_chat(layer):
+    """As backend/ui/attachments.store writes them: a partial upsert of the user message's step (its text kept)."""
+    from backend.chat.documents import Document
+
+    doc = Document("report.pdf", "pdf", "page one\n\npage two", pages=2, page_ends=(8, 18))
+    thread_id, _ = await store_chat(layer, [("user", "what does it say?", None)])
+    user_step = (await layer.get_thread(thread_id))["steps"][0]
+    step = {"id": user_step["id"], "threadId": thread_id, "type": "user_message"}
+    await layer.update_step({**step, "metadata": history.documents_metadata([doc])})
+
+    conv = history.conversation_from_thread(await layer.get_thread(thread_id))
+
+    [turn] = conv.turns
+    assert (turn.content, turn.documents) == ("what does it say?", (doc,))
+    assert conv.messages()[0]["content"].startswith('<document name="report.pdf" type="PDF" pages="2">\npage one')
+
+
+def test_documents_that_cannot_be_read_back_are_left_out_not_fatal():
+    step = {"id": "u1", "type": "user_message", "output": "q", "metadata": {history.META_KEY: {"documents": [{}]}}}
+
+    [turn] = history.conversation_from_thread({"steps": [step]}).turns
+
+    assert (turn.content, turn.documents) == ("q", ())

@@ -93,6 +93,9 @@ class Recorder:
     async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
         self.events.append(("error", text, retry, trimmed))
 
+    async def offer_cut(self, text: str, *, document: int, part: int, label: str) -> None:
+        self.events.append(("offer_cut", text, document, part, label))
+
     async def model_changed(self) -> None:
         self.events.append(("model_changed",))
 
