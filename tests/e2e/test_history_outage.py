@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from sqlalchemy import text
 
 from backend.storage import database
@@ -15,6 +16,8 @@ from tests.e2e import support as e2e
 from tests.e2e.test_history import FULL, LOGIN, launch, log_in, new_page, requests_seen, user_messages
 from tests.fakes.openai_server import expected_text
 from tests.support.faults import Held
+
+pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 LOCK_S = 40.0
 BADGE = "() => document.getElementById('qwenchat-status')?.textContent || ''"

@@ -30,6 +30,8 @@ from tests.support.faults import Held
 from tests.support.postgres import Postgres, free_port, running_postgres
 from tests.support.socket_client import Session, Turn, login_cookie
 
+pytestmark = [pytest.mark.integration, pytest.mark.product]
+
 TOKENS = 80
 SLOW = f"[[normal:tokens={TOKENS}:rate=10]]"  # about 8 s of streaming
 LOCK_S = 40.0  # the lock: a backup tool or a sqlite3 shell left in a transaction
