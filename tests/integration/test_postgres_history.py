@@ -141,7 +141,7 @@ def test_a_database_of_the_previous_schema_version_is_upgraded_and_keeps_its_row
 def test_two_processes_creating_the_schema_at_once_do_not_race(postgres):
     db = fresh(postgres)
     code = (
-        "import sys; from pathlib import Path; from backend.chat import database, history; "
+        "import sys; from pathlib import Path; from backend.storage import database, history; "
         "history.ensure_schema(database.from_setting(sys.argv[1], Path('/unused')))"
     )
     procs = [
