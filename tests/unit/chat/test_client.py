@@ -602,7 +602,10 @@ async def test_request_id_is_sent_as_header_and_on_every_log_line(server, client
     events, exc = await collect(client, "fault:empty-choices-first", prompt, request_id="abcd1234")
     assert exc is None
     assert server.records[-1].request_id == "abcd1234"
-    lines = [r.getMessage() for r in caplog.records if r.name == "backend.chat.client"]
+    # the client and the modules that read its streams (stream_read, stream_events)
+    lines = [
+        r.getMessage() for r in caplog.records if r.name.startswith(("backend.chat.client", "backend.chat.stream_"))
+    ]
     assert lines and all("[abcd1234]" in line for line in lines)
     first = [m for m in lines if "first chunk" in m]
     assert first and '"choices": []' in first[0]  # the raw first chunk, as the engine sent it
@@ -622,7 +625,7 @@ async def test_anomalies_are_counted_once_per_request_and_kind(server, client, c
         await collect(client, "fault:null-content:tokens=10")  # ten null chunks each
     await collect(client, "fault:several-choices")
     assert anomaly_counts() == {"null_content": 2, "several_choices": 1}
-    caplog.set_level(logging.INFO, logger="backend.chat.client")
+    caplog.set_level(logging.INFO, logger="backend.chat")
     log_anomaly_summary()
     assert any("null_content" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
 
@@ -1019,7 +1022,7 @@ async def test_any_malformed_body_ends_in_one_outcome_and_never_passes_a_cut_ans
 @pytest.mark.asyncio
 async def test_a_json_body_is_counted_per_request_and_warned_once_per_process(server, client, caplog):
     reset_anomaly_counts()
-    with caplog.at_level(logging.WARNING, logger="backend.chat.client"):
+    with caplog.at_level(logging.WARNING, logger="backend.chat"):
         for _ in range(2):
             events, exc = await collect(client, "fault:json-body")
             assert exc is None and text_of(events) == TEXT
