@@ -36,7 +36,8 @@ router's /health (no per-message calls); the probe still goes through the router
 holds each replica's view (number, ``host:port``, ready, why not), a replica going down or coming back is
 logged once. The launcher's own replicas (``local_replicas``, the first ones) also have supervisor status files
 next to the main one: read with each poll, they give a down replica its supervisor's words ("restarting —
-attempt 1 of 5", and why) and each local replica its restart ``attempt`` and ``cause`` (metrics count them).
+attempt 1 of 5", and why) and each local replica its restart ``attempt`` and ``cause`` (metrics count them); a local
+replica whose supervisor still says starting/restarting is not ready, whatever its /health says (as the router).
 
 The model list in a fleet is what EVERY ready replica whose list was read serves (by id; lineage from the
 replicas' own ``parent`` fields and [lora] parents; the smallest ``max_model_len`` any states), not the

