@@ -249,18 +249,21 @@ class GuardedDataLayer:
         if not valid_thread_id(thread_id):
             _refused(thread_id, "get_thread")
             return None
-        thread = await self.inner.get_thread(thread_id)
+        # The pending writes are taken before the read: one stored while the read runs is then in the read or in
+        # the list (applying a stored write again changes nothing), never in neither (a share link still open
+        # right after its owner's "unshare" returned).
         pending = self.outbox.pending(thread_id) if self.outbox is not None else []
+        thread = await self.inner.get_thread(thread_id)
         return with_pending(thread, thread_id, pending, self._users) if pending else thread
 
     async def get_thread_author(self, thread_id: str) -> str:
         if not valid_thread_id(thread_id):  # Chainlit's ACL check answers 404 "Thread not found"
             _refused(thread_id, "get_thread_author")
             return ""
+        pending = self.outbox.pending(thread_id) if self.outbox is not None else []  # before the read, as get_thread
         try:
             return str(await self.inner.get_thread_author(thread_id))
         except ValueError:  # not stored (yet): a thread whose first writes wait in the outbox has its author
-            pending = self.outbox.pending(thread_id) if self.outbox is not None else []
             author = (with_pending(None, thread_id, pending, self._users) or {}).get("userIdentifier")
             if author:
                 return str(author)

@@ -45,12 +45,13 @@ def page(live, browser):
 
 
 def command(page, name: str, args: str = "") -> str:
-    """Run a composer command as a user does: type /name, pick it from the menu, add the arguments, send."""
+    """Run a composer command as a user does: type /name, pick it from the menu with Tab (Enter on a name typed out
+    in full runs it at once: public/commands.js), add the arguments, send."""
     before = len(e2e.assistant_messages(page))
     page.click("#chat-input")
     page.keyboard.type(f"/{name}")
     page.wait_for_selector(f'[cmdk-item][data-value^="{name}"]', timeout=10_000)
-    page.keyboard.press("Enter")
+    page.keyboard.press("Tab")
     if args:
         page.keyboard.type(f" {args}")
     page.keyboard.press("Enter")

@@ -256,3 +256,24 @@ async def test_a_rating_given_and_taken_back_while_its_answer_waits_ends_taken_b
     assert await store.box.drained(60)
     assert store.rows("SELECT id FROM feedbacks") == []
     assert len(store.rows(f"SELECT id FROM steps WHERE \"threadId\" = '{thread_id}'")) == 2
+
+
+async def test_a_write_stored_while_a_read_runs_is_seen_by_that_read(store, monkeypatch):
+    """Read-your-writes at the edge: the owner unshares (the write is pending), a viewer's read starts on the database
+    before the write is stored and ends after it. The read must see the chat unshared: the pending writes are taken
+    before the database read (taken after it, the list was empty by then and the read had the old row: a share link
+    that still opened right after "unshare" returned, seen in test_share)."""
+    thread_id, _ = await new_thread(store)
+    await store.layer.update_thread(thread_id, metadata={"is_shared": True})
+    assert await store.box.drained(30)
+    real_read = store.layer.inner.get_thread
+
+    async def read_then_let_the_write_finish(tid: str) -> Any:
+        old = await real_read(tid)  # the row as it is before the write is stored
+        assert await store.box.drained(30)  # ... which is stored now, while this read is still running
+        return old
+
+    monkeypatch.setattr(store.layer.inner, "get_thread", read_then_let_the_write_finish)
+    await store.layer.update_thread(thread_id, metadata={"is_shared": False})
+    thread = await store.layer.get_thread(thread_id)
+    assert datalayer.json_dict(thread["metadata"]).get("is_shared") is False
