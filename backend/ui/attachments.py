@@ -56,6 +56,8 @@ async def read_documents(ui: Ui, message: cl.Message, uploads: list[Upload]) -> 
     except asyncio.CancelledError:
         await show_error(t("document.stopped", lang, name=", ".join(u.name for u in uploads)) + kept)
         raise
+    # Also on the message object: a later write of it by Chainlit (an edit) keeps them.
+    message.metadata = {**(message.metadata or {}), **documents_metadata(docs)}
     await store(message.id, docs)
     return tuple(docs)
 
