@@ -85,7 +85,7 @@ def test_a_pdf_and_a_docx_reach_the_model_and_the_meter_lists_each(page, live, t
     used, shares = meter_of(answer)
     assert set(shares) == {"report.pdf", "notes.docx"}, answer
     assert all(0 < tokens < used for tokens in shares.values())
-    page.get_by_text("report.pdf: PDF · 2 pages").first.wait_for(timeout=10_000)  # the reading step's summary
+    page.get_by_text("report.pdf, notes.docx").first.wait_for(timeout=10_000)  # the reading step, named by its files
     sent = framed_message(question, [convert_file(pdf, pdf.name), convert_file(docx, docx.name)])
     assert "PELICAN-7" in sent and "WALRUS-3" in sent
     assert engine_prompt_tokens(live, sent) == used  # what the meter counted is what vLLM counts for that text
