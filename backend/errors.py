@@ -30,10 +30,10 @@ lives outside this module, next to the only code that raises it (marked below).
     │   ├── AdapterSlotsBusy       every runtime adapter slot is answering: nothing can be evicted
     │   ├── AdapterFleetPartial    a runtime load/unload sent to every fleet replica failed on some of them
     │   └── AdapterDownloadFailed  an adapter added by hub id (/adapters owner/name) could not be downloaded
-    ├── merge.MergeError           (see backend/engine/merge.py) merging a LoRA into its base was refused or failed
+    ├── merge.MergeError           (see backend/tools/merge.py) merging a LoRA into its base was refused or failed
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
-    ├── preferences.SystemPromptRefused  (see backend/chat/preferences.py) a system prompt past the 32 KB cap
+    ├── preferences.SystemPromptRefused  (see backend/storage/preferences.py) a system prompt past the 32 KB cap
     ├── DocumentError              a file attached in the chat cannot be read as text (backend/chat/documents.py)
     │   ├── DocumentTooLarge       over [uploads] max_mb
     │   ├── TooManyDocuments       more files than [uploads] max_files in one message
@@ -61,6 +61,7 @@ lives outside this module, next to the only code that raises it (marked below).
         ├── AuthenticationFailed   401 / 403: the API key was refused
         ├── RequestRejected        any other 4xx (incl. a 404 for a wrong route): refused as sent
         ├── Overloaded             429 / 503
+        │   └── NoWorkerAvailable  a fleet's router: 503 "No available workers" (restarted, its workers not in yet)
         ├── EngineError            other 5xx, or an error event inside a stream
         ├── EmptyAnswer            stream ended with no text and no finish reason
         ├── MalformedResponse      the server sent something that is not the API
@@ -669,6 +670,14 @@ class Overloaded(BackendError):
 
     code = "overloaded"
     text_key = "error.overloaded"
+
+
+class NoWorkerAvailable(Overloaded):
+    """A fleet's router has no worker it may route to (vllm-router's 503 "No available workers"): it was restarted
+    and has not admitted its workers yet, or their circuits are open. Nothing was generated: resending is safe."""
+
+    code = "no_worker"
+    text_key = "error.no_worker"
 
 
 class EngineError(BackendError):

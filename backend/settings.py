@@ -352,7 +352,7 @@ class ModelSettings(Section):
 
 
 class VllmSettings(Section):
-    """The flags the launcher gives vLLM (backend/engine/command.py)."""
+    """The flags the launcher gives vLLM (backend/launcher/command.py)."""
 
     section: ClassVar[str] = "vllm"
     device: Annotated[Literal["auto", "cpu", "gpu"], _case(str.lower)] = key(
@@ -483,7 +483,7 @@ MAX_HISTORY_WAIT = 600.0  # [history] wait: ten minutes at most (the launcher wa
 
 
 def check_history_db(value: str) -> None:
-    """``[history] db``: a path, or a URL of a kind the history supports (backend/chat/database.py parses it)."""
+    """``[history] db``: a path, or a URL of a kind the history supports (backend/storage/database.py parses it)."""
     if "://" not in value:
         return
     scheme = value.split("://", 1)[0].strip().lower()
@@ -506,6 +506,9 @@ class HistorySettings(Section):
     # At start, how long (s) a PostgreSQL that refuses connections, does not answer or is starting up is waited for
     # (one started alongside the UI); then the UI starts without history. 0: do not wait.
     wait: Float = key(30.0, f"seconds from 0 to {MAX_HISTORY_WAIT:g}", ge=0, le=MAX_HISTORY_WAIT)
+    # History writes kept (journalled, retried) while the database is locked, full, slow or down (backend/storage/outbox.py);
+    # at this many, new chats are refused until the backlog drains, and the open ones go on.
+    pending_max: Int = key(2000, "a whole number of writes from 10 to 1000000", ge=10, le=1_000_000)
 
     @field_validator("db")
     @classmethod

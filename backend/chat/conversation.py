@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .client import sanitize_text
 from .documents import Document, framed_message, neutralize_frames
+from .sanitize import sanitize_text
 from .template import strip_reasoning
 
 

@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from ..text import t
-from .client import sanitize_text
 from .conversation import Conversation
 from .documents import describe, fenced
+from .sanitize import sanitize_text
 from .template import strip_reasoning
 
 

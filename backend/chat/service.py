@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backend.chat import budget as budget_mod
+from backend.chat import counters
+from backend.storage.votes import VoteStore
+
 from .. import contract, hub
 from ..engine_http import public_url, short
 from ..errors import (
@@ -31,14 +35,11 @@ from ..errors import (
 )
 from ..settings import ROOT, HealthSettings, Settings, load_settings
 from ..text import Text, pick_language, t
-from . import budget as budget_mod
-from . import counters
 from .adapters_in_use import AdapterUsage
 from .client import ChatClient, Finish, anomaly_counts
 from .conversation import Conversation
 from .documents import Document
 from .health import EngineState, HealthPoller, HealthStatus, get_poller
-from .votes import VoteStore
 
 if TYPE_CHECKING:
     from ..adapters.doctor import Diagnosis
@@ -101,7 +102,7 @@ class Service:
     def votes(self) -> VoteStore:
         """Blind-compare votes, in the remembered-settings file (preferences.db_path); opened on first use."""
         if self._votes is None:
-            from .preferences import app_store
+            from backend.storage.preferences import app_store
 
             self._votes = VoteStore(app_store(self.settings))
         return self._votes

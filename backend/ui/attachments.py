@@ -11,9 +11,9 @@ import chainlit as cl
 from chainlit.data import get_data_layer
 
 from backend.chat.documents import Document, describe
-from backend.chat.history import documents_metadata
 from backend.chat.reading import Upload
 from backend.errors import DocumentError
+from backend.storage.history import documents_metadata
 from backend.text import t
 from backend.ui.answering import answer_as_task, one_answer, turn_of
 from backend.ui.context import Ui, guarded

@@ -12,10 +12,10 @@ import chainlit as cl
 from chainlit.data import get_data_layer
 from chainlit.utils import utc_now
 
-from backend.chat import history
 from backend.chat.budget import FitResult
 from backend.chat.coalesce import Coalescer
 from backend.chat.turn import Reply
+from backend.storage import history
 from backend.text import t
 from backend.ui import markdown
 
