@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from backend.chat.documents import convert_file
-from backend.chat.loopstats import bucket, percentiles
 from backend.chat.reading import Reader, Upload
 from backend.settings import UploadsSettings
+from backend.web.loopstats import bucket, percentiles
 from tests.support.documents_build import make_pdf
 
 
