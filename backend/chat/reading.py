@@ -12,9 +12,8 @@ UI process. At most ``[uploads] workers`` convert at once (a semaphore: the pool
 (nice 10) so that the chats streaming meanwhile keep their share of the cores. A process costs ≈0.1 s to start
 (docs/DOCUMENTS.md).
 
-The child (``python -m backend.chat.reading PATH NAME MAX_BYTES MAX_UNZIPPED``) writes JSON lines on stdout:
-``{"progress": [page, pages]}`` while it reads a PDF, then ``{"document": {...}}`` or
-``{"error": {"class": "DocumentEncrypted", "params": {...}}}``.
+The child is ``python -m backend.chat.convert_child PATH NAME MAX_BYTES MAX_UNZIPPED`` (convert_child.py: it imports
+the converters and nothing of the UI, to start fast).
 """
 
 from __future__ import annotations
@@ -35,14 +34,13 @@ from typing import Any
 from .. import errors
 from ..errors import DocumentError, DocumentTooLarge, DocumentUnreadable, ImageNotSupported, TooManyDocuments
 from ..settings import ROOT, UploadsSettings
-from .documents import Document, Limits, convert_file, pdf_document, pdf_page_count, pdf_pages, sniff
+from .documents import Document, Limits
 
 logger = logging.getLogger(__name__)
 
 #: (file name, pages read, pages) while a PDF is read; awaited between progress lines.
 Progress = Callable[[str, int, int], Awaitable[None]]
 _MB = 1024 * 1024
-PROGRESS_EVERY = 0.25  # s between the child's progress lines
 STOP_GRACE = 2.0  # s between SIGTERM and SIGKILL when a conversion is stopped
 
 
@@ -100,7 +98,7 @@ class Reader:
             return doc
 
     async def _convert(self, upload: Upload, progress: Progress) -> Document:
-        argv = [self.python, "-m", "backend.chat.reading", str(upload.path), upload.name]
+        argv = [self.python, "-m", "backend.chat.convert_child", str(upload.path), upload.name]
         argv += [str(self.limits.max_bytes), str(self.limits.max_unzipped_bytes)]
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -149,44 +147,3 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(asyncio.TimeoutError, Exception):
             await asyncio.wait_for(proc.wait(), wait)
             return
-
-
-# ---------------------------------------------------------------- the child
-
-
-def _emit(line: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
-
-
-def convert_with_progress(path: Path, name: str, limits: Limits) -> Document:
-    """``convert_file``, but a PDF page by page with a progress line at most every PROGRESS_EVERY s."""
-    if sniff(path, name, limits) != "pdf":
-        return convert_file(path, name, limits)
-    count = pdf_page_count(path, name)
-    pages: list[str] = []
-    said = time.monotonic()
-    for start in range(0, count, 10):
-        pages += pdf_pages(path, name, start, min(count, start + 10))
-        if time.monotonic() - said >= PROGRESS_EVERY:
-            _emit({"progress": [len(pages), count]})
-            said = time.monotonic()
-    return pdf_document(name, pages, count)
-
-
-def child_main(argv: list[str]) -> int:
-    """The conversion process: one file, its result as the last JSON line."""
-    with contextlib.suppress(OSError):
-        os.nice(10)  # the UI's chats first
-    path, name, max_bytes, max_unzipped = Path(argv[0]), argv[1], int(argv[2]), int(argv[3])
-    try:
-        doc = convert_with_progress(path, name, Limits(max_bytes, max_unzipped))
-    except DocumentError as exc:
-        _emit({"error": {"class": type(exc).__name__, "params": exc.params}})
-        return 0
-    _emit({"document": doc.to_dict()})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1:]))

@@ -40,6 +40,7 @@ async def read_documents(ui: Ui, message: cl.Message, uploads: list[Upload]) -> 
     kept = "\n\n" + t("document.kept_text", lang, text=quoted(text)) if text.strip() else ""
     chat = ui.chat()
     model = chat.model or ui.service.default_model(ui.service.poller.status)
+    refused: DocumentError | None = None
     try:
         async with cl.Step(name=t("document.reading", lang, name=uploads[0].name), type="tool") as step:
 
@@ -47,15 +48,21 @@ async def read_documents(ui: Ui, message: cl.Message, uploads: list[Upload]) -> 
                 step.name = t("document.reading_page", lang, name=name, page=page, pages=pages)
                 await step.update()
 
-            docs = await ui.reader.read_all(uploads, model=model, progress=progress)
-            step.name = ", ".join(d.name for d in docs)
-            step.output = "\n".join(f"- {describe(d, lang)}" for d in docs)
-    except DocumentError as exc:
-        await show_error(exc.user_text(lang) + kept)
-        return None
+            try:
+                docs = await ui.reader.read_all(uploads, model=model, progress=progress)
+            except DocumentError as exc:  # said in the reader's language here, not the step's English default
+                refused, step.output = exc, exc.user_text(lang)
+            else:
+                step.name = ", ".join(d.name for d in docs)
+                step.output = "\n".join(f"- {describe(d, lang)}" for d in docs)
     except asyncio.CancelledError:
         await show_error(t("document.stopped", lang, name=", ".join(u.name for u in uploads)) + kept)
         raise
+    if refused is not None:
+        await show_error(refused.user_text(lang) + kept)
+        return None
+    # Also on the message object: a later write of it by Chainlit (an edit) keeps them.
+    message.metadata = {**(message.metadata or {}), **documents_metadata(docs)}
     await store(message.id, docs)
     return tuple(docs)
 

@@ -30,10 +30,12 @@ def chainlit_settings(settings: Settings, *, sharing: bool) -> dict[str, Any]:
         "UI.custom_css": THEME_CSS if settings.branding.accent else SHIPPED_CSS,
         "features.allow_thread_sharing": sharing,
         "project.allow_origins": cors_origins(settings),
-        # The upload button and drag-and-drop. The browser offers files by MIME type or extension (react-dropzone
-        # takes a file matching either); the content decides in the end (backend/chat/documents.py).
+        # The upload button and drag-and-drop, by extension: Chainlit's upload route takes a file whose MIME type
+        # matches a key and whose name ends with one of its extensions (browsers give code files odd types: .ts is
+        # video/mp2t), and the browser (react-dropzone) skips the "*/*" key and offers the extensions. The content
+        # decides in the end (backend/chat/documents.py).
         "features.spontaneous_file_upload.enabled": settings.uploads.enabled,
-        "features.spontaneous_file_upload.accept": {"text/plain": list(ACCEPT)},
+        "features.spontaneous_file_upload.accept": {"*/*": list(ACCEPT)},
         "features.spontaneous_file_upload.max_files": settings.uploads.max_files,
         "features.spontaneous_file_upload.max_size_mb": int(-(-settings.uploads.max_mb // 1)),
     }

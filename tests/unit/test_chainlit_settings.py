@@ -83,4 +83,36 @@ def test_the_composers_upload_follows_uploads_settings():
     assert values["features.spontaneous_file_upload.enabled"] is False
     assert values["features.spontaneous_file_upload.max_files"] == 3
     assert values["features.spontaneous_file_upload.max_size_mb"] == 3  # whole MB, rounded up: ours checks exactly
-    assert ".pdf" in values["features.spontaneous_file_upload.accept"]["text/plain"]
+    assert ".pdf" in values["features.spontaneous_file_upload.accept"]["*/*"]
+
+
+@pytest.mark.parametrize(
+    ("name", "mime", "taken"),
+    [
+        ("report.pdf", "application/pdf", True),
+        ("notes.docx", "application/vnd.openxmlformats-officedocument.wordprocessingml.document", True),
+        ("app.ts", "video/mp2t", True),  # what browsers call a TypeScript file
+        ("data.csv", "text/csv", True),
+        ("setup.exe", "application/x-msdownload", False),
+    ],
+)
+def test_chainlits_upload_route_takes_the_files_we_read_whatever_type_the_browser_gives(monkeypatch, name, mime, taken):
+    """Chainlit's own check of an upload (chainlit.server.validate_file_upload) with the settings ``apply`` sets."""
+    import io
+
+    from chainlit.config import config
+    from chainlit.server import validate_file_upload
+    from starlette.applications import Starlette
+    from starlette.datastructures import Headers, UploadFile
+
+    upload = config.features.spontaneous_file_upload
+    for name_ in ("enabled", "accept", "max_files", "max_size_mb"):
+        monkeypatch.setattr(upload, name_, getattr(upload, name_))
+    apply(Settings(), sharing=False, http_app=Starlette())
+    file = UploadFile(io.BytesIO(b"x"), filename=name, size=1, headers=Headers({"content-type": mime}))
+
+    if taken:
+        validate_file_upload(file)
+    else:
+        with pytest.raises(ValueError, match="not allowed"):
+            validate_file_upload(file)

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from backend.chat import turn
-from backend.chat.documents import Document
+from backend.chat.documents import Document, frame
 from backend.chat.service import Service
 from backend.chat.session import ChatSession
 from backend.chat.turn import Outcome
@@ -86,3 +86,20 @@ async def test_a_document_too_long_is_never_cut_silently_the_part_that_fits_is_o
     [rec] = received(fake, m)
     sent = rec.messages[-1]["content"]
     assert f'pages="1-{part} of 200"' in sent and f"page {part - 1} " in sent and f"page {part} " not in sent
+
+
+async def test_a_chinese_and_a_mixed_script_document_are_counted_and_named_as_they_are(service, fake):  # noqa: F811
+    m = marker()
+    contract = Document("合同.txt", "text", "第一条：甲方应于十日内付款。" * 20, encoding="gb18030")
+    mixed = Document("notes-ελληνικά.md", "text", "Mixed: 中文, русский, Ελληνικά, emoji 🌊, `code()`. " * 10)
+    session = with_documents(service, f"总结一下 {m}", contract, mixed)
+    view = Recorder()
+
+    assert await turn.answer(session, service, view) is Outcome.ANSWERED
+
+    sent = received(fake, m)[0].messages[-1]["content"]
+    assert '<document name="合同.txt" type="text">' in sent and "第一条：甲方应于十日内付款。" in sent
+    fitted = view.reply().fitted
+    counter = await service.counter()
+    assert dict(fitted.documents)["合同.txt"] == await counter.count_text(frame(contract))
+    assert "合同.txt" in fitted.meter_text("zh-CN") and "notes-ελληνικά.md" in fitted.meter_text("en")
