@@ -190,6 +190,7 @@ async def test_past_pending_max_a_new_chat_is_refused_with_its_text_and_the_open
                 assert len(turns) < 12, f"{pending_writes(app, cookie)} writes pending after {len(turns)} turns"
                 turns.append(await s.send(f"turn {len(turns)} while locked"))
                 assert turns[-1].answered, turns[-1].summary()
+            await until(lambda: "locked" in history_text(app, cookie), 60, "the lock named as the cause")
             async with Session(app.url, cookie=cookie) as other:
                 refused = await other.start("a new chat while the history is behind")
                 said = await until(lambda: refused.errors, 30, "the new chat's message refused")
