@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _not_applied(*_args: Any, **_kwargs: Any) -> None:
+def not_applied(*_args: Any, **_kwargs: Any) -> None:
     """What ``nest_asyncio.apply`` does here: nothing (see the module's docstring)."""
 
 
@@ -48,12 +48,10 @@ def without_websocket_keepalive() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import nest_asyncio
+    from backend.ui import chainlit_patches
 
-    nest_asyncio.apply = _not_applied  # before chainlit.cli is imported: it calls the attribute at import
+    chainlit_patches.apply_at_launch()  # before chainlit.cli is imported: it applies nest_asyncio at import
     from chainlit.cli import cli
-
-    without_websocket_keepalive()  # read by chainlit.cli at the server's start (``uvicorn.Config(...)``)
 
     cli(args=argv, prog_name="chainlit")
 
