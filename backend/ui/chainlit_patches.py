@@ -105,7 +105,7 @@ PATCHES = (
         "backend/ui/socket_guard.py:install (sio.handlers)",
         "client_message and edit_message are checked (size, rate, an answer running) before Chainlit takes them",
         "",
-        "tests/unit/test_app_handlers.py::test_stop_also_cancels_the_answer_to_an_edited_message",
+        "tests/unit/test_app_guards.py::test_only_the_chats_own_user_messages_can_be_edited_and_not_while_it_answers",
         _handlers("client_message", "edit_message"),
     ),
     Patch(
