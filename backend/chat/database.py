@@ -35,7 +35,8 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from ..errors import ConfigError
-from ..settings import HISTORY_DB_FORMS, without_password
+from ..hosts import without_password
+from ..settings import HISTORY_DB_FORMS
 
 logger = logging.getLogger(__name__)
 

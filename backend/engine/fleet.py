@@ -82,8 +82,9 @@ from .. import contract
 from ..contract import ENV_ENGINE_API_KEY
 from ..engine_http import public_url
 from ..errors import ConfigError, EngineStartFailed, FleetModelsDiffer, ReplicaKeyRefused, ReplicaNotOpenAI
+from ..hosts import is_loopback
 from ..probe import OneTokenProbe
-from ..settings import ROOT, Settings, is_loopback, replace
+from ..settings import ROOT, Settings, replace
 from ..text import t
 from .command import Command, build_engine_command
 from .preflight import check_port_free

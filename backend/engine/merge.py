@@ -38,7 +38,7 @@ from .. import contract
 from ..adapters.doctor import Diagnosis, diagnose_adapter
 from ..adapters.safetensors import read_safetensors_header, read_safetensors_metadata
 from ..errors import ModelPathError, QwenChatError
-from ..settings import home_dir
+from ..paths import home_dir
 from .preflight import check_model_dir
 
 logger = logging.getLogger(__name__)

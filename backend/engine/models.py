@@ -33,7 +33,7 @@ from ..packages import (
     smollm2_gguf,
     write_marker,
 )
-from ..settings import home_dir
+from ..paths import home_dir
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ExposureRefused, ModelPathError, PortInUse
-from ..settings import Settings, host_name_of, is_loopback, is_wildcard, served_host_names
+from ..hosts import host_name_of, is_loopback, is_wildcard, served_host_names
+from ..settings import Settings
 from ..text import Text, t
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from backend.chat import metrics, share, welcome
 from backend.chat.client import anomaly_counts
 from backend.chat.service import Service
-from backend.settings import ROOT, resolve_path
+from backend.paths import ROOT, resolve_path
 from backend.text import pick_language, t
 from backend.ui import renderer
 from backend.ui.chainlit_settings import THEME_CSS
