@@ -10,11 +10,11 @@ options, the same server, but for one setting.
 
 uvicorn's websocket keepalive is off (``ws_ping_interval=None``; Chainlit's command line takes no option for it).
 Under engine.io's heartbeat (a ping every 25 s, ``backend/ui/server.py PING_TIMEOUT`` = 120 s for its pong),
-uvicorn pings at the websocket's own level every 20 s and closes the socket (code 1011) when a pong is not back
-within 20 s: a client that does not read for that long, because its machine is saturated or its link stalls,
-lost its socket and its answer, whatever engine.io allows. On a slow CI machine that closed all 10 sockets of
-tests/soak/test_crashes.py at once; tests/soak/test_long_answers.py stops its clients for 45 s to show it. The one
-heartbeat left is engine.io's, which also finds the sockets of browsers that are gone.
+uvicorn would also ping every 20 s and close the socket (code 1011) when a pong is not back within 20 s: a client
+that does not read for that long (a saturated machine, a stalled link) would lose its socket and its answer,
+whatever engine.io allows (tests/soak/test_long_answers.py stops its clients for 45 s to show it). The one
+heartbeat left is engine.io's, which also finds the sockets of browsers that are gone. Both patches are applied
+by ``chainlit_patches.apply_at_launch``.
 """
 
 from __future__ import annotations
