@@ -77,9 +77,9 @@ def _cli_applies_nest_asyncio() -> bool:
 
 
 def _uvicorn_keepalive() -> bool:
-    import uvicorn
+    from uvicorn.config import Config  # uvicorn's own: the patch replaces ``uvicorn.Config``, not this one
 
-    return {"ws_ping_interval", "ws_ping_timeout"} <= set(inspect.signature(uvicorn.Config).parameters)
+    return {"ws_ping_interval", "ws_ping_timeout"} <= set(inspect.signature(Config).parameters)
 
 
 PATCHES = (

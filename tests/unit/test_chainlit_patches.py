@@ -62,3 +62,15 @@ def test_the_patches_are_applied_from_chainlit_patches_only() -> None:
     }
     assert {path for path, _ in calls} == {"backend/ui/chainlit_patches.py"}, calls
     assert {a for _, a in calls} == set(APPLIERS)
+
+
+def test_the_shapes_still_hold_once_the_launch_patches_are_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The UI process checks after launch.py patched uvicorn.Config: the check reads uvicorn's own class."""
+    import uvicorn
+
+    from backend.ui import launch
+
+    monkeypatch.setattr(uvicorn, "Config", uvicorn.Config)  # put back after the test
+    launch.without_websocket_keepalive()
+    assert uvicorn.Config is not uvicorn.config.Config  # patched
+    check_chainlit()
