@@ -31,7 +31,8 @@ from pathlib import Path
 
 from . import contract
 from .errors import QwenChatError
-from .settings import DEMO_ADAPTER_DIR, Settings, home_dir, load_settings
+from .paths import home_dir
+from .settings import DEMO_ADAPTER_DIR, Settings, load_settings
 
 
 def _progress(text: str) -> None:

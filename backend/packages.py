@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import home_dir
+from .paths import home_dir
 
 #: Where a long step reports what it is doing (print, or the launcher's prefixed printer).
 Progress = Callable[[str], object]

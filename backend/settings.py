@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import ipaddress
 import logging
 import os
-import re
 import shlex
 import tomllib
 import types
@@ -66,125 +64,25 @@ from . import contract, text
 from . import hub as hub_mod
 from .errors import ConfigError
 
+# canonical_origin, host_name_of, is_loopback and served_host_names: re-exported for callers still importing them
+# from here; ROOT and home_dir too. New code imports backend.hosts and backend.paths.
+from .hosts import canonical_origin as canonical_origin
+from .hosts import host_name_of as host_name_of
+from .hosts import http_base_url, is_address_or_network, without_password
+from .hosts import is_loopback as is_loopback
+from .hosts import served_host_names as served_host_names
+from .paths import ROOT as ROOT
+from .paths import home_dir as home_dir
+from .paths import resolve_path
+
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parent.parent
 #: vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 EMBEDDED_MODEL_NAME = "smollm2-135m-instruct"
 EMBEDDED_ADAPTER_NAME = "pirate"
 #: The demo LoRA for the embedded model, shipped in git (3.7 MB; retrain: python -m backend train-demo).
 DEMO_ADAPTER_DIR = ROOT / "backend" / "data" / "pirate"
-
-
-def canonical_origin(value: str) -> str | None:
-    """``scheme://host:port`` (lower case, default port made explicit) of a browser origin, or None.
-
-    Only http/https with a host and nothing after it (no path, query, user or fragment) is an origin:
-    "localhost:8080" (no scheme) or "http://x/app" are not.
-    """
-    try:
-        parts = urllib.parse.urlsplit(value.strip())
-        port = parts.port
-    except ValueError:
-        return None
-    host = parts.hostname
-    if parts.scheme not in ("http", "https") or not host or parts.username is not None or parts.password is not None:
-        return None
-    if parts.path not in ("", "/") or parts.query or parts.fragment or value.strip().endswith("?"):
-        return None
-    port = port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
-
-
-def http_base_url(value: str, *, bare: bool = False) -> bool:
-    """An http(s) URL with a host and, if given, a port from 1 to 65535 (an engine's or a replica's base URL).
-    ``bare``: no query, fragment or comma either (vllm-router takes the replicas as one comma-separated list)."""
-    try:
-        parts = urllib.parse.urlsplit(value.strip())
-        port = parts.port
-    except ValueError:  # a port that is not a number or out of range, a broken [IPv6] host
-        return False
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-        return False
-    return not bare or not (parts.query or parts.fragment or "," in value)
-
-
-def without_password(url: str) -> str:
-    """``url`` for a message: the password of a ``user:password@`` in it shown as ``***``."""
-    return re.sub(r"//([^/@:]*):[^/@]*@", r"//\1:***@", url)
-
-
-def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 or "localhost"; an empty host, 0.0.0.0, :: or any other name is not."""
-    host = host.strip().strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-_HOST_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")  # one label of a host name
-
-
-def host_name_of(value: str) -> str | None:
-    """A host name or IP address the way the UI compares ``Host`` headers: lower case, an IPv6 address compressed
-    and without brackets, no trailing dot ("Chat.Example." -> "chat.example"); None when ``value`` is not one (a
-    URL, a port, a path, a space)."""
-    v = value.strip().lower()
-    if v.startswith("[") and v.endswith("]"):
-        v = v[1:-1]
-    try:
-        return str(ipaddress.ip_address(v))
-    except ValueError:
-        pass
-    v = v.removesuffix(".")
-    if not v or len(v) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in v.split(".")):
-        return None
-    return v
-
-
-def is_wildcard(host: str) -> bool:
-    """0.0.0.0, :: or "": every address of this machine."""
-    try:
-        return not host.strip() or ipaddress.ip_address(host.strip().strip("[]")).is_unspecified
-    except ValueError:
-        return False
-
-
-def _is_address_or_network(value: str) -> bool:
-    try:
-        ipaddress.ip_network(value, strict=False)
-    except ValueError:
-        return False
-    return True
-
-
-def served_host_names(settings: Settings) -> tuple[str, ...]:
-    """The ``Host`` names the UI answers to besides loopback ones (DNS rebinding): ``[network] host_names``, the
-    hosts of ``[network] allowed_origins`` and ``[network] ui_host`` when it is one address or name (not 0.0.0.0).
-
-    Empty for a ``ui_host`` of 0.0.0.0 with neither set: the launcher then asks for ``[network] host_names``."""
-    net = settings.network
-    candidates = [*net.host_names]
-    candidates += [urllib.parse.urlsplit(o.strip()).hostname or "" for o in net.allowed_origins]
-    if not is_wildcard(net.ui_host) and not is_loopback(net.ui_host):
-        candidates.append(net.ui_host)
-    names = (host_name_of(c) for c in candidates)
-    return tuple(dict.fromkeys(n for n in names if n))
-
-
-def home_dir() -> Path:
-    """Cache folder for environments, models and adapters (outside git)."""
-    return Path(os.environ.get("QWENCHAT_HOME") or Path.home() / ".cache" / "qwenchat")
-
-
-def resolve_path(value: str) -> Path:
-    """A path from config.toml: ``~`` expanded, relative to the repository folder."""
-    p = Path(value).expanduser()
-    return (p if p.is_absolute() else ROOT / p).resolve()
 
 
 # ---------------------------------------------------------------- value types
@@ -402,7 +300,7 @@ class NetworkSettings(Section):
     )
     # Reverse proxies in front of the UI (addresses or networks, "10.0.0.5", "10.0.0.0/24"): from these peers only,
     # X-Forwarded-For / X-Forwarded-Proto name the client and the scheme (login throttle, origin check).
-    trusted_proxies: Annotated[Words, _all(_is_address_or_network)] = key(
+    trusted_proxies: Annotated[Words, _all(is_address_or_network)] = key(
         (), 'addresses or networks of the reverse proxies in front of the UI, like "10.0.0.5" or "10.0.0.0/24"'
     )
     public: Bool = key(False, "true or false (true: a ui_host others reach, without login: anyone may chat)")

@@ -82,13 +82,13 @@ from typing import Any
 import aiohttp
 
 from ..contract import EngineStatus
-from ..engine_http import auth_headers
 from ..probe import probe_body
 from ..settings import HealthSettings  # re-exported: the [health] section
 from ..text import Text
-from .health_classify import SUP_STARTING, Life, Poll, Verdict, classify, fleet_view, probe_answered
+from .health_classify import Life, Poll, Verdict, classify, fleet_view, probe_answered
 from .health_fleet import Fleet, Partial
-from .health_http import Http, root_of, send
+from .health_http import Http, new_session, root_of, send
+from .health_life import EngineLife, LoadGauges
 from .health_status import (
     METRICS_RETRY_S,
     EngineLoad,
@@ -101,6 +101,7 @@ from .health_status import (
     next_status,
     parse_load,
     parse_models,
+    with_models,
 )
 from .health_subscriptions import Subscribers, Subscription, wait_for_state
 
@@ -120,6 +121,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+Lists = dict[int, tuple[ModelEntry, ...]]  # a fleet's replicas' model lists, by replica number
 
 
 class HealthPoller:
@@ -163,19 +166,11 @@ class HealthPoller:
         self.subscribers = Subscribers()
         self._force_probe = False
         self._stopped = False
-        # this engine life
-        self._ever_ready = False
-        self._life_started = time.monotonic()  # monotonic start of the current engine life
-        self._last_probe_at: float | None = None  # monotonic
-        # the outcome of the last probe that answered (READY or slow DEGRADED), replayed between
-        # probes; None while probes fail or after /health or /v1/models failed: probe on every poll
-        self._answered: Verdict | None = None
+        self.life = EngineLife()
+        self.load_gauges = LoadGauges()
         self._health_404_logged = False
-        # roots whose /metrics answered 404 (a server that is no vLLM): not asked again before this (monotonic)
-        self._no_metrics_until: dict[str, float] = {}
         self._published: tuple[Any, ...] = ()
         self._poll_seq = 0  # polls started
-        self._sup_key: tuple[Any, ...] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -190,12 +185,7 @@ class HealthPoller:
         if self._stopped:
             raise RuntimeError("this HealthPoller was stopped; create a new one with get_poller()")
         self._loop = asyncio.get_running_loop()
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                # no keep-alive: a pooled connection to an engine that restarted would read as "refused"
-                connector=aiohttp.TCPConnector(limit=4 + len(self.fleet.roots), force_close=True),
-                headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else None,
-            )
+        self._session = self._session or new_session(self.api_key, 4 + len(self.fleet.roots))
         self._task = asyncio.create_task(self._run(), name="qwenchat-health-poller")
         logger.info("health poller started for %s", self.root_url)
 
@@ -222,7 +212,7 @@ class HealthPoller:
     def status(self) -> HealthStatus:
         s = self._status
         if s.state is EngineState.STARTING:
-            return dataclasses.replace(s, starting_elapsed=max(0.0, time.monotonic() - self._life_started))
+            return dataclasses.replace(s, starting_elapsed=self.life.starting_for())
         return s
 
     async def refresh(self, probe: bool = False) -> HealthStatus:
@@ -290,7 +280,7 @@ class HealthPoller:
                 if after <= seq and not fut.done():
                     fut.set_result(self.status)
             # poll fast only while failing; a slow but answering engine is polled like a ready one
-            answering = self._status.state is EngineState.READY or self._answered is not None
+            answering = self._status.state is EngineState.READY or self.life.answered is not None
             interval = self.settings.poll_ready if answering else self.settings.poll_starting
             try:
                 await asyncio.wait_for(self._wake.wait(), interval)
@@ -303,7 +293,7 @@ class HealthPoller:
 
     async def _request(self, method: str, url: str, timeout: float, payload: Any = None) -> Http:
         if self._session is None:  # refresh() before start(): a private one-shot session
-            async with aiohttp.ClientSession(headers=auth_headers(self.api_key)) as session:
+            async with new_session(self.api_key, 4 + len(self.fleet.roots)) as session:
                 return await send(session, method, url, timeout, payload)
         return await send(self._session, method, url, timeout, payload)
 
@@ -312,7 +302,7 @@ class HealthPoller:
         before it decide nothing (``classify``)."""
         # Any early return below leaves this None, so the next poll that gets through probes again before it may
         # report READY.
-        answered, self._answered = self._answered, None
+        answered, self.life.answered = self.life.answered, None
         self._fresh_answer = False
         poll = Poll(sup=await self._read_supervisor())
         if self._decided(poll):
@@ -325,15 +315,16 @@ class HealthPoller:
         poll = dataclasses.replace(poll, models=models_resp, base=base_of(models or ()))
         if self._decided(poll):
             return
-        self._update_models(models or (), partial)
+        old, self._status = self._status, with_models(self._status, models or (), partial)
+        _log_models(old, self._status, self.fleet)
         assert poll.base is not None
         await self._probe(poll, answered)
         await self._note_load()
 
     def _life(self) -> Life:
-        over = time.monotonic() - self._life_started >= self.settings.startup_limit
+        over = self.life.starting_for() >= self.settings.startup_limit
         fleet, ready = bool(self.fleet), self.fleet.any_ready
-        return Life(self._ever_ready, over, fleet, ready, self.root_url)
+        return Life(self.life.ever_ready, over, fleet, ready, self.root_url)
 
     def _decided(self, poll: Poll) -> bool:
         """Set the state the poll so far decides, if it decides one."""
@@ -342,11 +333,11 @@ class HealthPoller:
             self._set(verdict, poll.sup)
         return verdict is not None
 
-    async def _read_health(self) -> tuple[Http, dict[int, tuple[ModelEntry, ...]]]:
+    async def _read_health(self) -> tuple[Http, Lists]:
         """``GET /health``, and a fleet's replicas at the same time (one poll's time): the answer, and the model
         list of each ready replica whose list could be read."""
         timeout = self.settings.request_timeout
-        lists: dict[int, tuple[ModelEntry, ...]] = {}
+        lists: Lists = {}
         if self.fleet:
             health, (replicas, lists) = await asyncio.gather(
                 self._get(self.root_url + "/health", timeout),
@@ -360,9 +351,7 @@ class HealthPoller:
             logger.info("%s/health is not served (404); readiness from /v1/models and the probe only", self.root_url)
         return health, lists
 
-    async def _read_models(
-        self, replica_lists: dict[int, tuple[ModelEntry, ...]]
-    ) -> tuple[Http, tuple[ModelEntry, ...] | None, Partial]:
+    async def _read_models(self, replica_lists: Lists) -> tuple[Http, tuple[ModelEntry, ...] | None, Partial]:
         """The model list: a fleet's is what every ready replica serves (the router's is one replica's); with no
         fleet, or no replica's list read from here, the router's ``/v1/models``."""
         if replica_lists:
@@ -374,94 +363,47 @@ class HealthPoller:
 
     async def _probe(self, poll: Poll, answered: Verdict | None) -> None:
         """A one-token generation on the base model when one is due; else the last answer's state again."""
-        s = self.settings
-        last = self._last_probe_at
-        due = self._force_probe or answered is None or last is None or time.monotonic() - last >= s.probe_every
-        if not due:
+        s, life = self.settings, self.life
+        if not life.probe_due(self._force_probe, answered, s.probe_every):
             assert answered is not None
-            self._answered = answered
+            life.answered = answered
             self._set(answered, poll.sup)
             return
         self._force_probe = False
         assert poll.base is not None
         # the same request as the supervisor's hang watchdog
-        probe = await self._request(
-            "POST", self.api_url + "/chat/completions", s.probe_timeout, probe_body(poll.base.id)
-        )
-        self._last_probe_at = time.monotonic()
+        url = self.api_url + "/chat/completions"
+        probe = await self._request("POST", url, s.probe_timeout, probe_body(poll.base.id))
+        life.last_probe_at = time.monotonic()
         verdict = classify(dataclasses.replace(poll, probe=probe), self._life(), s)
         assert verdict is not None
         if probe_answered(probe):
-            self._ever_ready = True  # it answered: a later refusal is a crash (DOWN), not "starting"
+            life.ever_ready = True  # it answered: a later refusal is a crash (DOWN), not "starting"
             self._fresh_answer = True
-            self._answered = verdict
+            life.answered = verdict
             self._set(verdict, poll.sup, latency=probe.latency)
             return
         if verdict.state is EngineState.STARTING and probe.ok and self._status.state is not EngineState.STARTING:
-            self._life_started = time.monotonic()  # a router not routing: "starting 12 s" counts from here
+            life.started = time.monotonic()  # a router not routing: "starting 12 s" counts from here
         self._set(verdict, poll.sup)
 
     async def _note_load(self) -> None:
         """vLLM's ``/metrics`` (each replica's in a fleet, summed; the engine key as for every request): how many
-        requests run and wait. Published when it changes; unknown (None) when no answer has the gauges. A server
-        whose /metrics is 404 (an external server that is no vLLM) is asked again only ``METRICS_RETRY_S`` later, or
-        after an engine (re)start, not at every poll."""
-        now = time.monotonic()
+        requests run and wait (``LoadGauges``). Published when it changes."""
         roots = [root for _, _, root in self.fleet.roots] or [self.root_url]
-        roots = [root for root in roots if self._no_metrics_until.get(root, 0.0) <= now]
-        answers = await asyncio.gather(*(self._get(root + "/metrics", self.settings.request_timeout) for root in roots))
-        for root, answer in zip(roots, answers, strict=True):
-            if answer.ok and answer.status == 404:
-                self._no_metrics_until[root] = now + METRICS_RETRY_S
-        loads = [parse_load(a.body) for a in answers if a.ok and a.status == 200 and isinstance(a.body, str)]
-        known = [load for load in loads if load is not None]
-        load = EngineLoad(sum(x.running for x in known), sum(x.waiting for x in known)) if known else None
-        if load == self._status.load:
-            return
-        self._status = dataclasses.replace(self._status, load=load)
-        self.subscribers.publish(self.status)
+        load = await self.load_gauges.read(self._get, roots, self.settings.request_timeout)
+        if load != self._status.load:
+            self._status = dataclasses.replace(self._status, load=load)
+            self.subscribers.publish(self.status)
 
     async def _read_supervisor(self) -> EngineStatus | None:
         """The supervisor's status file (None without one); a (re)start or a new engine process begins a new life."""
         sup = await asyncio.to_thread(EngineStatus.read, self.status_file) if self.status_file else None
-        if sup is not None:
-            key = (sup.state, sup.pid, sup.attempt)
-            if key != self._sup_key:
-                # a (re)start or a new engine process begins a new life: "ever ready" and the
-                # starting clock (from the supervisor's "since") start over
-                new_process = self._sup_key is not None and sup.pid != self._sup_key[1]
-                if sup.state in SUP_STARTING or new_process or self._sup_key is None:
-                    self._new_life(sup.since)
-                self._sup_key = key
+        if sup is not None and self.life.note_supervisor(sup):
+            self.load_gauges.forget()
         return sup
 
-    # ------------------------------------------------------------ state bookkeeping
-
-    def _new_life(self, since: float | None) -> None:
-        self._ever_ready = False
-        self._no_metrics_until.clear()
-        self._last_probe_at = None
-        self._answered = None
-        if since is not None:
-            self._life_started = time.monotonic() - max(0.0, time.time() - since)
-        else:
-            self._life_started = time.monotonic()
-
-    def _update_models(self, models: tuple[ModelEntry, ...], partial: Partial = ()) -> None:
-        old = self._status
-        if partial != old.partial_models:
-            self.fleet.note_partial(old.partial_models, partial, {m.id for m in models})
-            self._status = old = dataclasses.replace(old, partial_models=partial)
-        if models != old.models:
-            base = base_of(models)
-            self._status = dataclasses.replace(
-                old,
-                models=models,
-                version=old.version + 1,
-                base_model=base.id if base else None,
-                max_model_len=base.max_model_len if base else None,
-            )
-            logger.info("engine models changed (version %d): %s", self._status.version, ", ".join(m.id for m in models))
+    # ------------------------------------------------------------ the status
 
     def _set(self, verdict: Verdict, sup: EngineStatus | None, latency: float | None = None) -> None:
         """The new status (a fleet's through its replicas); logged when state or reason change, published when
@@ -473,16 +415,30 @@ class HealthPoller:
             state, reason = fleet_view(state, reason, self.fleet.view, self._fresh_answer)
         old = self._status
         new = self._status = next_status(old, state, reason, verdict.models_ok, sup, latency, self.fleet.view)
-        if state is not old.state or reason != old.reason:
-            level = logging.INFO if state in (EngineState.STARTING, EngineState.READY) else logging.WARNING
-            if state is old.state:
-                logger.log(level, "engine %s: %s", state.value, reason)  # English
-            else:
-                logger.log(level, "engine %s → %s: %s", old.state.value, state.value, reason)
+        _log_transition(old, new)
         key = (state, reason, new.version, new.models_stale, new.attempt, new.replicas, new.partial_models)
         if key != self._published:
             self._published = key
             self.subscribers.publish(self.status)
+
+
+def _log_transition(old: HealthStatus, new: HealthStatus) -> None:
+    """Once per change of state or reason (in English)."""
+    if new.state is old.state and new.reason == old.reason:
+        return
+    level = logging.INFO if new.state in (EngineState.STARTING, EngineState.READY) else logging.WARNING
+    if new.state is old.state:
+        logger.log(level, "engine %s: %s", new.state.value, new.reason)
+    else:
+        logger.log(level, "engine %s → %s: %s", old.state.value, new.state.value, new.reason)
+
+
+def _log_models(old: HealthStatus, new: HealthStatus, fleet: Fleet) -> None:
+    """A new model list, and in a fleet each model served by some ready replicas only, once per change."""
+    if new.partial_models != old.partial_models:
+        fleet.note_partial(old.partial_models, new.partial_models, {m.id for m in new.models})
+    if new.version != old.version:
+        logger.info("engine models changed (version %d): %s", new.version, ", ".join(m.id for m in new.models))
 
 
 # ---------------------------------------------------------------- the shared instance

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from ..engine_http import error_message
+from ..engine_http import auth_headers, error_message
 
 
 @dataclass
@@ -46,6 +46,14 @@ async def send(session: aiohttp.ClientSession, method: str, url: str, timeout: f
         return Http(error="refused", latency=time.monotonic() - started)
     except aiohttp.ClientError as exc:
         return Http(error=f"{type(exc).__name__}: {exc}", latency=time.monotonic() - started)
+
+
+def new_session(api_key: str, connections: int) -> aiohttp.ClientSession:
+    """The engine key as a bearer token on every request; no keep-alive: a pooled connection to an engine that
+    restarted would read as "refused"."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections, force_close=True), headers=auth_headers(api_key)
+    )
 
 
 def root_of(base_url: str) -> str:

@@ -222,6 +222,24 @@ def next_status(
     )
 
 
+def with_models(
+    old: HealthStatus, models: tuple[ModelEntry, ...], partial: tuple[tuple[str, tuple[int, ...]], ...]
+) -> HealthStatus:
+    """``old`` with this poll's model list: ``version`` and the base model change only when the list does."""
+    if partial != old.partial_models:
+        old = dataclasses.replace(old, partial_models=partial)
+    if models == old.models:
+        return old
+    base = base_of(models)
+    return dataclasses.replace(
+        old,
+        models=models,
+        version=old.version + 1,
+        base_model=base.id if base else None,
+        max_model_len=base.max_model_len if base else None,
+    )
+
+
 # ---------------------------------------------------------------- the model list
 
 

@@ -82,11 +82,12 @@ from backend import contract
 from backend.contract import ENV_ENGINE_API_KEY
 from backend.engine_http import public_url
 from backend.errors import ConfigError, EngineStartFailed, FleetModelsDiffer, ReplicaKeyRefused, ReplicaNotOpenAI
+from backend.hosts import is_loopback
 from backend.launcher.command import Command, build_engine_command
 from backend.launcher.preflight import check_port_free
 from backend.launcher.supervisor import Supervisor
 from backend.probe import OneTokenProbe
-from backend.settings import ROOT, Settings, is_loopback, replace
+from backend.settings import ROOT, Settings, replace
 from backend.text import t
 
 logger = logging.getLogger(__name__)

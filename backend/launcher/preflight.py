@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.errors import ConfigError, ExposureRefused, ModelPathError, PortInUse
-from backend.settings import Settings, host_name_of, is_loopback, is_wildcard, served_host_names
+from backend.hosts import host_name_of, is_loopback, is_wildcard, served_host_names
+from backend.settings import Settings
 from backend.text import Text, t
 
 logger = logging.getLogger(__name__)

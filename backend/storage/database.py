@@ -36,7 +36,8 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from backend.errors import ConfigError
-from backend.settings import HISTORY_DB_FORMS, without_password
+from backend.hosts import without_password
+from backend.settings import HISTORY_DB_FORMS
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from backend.adapters.doctor import Diagnosis, diagnose_adapter
 from backend.adapters.safetensors import read_safetensors_header, read_safetensors_metadata
 from backend.errors import ModelPathError, QwenChatError
 from backend.launcher.preflight import check_model_dir
-from backend.settings import home_dir
+from backend.paths import home_dir
 
 logger = logging.getLogger(__name__)
 

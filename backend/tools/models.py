@@ -33,7 +33,7 @@ from backend.packages import (
     smollm2_gguf,
     write_marker,
 )
-from backend.settings import home_dir
+from backend.paths import home_dir
 
 logger = logging.getLogger(__name__)
 

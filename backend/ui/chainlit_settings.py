@@ -10,7 +10,8 @@ from typing import Any
 from chainlit.config import config as chainlit_config
 
 from backend.chat.documents import ACCEPT
-from backend.settings import Settings, canonical_origin
+from backend.hosts import canonical_origin
+from backend.settings import Settings
 
 SHIPPED_CSS = "/public/style.css"  # public/style.css as it is
 THEME_CSS = "/qwenchat/style.css"  # the same plus the [branding].accent colours (routes.Routes.theme_css)

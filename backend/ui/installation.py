@@ -23,9 +23,7 @@ from backend.ui import (
     chat,
     compare_chat,
     login,
-    reconnect,
     server,
-    socket_guard,
 )
 from backend.ui.context import Ui, bound
 from backend.ui.routes import Routes, install_routes
@@ -33,7 +31,6 @@ from backend.ui.routes import Routes, install_routes
 
 def install(service: Service) -> Ui:
     """Open what the UI keeps (history, preferences, files folder) and register its handlers with Chainlit."""
-    chainlit_patches.check_chainlit()  # the patches below reach into Chainlit's internals (chainlit_patches.py)
     settings = service.settings
     # Sets CHAINLIT_AUTH_SECRET: Chainlit reads it only after importing app.py (which calls this). With [login].enable
     # the history is in SQLite or PostgreSQL ([history].db); one that cannot be reached leaves login on, history
@@ -47,11 +44,9 @@ def install(service: Service) -> Ui:
     login.install(ui)
     install_routes(http_app, routes)
     chainlit_settings.apply(settings, sharing=bool(started.url), http_app=http_app)
-    server.patch(settings)
-    # The browser's client_message and edit_message, checked before Chainlit takes them (socket_guard.py).
-    socket_guard.install(ui.chat, ui.lang, functools.partial(answering.claim_answers, ui), ui.backlog_past_max)
-    # A browser back after a network cut gets what was emitted while it was away (reconnect.py).
-    reconnect.install(bound(ui, chat.on_reconnect))
+    # Every Chainlit patch, after checking it is the Chainlit they were written for (chainlit_patches.py).
+    claim = functools.partial(answering.claim_answers, ui)
+    chainlit_patches.apply_in_app(settings, ui.chat, ui.lang, claim, bound(ui, chat.on_reconnect), ui.backlog_past_max)
 
     cl.on_app_startup(bound(ui, server.on_app_startup))
     cl.set_starters(bound(ui, chat.set_starters))

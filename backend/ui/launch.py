@@ -10,11 +10,11 @@ options, the same server, but for one setting.
 
 uvicorn's websocket keepalive is off (``ws_ping_interval=None``; Chainlit's command line takes no option for it).
 Under engine.io's heartbeat (a ping every 25 s, ``backend/ui/server.py PING_TIMEOUT`` = 120 s for its pong),
-uvicorn pings at the websocket's own level every 20 s and closes the socket (code 1011) when a pong is not back
-within 20 s: a client that does not read for that long, because its machine is saturated or its link stalls,
-lost its socket and its answer, whatever engine.io allows. On a slow CI machine that closed all 10 sockets of
-tests/soak/test_crashes.py at once; tests/soak/test_long_answers.py stops its clients for 45 s to show it. The one
-heartbeat left is engine.io's, which also finds the sockets of browsers that are gone.
+uvicorn would also ping every 20 s and close the socket (code 1011) when a pong is not back within 20 s: a client
+that does not read for that long (a saturated machine, a stalled link) would lose its socket and its answer,
+whatever engine.io allows (tests/soak/test_long_answers.py stops its clients for 45 s to show it). The one
+heartbeat left is engine.io's, which also finds the sockets of browsers that are gone. Both patches are applied
+by ``chainlit_patches.apply_at_launch``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _not_applied(*_args: Any, **_kwargs: Any) -> None:
+def not_applied(*_args: Any, **_kwargs: Any) -> None:
     """What ``nest_asyncio.apply`` does here: nothing (see the module's docstring)."""
 
 
@@ -48,12 +48,10 @@ def without_websocket_keepalive() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import nest_asyncio
+    from backend.ui import chainlit_patches
 
-    nest_asyncio.apply = _not_applied  # before chainlit.cli is imported: it calls the attribute at import
+    chainlit_patches.apply_at_launch()  # before chainlit.cli is imported: it applies nest_asyncio at import
     from chainlit.cli import cli
-
-    without_websocket_keepalive()  # read by chainlit.cli at the server's start (``uvicorn.Config(...)``)
 
     cli(args=argv, prog_name="chainlit")
 

@@ -21,7 +21,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from backend.chat import welcome
 from backend.chat.client import anomaly_counts
 from backend.chat.service import Service
-from backend.settings import ROOT, resolve_path
+from backend.paths import ROOT, resolve_path
 from backend.storage import share
 from backend.storage.datalayer import GuardedDataLayer
 from backend.storage.outbox import Outbox, backlog_text

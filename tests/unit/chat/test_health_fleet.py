@@ -199,7 +199,7 @@ async def test_a_router_answering_health_while_chat_through_it_fails_is_not_read
     router, replicas = fleet
     await poller.start()
     await until(poller, lambda s: s.ready, what="ready")
-    poller._life_started -= 3600  # the UI has been up for an hour
+    poller.life.started -= 3600  # the UI has been up for an hour
     await router.stop()
     router.probe = "error"  # restarted: /health 200, each replica ready, but chat through it fails (HTTP 500)
     await router.start()

@@ -86,7 +86,9 @@ async def test_a_server_without_metrics_is_not_asked_at_every_poll(engine):
         assert len(asked) == 1, f"/metrics asked {len(asked)} times in {poller._poll_seq} polls"
         assert poller.status.load is None
         engine.metrics, engine.running, engine.waiting = True, 4, 1  # became a vLLM behind the same URL
-        poller._no_metrics_until = {root: 0.0 for root in poller._no_metrics_until}  # its minute is over
+        poller.load_gauges.no_metrics_until = {
+            root: 0.0 for root in poller.load_gauges.no_metrics_until
+        }  # its minute is over
         await until(poller, lambda s: s.load == EngineLoad(4, 1), what="the load read once it is there")
     finally:
         await poller.stop()
