@@ -96,7 +96,19 @@ def new_page(browser):
 
 
 def log_in(page, url: str, password: str = PASSWORD) -> None:
-    page.goto(url)
+    """Sign in on ``page``. A page already open at the app sends itself to /login: a navigation of its own, which
+    interrupts a goto made meanwhile ("Navigation to / is interrupted by another navigation to /login", seen when
+    the UI was slow to answer). So the form is awaited where the page goes, and the app opened only when it does
+    not get there by itself."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    if "/login" not in page.url:
+        try:
+            if page.url in ("", "about:blank"):
+                raise PlaywrightTimeout("not open yet")
+            page.wait_for_url("**/login**", timeout=15_000)
+        except PlaywrightTimeout:
+            page.goto(url, wait_until="commit")
     page.wait_for_selector("#email", timeout=60_000)
     page.fill("#email", USER)
     page.fill("#password", password)
