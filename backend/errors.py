@@ -33,6 +33,7 @@ lives outside this module, next to the only code that raises it (marked below).
     ├── merge.MergeError           (see backend/engine/merge.py) merging a LoRA into its base was refused or failed
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
+    ├── MessageTooLong             a message above [ui] max_message_tokens (its text quoted back)
     ├── preferences.SystemPromptRefused  (see backend/chat/preferences.py) a system prompt past the 32 KB cap
     └── BackendError               talking to the engine failed
         ├── ServerUnreachable      connection refused / DNS: no connection could be made
@@ -377,6 +378,18 @@ class SystemPromptTooLong(QwenChatError):
 
     def __init__(self, system: int, budget: int) -> None:
         self.system, self.budget = system, budget
+        super().__init__()
+
+
+class MessageTooLong(QwenChatError):
+    """A message above ``[ui] max_message_tokens``: refused before any fitting; ``text`` is the message, quoted."""
+
+    code = "message_too_long"
+    text_key = "limits.message_too_long"
+    retryable = False
+
+    def __init__(self, tokens: int, limit: int, text: str) -> None:
+        self.tokens, self.limit, self.text = tokens, limit, text
         super().__init__()
 
 

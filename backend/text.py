@@ -24,6 +24,7 @@ status file and doctor findings carry: JSON-able (``to_json``/``from_json``), tu
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -115,6 +116,14 @@ def t(key: str, lang: str | None = DEFAULT_LANGUAGE, /, **params: Any) -> str:  
     if not params:
         return text
     return text.format(**{name: _render(value, chosen) for name, value in params.items()})
+
+
+def quoted(text: str) -> str:
+    """``text`` as a fenced block that shows it verbatim (a fence longer than any run of backticks inside): a
+    refused message quoted back, so nothing typed is lost."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
 
 
 def _render(value: Any, lang: str) -> Any:

@@ -24,13 +24,14 @@ from ..errors import (
     AdapterSlotsBusy,
     AdapterStatic,
     BackendError,
+    MessageTooLong,
     ModelNotFound,
     ModelPartial,
     PromptTooLong,
     QwenChatError,
 )
 from ..settings import ROOT, HealthSettings, Settings, load_settings
-from ..text import Text, pick_language, t
+from ..text import Text, pick_language, quoted, t
 from . import budget as budget_mod
 from . import counters
 from .adapters_in_use import AdapterUsage
@@ -552,6 +553,17 @@ class Service:
         if not isinstance(counter, counters.RemoteCounter) or not status.answering or not status.base_model:
             return False
         return counter.model != status.base_model
+
+    async def check_message_length(self, text: str) -> None:
+        """Raise MessageTooLong for a message above ``[ui] max_message_tokens``. A text of no more UTF-8 bytes than
+        the limit is not counted (a byte-level tokenizer makes at most one token per byte)."""
+        limit = self.settings.ui.max_message_tokens
+        if not limit or len(text) <= limit // 4 or len(text.encode("utf-8", "surrogatepass")) <= limit:
+            return
+        tokens = await (await self.counter()).count_text(text)
+        if tokens > limit:
+            logger.info("a message of %d tokens refused: [ui] max_message_tokens is %d", tokens, limit)
+            raise MessageTooLong(tokens, limit, quoted(text))
 
     async def fit(self, messages: list[dict[str, str]]) -> budget_mod.FitResult:
         try:

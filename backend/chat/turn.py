@@ -279,6 +279,9 @@ class _Turn:
 
     async def _stream(self, a: _Attempt) -> FitResult:
         """Fit the history and stream the answer into the view (``a`` keeps its text, usage and finish)."""
+        last = self.session.conversation.last_user()
+        if last is not None:
+            await self.service.check_message_length(last.content)
         fitted = await self.service.fit(self.session.conversation.messages(self.session.system_prompt))
         queued = asyncio.create_task(self._queued_note(a), name="qwenchat-queued-note")  # until the first token
         try:

@@ -36,7 +36,7 @@ from backend.chat.database import failure
 from backend.chat.fairshare import Claim, TooMany
 from backend.chat.history import COMMANDS, META_KEY
 from backend.chat.session import ChatSession
-from backend.text import t
+from backend.text import quoted, t
 from backend.ui.views import show_error
 
 logger = logging.getLogger(__name__)
@@ -46,13 +46,6 @@ RESUME_WAIT_S = 15.0  # how long a message waits for its chat to be resumed from
 NAMESPACE = "/"
 Handler = Callable[[str, Any], Awaitable[Any]]
 Claimer = Callable[[], Claim | TooMany]  # answering.claim_answers: the user's fair share of what a message starts
-
-
-def quoted(text: str) -> str:
-    """``text`` as a fenced block that shows it verbatim (a fence longer than any run of backticks inside)."""
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}text\n{text}\n{fence}"
 
 
 def cleaned(message: dict[str, Any]) -> None:
