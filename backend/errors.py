@@ -29,7 +29,8 @@ lives outside this module, next to the only code that raises it (marked below).
     │   ├── AdapterAnswering       /unload of an adapter an answer streams from
     │   ├── AdapterSlotsBusy       every runtime adapter slot is answering: nothing can be evicted
     │   ├── AdapterFleetPartial    a runtime load/unload sent to every fleet replica failed on some of them
-    │   └── AdapterDownloadFailed  an adapter added by hub id (/adapters owner/name) could not be downloaded
+    │   ├── AdapterDownloadFailed  an adapter added by hub id (/adapters owner/name) could not be downloaded
+    │   └── AdapterNameTaken       /adapters owner/name when that name is served already, from another source
     ├── merge.MergeError           (see backend/engine/merge.py) merging a LoRA into its base was refused or failed
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
@@ -351,6 +352,19 @@ class AdapterDownloadFailed(AdapterError):
     def __init__(self, id: str, detail: Text) -> None:
         self.id = id
         super().__init__(detail)
+
+
+class AdapterNameTaken(AdapterError):
+    """``/adapters owner/name`` when ``owner/name`` is served already from another source (another revision, a
+    ``[lora] modules`` entry): refused, the existing one named; nothing is replaced."""
+
+    code = "adapter_name_taken"
+    text_key = "names.taken"
+    retryable = False
+
+    def __init__(self, name: str, existing: str) -> None:
+        self.name, self.existing = name, existing
+        super().__init__()
 
 
 # ---------------------------------------------------------------- budget

@@ -21,6 +21,7 @@ from ..engine_http import public_url, short
 from ..errors import (
     AdapterAnswering,
     AdapterDownloadFailed,
+    AdapterNameTaken,
     AdapterSlotsBusy,
     AdapterStatic,
     BackendError,
@@ -372,18 +373,33 @@ class Service:
                 raise AdapterDownloadFailed(str(model), Text("adapter_hub.external"))
             if not self.settings.lora.runtime_loading:
                 raise AdapterDownloadFailed(str(model), Text("adapter_hub.runtime_off"))
+            self._refuse_taken_name(model)
             snapshot = await hub_runtime.fetch_adapter(model, on_progress)
         except QwenChatError as exc:
             logger.warning("adapter %s from the hub not added: %s", text.strip(), exc)  # the log keeps the paths
             self._shown(exc)
             raise
-        name = model.name
+        name = model.repo_id
+        if name in self._hub_adapters:  # the same repo at the same revision: served already, or loaded again
+            return name, await self.ensure_loaded(name)
         self._hub_adapters[name] = (model, snapshot)
         try:
             return name, await self.ensure_loaded(name)
         except QwenChatError:
             del self._hub_adapters[name]  # refused (the doctor, the engine): not offered again
             raise
+
+    def _refuse_taken_name(self, model: hub.HubModel) -> None:
+        """A hub adapter is served as ``owner/name`` (a folder of [lora].dir cannot have a "/" in its name, so the
+        two never meet): refused when that name is served already from another source (another revision added
+        before, a ``[lora] modules`` entry with that name). Checked before the download."""
+        name = model.repo_id
+        added = self._hub_adapters.get(name)
+        if added is not None and added[0] != model:
+            raise AdapterNameTaken(name, str(added[0]))
+        served = {m.id for m in self.poller.status.adapters}
+        if added is None and (name in served or name in self.static_adapters()):
+            raise AdapterNameTaken(name, "[lora] modules")
 
     async def _evict_for(self, name: str, loaded: list[str]) -> str:
         """Unload the least recently used runtime adapter nothing streams from; its name (under the load lock)."""
