@@ -773,6 +773,18 @@ class FleetSettings(Section):
 # ---------------------------------------------------------------- the whole
 
 
+class HubSettings(Section):
+    """Downloads from the hub while the product runs (``/adapters owner/name``): bounded before the first byte."""
+
+    section: ClassVar[str] = "hub"
+    # the files a run-time download fetches, in GB (10^9 bytes) from the sizes the hub reports; 0 = no cap
+    max_download_gb: Float = key(2.0, "0 (no cap) or a positive number of GB", ge=0)
+
+    @property
+    def max_download_bytes(self) -> int:
+        return int(self.max_download_gb * 1e9)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="forbid", frozen=True)
 
@@ -790,6 +802,7 @@ class Settings(BaseSettings):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)
+    hub: HubSettings = Field(default_factory=HubSettings)
     base_url: Str = ""  # OPENAI_BASE_URL: external mode when set
     api_key: Str = ""  # OPENAI_API_KEY or the launcher's per-launch key
 

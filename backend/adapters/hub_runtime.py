@@ -58,12 +58,16 @@ def parse_adapter_id(text: str) -> HubModel:
     return model.as_adapter()
 
 
-async def fetch_adapter(model: HubModel, on_progress: Progress | None = None, *, python: str = "") -> Path:
-    """The adapter's snapshot folder in huggingface_hub's cache, downloaded first unless it is complete there."""
+async def fetch_adapter(
+    model: HubModel, on_progress: Progress | None = None, *, python: str = "", max_bytes: int = 0
+) -> Path:
+    """The adapter's snapshot folder in huggingface_hub's cache, downloaded first unless it is complete there;
+    ``max_bytes``: refused before the first byte past it ([hub] max_download_gb), or when the hub gives no size."""
     done = hub.complete_snapshot(model)
     if done is not None:
         return done
     argv = [python or sys.executable, "-m", "backend", "download-model", "--adapter", str(model)]
+    argv += ["--max-bytes", str(max_bytes)] if max_bytes else []
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=str(ROOT),

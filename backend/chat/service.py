@@ -37,6 +37,7 @@ from . import budget as budget_mod
 from . import counters
 from .adapters_in_use import AdapterUsage
 from .client import ChatClient, Finish, anomaly_counts
+from .download_queue import DownloadQueue, Queued
 from .health import EngineState, HealthPoller, HealthStatus, get_poller
 from .votes import VoteStore
 
@@ -89,6 +90,7 @@ class Service:
         # Adapters added at run time by hub id (/adapters owner/name): name -> (repo, snapshot folder); loaded again
         # after an eviction or an engine restart like a folder of [lora].dir.
         self._hub_adapters: dict[str, tuple[hub.HubModel, Path]] = {}
+        self.downloads = DownloadQueue()  # one hub download at a time per server
         self._votes: VoteStore | None = None
 
     @classmethod
@@ -360,7 +362,9 @@ class Service:
             return hub_runtime.check_snapshot(added[1], name, base, lora.max_lora_rank, base_aliases=aliases)
         return folder.prepare_runtime_load(lora.resolved_dir, name, base, lora.max_lora_rank, base_aliases=aliases)
 
-    async def add_hub_adapter(self, text: str, on_progress: Progress | None = None) -> tuple[str, Loaded | None]:
+    async def add_hub_adapter(
+        self, text: str, on_progress: Progress | None = None, on_queued: Queued | None = None
+    ) -> tuple[str, Loaded | None]:
         """/adapters owner/name[@revision]: the adapter downloaded into huggingface_hub's cache (the launcher's
         downloader, adapters/hub_runtime.py), checked by the adapter doctor and loaded as ``ensure_loaded`` loads
         one (slots, eviction, every fleet replica), under the repo's name. Returns that name and what the load did
@@ -374,7 +378,9 @@ class Service:
             if not self.settings.lora.runtime_loading:
                 raise AdapterDownloadFailed(str(model), Text("adapter_hub.runtime_off"))
             self._refuse_taken_name(model)
-            snapshot = await hub_runtime.fetch_adapter(model, on_progress)
+            async with self.downloads.turn(str(model), on_queued):
+                max_bytes = self.settings.hub.max_download_bytes
+                snapshot = await hub_runtime.fetch_adapter(model, on_progress, max_bytes=max_bytes)
         except QwenChatError as exc:
             logger.warning("adapter %s from the hub not added: %s", text.strip(), exc)  # the log keeps the paths
             self._shown(exc)
