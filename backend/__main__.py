@@ -210,6 +210,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     logging.basicConfig(level=settings.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from . import logsafe
+
+    logsafe.install()  # every record: control characters escaped, URL passwords masked
     if args.dry_run:
         return launch.dry_run(settings)  # builds nothing, even with --prepare
     return launch.run_serve(settings, prepare=args.prepare)

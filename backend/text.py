@@ -115,7 +115,14 @@ def t(key: str, lang: str | None = DEFAULT_LANGUAGE, /, **params: Any) -> str:  
         text = books[DEFAULT_LANGUAGE][key]
     if not params:
         return text
-    return text.format(**{name: _render(value, chosen) for name, value in params.items()})
+    return text.format(**{name: _masked(_render(value, chosen)) for name, value in params.items()})
+
+
+def _masked(value: Any) -> Any:
+    """A parameter with the password of any URL in it masked (an OPENAI_BASE_URL with user:password@)."""
+    from .logsafe import mask_credentials
+
+    return mask_credentials(value) if isinstance(value, str) else value
 
 
 def quoted(text: str) -> str:

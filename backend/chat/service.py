@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import contract, hub
+from .. import contract, hub, logsafe
 from ..engine_http import public_url, short
 from ..errors import (
     AdapterAnswering,
@@ -97,6 +97,7 @@ class Service:
     def from_environment(cls) -> Service:
         settings = load_settings()
         logging.basicConfig(level=settings.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logsafe.install()  # every record: control characters escaped, URL passwords masked
         return cls(settings, status_file=os.environ.get(contract.ENV_STATUS_FILE) or None)
 
     @property

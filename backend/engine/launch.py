@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .. import contract, hub
 from ..errors import ModelPathError, QwenChatError
+from ..logsafe import mask_credentials
 from ..probe import OneTokenProbe
 from ..settings import Settings
 from ..text import Text
@@ -136,7 +137,7 @@ def dry_run(settings: Settings) -> int:
     has_gpu = command.gpu_available()
     engine = settings.vllm.device if settings.vllm.device != "auto" else ("gpu" if has_gpu else "cpu")
     if settings.external:
-        say(f"external mode: OPENAI_BASE_URL={settings.base_url}; no engine is launched")
+        say(f"external mode: OPENAI_BASE_URL={mask_credentials(settings.base_url)}; no engine is launched")
     else:
         if engine == "gpu" and not has_gpu:
             say("note: no GPU on this machine; a real start with engine=gpu would stop with an error")
