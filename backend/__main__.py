@@ -189,7 +189,7 @@ def cmd_hash_password(args: argparse.Namespace) -> int:
     """A hash for ``[login] users = {name = "<hash>"}``: the password itself is never written to the config."""
     import getpass
 
-    from .passwords import hash_password
+    from .passwords import MIN_PASSWORD_LENGTH, hash_password
 
     if sys.stdin.isatty():
         password = getpass.getpass("password: ")
@@ -198,8 +198,10 @@ def cmd_hash_password(args: argparse.Namespace) -> int:
             return 2
     else:
         password = sys.stdin.readline().rstrip("\n")
-    if len(password) < 8:
-        print("[qwenchat] a password needs at least 8 characters; nothing printed", file=sys.stderr)
+    if len(password) < MIN_PASSWORD_LENGTH:
+        print(
+            f"[qwenchat] a password needs at least {MIN_PASSWORD_LENGTH} characters; nothing printed", file=sys.stderr
+        )
         return 2
     print(hash_password(password))
     return 0

@@ -439,6 +439,11 @@ class LoginSettings(Section):
     password: Str = key("", "a string (or QWENCHAT_LOGIN_PASSWORD)")
     # More accounts, name = "password hash" (python -m backend hash-password)
     users: Table = key({}, TABLE)
+    # roles: the accounts that may change what everyone is served (hub downloads, adapters, unload, engine
+    # details); empty: [login] username alone
+    operators: Words = key((), "a list of account names ([login] username or names of [login] users)")
+    # a login token's lifetime; logout revokes it before that
+    session_hours: Float = key(24.0, "a positive number of hours", gt=0)
 
     @model_validator(mode="after")
     def _accounts(self) -> LoginSettings:

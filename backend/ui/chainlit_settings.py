@@ -29,6 +29,7 @@ def chainlit_settings(settings: Settings, *, sharing: bool) -> dict[str, Any]:
         "UI.custom_css": THEME_CSS if settings.branding.accent else SHIPPED_CSS,
         "features.allow_thread_sharing": sharing,
         "project.allow_origins": cors_origins(settings),
+        "project.user_session_timeout": int(settings.login.session_hours * 3600),  # a login token's lifetime, s
     }
 
 
@@ -39,6 +40,7 @@ def apply(settings: Settings, *, sharing: bool, http_app: Any) -> None:
     chainlit_config.ui.custom_css = values["UI.custom_css"]
     chainlit_config.features.allow_thread_sharing = values["features.allow_thread_sharing"]
     chainlit_config.project.allow_origins = values["project.allow_origins"]
+    chainlit_config.project.user_session_timeout = values["project.user_session_timeout"]
     for middleware in http_app.user_middleware:
         if getattr(middleware.cls, "__name__", "") == "CORSMiddleware":
             middleware.kwargs["allow_origins"] = values["project.allow_origins"]

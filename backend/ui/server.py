@@ -16,7 +16,7 @@ import chainlit.server as chainlit_server
 from chainlit.server import app as http_app
 from chainlit.server import sio
 
-from backend.chat import body_limit, files, loopstats, metrics, preferences, security
+from backend.chat import body_limit, files, loopstats, metrics, preferences, security, sessions
 from backend.settings import Settings
 from backend.ui.chat import log_unserved_starters
 from backend.ui.context import Ui
@@ -84,6 +84,8 @@ def patch(settings: Settings) -> None:
     # Without login, the page sets a browser cookie that the websocket carries: settings survive a reload.
     if not any(getattr(m, "cls", None) is preferences.BrowserCookieMiddleware for m in http_app.user_middleware):
         http_app.add_middleware(preferences.BrowserCookieMiddleware)
+    # A token revoked at logout is taken out of every later request and socket (backend/chat/sessions.py).
+    sessions.install(http_app)
     # Every request body bounded by route before any route (and the login check in its dependencies) reads it.
     body_limit.install(http_app, socket_message=MAX_SOCKET_MESSAGE)
     # Outermost: origin check (HTTP and the socket.io websocket/polling), security headers, login throttle.
