@@ -126,3 +126,33 @@ async def test_a_20_mb_json_body_and_a_2_gb_upload_without_a_cookie_leave_the_ui
     assert upload_status in (413, 0) and uploaded < UPLOAD_BYTES, "the upload was read to its end"
     assert after - before < GROWTH_LIMIT_MIB, f"peak RSS grew from {before:.0f} to {after:.0f} MiB"
     assert still == 200, "the UI no longer serves its page"
+
+
+@pytest.mark.asyncio
+async def test_logout_then_the_old_token_is_refused_by_the_real_ui(tmp_path):
+    import httpx
+
+    async with FakeServer() as srv:
+        env = {
+            "OPENAI_BASE_URL": srv.base_url,
+            "OPENAI_API_KEY": "test",
+            "QWENCHAT_LOGIN_ENABLE": "true",
+            "QWENCHAT_LOGIN_PASSWORD": "a long enough password",
+        }
+        app = await asyncio.to_thread(e2e.launch, tmp_path, env, wait_engine=False, timeout=120)
+        try:
+            async with httpx.AsyncClient(base_url=app.url, timeout=60) as http:
+                signed_in = await http.post("/login", data={"username": "admin", "password": env[PASSWORD]})
+                assert signed_in.status_code == 200, signed_in.text
+                cookies = {k: v for k, v in http.cookies.items() if k.startswith("access_token")}
+                assert cookies, "no login cookie"
+                assert (await http.get("/user")).status_code == 200
+                assert (await http.post("/logout")).status_code == 200
+            async with httpx.AsyncClient(base_url=app.url, timeout=60, cookies=cookies) as stolen:
+                again = await stolen.get("/user")  # a copy of the token kept from before the logout
+        finally:
+            await asyncio.to_thread(e2e.stop, app)
+    assert again.status_code == 401, f"the token still works after the logout: {again.status_code}"
+
+
+PASSWORD = "QWENCHAT_LOGIN_PASSWORD"
