@@ -32,6 +32,8 @@ lives outside this module, next to the only code that raises it (marked below).
     │   ├── AdapterDownloadFailed  an adapter added by hub id (/adapters owner/name) could not be downloaded
     │   └── AdapterNameTaken       /adapters owner/name when that name is served already, from another source
     ├── merge.MergeError           (see backend/engine/merge.py) merging a LoRA into its base was refused or failed
+    ├── OperatorOnly               a user's attempt at what only an operator may do ([login] operators)
+    │   └── PublicWithoutLogin     a hub download on a UI open to others without login ([network] public)
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
     ├── MessageTooLong             a message above [ui] max_message_tokens (its text quoted back)
@@ -365,6 +367,30 @@ class AdapterNameTaken(AdapterError):
     def __init__(self, name: str, existing: str) -> None:
         self.name, self.existing = name, existing
         super().__init__()
+
+
+# ---------------------------------------------------------------- roles
+
+
+class OperatorOnly(QwenChatError):
+    """Only an operator may do ``action`` (a catalog key: download from the hub, unload, see the engine); ``who``
+    names the operators (login on), or says why nobody may (a public UI without login)."""
+
+    code = "operator_only"
+    text_key = "operator.only"
+    retryable = False
+
+    def __init__(self, action: Text, who: str) -> None:
+        self.action, self.who = action, who
+        super().__init__()
+
+
+class PublicWithoutLogin(OperatorOnly):
+    """A hub download asked of a UI open to others without login (``[network] public = true``): nobody there is
+    known to be the operator."""
+
+    code = "public_without_login"
+    text_key = "operator.public"
 
 
 # ---------------------------------------------------------------- budget

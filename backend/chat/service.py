@@ -28,7 +28,9 @@ from ..errors import (
     MessageTooLong,
     ModelNotFound,
     ModelPartial,
+    OperatorOnly,
     PromptTooLong,
+    PublicWithoutLogin,
     QwenChatError,
 )
 from ..settings import ROOT, HealthSettings, Settings, load_settings
@@ -364,14 +366,21 @@ class Service:
         return folder.prepare_runtime_load(lora.resolved_dir, name, base, lora.max_lora_rank, base_aliases=aliases)
 
     async def add_hub_adapter(
-        self, text: str, on_progress: Progress | None = None, on_queued: Queued | None = None
+        self,
+        text: str,
+        on_progress: Progress | None = None,
+        on_queued: Queued | None = None,
+        *,
+        who: str | None = None,
     ) -> tuple[str, Loaded | None]:
         """/adapters owner/name[@revision]: the adapter downloaded into huggingface_hub's cache (the launcher's
         downloader, adapters/hub_runtime.py), checked by the adapter doctor and loaded as ``ensure_loaded`` loads
-        one (slots, eviction, every fleet replica), under the repo's name. Returns that name and what the load did
-        (None: served already); raises an AdapterError saying what went wrong, with no server path in it."""
+        one (slots, eviction, every fleet replica), under owner/name; only an operator (``who``). Returns that name
+        and what the load did (None: served already); raises an AdapterError saying what went wrong, with no server
+        path in it, or OperatorOnly."""
         from ..adapters import hub_runtime
 
+        self.require_operator(who, "hub", downloads=True)
         try:
             model = hub_runtime.parse_adapter_id(text)
             if self.settings.external:
@@ -429,8 +438,37 @@ class Service:
         self.adapter_usage.forget(victim)
         return victim
 
-    async def unload(self, name: str, status: HealthStatus) -> None:
-        """Unload a runtime adapter: not the base model, not a static adapter, not one answering right now."""
+    # ------------------------------------------------------------ roles
+
+    def operators(self) -> tuple[str, ...]:
+        """The accounts that may change what everyone is served: ``[login] operators``, else ``[login] username``."""
+        login = self.settings.login
+        return tuple(login.operators) or (login.username,)
+
+    def is_operator(self, who: str | None) -> bool:
+        """With login on, an account of ``operators()``; with login off, the one person at the UI (``who`` None)."""
+        if not self.settings.login.enable:
+            return True
+        return who is not None and who in self.operators()
+
+    def require_operator(self, who: str | None, action: str, *, downloads: bool = False) -> None:
+        """OperatorOnly (logged with the account name) unless ``who`` may; ``action``: an ``operator.action.*``
+        key. ``downloads``: a hub download, also refused with login off when the UI is public (anyone is "who")."""
+        login_off = not self.settings.login.enable
+        if downloads and login_off and self.settings.network.public:
+            logger.warning("refused to %s: the UI is public without login ([network] public = true)", action)
+            raise PublicWithoutLogin(Text(f"operator.action.{action}"), "")
+        if self.is_operator(who):
+            return
+        logger.warning(
+            "refused to %s for %r: not an operator (operators: %s)", action, who, ", ".join(self.operators())
+        )
+        raise OperatorOnly(Text(f"operator.action.{action}"), ", ".join(self.operators()))
+
+    async def unload(self, name: str, status: HealthStatus, *, who: str | None = None) -> None:
+        """Unload a runtime adapter: not the base model, not a static adapter, not one answering right now; only
+        an operator (``who``: the account; None with login off)."""
+        self.require_operator(who, "unload")
         if not any(m.id == name for m in status.adapters):
             raise ModelNotFound(name, "not a served adapter")
         if name in self.static_adapters():
