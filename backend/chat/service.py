@@ -640,9 +640,14 @@ class Service:
                 messages, await self.counter(), max_model_len=self.max_model_len(), reply_reserve=self.reply_tokens()
             )
 
-    async def trimmed(self, text: str, exc: PromptTooLong) -> str:
-        """The user's message with its middle replaced by a marker, sized to fit the budget."""
-        room = exc.limit or max(1, exc.budget - exc.system - 16)
+    async def trimmed(self, text: str, exc: PromptTooLong | MessageTooLong) -> str:
+        """The user's message with its middle replaced by a marker, sized to fit the budget (and, for a message
+        above ``[ui] max_message_tokens``, that limit too; the system prompt may still trim it once more)."""
+        if isinstance(exc, MessageTooLong):
+            budget = budget_mod.token_budget(self.max_model_len(), self.reply_tokens())
+            room = max(1, min(exc.limit, budget - 64))
+        else:
+            room = exc.limit or max(1, exc.budget - exc.system - 16)
         return await budget_mod.trim_middle(text, int(room), await self.counter())
 
 

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 from ..errors import (
     ConnectionLost,
     EngineError,
+    MessageTooLong,
     ModelNotFound,
     ModelPartial,
     Overloaded,
@@ -374,7 +375,7 @@ class _Turn:
             self.router_waits += 1
             logger.info("[%s] the fleet's router did not route it (%s): waiting for it", rid, type(exc).__name__)
             return Outcome.ENGINE_GONE  # not counted: the next attempt is
-        if isinstance(exc, PromptTooLong):
+        if isinstance(exc, (PromptTooLong, MessageTooLong)):
             a.ended = exc.code
             await self._offer_trimmed(a, exc)
         elif isinstance(exc, (ServerUnreachable, ConnectionLost)):
@@ -424,7 +425,7 @@ class _Turn:
         status = await poller.refresh(probe=True)
         return status.state is EngineState.STARTING
 
-    async def _offer_trimmed(self, a: _Attempt, exc: PromptTooLong) -> None:
+    async def _offer_trimmed(self, a: _Attempt, exc: PromptTooLong | MessageTooLong) -> None:
         """A message too long for the model: say so, with a trimmed version to send instead when one can be made."""
         view, lang = self.view, self.view.lang
         last = self.session.conversation.last_user()
