@@ -577,8 +577,6 @@ class UISettings(Section):
     max_answers_per_user: Int = key(2, "0 (no limit) or a positive number of answers", ge=0)
     # limits: a message longer than this many tokens is refused (its text quoted back); 0 = no limit
     max_message_tokens: Int = key(100_000, "0 (no limit) or a positive number of tokens", ge=0)
-    # limits: chats one account (login name, else browser) may keep in the history; 0 = no limit
-    max_chats_per_user: Int = key(0, "0 (no limit) or a positive number of chats", ge=0)
 
 
 class LoraSettings(Section):
