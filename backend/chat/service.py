@@ -465,6 +465,32 @@ class Service:
         )
         raise OperatorOnly(Text(f"operator.action.{action}"), ", ".join(self.operators()))
 
+    async def operator_report(self, *, who: str | None, answering: Mapping[str, int], lang: str | None) -> str:
+        """The operator's /status (engine, replicas, adapters and slots, queue, answers per account, downloads, disk
+        free); OperatorOnly for anyone else. ``answering``: the UI's fair share, per account."""
+        import shutil
+
+        from .operator_status import OperatorReport
+
+        self.require_operator(who, "engine")
+        status = await self.poller.refresh()
+        static = self.static_adapters()
+        adapters = [(m.id, self.adapter_usage.answering(m.id), m.id in static) for m in status.adapters]
+        folder = hub.hub_cache_dir()
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        free = await asyncio.to_thread(lambda: shutil.disk_usage(folder).free)
+        report = OperatorReport(
+            status,
+            adapters=adapters,
+            slots=self.settings.lora.max_cpu_loras,
+            answering=answering,
+            downloads=(self.downloads.running, self.downloads.waiting),
+            disk_free=free,
+            disk_path=str(hub.hub_cache_dir()),
+        )
+        return report.text(lang)
+
     async def unload(self, name: str, status: HealthStatus, *, who: str | None = None) -> None:
         """Unload a runtime adapter: not the base model, not a static adapter, not one answering right now; only
         an operator (``who``: the account; None with login off)."""

@@ -35,6 +35,7 @@ def run(coro):
 OPERATOR_COMMANDS = {
     "hub": lambda svc, who: svc.add_hub_adapter("acme/pirate-lora", who=who),
     "unload": lambda svc, who: svc.unload("pirate", STATUS, who=who),
+    "status": lambda svc, who: svc.operator_report(who=who, answering={}, lang="en"),
 }
 
 
@@ -68,3 +69,13 @@ def test_with_login_off_a_public_ui_refuses_hub_downloads(tmp_path):
     with pytest.raises(PublicWithoutLogin) as caught:
         run(svc.add_hub_adapter("acme/pirate-lora"))
     assert "[network] public = true" in caught.value.user_text("en")
+
+
+def test_an_operators_status_names_the_engine_adapters_queue_answers_downloads_and_disk(tmp_path):
+    svc = service(tmp_path)
+    text = run(svc.operator_report(who="admin", answering={"bob": 2, "admin": 1}, lang="en"))
+    for part in ("Engine:", "Adapters loaded: 0 of 4 slots", "Answers streaming: 3 (admin 1, bob 2)"):
+        assert part in text, text
+    assert "Hub download running: —; waiting: —" in text and "Disk free for downloads:" in text, text
+    zh = run(svc.operator_report(who="admin", answering={}, lang="zh-CN"))
+    assert "服务器状态" in zh and "下载可用磁盘空间" in zh
