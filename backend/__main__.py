@@ -16,6 +16,8 @@ export-feedback --out FILE [--chat-out FILE]
                     blind votes as preference pairs (TRL's prompt/chosen/rejected) to FILE, thumbs-up
                     answers as chat examples ({"messages": [...]}) to --chat-out (default FILE-chat.jsonl)
 hash-password       print a password hash for [login] users (asks for the password; or reads one line from stdin)
+config-doc [--check]
+                    write docs/CONFIGURATION.md from the settings and config.toml's comments (--check: exit 1 if stale)
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_build_default(args: argparse.Namespace) -> int:
-    from .engine import models
+    from backend.tools import models
+
     from .settings import ModelSettings
 
     path = models.convert_gguf(ModelSettings().resolved_path, progress=_progress)
@@ -89,7 +92,7 @@ def cmd_build_default(args: argparse.Namespace) -> int:
 
 
 def cmd_build_test_models(args: argparse.Namespace) -> int:
-    from .engine import models
+    from backend.tools import models
 
     out = Path(args.out) if args.out else home_dir() / "test-models"
     qwen = models.build_tiny_qwen3(out / "tiny-qwen3", progress=_progress)
@@ -103,7 +106,8 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
         return _train_on_data(args)
     import shutil
 
-    from .engine import models
+    from backend.tools import models
+
     from .settings import ModelSettings
 
     base = models.convert_gguf(ModelSettings().resolved_path, progress=_progress)
@@ -130,7 +134,8 @@ def _train_on_data(args: argparse.Namespace) -> int:
     except TrainingDataError as exc:
         print(f"[qwenchat] train-demo --data: {exc}", file=sys.stderr)
         return 2
-    from .engine import models
+    from backend.tools import models
+
     from .settings import ModelSettings
 
     settings = _settings(args)
@@ -156,7 +161,7 @@ def _train_on_data(args: argparse.Namespace) -> int:
 
 
 def cmd_export_feedback(args: argparse.Namespace) -> int:
-    from .chat.feedback_export import NothingToExport, export_feedback
+    from backend.storage.feedback_export import NothingToExport, export_feedback
 
     out = Path(args.out)
     chat_out = Path(args.chat_out) if args.chat_out else out.with_name(f"{out.stem}-chat{out.suffix or '.jsonl'}")
@@ -171,7 +176,7 @@ def cmd_export_feedback(args: argparse.Namespace) -> int:
 
 def cmd_engine_kind(args: argparse.Namespace) -> int:
     """Print external | cpu | gpu for start.sh (which engine env to install); validates config."""
-    from .engine import command
+    from backend.launcher import command
 
     settings = _settings(args)
     if settings.external:
@@ -208,7 +213,7 @@ def cmd_hash_password(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .engine import launch
+    from backend.launcher import launch
 
     settings = _settings(args)
     logging.basicConfig(level=settings.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -221,7 +226,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_download_model(args: argparse.Namespace, rest: list[str]) -> int:
-    from .engine import download
+    from backend.tools import download
 
     return download.main(rest)
 
@@ -233,9 +238,15 @@ def cmd_doctor(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def cmd_merge(args: argparse.Namespace, rest: list[str]) -> int:
-    from .engine import merge
+    from backend.tools import merge
 
     return merge.merge_main(rest)
+
+
+def cmd_config_doc(args: argparse.Namespace) -> int:
+    from backend.tools import config_doc
+
+    return config_doc.main(check=args.check)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chat-out", help="thumbs-up answers as chat examples (JSONL); default: OUT-chat.jsonl")
     p.add_argument("--profile")
     sub.add_parser("hash-password")
+    p = sub.add_parser("config-doc")
+    p.add_argument("--check", action="store_true")
     sub.add_parser("doctor", add_help=False)
     sub.add_parser("merge", add_help=False)
     sub.add_parser("download-model", add_help=False)
@@ -285,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         "train-demo": cmd_train_demo,
         "export-feedback": cmd_export_feedback,
         "hash-password": cmd_hash_password,
+        "config-doc": cmd_config_doc,
     }[args.command]
     try:
         return handler(args)

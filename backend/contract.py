@@ -1,6 +1,6 @@
 """What the launcher tells the UI process: environment variables, two files in the log folder.
 
-    launcher (backend/engine)                          UI (app.py, backend/ui, backend/chat)
+    launcher (backend/launcher)                        UI (app.py, backend/ui, backend/chat)
     ───────────────────────────────────────────────    ─────────────────────────────────────────────
     env QWENCHAT_ENGINE_API_KEY  launch.serve      →   settings.load_settings: the engine's key
     env QWENCHAT_STATUS_FILE     launch.serve      →   service.from_environment → the health poller
@@ -42,7 +42,7 @@ unknown text (it then decides from HTTP alone: "starting"); a newer UI reads an 
 null. Before the catalog became data (#21) ``reason`` was English text beside ``reason_zh``: such a file reads
 as that English text, untranslated (``Text.verbatim``), until the launcher writes the file again.
 
-This module is shared by both sides: it imports nothing from backend.engine or backend.chat.
+This module is shared by both sides: it imports nothing from either side.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ status means different things on different routes):
     400 with param input_tokens|max_tokens|input_text,
         code context_length_exceeded, or 413        ContextOverflow
     401, 403                                        AuthenticationFailed
+    503 "No available workers ..." (vllm-router)     NoWorkerAvailable (its own words: it sends no param or code)
     429, 503                                        Overloaded
     404 on a route FastAPI does not have            chat/models/health/tokenize: RequestRejected (wrong URL)
         ({"detail": "Not Found"})                   load/unload: AdapterRuntimeDisabled
@@ -50,6 +51,7 @@ from .errors import (
     IdleTimeout,
     MalformedResponse,
     ModelNotFound,
+    NoWorkerAvailable,
     Overloaded,
     QwenChatError,
     RequestRejected,
@@ -65,6 +67,9 @@ CONTEXT_PARAMS = frozenset({"input_tokens", "max_tokens", "input_text"})
 DETAIL_LIMIT = 300  # characters of a server message inside a user-facing error
 #: vLLM's unknown-model text; older versions send it without ``param: "model"``.
 _NO_SUCH_MODEL = re.compile(r"\bmodel `[^`]*` does not exist", re.IGNORECASE)
+#: vllm-router 0.1.17's plain-text 503 when no worker may take the request ("No available workers (all circuits open
+#: or unhealthy)"): it has no error fields, so its wording is the only key.
+_NO_WORKER = re.compile(r"\bno available workers\b", re.IGNORECASE)
 
 
 class Route(enum.Enum):
@@ -198,6 +203,8 @@ def status_error(
         return ContextOverflow(detail)
     if status in (401, 403):
         return AuthenticationFailed(status, detail)
+    if status == 503 and _NO_WORKER.search(detail):
+        return NoWorkerAvailable(detail)
     if status in (429, 503):
         return Overloaded(f"HTTP {status}: {detail}" if adapter else detail)
     if status == 404:

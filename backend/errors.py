@@ -31,13 +31,23 @@ lives outside this module, next to the only code that raises it (marked below).
     │   ├── AdapterFleetPartial    a runtime load/unload sent to every fleet replica failed on some of them
     │   ├── AdapterDownloadFailed  an adapter added by hub id (/adapters owner/name) could not be downloaded
     │   └── AdapterNameTaken       /adapters owner/name when that name is served already, from another source
-    ├── merge.MergeError           (see backend/engine/merge.py) merging a LoRA into its base was refused or failed
+    ├── merge.MergeError           (see backend/tools/merge.py) merging a LoRA into its base was refused or failed
     ├── OperatorOnly               a user's attempt at what only an operator may do ([login] operators)
     │   └── PublicWithoutLogin     a hub download on a UI open to others without login ([network] public)
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
     ├── MessageTooLong             a message above [ui] max_message_tokens (its text quoted back)
-    ├── preferences.SystemPromptRefused  (see backend/chat/preferences.py) a system prompt past the 32 KB cap
+    ├── preferences.SystemPromptRefused  (see backend/storage/preferences.py) a system prompt past the 32 KB cap
+    ├── DocumentError              a file attached in the chat cannot be read as text (backend/chat/documents.py)
+    │   ├── DocumentTooLarge       over [uploads] max_mb
+    │   ├── TooManyDocuments       more files than [uploads] max_files in one message
+    │   ├── DocumentTypeMismatch   the name's extension says one type, the content another
+    │   ├── DocumentUnsupported    a type the chat does not read (an archive, an unknown binary)
+    │   ├── DocumentBomb           a zip (DOCX, PPTX) declaring more than [uploads] max_unzipped_mb inflated
+    │   ├── DocumentEncrypted      a PDF that needs a password
+    │   ├── DocumentNoText         a PDF with no text layer (scanned): no OCR is done
+    │   ├── DocumentUnreadable     a damaged file the converter could not read
+    │   └── ImageNotSupported      an image, sent to a model that reads text only
     └── BackendError               talking to the engine failed
         ├── ServerUnreachable      connection refused / DNS: no connection could be made
         ├── ConnectionLost         the connection broke after it was made (reset, dropped mid-answer,
@@ -55,6 +65,7 @@ lives outside this module, next to the only code that raises it (marked below).
         ├── AuthenticationFailed   401 / 403: the API key was refused
         ├── RequestRejected        any other 4xx (incl. a 404 for a wrong route): refused as sent
         ├── Overloaded             429 / 503
+        │   └── NoWorkerAvailable  a fleet's router: 503 "No available workers" (restarted, its workers not in yet)
         ├── EngineError            other 5xx, or an error event inside a stream
         ├── EmptyAnswer            stream ended with no text and no finish reason
         ├── MalformedResponse      the server sent something that is not the API
@@ -433,6 +444,127 @@ class MessageTooLong(QwenChatError):
         super().__init__()
 
 
+# ---------------------------------------------------------------- documents
+
+
+def rebuilt_error(cls: type[DocumentError], params: dict[str, Any]) -> DocumentError:
+    """A DocumentError made again from its parameters (it comes back from a conversion process pickled)."""
+    exc = cls.__new__(cls)
+    vars(exc).update(params)
+    Exception.__init__(exc, exc.user_text("en"))
+    return exc
+
+
+class DocumentError(QwenChatError):
+    """A file attached in the chat cannot be read as text; ``name`` is the file's name."""
+
+    code = "document"
+    text_key = "error.document"
+    name: str
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (rebuilt_error, (type(self), self.params))
+
+
+class DocumentTooLarge(DocumentError):
+    """The file is larger than [uploads] max_mb."""
+
+    code = "document_too_large"
+    text_key = "error.document_too_large"
+
+    def __init__(self, name: str, mb: float, limit: float) -> None:
+        self.name, self.mb, self.limit = name, mb, limit
+        super().__init__()
+
+
+class TooManyDocuments(DocumentError):
+    """More files in one message than [uploads] max_files."""
+
+    code = "too_many_documents"
+    text_key = "error.too_many_documents"
+
+    def __init__(self, count: int, limit: int) -> None:
+        self.name, self.count, self.limit = "", count, limit
+        super().__init__()
+
+
+class DocumentTypeMismatch(DocumentError):
+    """The extension says one type (``claimed``), the content is another (``found``)."""
+
+    code = "document_type_mismatch"
+    text_key = "error.document_type_mismatch"
+
+    def __init__(self, name: str, claimed: str, found: str) -> None:
+        self.name, self.claimed, self.found = name, claimed, found
+        super().__init__()
+
+
+class DocumentUnsupported(DocumentError):
+    """A type the chat does not convert (``found``: what the content is)."""
+
+    code = "document_unsupported"
+    text_key = "error.document_unsupported"
+
+    def __init__(self, name: str, found: str) -> None:
+        self.name, self.found = name, found
+        super().__init__()
+
+
+class DocumentBomb(DocumentError):
+    """A zip-based file whose parts declare more than [uploads] max_unzipped_mb once inflated; none was inflated."""
+
+    code = "document_bomb"
+    text_key = "error.document_bomb"
+
+    def __init__(self, name: str, mb: float, limit: float) -> None:
+        self.name, self.mb, self.limit = name, mb, limit
+        super().__init__()
+
+
+class DocumentEncrypted(DocumentError):
+    """A PDF that needs a password to be read."""
+
+    code = "document_encrypted"
+    text_key = "error.document_encrypted"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__()
+
+
+class DocumentNoText(DocumentError):
+    """A PDF whose pages carry no text layer (a scan); the chat does no OCR."""
+
+    code = "document_no_text"
+    text_key = "error.document_no_text"
+
+    def __init__(self, name: str, pages: int) -> None:
+        self.name, self.pages = name, pages
+        super().__init__()
+
+
+class DocumentUnreadable(DocumentError):
+    """The converter could not read the file (damaged, truncated); ``detail`` is its reason."""
+
+    code = "document_unreadable"
+    text_key = "error.document_unreadable"
+
+    def __init__(self, name: str, kind: str, detail: str) -> None:
+        self.name, self.kind = name, kind
+        super().__init__(detail)
+
+
+class ImageNotSupported(DocumentError):
+    """An image attached for a model that reads text only."""
+
+    code = "image_not_supported"
+    text_key = "error.image_not_supported"
+
+    def __init__(self, name: str, model: str) -> None:
+        self.name, self.model = name, model
+        super().__init__()
+
+
 # ---------------------------------------------------------------- backend
 
 
@@ -591,6 +723,14 @@ class Overloaded(BackendError):
 
     code = "overloaded"
     text_key = "error.overloaded"
+
+
+class NoWorkerAvailable(Overloaded):
+    """A fleet's router has no worker it may route to (vllm-router's 503 "No available workers"): it was restarted
+    and has not admitted its workers yet, or their circuits are open. Nothing was generated: resending is safe."""
+
+    code = "no_worker"
+    text_key = "error.no_worker"
 
 
 class EngineError(BackendError):

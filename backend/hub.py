@@ -1,7 +1,7 @@
 """A model named by hub id (``[model] path = "Qwen/Qwen3-4B-Instruct-2507"``, optionally ``@revision``): the id, and
 where huggingface_hub's cache keeps its files. Filesystem only (no huggingface_hub import, no network): both sides
 ask it (the launcher before it starts vLLM, the UI for the token counter's folder); the download itself is
-``backend/engine/download.py``.
+``backend/tools/download.py``.
 
     classify_model_path("Qwen/Qwen3-4B-Instruct-2507")      → "hub"
     classify_model_path("/models/Qwen3-4B-Instruct-2507")   → "folder" (also when missing: preflight says so)

@@ -10,7 +10,7 @@ whether the engine answers. ``answered`` means an HTTP reply arrived within ``ti
 a 4xx or 5xx is an engine that answers, with its own problem); no reply at all (timed out, refused,
 reset) is what the supervisor's hang watchdog counts.
 
-This module is shared by both sides: it imports nothing from backend.engine or backend.chat.
+This module is shared by both sides: it imports nothing from either side.
 """
 
 from __future__ import annotations

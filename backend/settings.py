@@ -352,7 +352,7 @@ class ModelSettings(Section):
 
 
 class VllmSettings(Section):
-    """The flags the launcher gives vLLM (backend/engine/command.py)."""
+    """The flags the launcher gives vLLM (backend/launcher/command.py)."""
 
     section: ClassVar[str] = "vllm"
     device: Annotated[Literal["auto", "cpu", "gpu"], _case(str.lower)] = key(
@@ -488,7 +488,7 @@ MAX_HISTORY_WAIT = 600.0  # [history] wait: ten minutes at most (the launcher wa
 
 
 def check_history_db(value: str) -> None:
-    """``[history] db``: a path, or a URL of a kind the history supports (backend/chat/database.py parses it)."""
+    """``[history] db``: a path, or a URL of a kind the history supports (backend/storage/database.py parses it)."""
     if "://" not in value:
         return
     scheme = value.split("://", 1)[0].strip().lower()
@@ -511,6 +511,9 @@ class HistorySettings(Section):
     # At start, how long (s) a PostgreSQL that refuses connections, does not answer or is starting up is waited for
     # (one started alongside the UI); then the UI starts without history. 0: do not wait.
     wait: Float = key(30.0, f"seconds from 0 to {MAX_HISTORY_WAIT:g}", ge=0, le=MAX_HISTORY_WAIT)
+    # History writes kept (journalled, retried) while the database is locked, full, slow or down (backend/storage/outbox.py);
+    # at this many, new chats are refused until the backlog drains, and the open ones go on.
+    pending_max: Int = key(2000, "a whole number of writes from 10 to 1000000", ge=10, le=1_000_000)
 
     @field_validator("db")
     @classmethod
@@ -577,6 +580,18 @@ class UISettings(Section):
     max_answers_per_user: Int = key(2, "0 (no limit) or a positive number of answers", ge=0)
     # limits: a message longer than this many tokens is refused (its text quoted back); 0 = no limit
     max_message_tokens: Int = key(100_000, "0 (no limit) or a positive number of tokens", ge=0)
+
+
+class UploadsSettings(Section):
+    """Files attached in the chat's composer (backend/chat/documents.py): how many, how large, what they may inflate to."""
+
+    section: ClassVar[str] = "uploads"
+    enabled: Bool = key(True, "true or false")
+    max_files: Int = key(5, "1 to 20 files per message", ge=1, le=20)
+    max_mb: Float = key(20.0, "more than 0, at most 500 MB per file", gt=0, le=500)
+    # a DOCX, PPTX (a zip) whose parts declare more than this when inflated is refused before any is inflated
+    max_unzipped_mb: Float = key(100.0, "more than 0, at most 2000 MB", gt=0, le=2000)
+    workers: Int = key(1, "1 to 8 conversion processes", ge=1, le=8)  # the pool converting files, off the UI's loop
 
 
 class LoraSettings(Section):
@@ -802,6 +817,7 @@ class Settings(BaseSettings):
     history: HistorySettings = Field(default_factory=HistorySettings)
     branding: BrandingSettings = Field(default_factory=BrandingSettings)
     ui: UISettings = Field(default_factory=UISettings)
+    uploads: UploadsSettings = Field(default_factory=UploadsSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)

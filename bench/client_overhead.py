@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from openai import AsyncOpenAI
 
 from backend.chat.client import ChatClient, TextDelta
-from backend.engine import supervisor
+from backend.launcher import supervisor
 from backend.settings import ClientSettings
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ fake OpenAI server in this process (loopback only); every session (tests/support
 waits for its chat to open, then all send their messages at the same moment and stream the answers
 (``--tokens`` tokens at ``--rate`` tokens/s each, in chunks of ``--stream-interval`` tokens after the first as
 vLLM sends them under the launcher's ``--stream-interval``: 4 on a GPU, the meeting room of issue #20). Inside the
-app process backend/chat/loopstats.py samples the event-loop lag (QWENCHAT_LOOPSTATS); the window of the load is diffed from its snapshots. Printed: a table
+app process backend/web/loopstats.py samples the event-loop lag (QWENCHAT_LOOPSTATS); the window of the load is diffed from its snapshots. Printed: a table
 (errors, lag p50/p99/max, first token and total time p50/p99, RSS before/after/peak) and a one-line summary.
 The plain Chainlit streaming example (bench/plain_chainlit_app.py, with the same sampler) runs the same load
 for comparison when it exists. ``--profile``: one more round with cProfile on the app's event loop (SIGUSR1),
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.chat import loopstats
-from backend.engine import command
+from backend.launcher import command
 from backend.settings import ROOT
+from backend.web import loopstats
 from tests.e2e import support as e2e
 from tests.fakes.openai_server import FakeServer, expected_text
 from tests.support import live_app

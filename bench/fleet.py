@@ -4,7 +4,7 @@ replica, measured in the same run. Not a test: it prints what it measured, no th
     python -m bench.fleet [--chats 8] [--tokens 128] [--rounds 5] [--baseline replica|single]
 
 Needs the engine environment (found as ./test.sh finds it) and the embedded model (one ``./test.sh`` builds both), or
-``--model DIR --served NAME``. The fleet is launched with the product's own commands (``backend.engine.fleet``:
+``--model DIR --served NAME``. The fleet is launched with the product's own commands (``backend.launcher.fleet``:
 each replica on its share of the cores, the router in front, asking for the key on every route); the baseline is
 
 - ``replica`` (default): replica 0 of the same fleet, addressed directly (its sibling idles meanwhile), i.e. one
@@ -40,7 +40,7 @@ from bench.engine import spread, vllm_round
 if TYPE_CHECKING:
     import subprocess
 
-    from backend.engine.fleet import Plan
+    from backend.launcher.fleet import Plan
     from backend.settings import Settings
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -83,7 +83,7 @@ def _wait(
     while not check():
         for name, proc in procs:
             if proc.poll() is not None:
-                from backend.engine import supervisor
+                from backend.launcher import supervisor
 
                 sys.exit(f"{name} exited:\n{supervisor.read_tail(logs / f'{name}.log', 4000)}")
         if time.monotonic() > deadline:
@@ -132,8 +132,8 @@ def _start(
 ) -> tuple[Plan, list[tuple[str, subprocess.Popen[bytes]]], str]:
     """The fleet's replicas, the baseline engine with --baseline single, and the router, as the product starts
     them; (the fleet's plan, [(name, process)], the baseline's URL or "")."""
-    from backend.engine import command, fleet, supervisor
-    from backend.engine.launch import chat_template_for, static_adapters
+    from backend.launcher import command, fleet, supervisor
+    from backend.launcher.launch import chat_template_for, static_adapters
 
     adapters, _ = static_adapters(settings, check=False)
     template = chat_template_for(settings, logs)
@@ -164,7 +164,7 @@ def _start(
 
 def main() -> None:
     a = _arguments()
-    from backend.engine import fleet, supervisor
+    from backend.launcher import fleet, supervisor
     from backend.settings import FleetSettings, ModelSettings, NetworkSettings, Settings, VllmSettings
 
     port = _free_block(5)

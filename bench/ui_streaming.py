@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backend.engine import supervisor
+from backend.launcher import supervisor
 from backend.settings import ROOT
 from tests.e2e.support import CHROMIUM_ARGS
 

@@ -1,5 +1,5 @@
 // Shared chats: Chainlit's page shows a refused share link as "Failed to load thread: Not Found" (the HTTP status
-// text). The app's answer says why (not shared any more, deleted, not the owner: backend/chat/share.py); show that
+// text). The app's answer says why (not shared any more, deleted, not the owner: backend/storage/share.py); show that
 // message in a banner. Loaded by status.js (Chainlit takes one custom_js).
 (function () {
   const SHARE_URL = /\/(project\/share\/[^/?#]+|project\/thread\/share|feedback)(\?|$)/;  // + thumbs on a shared chat

@@ -48,6 +48,8 @@
     if (s.partial_text) text += ` · ${s.partial_text}`;
     // the UI process itself was restarted by the launcher lately: why, and that the model kept running
     if (s.ui_note) text += ` · ${s.ui_note}`;
+    // history writes waiting for the database: "history: 3 messages waiting to be saved · the database is locked"
+    if (s.history_text) text += ` · ${s.history_text}`;
     el.hidden = false;
     el.textContent = text;
     el.dataset.state = s.state;
@@ -57,9 +59,12 @@
   poll();
   setInterval(poll, 2000);
 })();
-// Shared-chat refusals in plain words (public/share.js): Chainlit loads one custom_js, this one.
+// Shared-chat refusals in plain words (public/share.js) and commands typed out in full (public/commands.js):
+// Chainlit loads one custom_js, this one.
 (function () {
-  const s = document.createElement("script");
-  s.src = "/public/share.js";
-  document.head.appendChild(s);
+  for (const src of ["/public/share.js", "/public/commands.js"]) {
+    const s = document.createElement("script");
+    s.src = src;
+    document.head.appendChild(s);
+  }
 })();

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backend.engine import command, supervisor
-from backend.engine.log_diagnosis import ATTEMPT_MARKER
+from backend.launcher import command, supervisor
+from backend.launcher.log_diagnosis import ATTEMPT_MARKER
 from backend.settings import (
     ClientSettings,
     LoggingSettings,
@@ -36,6 +36,7 @@ from backend.settings import (
     VllmSettings,
     replace,
 )
+from tests.support import marks
 from tests.support.shared import SHARED
 
 if TYPE_CHECKING:
@@ -51,10 +52,21 @@ TINY_ENGINE, FAKE_OPENAI, BROWSER = (
 )
 
 
+marks.watch_popen()  # what each module starts, checked against its markers (tests/support/marks.py)
+
+
 @pytest.hookimpl(trylast=True)  # after -k/-m have deselected: what runs
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = marks.unmarked(items)  # a module selected by -m "not engine" that starts one is found here too
+    if unmarked:
+        raise pytest.UsageError("\n".join(unmarked))
     items[:] = SHARED.group_modules(items)
     SHARED.plan(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    marks.CURRENT[0] = item  # what starts from now on (fixtures included) is this test module's
 
 
 @pytest.hookimpl(wrapper=True)
@@ -63,6 +75,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         SHARED.after_test(item, nextitem)
+        said = marks.started_unmarked(item)
+        if said:
+            pytest.fail(said, pytrace=False)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -6,6 +6,8 @@
     fit.prompt_tokens   the prompt's exact size (== vLLM usage.prompt_tokens when fit.exact)
     fit.dropped         the oldest whole turns left out, with previews for the UI
     fit.meter_text(lang)  "12,345 / 261,120 tokens · 3 earlier turns left out" ("≈" if estimated)
+    fit = await with_documents(fit, conversation.documents(system), counter)   # each document's share in the meter:
+                          "121,400 / 262,144 tokens · report.pdf 98,210 · notes.docx left out"
 
 Rules: the system prompt and the newest user turn are always kept; the oldest whole turns
 (a user message and the answers after it) go first; nothing is cut inside a message. If the
@@ -34,12 +36,13 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import text as catalog
 from ..errors import ConfigError, PromptTooLong, SystemPromptTooLong
 from .counters import TokenCounter
+from .documents import Document, frame, framed_message
 from .template import (
     Message,
     TemplateNotAdditive,
@@ -95,6 +98,8 @@ class FitResult:
     exact: bool = True
     source: str = ""
     system_tokens: int = 0  # template overhead incl. the system prompt and the generation prompt
+    documents: tuple[tuple[str, int], ...] = ()  # (name, tokens of its frame) of each document sent
+    documents_left_out: tuple[str, ...] = ()  # the names of documents in the earlier turns left out
 
     @property
     def left_out(self) -> int:
@@ -104,10 +109,39 @@ class FitResult:
         meter = catalog.t(
             "meter.context", lang, approx="" if self.exact else "≈", used=self.prompt_tokens, budget=self.budget
         )
+        for name, tokens in self.documents:
+            meter += " · " + catalog.t("meter.document", lang, name=name, tokens=tokens)
         n = self.left_out
         if n:
             meter += " · " + catalog.t("meter.left_out.one" if n == 1 else "meter.left_out.many", lang, n=n)
+        for name in self.documents_left_out:
+            meter += " · " + catalog.t("meter.document_left_out", lang, name=name)
         return meter
+
+
+async def with_documents(fit: FitResult, per_message: Sequence[Sequence[Document]], counter: TokenCounter) -> FitResult:
+    """``fit`` with each document's share: the tokens of its frame as sent (special tokens neutralised, like every
+    message), counted by the same counter and cached like a message. ``per_message``: the documents of each
+    message given to ``fit_history``, in its order (``Conversation.documents``). The frames and the question are
+    joined by blank lines: the message's own cost may differ from the sum of its parts by a token per joint."""
+    if not any(per_message):
+        return fit
+    dropped = {i for d in fit.dropped for i in d.indices}
+    cache, specials = _cache_for(counter), counter.specials
+    shares, left_out = [], []
+    for index, docs in enumerate(per_message):
+        for doc in docs:
+            if index in dropped:
+                left_out.append(doc.name)
+                continue
+            text = neutralize_special_tokens(frame(doc), specials)
+            key = ("document", hash(text), len(text))
+            tokens = cache.get(key)
+            if tokens is None:
+                tokens = await counter.count_text(text)
+                cache.put(key, tokens)
+            shares.append((doc.name, tokens))
+    return replace(fit, documents=tuple(shares), documents_left_out=tuple(left_out))
 
 
 # ---------------------------------------------------------------- preparing messages
@@ -519,3 +553,38 @@ async def _fit_piece(
     if len(best) != unsnapped:
         best_n = await size(best)
     return best, best_n
+
+
+# ---------------------------------------------------------------- a document that does not fit
+
+
+async def fitting_part(
+    question: str, documents: Sequence[Document], limit: int, counter: TokenCounter
+) -> tuple[int, int]:
+    """(which document, how many of its pages or lines) to keep so the message fits ``limit`` tokens as sent: the
+    largest document is cut, at a page (or line) end, the others and the question whole. Never applied here:
+    the UI offers it, naming the cut (``Document.first``). (i, 0): not even its first page fits."""
+    specials = counter.specials
+
+    async def size(docs: Sequence[Document]) -> int:
+        return await counter.count_text(neutralize_special_tokens(framed_message(question, list(docs)), specials))
+
+    biggest = max(range(len(documents)), key=lambda i: len(documents[i].text))
+    doc = documents[biggest]
+
+    async def fits(n: int) -> bool:
+        trial = list(documents)
+        trial[biggest] = doc.first(n)
+        return await size(trial) <= limit
+
+    lo, hi = 0, doc.units  # fits(lo) is assumed, fits(hi) is known false (the message did not fit)
+    if not await fits(1):
+        return biggest, 0
+    lo = 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if await fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return biggest, lo

@@ -32,7 +32,7 @@ Guarantees:
   the request, for connection failures and HTTP 429/502/503/504; never once a stream was
   returned, so a half-shown answer is never silently replayed. ``max_retries=0`` shows the
   first failure as it is.
-- Input text is sanitized: lone surrogates (which cannot be encoded as UTF-8 and would
+- Input text is sanitized (sanitize.py): lone surrogates (which cannot be encoded as UTF-8 and would
   crash the request) become U+FFFD; NUL and everything else is sent unchanged. Response
   bytes that are not valid UTF-8 are decoded with U+FFFD and reported as an anomaly.
 - Every request has an id (8 hex chars) on all our log lines and sent as ``X-Request-Id``.
@@ -48,20 +48,14 @@ import contextlib
 import json
 import logging
 import math
-import re
-import secrets
-import threading
 import time
-from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import httpx2
 import openai
 from openai import AsyncOpenAI
 from openai._constants import INITIAL_RETRY_DELAY, MAX_RETRY_AFTER_DELAY
-from openai._streaming import ServerSentEvent, SSEDecoder
 
 from ..engine_http import (
     Limits,
@@ -81,278 +75,60 @@ from ..errors import (
     IdleTimeout,
     MalformedResponse,
     RequestTimeout,
-    StreamCut,
     TotalTimeout,
     WebPageResponse,
 )
 from ..settings import ClientSettings
 from ..text import Text
+from .sanitize import sanitize_messages
+from .stream_events import (
+    Anomaly,
+    Answer,
+    Event,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ThinkSplitter,
+    Usage,
+    anomaly_counts,
+    log_anomaly_summary,
+    maybe_log_summary,
+    new_request_id,
+    raw_text,
+    reset_anomaly_counts,
+)
+from .stream_read import (
+    ErrorEvent,
+    Malformed,
+    RequestState,
+    TolerantSSEDecoder,
+    body_data,
+    body_events,
+    events_of,
+    stream_ending,
+)
+
+# What a stream yields and the anomaly counters live in stream_events.py; callers import them from here too.
+__all__ = [
+    "Anomaly",
+    "Answer",
+    "ChatClient",
+    "Event",
+    "Finish",
+    "ReasoningDelta",
+    "TextDelta",
+    "ThinkSplitter",
+    "Usage",
+    "anomaly_counts",
+    "log_anomaly_summary",
+    "map_error",
+    "new_request_id",
+    "reset_anomaly_counts",
+]
 
 logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-SUMMARY_INTERVAL = 300.0  # seconds between INFO summaries of the anomaly counters
-RAW_LOG_LIMIT = 2000  # characters of a raw chunk in a debug line
-SNIFF_LIMIT = 64 * 1024  # bytes read to tell an event stream from a JSON body, a web page or plain text
-BODY_LIMIT = 16 * 1024 * 1024  # the largest whole (non-stream) JSON body read where a stream was asked for
-_BLANK = b"\xef\xbb\xbf \t\r\n"  # a BOM and whitespace before the first real byte
-_SSE_LINE = re.compile(rb"(?:data|event|id|retry)?:")  # how an event stream's first line starts
-#: Anomaly kinds worth a WARNING the first time they happen in the process (they say what the backend is doing).
-WARN_ONCE = {
-    "json_body": "the model server answered a streaming request with one JSON body (it ignores stream: true); "
-    "answers are shown, but only once complete",
-    "sse_content_type": "the model server sends its event stream with a wrong content type",
-    "no_done": "the model server ends its streams without data: [DONE]",
-}
-
-
-# ---------------------------------------------------------------- events
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    """A piece of the answer text."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class ReasoningDelta:
-    """A piece of the model's reasoning (``<think>`` content or a reasoning delta field)."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Token counts reported by the engine (None when it did not say)."""
-
-    prompt_tokens: int | None
-    completion_tokens: int | None
-
-
-@dataclass(frozen=True)
-class Anomaly:
-    """The engine sent something off-spec that we tolerated; ``kind`` is a stable key."""
-
-    kind: str
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class Finish:
-    """The answer ended; ``reason`` is the engine's finish_reason (None: it never sent one, but the end was
-    clean: ``[DONE]`` or a whole body); ``tools`` the names of the tool calls the model asked for, if any."""
-
-    reason: str | None
-    model: str
-    tools: tuple[str, ...] = ()
-
-
-Event = TextDelta | ReasoningDelta | Usage | Anomaly | Finish
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A whole non-streamed answer."""
-
-    text: str
-    reasoning: str
-    finish_reason: str | None
-    model: str
-    usage: Usage | None
-    anomalies: tuple[Anomaly, ...]
-    request_id: str
-
-
-# ---------------------------------------------------------------- anomaly counters
-
-_counts: Counter[str] = Counter()
-_counts_lock = threading.Lock()
-_last_summary = {"at": time.monotonic(), "total": 0}
-
-
-def anomaly_counts() -> dict[str, int]:
-    """Requests with each anomaly kind since the process started (one count per request and kind)."""
-    with _counts_lock:
-        return dict(_counts)
-
-
-def reset_anomaly_counts() -> None:
-    """Forget the counters (tests)."""
-    with _counts_lock:
-        _counts.clear()
-        _warned.clear()
-        _last_summary["total"] = 0
-
-
-def log_anomaly_summary() -> None:
-    """Log the counters at INFO now (also done automatically every SUMMARY_INTERVAL when they change)."""
-    counts = anomaly_counts()
-    logger.info("anomalies since start (requests per kind): %s", counts or "none")
-    _last_summary["at"] = time.monotonic()
-    _last_summary["total"] = sum(counts.values())
-
-
-_warned: set[str] = set()
-
-
-def _count_anomaly(kind: str) -> None:
-    with _counts_lock:
-        _counts[kind] += 1
-        first = kind in WARN_ONCE and kind not in _warned
-        _warned.add(kind)
-    if first:
-        logger.warning("%s (anomaly %r, counted in anomaly_counts())", WARN_ONCE[kind], kind)
-
-
-def _maybe_log_summary() -> None:
-    with _counts_lock:
-        total = sum(_counts.values())
-    if total != _last_summary["total"] and time.monotonic() - _last_summary["at"] >= SUMMARY_INTERVAL:
-        log_anomaly_summary()
-
-
-# ---------------------------------------------------------------- small helpers
-
-
-def new_request_id() -> str:
-    """8 hex characters, unique enough to grep one request in the logs."""
-    return secrets.token_hex(4)
-
-
-def sanitize_text(text: str) -> str:
-    """Replace lone surrogates (unencodable in UTF-8) with U+FFFD; join valid surrogate pairs."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def _sanitize(value: Any) -> Any:
-    if isinstance(value, str):
-        return sanitize_text(value)
-    if isinstance(value, list):
-        return [_sanitize(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _sanitize(v) for k, v in value.items()}
-    return value
-
-
-def sanitize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A copy of ``messages`` that can always be sent (see sanitize_text); the input is not changed."""
-    return [_sanitize(m) for m in messages]
-
-
-def _raw(data: Any) -> str:
-    try:
-        text = json.dumps(data, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(data)
-    return text if len(text) <= RAW_LOG_LIMIT else text[:RAW_LOG_LIMIT] + f"… ({len(text)} chars)"
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-class ThinkSplitter:
-    """Split streamed content into text and ``<think>…</think>`` reasoning, tags split anywhere.
-
-    Only a ``<think>`` at the very start of the content (after whitespace) opens reasoning, as
-    Qwen3 emits it; a literal "<think>" later in an answer stays text. Whitespace right after
-    ``</think>`` is dropped.
-    """
-
-    OPEN = "<think>"
-    CLOSE = "</think>"
-
-    def __init__(self) -> None:
-        self._buf = ""
-        self._inside = False
-        self._started = False  # non-whitespace text outside a think block was emitted
-        self._after_close = False
-        self._after_open = False
-
-    @staticmethod
-    def _held(buf: str, tag: str) -> int:
-        """Length of the longest suffix of buf that is a proper prefix of tag."""
-        for n in range(min(len(buf), len(tag) - 1), 0, -1):
-            if tag.startswith(buf[-n:]):
-                return n
-        return 0
-
-    def feed(self, text: str) -> list[TextDelta | ReasoningDelta]:
-        self._buf += text
-        out: list[TextDelta | ReasoningDelta] = []
-        for _ in range(len(self._buf) + 2):  # each pass consumes input or stops; bounded anyway
-            if not self._buf:
-                break
-            if self._inside:
-                if self._after_open:  # Qwen writes "<think>\n"; the newline is not reasoning
-                    self._buf = self._buf.lstrip()
-                    if not self._buf:
-                        break
-                    self._after_open = False
-                i = self._buf.find(self.CLOSE)
-                if i >= 0:
-                    if i:
-                        out.append(ReasoningDelta(self._buf[:i]))
-                    self._buf = self._buf[i + len(self.CLOSE) :]
-                    self._inside, self._after_close = False, True
-                    continue
-                keep = self._held(self._buf, self.CLOSE)
-                if len(self._buf) > keep:
-                    out.append(ReasoningDelta(self._buf[: len(self._buf) - keep]))
-                self._buf = self._buf[len(self._buf) - keep :]
-                break
-            if self._after_close:
-                self._buf = self._buf.lstrip()
-                if not self._buf:
-                    break
-                self._after_close = False
-            if not self._started:
-                stripped = self._buf.lstrip()
-                if stripped.startswith(self.OPEN):
-                    self._buf = stripped[len(self.OPEN) :]
-                    self._inside = self._after_open = True
-                    continue
-                if self.OPEN.startswith(stripped):  # whitespace or "<thi": wait for more
-                    break
-                self._started = True
-            out.append(TextDelta(self._buf))
-            self._buf = ""
-        return out
-
-    def flush(self) -> list[TextDelta | ReasoningDelta]:
-        """Whatever is held back at the end of the stream."""
-        buf, self._buf = self._buf, ""
-        if not buf or ((self._after_close or self._after_open) and not buf.strip()):
-            return []
-        return [ReasoningDelta(buf) if self._inside else TextDelta(buf)]
-
-
-# ---------------------------------------------------------------- error mapping
-
-
-class ErrorEvent(Exception):
-    """An error object inside a 200 response: a stream event or a whole body.
-
-    Both vLLM shapes: nested ``{"error": {"message", "type", "param", "code"}}`` and the
-    older flat ``{"object": "error", "message", ...}`` (which the SDK does not recognise).
-    """
-
-    def __init__(self, body: dict[str, Any]) -> None:
-        inner = body.get("error")
-        self.body = inner if isinstance(inner, dict) else body
-        if isinstance(inner, str):  # {"error": "text"}
-            self.body = {"message": inner}
-        super().__init__(str(self.body.get("message") or "error event"))
-
-
-class _Malformed(Exception):
-    """The response is not the OpenAI chat API."""
 
 
 def map_error(
@@ -379,8 +155,8 @@ def map_error(
         return transport_error(exc, Route.CHAT, url=url, limits=limits)
     if isinstance(exc, openai.APIError):  # the SDK's own error event inside a stream
         return _chat_error(None, exc.body, exc.message, model=model, url=url)
-    if isinstance(exc, (_Malformed, ValueError)):  # JSONDecodeError, UnicodeDecodeError are ValueErrors
-        return MalformedResponse(short(f"{type(exc).__name__}: {exc}" if not isinstance(exc, _Malformed) else exc))
+    if isinstance(exc, (Malformed, ValueError)):  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        return MalformedResponse(short(f"{type(exc).__name__}: {exc}" if not isinstance(exc, Malformed) else exc))
     return EngineError(short(f"{type(exc).__name__}: {exc}"))
 
 
@@ -391,25 +167,6 @@ def _chat_error(status: int | None, body: Any, message: str, *, model: str, url:
 
 
 # ---------------------------------------------------------------- the SDK, narrowed
-
-
-class _TolerantSSEDecoder(SSEDecoder):
-    """The SDK's SSE decoder, but invalid UTF-8 becomes U+FFFD instead of raising."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.replaced_lines = 0
-
-    def _decode_lines(self, lines: Iterator[bytes]) -> Iterator[ServerSentEvent]:
-        for raw_line in lines:
-            try:
-                line = raw_line.decode("utf-8")
-            except UnicodeDecodeError:
-                self.replaced_lines += 1
-                line = raw_line.decode("utf-8", "replace")
-            sse = self.decode(line)
-            if sse:
-                yield sse
 
 
 #: The SDK's connection limits but for the idle keep-alive connections kept: 8, not 100. httpcore checks every idle
@@ -443,363 +200,8 @@ class _EngineAPI(AsyncOpenAI):
             return delay  # server-directed
         return delay * self._retry_backoff / INITIAL_RETRY_DELAY
 
-    def _make_sse_decoder(self) -> _TolerantSSEDecoder:
-        return _TolerantSSEDecoder()
-
-
-# ---------------------------------------------------------------- per-request state
-
-
-@dataclass
-class _Request:
-    rid: str
-    model: str
-    started: float = field(default_factory=time.monotonic)
-    chunks: int = 0
-    text_chars: int = 0
-    reasoning_chars: int = 0
-    first_token_at: float | None = None
-    finish: str | None = None
-    done: bool = False  # the end was marked: data: [DONE], or a whole JSON body was read
-    tools: list[str] = field(default_factory=list)
-    usage: Usage | None = None
-    kinds: set[str] = field(default_factory=set)
-    utf8_seen: int = 0
-    splitter: ThinkSplitter = field(default_factory=ThinkSplitter)
-
-    @property
-    def shown(self) -> bool:
-        return self.text_chars > 0 or self.reasoning_chars > 0
-
-    def anomaly(self, kind: str, detail: str, data: Any = None) -> Anomaly | None:
-        """Log every occurrence at debug; count and report each kind once per request."""
-        logger.debug("[%s] anomaly %s (%s): %s", self.rid, kind, detail, _raw(data) if data is not None else "-")
-        if kind in self.kinds:
-            return None
-        self.kinds.add(kind)
-        _count_anomaly(kind)
-        return Anomaly(kind, detail)
-
-    def content(self, text: Any, data: Any, *, reasoning: bool = False) -> list[Event]:
-        """Events for one content (or reasoning) value of a chunk or body."""
-        out: list[Event] = []
-        if text is None or text == "":
-            return out
-        if not isinstance(text, str):
-            a = self.anomaly("non_string_content", f"content is {type(text).__name__}", data)
-            return [a] if a else []
-        text = sanitize_text(text)
-        pieces = [ReasoningDelta(text)] if reasoning else self.splitter.feed(text)
-        return self.count(pieces)
-
-    def tool_calls(self, calls: Any) -> None:
-        """Remember the names of the tools the model asked for (a stream sends each name once)."""
-        if not isinstance(calls, list):
-            return
-        for call in calls:
-            fn = call.get("function") if isinstance(call, dict) else None
-            name = fn.get("name") if isinstance(fn, dict) else None
-            if isinstance(name, str) and name and name not in self.tools:
-                self.tools.append(name)
-
-    def count(self, pieces: list[Any]) -> list[Event]:
-        for p in pieces:
-            if isinstance(p, TextDelta):
-                self.text_chars += len(p.text)
-            elif isinstance(p, ReasoningDelta):
-                self.reasoning_chars += len(p.text)
-            if self.first_token_at is None and isinstance(p, (TextDelta, ReasoningDelta)) and p.text:
-                self.first_token_at = time.monotonic()
-        return pieces
-
-
-def _pick_choice(st: _Request, choices: Any, data: Any, has_usage: bool) -> tuple[dict[str, Any] | None, list[Event]]:
-    """The choice with index 0 (a choice without an index counts as 0), with anomalies for everything unusual.
-
-    Only index 0 is ever the answer: a server that ignores ``n = 1`` (or a proxy fanning out) streams other choices
-    as chunks of their own, and taking "the first choice of each chunk" would mix their text into ours."""
-    notes: list[Event] = []
-
-    def note(kind: str, detail: str) -> None:
-        a = st.anomaly(kind, detail, data)
-        if a:
-            notes.append(a)
-
-    if choices is None:
-        if not has_usage:
-            note("missing_choices", "no choices field")
-        return None, notes
-    if not isinstance(choices, list):
-        note("bad_choices", f"choices is {type(choices).__name__}")
-        return None, notes
-    if not choices:
-        if not has_usage:  # vLLM's usage chunk legitimately has choices: []
-            note("empty_choices", "choices: [] without usage")
-        return None, notes
-    dicts = [c for c in choices if isinstance(c, dict)]
-    if len(dicts) != len(choices):
-        note("bad_choice", "a choice is not an object")
-    if len(choices) > 1:
-        note("several_choices", f"{len(choices)} choices; using index 0")
-    for c in dicts:
-        if c.get("index", 0) == 0:
-            return c, notes
-    if dicts:
-        note("other_choice", f"a chunk for choice {dicts[0].get('index')!r} only; not part of the answer (index 0)")
-    return None, notes
-
-
-def _usage_of(data: dict[str, Any]) -> Usage | None:
-    usage = data.get("usage")
-    if not isinstance(usage, dict):
-        return None
-    return Usage(_int_or_none(usage.get("prompt_tokens")), _int_or_none(usage.get("completion_tokens")))
-
-
-def _reasoning_of(part: dict[str, Any]) -> Any:
-    value = part.get("reasoning_content")
-    return value if value is not None else part.get("reasoning")
-
-
-def _stream_chunk(st: _Request, data: Any) -> list[Event]:
-    """Events for one decoded stream chunk; raises ErrorEvent / _Malformed."""
-    st.chunks += 1
-    if st.chunks == 1:
-        logger.debug("[%s] first chunk: %s", st.rid, _raw(data))
-    if not isinstance(data, dict):
-        raise _Malformed(f"a stream event is {type(data).__name__}, not an object")
-    if data.get("object") == "error" or data.get("error"):
-        raise ErrorEvent(data)
-    if isinstance(data.get("model"), str) and data["model"]:
-        st.model = data["model"]
-    usage = _usage_of(data)
-    if usage is not None:
-        st.usage = usage
-    choice, out = _pick_choice(st, data.get("choices"), data, usage is not None)
-    if choice is None:
-        return out
-    delta = choice.get("delta")
-    finish = choice.get("finish_reason")
-    if delta is None and isinstance(choice.get("message"), dict):
-        delta = choice["message"]  # some proxies stream whole messages
-        a = st.anomaly("message_in_stream", "choice has message instead of delta", data)
-        out += [a] if a else []
-    if delta is None:
-        a = st.anomaly("missing_delta", "choice without delta", data)
-        out += [a] if a else []
-        delta = {}
-    elif not isinstance(delta, dict):
-        a = st.anomaly("bad_delta", f"delta is {type(delta).__name__}", data)
-        out += [a] if a else []
-        delta = {}
-    content = delta.get("content")
-    reasoning = _reasoning_of(delta)
-    if (
-        "content" in delta
-        and content is None
-        and reasoning is None
-        and finish is None
-        and not delta.get("role")
-        and not delta.get("tool_calls")
-    ):
-        a = st.anomaly("null_content", "delta.content is null", data)
-        out += [a] if a else []
-    st.tool_calls(delta.get("tool_calls"))
-    out += st.content(reasoning, data, reasoning=True)
-    out += st.content(content, data)
-    if isinstance(finish, str) and finish:
-        st.finish = finish
-    elif finish is not None:
-        a = st.anomaly("bad_finish_reason", f"finish_reason is {finish!r}", data)
-        out += [a] if a else []
-    return out
-
-
-def _body_events(st: _Request, data: Any) -> list[Event]:
-    """Events for one whole ``chat.completion`` body (sets ``st.finish``, ``st.usage``, ``st.model``);
-    raises ErrorEvent for an error object, _Malformed for anything that is not an object."""
-    if not isinstance(data, dict):
-        raise _Malformed(f"the body is {type(data).__name__}, not an object")
-    if data.get("object") == "error" or data.get("error"):
-        raise ErrorEvent(data)
-    if isinstance(data.get("model"), str) and data["model"]:
-        st.model = data["model"]
-    st.usage = _usage_of(data)
-    choice, picked = _pick_choice(st, data.get("choices"), data, has_usage=False)
-    events: list[Any] = list(picked)
-    st.finish = None
-    if choice is not None:
-        message = choice.get("message")
-        if not isinstance(message, dict):
-            a = st.anomaly("missing_message", "choice without message", data)
-            events += [a] if a else []
-            message = {}
-        content = message.get("content")
-        st.tool_calls(message.get("tool_calls"))
-        if content is None and "content" in message and not message.get("tool_calls"):
-            a = st.anomaly("null_content", "message.content is null", data)
-            events += [a] if a else []
-        events += st.content(_reasoning_of(message), data, reasoning=True)
-        events += st.content(content, data)
-        events += st.count(st.splitter.flush())
-        fr = choice.get("finish_reason")
-        st.finish = fr if isinstance(fr, str) and fr else None
-    return events
-
-
-@dataclass(frozen=True)
-class _WholeBody:
-    """A whole JSON body where an event stream was asked for (the server ignored ``stream: true``)."""
-
-    data: Any
-
-
-def _decode(raw: bytes) -> tuple[str, bool]:
-    """Text of ``raw`` and whether invalid UTF-8 had to be replaced."""
-    try:
-        return raw.decode("utf-8"), False
-    except UnicodeDecodeError:
-        return raw.decode("utf-8", "replace"), True
-
-
-async def _read_up_to(chunks: AsyncIterator[bytes], limit: int) -> tuple[bytes, bool]:
-    """The rest of a body, at most ``limit`` bytes; True when there was more."""
-    out = b""
-    async for chunk in chunks:
-        out += chunk
-        if len(out) > limit:
-            return out[:limit], True
-    return out, False
-
-
-async def _body_data(
-    st: _Request, response: httpx2.Response, decoder: _TolerantSSEDecoder, where: str
-) -> AsyncGenerator[Any, None]:
-    """What a response to a streaming request holds, as it arrives, whatever its content type says.
-
-    Yields the JSON value of each event-stream ``data:`` event, ``Anomaly`` events, or one ``_WholeBody``.
-    Sets ``st.done`` at ``data: [DONE]`` or after a whole JSON body. Raises ``WebPageResponse`` for a web
-    page, ``_Malformed`` for plain text or a body too large, ``ErrorEvent`` for an ``event: error``.
-    """
-    ctype = response.headers.get("content-type", "")
-    chunks = response.aiter_bytes().__aiter__()
-    head, eof = b"", False
-    while True:  # read until the first real byte (and, for a stream, its first line) tells what this is
-        start = head.lstrip(_BLANK)
-        if start[:1] in (b"{", b"[", b"<") or b"\n" in start or len(head) >= SNIFF_LIMIT:
-            break
-        try:
-            head += await chunks.__anext__()
-        except StopAsyncIteration:
-            eof = True
-            break
-    start = head.lstrip(_BLANK)
-    if not start and eof:
-        return  # an empty body: not done, so the caller says the answer was cut
-    if looks_like_html(start, ctype):
-        more, _ = (b"", False) if eof else await _read_up_to(chunks, SNIFF_LIMIT)
-        raise WebPageResponse(public_url(where), response.status_code, page_title(start + more))
-    if start[:1] in (b"{", b"["):
-        more, too_big = (b"", False) if eof else await _read_up_to(chunks, BODY_LIMIT)
-        if too_big:
-            raise _Malformed(f"{public_url(where)} answered with a JSON body over {BODY_LIMIT // 2**20} MiB")
-        text, replaced = _decode(start + more)
-        if replaced:
-            a = st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced")
-            if a:
-                yield a
-        logger.debug("[%s] whole body (%s): %s", st.rid, ctype or "no content type", _raw(text))
-        data = json.loads(text)
-        st.done = True
-        yield _WholeBody(data)
-        return
-    if not _SSE_LINE.match(start):
-        text, _ = _decode(start[:400])
-        raise _Malformed(
-            f"{public_url(where)} answered with plain text ({ctype or 'no content type'}), "
-            f"not an event stream: {short(text.strip(), 200)!r}"
-        )
-    if "text/event-stream" not in ctype.lower():
-        a = st.anomaly("sse_content_type", f"an event stream sent as {ctype or 'no content type'!r}")
-        if a:
-            yield a
-
-    async def replay() -> AsyncGenerator[bytes, None]:
-        tail = head[-2:]
-        yield head
-        async for chunk in chunks:
-            tail = (tail + chunk)[-2:]
-            yield chunk
-        if tail.endswith(b"\n") and not tail.endswith(b"\n\n"):
-            yield b"\n"  # the last event's closing blank line is missing: end it (a cut mid-line is not ended)
-
-    async for sse in decoder.aiter_bytes(replay()):
-        if sse.data.startswith("[DONE]"):
-            st.done = True
-            await _drain(chunks)
-            return
-        if sse.event == "error":
-            try:
-                body = json.loads(sse.data)
-            except ValueError:
-                body = sse.data
-            raise ErrorEvent(body if isinstance(body, dict) else {"message": str(body)})
-        if not sse.data.strip():
-            a = st.anomaly("empty_event", "an event with no data")
-            if a:
-                yield a
-            continue
-        yield json.loads(sse.data)
-
-
-async def _drain(chunks: AsyncIterator[bytes], limit: int = 64 * 1024, seconds: float = 0.5) -> None:
-    """Read what follows ``[DONE]`` (normally just the end of the chunked body), so the connection goes
-    back to the pool instead of being closed: otherwise every answer opens a new connection. A server
-    that keeps sending (or stays silent) past ``limit`` bytes or ``seconds`` is left to ``aclose()``."""
-    read = 0
-    with contextlib.suppress(TimeoutError, httpx2.HTTPError, OSError):
-        async with asyncio.timeout(seconds):
-            async for chunk in chunks:
-                read += len(chunk)
-                if read > limit:
-                    return
-
-
-def _events_of(st: _Request, data: Any, decoder: _TolerantSSEDecoder) -> list[Event]:
-    """The events one item of ``_body_data`` gives: an anomaly as is, a whole body's answer, or a chunk's."""
-    if isinstance(data, Anomaly):
-        events: list[Event] = [data]
-    elif isinstance(data, _WholeBody):
-        a = st.anomaly("json_body", "a whole chat.completion body, not an event stream")
-        events = ([a] if a else []) + _body_events(st, data.data)
-    else:
-        events = _stream_chunk(st, data)
-    if decoder.replaced_lines > st.utf8_seen:
-        st.utf8_seen = decoder.replaced_lines
-        a = st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced", data)
-        events += [a] if a else []
-    return events
-
-
-def _stream_ending(st: _Request) -> list[Event]:
-    """The events after a stream's last chunk: how it ended (anomalies), the usage, the finish. Raises
-    ``StreamCut`` for a stream that ended early and ``EmptyAnswer`` for one with nothing in it."""
-    if st.finish is None and not st.done:
-        # Neither a finish reason nor [DONE]: the response ended early (a proxy, a crash).
-        raise StreamCut(f"after {st.chunks} chunks, {st.text_chars} characters")
-    if not st.shown and st.finish is None:
-        raise EmptyAnswer()
-    events: list[Event] = []
-    if st.finish is None:
-        a = st.anomaly("no_finish_reason", "stream ended without finish_reason")
-        events += [a] if a else []
-    elif not st.done:
-        a = st.anomaly("no_done", "stream ended after its finish_reason without data: [DONE]")
-        events += [a] if a else []
-    if st.usage is not None:
-        events.append(st.usage)
-    events.append(Finish(st.finish, st.model, tuple(st.tools)))
-    return events
+    def _make_sse_decoder(self) -> TolerantSSEDecoder:
+        return TolerantSSEDecoder()
 
 
 class _Deadlines:
@@ -907,10 +309,10 @@ class ChatClient:
         return f"failed: {mapped.code} ({type(exc).__name__}: {short(exc)})", mapped
 
     @contextlib.contextmanager
-    def _request(self, model: str, request_id: str | None) -> Iterator[_Request]:
+    def _request(self, model: str, request_id: str | None) -> Iterator[RequestState]:
         """One request's bookkeeping: its state, how it ended (ours raised as is, the rest mapped to
         ours), and its one log line, whichever way it ended."""
-        st = _Request(request_id or new_request_id(), model)
+        st = RequestState(request_id or new_request_id(), model)
         t0 = time.monotonic()
         outcome = "failed"
         try:
@@ -946,21 +348,21 @@ class ChatClient:
         with self._request(model, request_id) as st:
             try:
                 response = await self._open_stream(st, body, len(messages), clock)
-                decoder = _TolerantSSEDecoder()
-                source = _body_data(st, response, decoder, f"{self.base_url}/chat/completions")
+                decoder = TolerantSSEDecoder()
+                source = body_data(st, response, decoder, f"{self.base_url}/chat/completions")
                 try:
                     for _ in range(10**9):  # bounded by total_timeout in practice
                         try:
                             data = await clock.bounded(source.__anext__(), st.shown)
                         except StopAsyncIteration:
                             break
-                        for ev in _events_of(st, data, decoder):
+                        for ev in events_of(st, data, decoder):
                             yield ev
                 finally:
                     await source.aclose()
                 for ev in st.count(st.splitter.flush()):
                     yield ev
-                for ev in _stream_ending(st):
+                for ev in stream_ending(st):
                     yield ev
             finally:
                 if response is not None:
@@ -970,7 +372,7 @@ class ChatClient:
                         logger.debug("[%s] closing the response failed: %r", st.rid, exc)
 
     async def _open_stream(
-        self, st: _Request, body: dict[str, Any], n_messages: int, clock: _Deadlines
+        self, st: RequestState, body: dict[str, Any], n_messages: int, clock: _Deadlines
     ) -> httpx2.Response:
         """POST a streamed request, under the first-token deadline."""
         logger.debug(
@@ -981,7 +383,7 @@ class ChatClient:
             n_messages,
         )
         # The raw response (the SDK still does the request, its retries and status errors): its
-        # body is read by _body_data for what it is, not taken to be an event stream.
+        # body is read by body_data for what it is, not taken to be an event stream.
         response: httpx2.Response = await clock.bounded(
             self._api.post(
                 "/chat/completions",
@@ -1037,16 +439,16 @@ class ChatClient:
                     st.anomaly("invalid_utf8", "response bytes were not valid UTF-8; replaced")
                     or Anomaly("invalid_utf8")
                 )
-            logger.debug("[%s] body: %s", st.rid, _raw(text))
+            logger.debug("[%s] body: %s", st.rid, raw_text(text))
             where = f"{self.base_url}/chat/completions"
             if looks_like_html(raw, response.headers.get("content-type", "")):
                 raise WebPageResponse(public_url(where), response.status_code, page_title(raw))
             if text.lstrip("\ufeff \t\r\n")[:1] not in ("{", "["):
-                raise _Malformed(f"{public_url(where)} answered with something that is not JSON: {short(text, 200)!r}")
+                raise Malformed(f"{public_url(where)} answered with something that is not JSON: {short(text, 200)!r}")
             return self._answer(st, json.loads(text), notes)
 
-    def _answer(self, st: _Request, data: Any, notes: list[Anomaly]) -> Answer:
-        events = _body_events(st, data)
+    def _answer(self, st: RequestState, data: Any, notes: list[Anomaly]) -> Answer:
+        events = body_events(st, data)
         usage, finish = st.usage, st.finish
         if not st.shown and finish is None:
             raise EmptyAnswer()
@@ -1065,7 +467,7 @@ class ChatClient:
             request_id=st.rid,
         )
 
-    def _log_end(self, st: _Request, outcome: str, seconds: float) -> None:
+    def _log_end(self, st: RequestState, outcome: str, seconds: float) -> None:
         first = f"{st.first_token_at - st.started:.2f}s" if st.first_token_at else "-"
         logger.info(
             "[%s] %s: model=%s finish=%s text=%d reasoning=%d chars, first token %s, %.2fs%s",
@@ -1079,4 +481,4 @@ class ChatClient:
             seconds,
             f", anomalies={sorted(st.kinds)}" if st.kinds else "",
         )
-        _maybe_log_summary()
+        maybe_log_summary()

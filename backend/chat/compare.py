@@ -23,14 +23,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.storage.history import META_KEY
+from backend.storage.votes import Vote, Winner
+
 from ..text import t
 from .conversation import Conversation
-from .history import META_KEY
 from .service import Service
 from .session import ChatSession
 from .turn import Outcome, Renderer
 from .turn import answer as answer_turn
-from .votes import Vote, Winner
 
 LABELS = ("A", "B")
 MAX_PAIRS = 50  # compared turns a chat keeps in memory for votes and picks (older buttons are refused)

@@ -16,8 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from ..text import t
-from .client import sanitize_text
 from .conversation import Conversation
+from .documents import describe, fenced
+from .sanitize import sanitize_text
 from .template import strip_reasoning
 
 
@@ -67,6 +68,8 @@ def conversation_markdown(
     for turn in conv.turns:
         if turn.role == "user":
             parts += [f"## {t('export.you', lang)}", turn.content]
+            for doc in turn.documents:  # as the model read them (a cut one: the part sent)
+                parts += [f"### 📎 {describe(doc, lang)}", fenced(doc.text)]
             in_pair = turn.id in pairs
             if in_pair:
                 parts += _compared(pairs[turn.id], lang)

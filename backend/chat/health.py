@@ -17,7 +17,8 @@ poll while probes fail or right after /health or /v1/models failed.
 
 States (``EngineState``):
 
-    STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting;
+    STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting
+              (even with /health answering: ready only once the launcher's status says running);
               or the launcher still preparing (installing the engine, converting the model: ``phase``, no HTTP);
               or a fleet's router that answers /health while a probe through it fails with a 5xx (not routable)
     READY     health 200 (or no /health route), models listed, probe answered within probe_slow
@@ -35,7 +36,8 @@ router's /health (no per-message calls); the probe still goes through the router
 holds each replica's view (number, ``host:port``, ready, why not), a replica going down or coming back is
 logged once. The launcher's own replicas (``local_replicas``, the first ones) also have supervisor status files
 next to the main one: read with each poll, they give a down replica its supervisor's words ("restarting —
-attempt 1 of 5", and why) and each local replica its restart ``attempt`` and ``cause`` (metrics count them).
+attempt 1 of 5", and why) and each local replica its restart ``attempt`` and ``cause`` (metrics count them); a local
+replica whose supervisor still says starting/restarting is not ready, whatever its /health says (as the router).
 
 The model list in a fleet is what EVERY ready replica whose list was read serves (by id; lineage from the
 replicas' own ``parent`` fields and [lora] parents; the smallest ``max_model_len`` any states), not the
@@ -71,310 +73,58 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
-import inspect
-import json
 import logging
-import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from .. import hub
-from ..contract import (
-    PHASE_CONVERT_MODEL,
-    PHASE_DOWNLOAD_MODEL,
-    PHASE_INSTALL_ENGINE,
-    EngineStatus,
-    SupervisorState,
-    replica_status_file_name,
-)
-from ..engine_http import Route, auth_headers, error_message, public_url, replica_address, status_error
+from ..contract import EngineStatus
+from ..engine_http import auth_headers
 from ..probe import probe_body
 from ..settings import HealthSettings  # re-exported: the [health] section
-from ..text import Text, t
+from ..text import Text
+from .health_classify import SUP_STARTING, Life, Poll, Verdict, classify, fleet_view, probe_answered
+from .health_fleet import Fleet, Partial
+from .health_http import Http, root_of, send
+from .health_status import (
+    METRICS_RETRY_S,
+    EngineLoad,
+    EngineState,
+    HealthStatus,
+    ModelEntry,
+    ReplicaHealth,
+    base_of,
+    fleet_models,
+    next_status,
+    parse_load,
+    parse_models,
+)
+from .health_subscriptions import Subscribers, Subscription, wait_for_state
+
+__all__ = [
+    "METRICS_RETRY_S",
+    "EngineLoad",
+    "EngineState",
+    "HealthPoller",
+    "HealthSettings",
+    "HealthStatus",
+    "ModelEntry",
+    "ReplicaHealth",
+    "Subscription",
+    "get_poller",
+    "parse_load",
+    "reset_shared",
+]
 
 logger = logging.getLogger(__name__)
 
 
-class EngineState(enum.StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    DEGRADED = "degraded"
-    DOWN = "down"
-
-
-@dataclass(frozen=True)
-class ModelEntry:
-    """One entry of /v1/models: the base model (``parent`` None) or a LoRA adapter.
-
-    ``lineage_unknown``: the server hides lineage (no ``parent`` field at all: LiteLLM, a router), [lora] parents
-    does not name this model, and it is not the one base model we can tell: base or adapter, nobody says.
-    """
-
-    id: str
-    parent: str | None = None
-    root: str | None = None
-    max_model_len: int | None = None
-    lineage_unknown: bool = False
-
-    @property
-    def is_adapter(self) -> bool:
-        return self.parent is not None
-
-    @property
-    def is_base(self) -> bool:
-        return self.parent is None and not self.lineage_unknown
-
-
-@dataclass(frozen=True)
-class ReplicaHealth:
-    """One fleet replica as this process sees it (``GET /health`` on the replica itself)."""
-
-    number: int  # 1-based, in [fleet] order (local replicas first)
-    address: str  # host:port: no scheme, credentials or path (it is shown in the browser)
-    ready: bool = False
-    detail: Text | None = (
-        None  # why not ready ("connection refused", "HTTP 503", "no answer within 5 s"); None when ready
-    )
-    # a replica this launcher supervises (its status file): restarts in the supervisor's window, and the last cause
-    attempt: int | None = None
-    cause: str = ""
-
-    def detail_in(self, lang: str | None) -> str:
-        return self.detail.in_(lang) if self.detail else ""
-
-    def to_json(self, lang: str | None = "en") -> dict[str, Any]:
-        return {
-            "replica": self.number,
-            "address": self.address,
-            "ready": self.ready,
-            "detail": self.detail_in(lang),
-            "attempt": self.attempt,
-            "cause": self.cause or None,
-        }
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    """vLLM's own gauges (``GET /metrics``): requests generating and requests queued, over every replica."""
-
-    running: int
-    waiting: int
-
-    @property
-    def busy(self) -> bool:
-        return self.waiting > 0
-
-
-#: seconds before a server whose /metrics answered 404 is asked again (a server may become a vLLM behind one URL)
-METRICS_RETRY_S = 60.0
-_GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$", re.MULTILINE)
-
-
-def parse_load(text: str) -> EngineLoad | None:
-    """``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` from vLLM's Prometheus text, summed over
-    their label sets (one per served model name); None when neither gauge is there (not a vLLM, an old one)."""
-    found = {"running": 0.0, "waiting": 0.0}
-    seen = False
-    for name, value in _GAUGE.findall(text):
-        with contextlib.suppress(ValueError):
-            number = float(value)
-            if number == number:  # NaN: skipped
-                found[name] += number
-                seen = True
-    return EngineLoad(round(found["running"]), round(found["waiting"])) if seen else None
-
-
-@dataclass(frozen=True)
-class HealthStatus:
-    """An immutable snapshot of what the poller knows. ``models`` is the last known list (kept, with
-    ``models_stale``, while the engine is down); ``version`` changes only when that list changes."""
-
-    state: EngineState = EngineState.STARTING
-    reason: Text | None = None  # why (made in the viewer's language by ``text``)
-    since: float = 0.0  # epoch: entered this state (or reason)
-    starting_elapsed: float = 0.0  # seconds this engine life has been starting; 0 unless STARTING
-    models: tuple[ModelEntry, ...] = ()
-    models_stale: bool = False
-    base_model: str | None = None
-    max_model_len: int | None = None
-    version: int = 0
-    last_probe_latency: float | None = None
-    checked_at: float = 0.0  # epoch of the last poll
-    # from the supervisor's status file, when there is one
-    cause: str | None = None
-    attempt: int | None = None
-    max_attempts: int | None = None
-    log_path: str | None = None
-    phase: str | None = None  # the launcher's preparation step while STARTING (contract.PHASE_*), else None
-    replicas: tuple[ReplicaHealth, ...] = ()  # a fleet's replicas as last polled; () without a fleet
-    # a fleet: models some ready replicas serve but not all, each with the numbers of the ready replicas lacking
-    # it (not in ``models``: not offered until every ready replica serves it); () without a fleet
-    partial_models: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    # vLLM's own load (its /metrics, every replica's summed), read at each poll while it answers; None: unknown
-    load: EngineLoad | None = None
-
-    def load_text(self, lang: str | None = "en") -> str:
-        """The status line's "busy · 8 running, 3 waiting" while requests queue in the engine; else ""."""
-        if self.load is None or not self.load.busy or not self.answering:
-            return ""
-        return t("status.load", lang, running=self.load.running, waiting=self.load.waiting)
-
-    @property
-    def replicas_total(self) -> int:
-        return len(self.replicas)
-
-    @property
-    def replicas_ready(self) -> int:
-        return sum(1 for r in self.replicas if r.ready)
-
-    def replicas_text(self, lang: str | None = "en") -> str:
-        """ "2 of 3 replicas ready" (``""`` without a fleet)."""
-        if not self.replicas:
-            return ""
-        return t("health.replicas_count", lang, ready=self.replicas_ready, total=self.replicas_total)
-
-    def lacking(self, model: str) -> tuple[int, ...]:
-        """The numbers of the ready replicas that do not serve ``model`` while others do; () if none (or no fleet)."""
-        return next((numbers for name, numbers in self.partial_models if name == model), ())
-
-    def replicas_named(self, numbers: Sequence[int], lang: str | None = "en") -> str:
-        """ "replica 2 (gpu-b:8000), replica 3 (gpu-c:8000)": no scheme, path or credentials."""
-        addresses = {r.number: r.address for r in self.replicas}
-        return t("health.list_sep", lang).join(
-            t("health.replica_named", lang, number=n, address=addresses.get(n, "?")) for n in numbers
-        )
-
-    def partial_text(self, lang: str | None = "en") -> str:
-        """The status line's note on models not served by every ready replica (``""`` when there are none)."""
-        return t("health.item_sep", lang).join(
-            t("health.partial_model", lang, model=name, replicas=self.replicas_named(numbers, lang))
-            for name, numbers in self.partial_models
-        )
-
-    @property
-    def ready(self) -> bool:
-        return self.state is EngineState.READY
-
-    @property
-    def answering(self) -> bool:
-        """The engine takes requests (possibly slowly): worth sending a message."""
-        return self.state in (EngineState.READY, EngineState.DEGRADED)
-
-    @property
-    def adapters(self) -> tuple[ModelEntry, ...]:
-        return tuple(m for m in self.models if m.is_adapter)
-
-    def text(self, lang: str | None = "en") -> str:
-        """The reason in the best language for ``lang`` ("" when there is none)."""
-        return self.reason.in_(lang) if self.reason else ""
-
-
-# ---------------------------------------------------------------- one poll's observations
-
-
-@dataclass
-class _Http:
-    ok: bool = False  # a response arrived
-    status: int = 0
-    body: Any = None
-    error: str = ""  # "refused", "timeout", or an exception text
-    latency: float = 0.0
-
-
-def _parse_models(
-    body: Any, parents: Mapping[str, str] | None = None, base_name: str = ""
-) -> tuple[ModelEntry, ...] | None:
-    """The model list, with lineage from [lora] parents (``parents``) where the server gives none."""
-    data = body.get("data") if isinstance(body, dict) else None
-    if not isinstance(data, list):
-        return None
-    shown = any(isinstance(item, dict) and "parent" in item for item in data)  # vLLM: "parent": null on the base
-    out = []
-    for item in data:
-        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
-            continue
-        mml = item.get("max_model_len")
-        out.append(
-            ModelEntry(
-                id=item["id"],
-                parent=item.get("parent") if isinstance(item.get("parent"), str) else None,
-                root=item.get("root") if isinstance(item.get("root"), str) else None,
-                max_model_len=mml if isinstance(mml, int) and not isinstance(mml, bool) else None,
-            )
-        )
-    return _with_lineage(tuple(out), shown, parents or {}, base_name)
-
-
-def _with_lineage(
-    models: tuple[ModelEntry, ...], shown: bool, parents: Mapping[str, str], base_name: str
-) -> tuple[ModelEntry, ...]:
-    """[lora] parents where the list gives no parent; then, if the server shows no lineage at all and several
-    models are left without a parent, only those known to be bases (a declared parent, or [model]'s name) stay
-    bases: the others are ``lineage_unknown`` (the picker labels them neutrally, never "base model")."""
-    models = tuple(
-        dataclasses.replace(m, parent=parents[m.id])
-        if m.parent is None and parents.get(m.id) not in (None, m.id)
-        else m
-        for m in models
-    )
-    rest = [m for m in models if m.parent is None]
-    if shown or len(rest) <= 1:
-        return models
-    named = set(parents.values()) | ({base_name} if base_name else set())
-    return tuple(
-        dataclasses.replace(m, lineage_unknown=True) if m.parent is None and m.id not in named else m for m in models
-    )
-
-
-def _base_of(models: tuple[ModelEntry, ...]) -> ModelEntry | None:
-    """The base model: the first known one, else (lineage hidden and undeclared) the first that is no adapter,
-    for the probe and as the chat's default model."""
-    return next((m for m in models if m.is_base), None) or next((m for m in models if m.parent is None), None)
-
-
-def _fleet_models(
-    lists: Mapping[int, tuple[ModelEntry, ...]],
-) -> tuple[tuple[ModelEntry, ...], tuple[tuple[str, tuple[int, ...]], ...]]:
-    """(the models every listed replica serves, in the first replica's order, each with the smallest
-    ``max_model_len`` any of them states; each model only some serve, with the numbers of those lacking it)."""
-    numbers = sorted(lists)
-    ids = {n: {m.id for m in lists[n]} for n in numbers}
-    common = set.intersection(*ids.values())
-
-    def smallest_len(model: ModelEntry) -> ModelEntry:
-        lens = [e.max_model_len for n in numbers for e in lists[n] if e.id == model.id and e.max_model_len is not None]
-        return dataclasses.replace(model, max_model_len=min(lens)) if lens else model
-
-    models = tuple(smallest_len(m) for m in lists[numbers[0]] if m.id in common)
-    seen: dict[str, None] = {}  # every listed id, in replica order
-    for n in numbers:
-        seen.update((m.id, None) for m in lists[n])
-    partial = tuple((name, tuple(n for n in numbers if name not in ids[n])) for name in seen if name not in common)
-    return models, partial
-
-
-def _root(base_url: str) -> str:
-    """An engine's root URL from its OpenAI base URL (``…/v1`` or not)."""
-    url = base_url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def _error_detail(resp: _Http) -> str:
-    msg = " ".join(error_message(resp.body).split())[:160]
-    return f"HTTP {resp.status}" + (f": {msg}" if msg else "")
-
-
-# ---------------------------------------------------------------- the poller
-
-
 class HealthPoller:
-    """Polls one engine; see the module docstring. Create with ``get_poller`` (one per process)."""
+    """Polls one engine; see the module docstring. Create with ``get_poller`` (one per process). It schedules the
+    reads and keeps this engine life's bookkeeping; what the reads mean is ``health_classify.classify``'s."""
 
     def __init__(
         self,
@@ -388,41 +138,29 @@ class HealthPoller:
         base_name: str = "",
         local_replicas: int = 0,
     ) -> None:
-        self.root_url = _root(base_url)
-        # lineage where the server hides it: [lora] parents, and [model]'s name as the base (see _with_lineage)
+        self.root_url = root_of(base_url)
+        # lineage where the server hides it: [lora] parents, and [model]'s name as the base (see with_lineage)
         self.parents = dict(parents or {})
         self.base_name = base_name
         self.api_url = self.root_url + "/v1"
         self.api_key = api_key
         self.settings = settings or HealthSettings()
         self.status_file = Path(status_file) if status_file else None
-        # a fleet: (number, host:port, root URL) of each replica, polled directly besides the router; a
-        # user:password in a replica's URL is left out (every replica takes the engine key as a bearer token)
-        self.replica_roots = tuple((i + 1, replica_address(u), _root(public_url(u))) for i, u in enumerate(replicas))
-        # the first ``local_replicas`` are this launcher's: each has a supervisor status file next to the main one
-        folder = self.status_file.parent if self.status_file else None
-        self.replica_status_files: dict[int, Path] = (
-            {i + 1: folder / replica_status_file_name(i) for i in range(min(local_replicas, len(replicas)))}
-            if folder
-            else {}
-        )
+        self.fleet = Fleet(replicas, self.status_file, local_replicas)
         self._fresh_answer = False  # a probe through the router answered in the poll under way
-        self._replica_view = tuple(ReplicaHealth(n, addr) for n, addr, _ in self.replica_roots)  # published by _set
-
-        now = time.time()
         self._status = HealthStatus(
             state=EngineState.STARTING,
             reason=Text("health.waiting"),
-            since=now,
+            since=time.time(),
             checked_at=0.0,
-            replicas=self._replica_view,
+            replicas=self.fleet.view,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._waiters: list[tuple[int, asyncio.Future[HealthStatus]]] = []  # (resolve after poll number, future)
-        self._subscribers: set[asyncio.Queue[HealthStatus | None]] = set()
+        self.subscribers = Subscribers()
         self._force_probe = False
         self._stopped = False
         # this engine life
@@ -431,7 +169,7 @@ class HealthPoller:
         self._last_probe_at: float | None = None  # monotonic
         # the outcome of the last probe that answered (READY or slow DEGRADED), replayed between
         # probes; None while probes fail or after /health or /v1/models failed: probe on every poll
-        self._answered: tuple[EngineState, Text] | None = None
+        self._answered: Verdict | None = None
         self._health_404_logged = False
         # roots whose /metrics answered 404 (a server that is no vLLM): not asked again before this (monotonic)
         self._no_metrics_until: dict[str, float] = {}
@@ -455,7 +193,7 @@ class HealthPoller:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 # no keep-alive: a pooled connection to an engine that restarted would read as "refused"
-                connector=aiohttp.TCPConnector(limit=4 + len(self.replica_roots), force_close=True),
+                connector=aiohttp.TCPConnector(limit=4 + len(self.fleet.roots), force_close=True),
                 headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else None,
             )
         self._task = asyncio.create_task(self._run(), name="qwenchat-health-poller")
@@ -472,9 +210,7 @@ class HealthPoller:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        for q in list(self._subscribers):
-            _put_latest(q, None)
-        self._subscribers.clear()
+        self.subscribers.close()
         for _, fut in self._waiters:
             if not fut.done():
                 fut.set_result(self.status)
@@ -527,47 +263,16 @@ class HealthPoller:
         Time while the launcher is still preparing (installing the engine, converting the model: ``phase``)
         does not count against ``timeout``, which is about the model loading: a first start's install takes
         minutes and ends in READY or, on failure, DOWN."""
-        started = time.monotonic()
-        preparing = 0.0  # seconds spent in a preparation phase, not counted
-        done_states = {EngineState.READY, EngineState.DOWN} | ({EngineState.DEGRADED} if accept_degraded else set())
-        sub = self.subscribe()
-        try:
-            status = await sub.__anext__()  # the current status, queued by subscribe()
-            mark = time.monotonic()
-            while True:
-                now = time.monotonic()
-                if status.phase:
-                    preparing += now - mark
-                mark = now
-                elapsed = now - started
-                if on_progress is not None:
-                    result = on_progress(elapsed, status)
-                    if inspect.isawaitable(result):
-                        await result
-                counted = elapsed - preparing
-                if status.state in done_states or counted >= timeout or self._stopped:
-                    return status
-                wait = min(progress_every, max(0.0, timeout - counted))
-                try:
-                    nxt = await asyncio.wait_for(sub.__anext__(), wait)
-                    status = nxt
-                except TimeoutError:
-                    status = self.status
-                except StopAsyncIteration:
-                    return self.status
-        finally:
-            await sub.aclose()
+        done = {EngineState.READY, EngineState.DOWN} | ({EngineState.DEGRADED} if accept_degraded else set())
+        async with self.subscribe() as sub:
+            return await wait_for_state(
+                sub, lambda: self.status, lambda: self._stopped, done, timeout, on_progress, progress_every
+            )
 
     def subscribe(self) -> Subscription:
         """An async iterator of statuses: the current one first, then each change. Ends at stop().
         Slow readers only miss intermediate statuses, never the latest."""
-        q: asyncio.Queue[HealthStatus | None] = asyncio.Queue(maxsize=8)
-        q.put_nowait(self.status)
-        if self._stopped:
-            q.put_nowait(None)
-        else:
-            self._subscribers.add(q)
-        return Subscription(self, q)
+        return self.subscribers.subscribe(self.status)
 
     # ------------------------------------------------------------ the loop
 
@@ -593,57 +298,108 @@ class HealthPoller:
                 pass
             self._wake.clear()
 
-    async def _get(self, url: str, timeout: float) -> _Http:
+    async def _get(self, url: str, timeout: float) -> Http:
         return await self._request("GET", url, timeout)
 
-    async def _request(self, method: str, url: str, timeout: float, payload: Any = None) -> _Http:
+    async def _request(self, method: str, url: str, timeout: float, payload: Any = None) -> Http:
         if self._session is None:  # refresh() before start(): a private one-shot session
             async with aiohttp.ClientSession(headers=auth_headers(self.api_key)) as session:
-                return await self._send(session, method, url, timeout, payload)
-        return await self._send(self._session, method, url, timeout, payload)
-
-    @staticmethod
-    async def _send(session: aiohttp.ClientSession, method: str, url: str, timeout: float, payload: Any) -> _Http:
-        started = time.monotonic()
-        try:
-            async with session.request(method, url, json=payload, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                raw = await resp.read()
-                try:
-                    body: Any = json.loads(raw) if raw else None
-                except ValueError:
-                    body = raw.decode("utf-8", "replace")
-                return _Http(ok=True, status=resp.status, body=body, latency=time.monotonic() - started)
-        except TimeoutError:
-            return _Http(error="timeout", latency=time.monotonic() - started)
-        except aiohttp.ClientConnectorError:
-            return _Http(error="refused", latency=time.monotonic() - started)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-            # a pooled keep-alive connection to a server that has gone away
-            return _Http(error="refused", latency=time.monotonic() - started)
-        except aiohttp.ClientError as exc:
-            return _Http(error=f"{type(exc).__name__}: {exc}", latency=time.monotonic() - started)
+                return await send(session, method, url, timeout, payload)
+        return await send(self._session, method, url, timeout, payload)
 
     async def _poll_once(self) -> None:
-        """One poll: the supervisor's file, then /health, /v1/models and the probe; a stage that cannot go on
-        sets the state it found (``_set``) and ends the poll."""
-        # Any early return below (health or models failing) leaves this None, so the next poll
-        # that gets through probes again before it may report READY.
+        """One poll: the supervisor's file, then /health, /v1/models and the probe, each read only while the ones
+        before it decide nothing (``classify``)."""
+        # Any early return below leaves this None, so the next poll that gets through probes again before it may
+        # report READY.
         answered, self._answered = self._answered, None
-        sup = await self._read_supervisor()
-        if sup is not None and sup.state in _SUP_DOWN:
-            self._set(EngineState.DOWN, _supervisor_down_text(sup), sup=sup, models_ok=False)
+        self._fresh_answer = False
+        poll = Poll(sup=await self._read_supervisor())
+        if self._decided(poll):
             return
-        if sup is not None and sup.state is SupervisorState.PREPARING:
-            # no engine process yet: nothing to ask over HTTP, and no start-up limit while the launcher prepares
-            self._set(EngineState.STARTING, _supervisor_starting_text(sup), sup=sup, models_ok=False)
+        health, replica_lists = await self._read_health()
+        poll = dataclasses.replace(poll, health=health)
+        if self._decided(poll):
             return
-        replica_lists = await self._check_health(sup)
-        if replica_lists is None:
+        models_resp, models, partial = await self._read_models(replica_lists)
+        poll = dataclasses.replace(poll, models=models_resp, base=base_of(models or ()))
+        if self._decided(poll):
             return
-        base = await self._check_models(sup, replica_lists)
-        if base is not None:
-            await self._check_probe(base, answered, sup)
-            await self._note_load()
+        self._update_models(models or (), partial)
+        assert poll.base is not None
+        await self._probe(poll, answered)
+        await self._note_load()
+
+    def _life(self) -> Life:
+        over = time.monotonic() - self._life_started >= self.settings.startup_limit
+        fleet, ready = bool(self.fleet), self.fleet.any_ready
+        return Life(self._ever_ready, over, fleet, ready, self.root_url)
+
+    def _decided(self, poll: Poll) -> bool:
+        """Set the state the poll so far decides, if it decides one."""
+        verdict = classify(poll, self._life(), self.settings)
+        if verdict is not None:
+            self._set(verdict, poll.sup)
+        return verdict is not None
+
+    async def _read_health(self) -> tuple[Http, dict[int, tuple[ModelEntry, ...]]]:
+        """``GET /health``, and a fleet's replicas at the same time (one poll's time): the answer, and the model
+        list of each ready replica whose list could be read."""
+        timeout = self.settings.request_timeout
+        lists: dict[int, tuple[ModelEntry, ...]] = {}
+        if self.fleet:
+            health, (replicas, lists) = await asyncio.gather(
+                self._get(self.root_url + "/health", timeout),
+                self.fleet.poll(self._get, timeout, self.parents, self.base_name),
+            )
+            self.fleet.note(replicas)
+        else:
+            health = await self._get(self.root_url + "/health", timeout)
+        if health.ok and health.status == 404 and not self._health_404_logged:
+            self._health_404_logged = True
+            logger.info("%s/health is not served (404); readiness from /v1/models and the probe only", self.root_url)
+        return health, lists
+
+    async def _read_models(
+        self, replica_lists: dict[int, tuple[ModelEntry, ...]]
+    ) -> tuple[Http, tuple[ModelEntry, ...] | None, Partial]:
+        """The model list: a fleet's is what every ready replica serves (the router's is one replica's); with no
+        fleet, or no replica's list read from here, the router's ``/v1/models``."""
+        if replica_lists:
+            models, partial = fleet_models(replica_lists)
+            return Http(ok=True, status=200), models, partial
+        resp = await self._get(self.api_url + "/models", self.settings.request_timeout)
+        ok = resp.ok and resp.status == 200
+        return resp, parse_models(resp.body, self.parents, self.base_name) if ok else None, ()
+
+    async def _probe(self, poll: Poll, answered: Verdict | None) -> None:
+        """A one-token generation on the base model when one is due; else the last answer's state again."""
+        s = self.settings
+        last = self._last_probe_at
+        due = self._force_probe or answered is None or last is None or time.monotonic() - last >= s.probe_every
+        if not due:
+            assert answered is not None
+            self._answered = answered
+            self._set(answered, poll.sup)
+            return
+        self._force_probe = False
+        assert poll.base is not None
+        # the same request as the supervisor's hang watchdog
+        probe = await self._request(
+            "POST", self.api_url + "/chat/completions", s.probe_timeout, probe_body(poll.base.id)
+        )
+        self._last_probe_at = time.monotonic()
+        verdict = classify(dataclasses.replace(poll, probe=probe), self._life(), s)
+        assert verdict is not None
+        if probe_answered(probe):
+            self._ever_ready = True  # it answered: a later refusal is a crash (DOWN), not "starting"
+            self._fresh_answer = True
+            self._answered = verdict
+            self._set(verdict, poll.sup, latency=probe.latency)
+            return
+        if verdict.state is EngineState.STARTING and probe.ok and self._status.state is not EngineState.STARTING:
+            self._life_started = time.monotonic()  # a router not routing: "starting 12 s" counts from here
+        self._set(verdict, poll.sup)
 
     async def _note_load(self) -> None:
         """vLLM's ``/metrics`` (each replica's in a fleet, summed; the engine key as for every request): how many
@@ -651,7 +407,7 @@ class HealthPoller:
         whose /metrics is 404 (an external server that is no vLLM) is asked again only ``METRICS_RETRY_S`` later, or
         after an engine (re)start, not at every poll."""
         now = time.monotonic()
-        roots = [root for _, _, root in self.replica_roots] or [self.root_url]
+        roots = [root for _, _, root in self.fleet.roots] or [self.root_url]
         roots = [root for root in roots if self._no_metrics_until.get(root, 0.0) <= now]
         answers = await asyncio.gather(*(self._get(root + "/metrics", self.settings.request_timeout) for root in roots))
         for root, answer in zip(roots, answers, strict=True):
@@ -663,9 +419,7 @@ class HealthPoller:
         if load == self._status.load:
             return
         self._status = dataclasses.replace(self._status, load=load)
-        snapshot = self.status
-        for q in list(self._subscribers):
-            _put_latest(q, snapshot)
+        self.subscribers.publish(self.status)
 
     async def _read_supervisor(self) -> EngineStatus | None:
         """The supervisor's status file (None without one); a (re)start or a new engine process begins a new life."""
@@ -676,238 +430,10 @@ class HealthPoller:
                 # a (re)start or a new engine process begins a new life: "ever ready" and the
                 # starting clock (from the supervisor's "since") start over
                 new_process = self._sup_key is not None and sup.pid != self._sup_key[1]
-                if sup.state in _SUP_STARTING or new_process or self._sup_key is None:
+                if sup.state in SUP_STARTING or new_process or self._sup_key is None:
                     self._new_life(sup.since)
                 self._sup_key = key
         return sup
-
-    async def _check_health(self, sup: EngineStatus | None) -> dict[int, tuple[ModelEntry, ...]] | None:
-        """``GET /health`` (and a fleet's replicas, at the same time): the replicas' model lists when it may go on
-        (``{}`` without a fleet), None when the state is set."""
-        s = self.settings
-        self._fresh_answer = False
-        replica_lists: dict[int, tuple[ModelEntry, ...]] = {}
-        if self.replica_roots:  # the replicas' /health and /v1/models at the same time as the router's: one poll's time
-            health, (replicas, replica_lists) = await asyncio.gather(
-                self._get(self.root_url + "/health", s.request_timeout), self._poll_replicas()
-            )
-            self._note_replicas(replicas)
-        else:
-            health = await self._get(self.root_url + "/health", s.request_timeout)
-        health_ok = health.ok and (health.status == 200 or health.status == 404)
-        if self.replica_roots and health.ok and health.status == 503 and any(r.ready for r in self._replica_view):
-            # vllm-router's /health is 503 as soon as one replica is unhealthy; it still routes to the others
-            health_ok = True
-        if health.ok and health.status == 404 and not self._health_404_logged:
-            self._health_404_logged = True
-            logger.info("%s/health is not served (404); readiness from /v1/models and the probe only", self.root_url)
-
-        if sup is not None and sup.state in _SUP_STARTING and not health_ok:
-            self._set(EngineState.STARTING, _supervisor_starting_text(sup), sup=sup, models_ok=False)
-        elif not health.ok:
-            self._health_unanswered(health, sup)
-        elif health.status in (401, 403):
-            self._set(EngineState.DOWN, _refused(health, Route.HEALTH), sup=sup, models_ok=False)
-        elif not health_ok and self._ever_ready:
-            self._set(EngineState.DOWN, Text("health.unhealthy", {"status": health.status}), sup=sup, models_ok=False)
-        elif not health_ok:
-            self._starting_or_timed_out(Text("health.loading"), sup)
-        else:
-            return replica_lists
-        return None
-
-    def _health_unanswered(self, health: _Http, sup: EngineStatus | None) -> None:
-        """/health got no answer: slow or gone after having been ready, else still starting."""
-        if self._ever_ready and health.error == "timeout":
-            reason = Text("health.health_slow", {"seconds": self.settings.request_timeout})
-            self._set(EngineState.DEGRADED, reason, sup=sup, models_ok=False)
-        elif self._ever_ready:
-            how = Text("health.replica_refused") if health.error == "refused" else Text.verbatim(health.error)
-            reason = Text("health.stopped_answering", {"how": how, "url": self.root_url})
-            self._set(EngineState.DOWN, reason, sup=sup, models_ok=False)
-        else:
-            self._starting_or_timed_out(Text("health.not_listening"), sup)
-
-    async def _check_models(
-        self, sup: EngineStatus | None, replica_lists: dict[int, tuple[ModelEntry, ...]]
-    ) -> ModelEntry | None:
-        """The model list (a fleet's: what every ready replica serves), kept; its base model, or None when the
-        state is set."""
-        partial: tuple[tuple[str, tuple[int, ...]], ...] = ()
-        if replica_lists:  # a fleet: what every ready replica serves (the router's list is one replica's)
-            models: tuple[ModelEntry, ...] | None
-            models, partial = _fleet_models(replica_lists)
-            models_resp = _Http(ok=True, status=200)
-        else:  # no fleet, or no replica's list could be read from here: the router's
-            models_resp = await self._get(self.api_url + "/models", self.settings.request_timeout)
-            models = (
-                _parse_models(models_resp.body, self.parents, self.base_name)
-                if models_resp.ok and models_resp.status == 200
-                else None
-            )
-        if models_resp.ok and models_resp.status in (401, 403):
-            self._set(EngineState.DOWN, _refused(models_resp, Route.MODELS), sup=sup, models_ok=False)
-            return None
-        base = _base_of(models or ())
-        if base is None and self._ever_ready:
-            detail = Text.verbatim(models_resp.error or _error_detail(models_resp))
-            if not models_resp.error and models_resp.status == 200:
-                detail = Text("health.no_base_model")
-            reason = Text("health.no_model_list", {"detail": detail})
-            self._set(EngineState.DEGRADED, reason, sup=sup, models_ok=False)
-        elif base is None:
-            self._starting_or_timed_out(Text("health.waiting_models"), sup)
-        else:
-            self._update_models(models or (), partial)
-        return base
-
-    async def _check_probe(
-        self, base: ModelEntry, answered: tuple[EngineState, Text] | None, sup: EngineStatus | None
-    ) -> None:
-        """A one-token generation on the base model when one is due; else the last answer's state again."""
-        s = self.settings
-        now = time.monotonic()
-        due = (
-            self._force_probe
-            or answered is None
-            or self._last_probe_at is None
-            or now - self._last_probe_at >= s.probe_every
-        )
-        if not due:
-            assert answered is not None
-            self._answered = answered
-            self._set(*answered, sup=sup, models_ok=True)
-            return
-        self._force_probe = False
-        probe = await self._request(
-            "POST",
-            self.api_url + "/chat/completions",
-            s.probe_timeout,
-            probe_body(base.id),  # the same request as the supervisor's hang watchdog
-        )
-        self._last_probe_at = time.monotonic()
-        if probe.ok and probe.status == 200 and isinstance(probe.body, dict) and probe.body.get("choices"):
-            self._ever_ready = True  # it answered: a later refusal is a crash (DOWN), not "starting"
-            self._fresh_answer = True
-            if probe.latency > s.probe_slow:
-                self._answered = (EngineState.DEGRADED, Text("health.slow", {"seconds": s.probe_slow}))
-            else:
-                self._answered = (EngineState.READY, Text("health.ready"))
-            self._set(*self._answered, sup=sup, models_ok=True, latency=probe.latency)
-        elif probe.error == "refused":
-            state = EngineState.DOWN if self._ever_ready else EngineState.STARTING
-            self._set(state, Text("health.probe_dropped"), sup=sup, models_ok=True)
-        elif probe.error == "timeout":
-            reason = Text("health.probe_timeout", {"seconds": s.probe_timeout})
-            self._set(EngineState.DEGRADED, reason, sup=sup, models_ok=True)
-        elif self.replica_roots and probe.status >= 500 and any(r.ready for r in self._replica_view):
-            # Ready means routable: a router that answers /health (e.g. just restarted, its workers not checked yet)
-            # but fails a request through it would fail the user's message too; wait for it like a start.
-            reason = Text("health.router_not_routing", {"detail": _error_detail(probe)})
-            if self._status.state is not EngineState.STARTING:  # "starting 12 s" counts from here, not the UI's start
-                self._life_started = time.monotonic()
-            self._set(EngineState.STARTING, reason, sup=sup, models_ok=True)
-        else:
-            reason = Text("health.probe_failed", {"detail": probe.error or _error_detail(probe)})
-            self._set(EngineState.DEGRADED, reason, sup=sup, models_ok=True)
-
-    # ------------------------------------------------------------ fleet replicas
-
-    async def _poll_replicas(self) -> tuple[tuple[ReplicaHealth, ...], dict[int, tuple[ModelEntry, ...]]]:
-        """Each replica's ``/health`` and ``/v1/models``, all at once: (each replica's view, the model list of each
-        ready replica whose list could be read, by number)."""
-        timeout = self.settings.request_timeout
-        n = len(self.replica_roots)
-        answers, sups = await asyncio.gather(
-            asyncio.gather(
-                *(self._get(root + "/health", timeout) for _, _, root in self.replica_roots),
-                *(self._get(root + "/v1/models", timeout) for _, _, root in self.replica_roots),
-            ),
-            asyncio.to_thread(self._read_replica_status),
-        )
-        out = []
-        lists: dict[int, tuple[ModelEntry, ...]] = {}
-        for (number, address, _), resp, listed in zip(self.replica_roots, answers[:n], answers[n:], strict=True):
-            sup = sups.get(number)
-            ready = resp.ok and resp.status == 200
-            text: Text | None
-            if sup is not None and not ready and sup.state in (*_SUP_STARTING, *_SUP_DOWN):
-                # the launcher's own replica: what its supervisor says (restarting, attempt 1 of 5, and why)
-                text = _supervisor_down_text(sup) if sup.state in _SUP_DOWN else _supervisor_starting_text(sup)
-            elif ready:
-                text = None
-                models = (
-                    _parse_models(listed.body, self.parents, self.base_name)
-                    if listed.ok and listed.status == 200
-                    else None
-                )
-                if models is not None:
-                    lists[number] = models
-            elif resp.ok:
-                text = Text.verbatim(_error_detail(resp))
-            elif resp.error == "refused":
-                text = Text("health.replica_refused")
-            elif resp.error == "timeout":
-                text = Text("health.replica_timeout", {"seconds": timeout})
-            else:  # an aiohttp error: its class only (its text may quote the URL)
-                text = Text.verbatim(resp.error.split(":", 1)[0])
-            attempt, cause = (sup.attempt, sup.cause) if sup is not None else (None, "")
-            out.append(ReplicaHealth(number, address, ready, text, attempt=attempt, cause=cause))
-        return tuple(out), lists
-
-    def _read_replica_status(self) -> dict[int, EngineStatus]:
-        """The supervisor status files of this launcher's replicas (by number; missing files left out)."""
-        found = {n: EngineStatus.read(path) for n, path in self.replica_status_files.items()}
-        return {n: sup for n, sup in found.items() if sup is not None}
-
-    def _note_replicas(self, replicas: tuple[ReplicaHealth, ...]) -> None:
-        """Keep the replicas' view (published with the state it leads to); log each replica that went down or came
-        back (once per change)."""
-        old = {r.number: r for r in self._replica_view}
-        roots = {n: root for n, _, root in self.replica_roots}
-        for r in replicas:
-            before = old.get(r.number)
-            if before is not None and (before.ready, before.detail) == (r.ready, r.detail):
-                continue
-            if r.ready:
-                logger.info("fleet replica %d (%s) is ready", r.number, public_url(roots[r.number]))
-            elif before is not None and (before.ready or before.detail):
-                logger.warning(
-                    "fleet replica %d (%s) is not ready: %s", r.number, public_url(roots[r.number]), r.detail
-                )
-            else:
-                logger.info(
-                    "fleet replica %d (%s) is not ready yet: %s", r.number, public_url(roots[r.number]), r.detail
-                )
-        self._replica_view = replicas
-
-    def _fleet_view(self, state: EngineState, reason: Text) -> tuple[EngineState, Text]:
-        """The router's answering state (READY/DEGRADED) seen through its replicas (module docstring)."""
-        reps = self._replica_view
-        ready = sum(1 for r in reps if r.ready)
-        if ready == len(reps):
-            return state, reason
-        which = Text.join(
-            "; ",
-            (
-                Text("health.replica_down", {"number": r.number, "address": r.address, "detail": r.detail or "?"})
-                for r in reps
-                if not r.ready
-            ),
-        )
-
-        if ready == 0:
-            self._force_probe = True  # each poll asks the router again: is anything still answering?
-            if self._fresh_answer:
-                key, new_state = "health.replicas_unreachable", EngineState.DEGRADED
-            else:
-                key, new_state = "health.replicas_none", EngineState.DOWN
-        else:
-            key, new_state = "health.replicas_some", EngineState.DEGRADED
-        said = Text(key, {"ready": ready, "total": len(reps), "which": which})
-        if state is EngineState.DEGRADED and new_state is EngineState.DEGRADED:  # e.g. slow as well: say both
-            said = Text.join(" · ", [said, reason])
-        return new_state, said
 
     # ------------------------------------------------------------ state bookkeeping
 
@@ -921,22 +447,13 @@ class HealthPoller:
         else:
             self._life_started = time.monotonic()
 
-    def _starting_or_timed_out(self, reason: Text, sup: EngineStatus | None) -> None:
-        limit = self.settings.startup_limit
-        if time.monotonic() - self._life_started >= limit:
-            self._set(EngineState.DOWN, Text("health.never_ready", {"seconds": limit}), sup=sup, models_ok=False)
-        else:
-            self._set(EngineState.STARTING, reason, sup=sup, models_ok=False)
-
-    def _update_models(
-        self, models: tuple[ModelEntry, ...], partial: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    ) -> None:
+    def _update_models(self, models: tuple[ModelEntry, ...], partial: Partial = ()) -> None:
         old = self._status
         if partial != old.partial_models:
-            self._note_partial(old.partial_models, partial, {m.id for m in models})
+            self.fleet.note_partial(old.partial_models, partial, {m.id for m in models})
             self._status = old = dataclasses.replace(old, partial_models=partial)
         if models != old.models:
-            base = _base_of(models)
+            base = base_of(models)
             self._status = dataclasses.replace(
                 old,
                 models=models,
@@ -946,167 +463,26 @@ class HealthPoller:
             )
             logger.info("engine models changed (version %d): %s", self._status.version, ", ".join(m.id for m in models))
 
-    def _note_partial(
-        self,
-        before: tuple[tuple[str, tuple[int, ...]], ...],
-        now: tuple[tuple[str, tuple[int, ...]], ...],
-        offered: set[str],
-    ) -> None:
-        """Log each model that became (or stopped being) served by some ready replicas only, once per change."""
-        addresses = {n: addr for n, addr, _ in self.replica_roots}
-        old = dict(before)
-        for name, numbers in now:
-            if old.get(name) != numbers:
-                where = ", ".join(f"replica {n} ({addresses.get(n, '?')})" for n in numbers)
-                logger.warning(
-                    "fleet: adapter %r is not served by %s; it is not offered until every ready replica serves it",
-                    name,
-                    where,
-                )
-        for name in old.keys() - dict(now).keys():
-            if name in offered:
-                logger.info("fleet: adapter %r is served by every ready replica again; it is offered", name)
-            else:
-                logger.info("fleet: adapter %r is no longer served by any ready replica", name)
-
-    def _set(
-        self,
-        state: EngineState,
-        reason: Text,
-        *,
-        sup: EngineStatus | None,
-        models_ok: bool,
-        latency: float | None = None,
-    ) -> None:
-        if self.replica_roots and state in (EngineState.READY, EngineState.DEGRADED):
-            state, reason = self._fleet_view(state, reason)
+    def _set(self, verdict: Verdict, sup: EngineStatus | None, latency: float | None = None) -> None:
+        """The new status (a fleet's through its replicas); logged when state or reason change, published when
+        anything a reader shows changes."""
+        state, reason = verdict.state, verdict.reason
+        if self.fleet and state in (EngineState.READY, EngineState.DEGRADED):
+            if not self.fleet.any_ready:
+                self._force_probe = True  # each poll asks the router again: is anything still answering?
+            state, reason = fleet_view(state, reason, self.fleet.view, self._fresh_answer)
         old = self._status
-        now = time.time()
-        changed = state is not old.state or reason != old.reason
-        new = dataclasses.replace(
-            old,
-            state=state,
-            reason=reason,
-            since=now if state is not old.state else old.since,
-            models_stale=bool(old.models) and not models_ok,
-            last_probe_latency=latency if latency is not None else old.last_probe_latency,
-            checked_at=now,
-            cause=(sup.cause or None) if sup else None,
-            attempt=sup.attempt if sup else None,
-            max_attempts=sup.max_attempts if sup else None,
-            log_path=(sup.log_path or None) if sup else None,
-            phase=(sup.phase or None) if sup and sup.state is SupervisorState.PREPARING else None,
-            replicas=self._replica_view,
-        )
-        self._status = new
-        key = (state, reason, new.version, new.models_stale, new.attempt, new.replicas, new.partial_models)
-        notify = key != self._published
-        self._published = key
-        if changed:
+        new = self._status = next_status(old, state, reason, verdict.models_ok, sup, latency, self.fleet.view)
+        if state is not old.state or reason != old.reason:
             level = logging.INFO if state in (EngineState.STARTING, EngineState.READY) else logging.WARNING
             if state is old.state:
                 logger.log(level, "engine %s: %s", state.value, reason)  # English
             else:
                 logger.log(level, "engine %s → %s: %s", old.state.value, state.value, reason)
-        if notify:
-            snapshot = self.status
-            for q in list(self._subscribers):
-                _put_latest(q, snapshot)
-
-
-def _put_latest(q: asyncio.Queue[HealthStatus | None], item: HealthStatus | None) -> None:
-    """Queue ``item``; when full, drop the oldest so the latest always gets through."""
-    while True:
-        try:
-            q.put_nowait(item)
-            return
-        except asyncio.QueueFull:
-            with contextlib.suppress(asyncio.QueueEmpty):
-                q.get_nowait()
-
-
-class Subscription:
-    """Async iterator of HealthStatus changes; ``aclose()`` (or leaving ``async with``) unsubscribes."""
-
-    def __init__(self, poller: HealthPoller, queue: asyncio.Queue[HealthStatus | None]) -> None:
-        self._poller = poller
-        self._queue = queue
-        self._closed = False
-
-    def __aiter__(self) -> AsyncIterator[HealthStatus]:
-        return self
-
-    async def __anext__(self) -> HealthStatus:
-        if self._closed:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is None:
-            self._closed = True
-            raise StopAsyncIteration
-        return item
-
-    async def aclose(self) -> None:
-        self._closed = True
-        self._poller._subscribers.discard(self._queue)
-
-    async def __aenter__(self) -> Subscription:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-
-# ---------------------------------------------------------------- texts from the supervisor's file
-
-_SUP_STARTING = (SupervisorState.PREPARING, SupervisorState.STARTING, SupervisorState.RESTARTING)
-_SUP_DOWN = (SupervisorState.DOWN, SupervisorState.STOPPED)
-
-
-def _supervisor_starting_text(sup: EngineStatus) -> Text:
-    if sup.state is SupervisorState.PREPARING:
-        if sup.phase == PHASE_INSTALL_ENGINE and sup.progress is not None:
-            return Text("health.installing_pct", {"percent": max(0, min(100, sup.progress))})
-        if sup.phase == PHASE_INSTALL_ENGINE:
-            return Text("health.installing")
-        if sup.phase == PHASE_CONVERT_MODEL:
-            return Text("health.converting")
-        if sup.phase == PHASE_DOWNLOAD_MODEL:
-            return _downloading_text(sup)
-        return Text("health.preparing")
-    if sup.state is SupervisorState.RESTARTING:
-        if sup.attempt and sup.max_attempts:
-            params = {"reason": _reason(sup), "attempt": sup.attempt, "attempts": sup.max_attempts}
-            return Text("health.restarting_attempt", params)
-        return Text("health.restarting", {"reason": _reason(sup)})
-    return Text("health.starting")
-
-
-def _downloading_text(sup: EngineStatus) -> Text:
-    """``downloading the model 34 % · 2.7 of 8.0 GB · 45 MB/s`` ([model] path's hub id, engine/download.py)."""
-    if sup.progress is None or not sup.bytes_total or sup.bytes_done is None:
-        return Text("health.downloading")
-    done, total = hub.bytes_of(sup.bytes_done, sup.bytes_total)
-    rate = hub.human_bytes(sup.bytes_rate or 0)
-    percent = max(0, min(100, sup.progress))
-    return Text("health.downloading_pct", {"percent": percent, "done": done, "total": total, "rate": rate})
-
-
-def _supervisor_down_text(sup: EngineStatus) -> Text:
-    if sup.state is SupervisorState.STOPPED:
-        return Text("health.stopped")
-    if sup.attempt:
-        return Text("health.down_after", {"reason": _reason(sup), "attempt": sup.attempt})
-    return Text("health.down", {"reason": _reason(sup)})
-
-
-def _reason(sup: EngineStatus) -> Text:
-    """The supervisor's cause (the file may hold none)."""
-    return sup.reason or Text("health.engine_stopped")
-
-
-def _refused(resp: _Http, route: Route) -> Text:
-    """The status line for an answer the poller cannot get past (the key refused), from the one error table."""
-    return status_error(resp.status, resp.body, route).as_text()
+        key = (state, reason, new.version, new.models_stale, new.attempt, new.replicas, new.partial_models)
+        if key != self._published:
+            self._published = key
+            self.subscribers.publish(self.status)
 
 
 # ---------------------------------------------------------------- the shared instance

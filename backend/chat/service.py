@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backend.chat import budget as budget_mod
+from backend.chat import counters
+from backend.storage.votes import VoteStore
+
 from .. import contract, hub, logsafe
 from ..engine_http import public_url, short
 from ..errors import (
@@ -35,13 +39,12 @@ from ..errors import (
 )
 from ..settings import ROOT, HealthSettings, Settings, load_settings
 from ..text import Text, pick_language, quoted, t
-from . import budget as budget_mod
-from . import counters
 from .adapters_in_use import AdapterUsage
 from .client import ChatClient, Finish, anomaly_counts
+from .conversation import Conversation
+from .documents import Document
 from .download_queue import DownloadQueue, Queued
 from .health import EngineState, HealthPoller, HealthStatus, get_poller
-from .votes import VoteStore
 
 if TYPE_CHECKING:
     from ..adapters.doctor import Diagnosis
@@ -106,7 +109,7 @@ class Service:
     def votes(self) -> VoteStore:
         """Blind-compare votes, in the remembered-settings file (preferences.db_path); opened on first use."""
         if self._votes is None:
-            from .preferences import app_store
+            from backend.storage.preferences import app_store
 
             self._votes = VoteStore(app_store(self.settings))
         return self._votes
@@ -665,6 +668,16 @@ class Service:
             return await budget_mod.fit_history(
                 messages, await self.counter(), max_model_len=self.max_model_len(), reply_reserve=self.reply_tokens()
             )
+
+    async def fit_conversation(self, conversation: Conversation, system_prompt: str) -> budget_mod.FitResult:
+        """``fit`` of the conversation's messages, with each document's share for the meter."""
+        fitted = await self.fit(conversation.messages(system_prompt))
+        return await budget_mod.with_documents(fitted, conversation.documents(system_prompt), await self.counter())
+
+    async def document_cut(self, question: str, documents: tuple[Document, ...], exc: PromptTooLong) -> tuple[int, int]:
+        """Which document to cut and to how many pages (or lines), so the message fits (``budget.fitting_part``)."""
+        room = exc.limit or max(1, exc.budget - exc.system - 16)
+        return await budget_mod.fitting_part(question, documents, int(room), await self.counter())
 
     async def trimmed(self, text: str, exc: PromptTooLong | MessageTooLong) -> str:
         """The user's message with its middle replaced by a marker, sized to fit the budget (and, for a message

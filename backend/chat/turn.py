@@ -24,11 +24,14 @@ The policy, in order:
   an error bubble saying why, with Retry. A stream cut short (``StreamCut``) is an interrupted answer.
 - Failures: a message too long for the model offers a trimmed version; Stop keeps what was shown,
   marked, and lets ``CancelledError`` through; an engine that vanished before any text is waited
-  for and asked once more, and so is a fleet whose router answered with a 5xx or 429 when a probe through it now
-  fails too (not routable: restarted, its workers not checked yet), up to ``ROUTER_WAITS`` times in a turn, also
-  after a first wait (a router that was down, then back but not routing yet); an adapter the engine no longer serves
-  switches the chat back to the default model; any other error of ours says what happened (Retry when resending
-  may help); a bug in the app says so, with the request id the log has.
+  for and asked once more; a fleet whose router answered with a 5xx or 429 is waited for (with the live step) and
+  asked again for as long as the health poller says it is coming back (a probe through it fails too: restarted, its
+  workers not in yet; or its supervisor says starting/restarting), and one whose router said it has no worker
+  (``NoWorkerAvailable``: nothing was generated) is asked again as soon as a probe through it answers; all of it
+  within ``[ui] wait_for_ready`` seconds from the router's first refusal, never a fixed number of tries (a router
+  that was down, then back but not routing yet, then flapping while its workers come in: issue #28); an adapter
+  the engine no longer serves switches the chat back to the default model; any other error of ours says what
+  happened (Retry when resending may help); a bug in the app says so, with the request id the log has.
 
 What was shown is what the history holds: an answer cut by an error or Stop is kept, marked
 interrupted; one that never showed any text is removed and not recorded.
@@ -46,12 +49,15 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from backend.web import metrics
+
 from ..errors import (
     ConnectionLost,
     EngineError,
     MessageTooLong,
     ModelNotFound,
     ModelPartial,
+    NoWorkerAvailable,
     Overloaded,
     PromptTooLong,
     QwenChatError,
@@ -59,9 +65,9 @@ from ..errors import (
     ServerUnreachable,
 )
 from ..text import t
-from . import metrics
 from .budget import FitResult
 from .client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
+from .documents import Document
 from .health import EngineState, HealthStatus
 from .service import Service, no_text_message, sampling_body
 from .session import ChatSession
@@ -140,6 +146,10 @@ class Renderer(Protocol):
     async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
         """An error bubble; with Retry, or with "Send trimmed" that sends ``trimmed`` in place of the message."""
 
+    async def offer_cut(self, text: str, *, document: int, part: int, label: str) -> None:
+        """An error bubble saying a document does not fit, with a button that sends only its first ``part`` pages
+        (or lines) of the latest user turn's ``document`` (by index), labelled ``label``."""
+
     async def model_changed(self) -> None:
         """The chat's model changed (an adapter loaded, or back to the default): show the choice again."""
 
@@ -151,11 +161,6 @@ class Recorder(Protocol):
     """Where an answer goes once shown: ``(turn_id, text, model, interrupted)``; the conversation by default."""
 
     def __call__(self, turn_id: str, text: str, model: str, interrupted: bool) -> Any: ...
-
-
-#: A turn waits at most this many times for a fleet's router that answered but did not route (each wait is bounded by
-#: the poller's own wait); with the one wait for an engine that vanished, a message is sent at most 1 + 1 + 3 times.
-ROUTER_WAITS = 3
 
 
 async def answer(
@@ -174,7 +179,7 @@ async def answer(
     """
     turn = _Turn(session, service, view, model=model, record=record)
     outcome = await turn.attempt(may_wait_again=True)
-    while outcome is Outcome.ENGINE_GONE:  # once, and up to ROUTER_WAITS times more for a router not routing
+    while outcome is Outcome.ENGINE_GONE:  # once for an engine gone; a router coming back: until its deadline
         outcome = await turn.attempt(may_wait_again=False)
     return outcome
 
@@ -215,7 +220,9 @@ class _Turn:
     ) -> None:
         self.session, self.service, self.view = session, service, view
         self.fixed_model = model  # a compare side: this model answers, whatever the chat's choice
-        self.router_waits = 0  # waits for a fleet's router that did not route (ROUTER_WAITS at most)
+        # a fleet's router that refused the message: asked again until then (monotonic; [ui] wait_for_ready from
+        # its first refusal), for as long as the poller says it is coming back
+        self.router_deadline: float | None = None
 
         def add(turn_id: str, text: str, model: str, interrupted: bool) -> None:
             session.conversation.add_assistant(turn_id, text, model, interrupted=interrupted)
@@ -283,7 +290,7 @@ class _Turn:
         last = self.session.conversation.last_user()
         if last is not None:
             await self.service.check_message_length(last.content)
-        fitted = await self.service.fit(self.session.conversation.messages(self.session.system_prompt))
+        fitted = await self.service.fit_conversation(self.session.conversation, self.session.system_prompt)
         queued = asyncio.create_task(self._queued_note(a), name="qwenchat-queued-note")  # until the first token
         try:
             await self._stream_events(a, fitted, queued)
@@ -370,9 +377,7 @@ class _Turn:
     async def _failed(self, a: _Attempt, exc: Exception, *, may_wait_again: bool) -> Outcome:
         """Say why the attempt failed and keep what was shown, marked; ENGINE_GONE: worth waiting for the engine."""
         service, view, lang, rid, model = self.service, self.view, self.view.lang, a.rid, a.model
-        waits_left = may_wait_again or self.router_waits < ROUTER_WAITS
-        if not a.text and waits_left and await self._fleet_not_routable(exc):
-            self.router_waits += 1
+        if not a.text and await self._router_coming_back(exc):
             logger.info("[%s] the fleet's router did not route it (%s): waiting for it", rid, type(exc).__name__)
             return Outcome.ENGINE_GONE  # not counted: the next attempt is
         if isinstance(exc, (PromptTooLong, MessageTooLong)):
@@ -415,20 +420,32 @@ class _Turn:
             await view.show_error(t("app_error", lang, rid=rid), retry=True)
         return Outcome.FAILED
 
-    async def _fleet_not_routable(self, exc: Exception) -> bool:
-        """A fleet's router answered the message with a 5xx (or 429) before any text: True when a probe through it
-        now fails too (the poller says STARTING, "the router answers, but…": restarted, its workers not checked yet),
-        so the turn waits for it like for an engine that went away, instead of showing the error."""
+    async def _router_coming_back(self, exc: Exception) -> bool:
+        """A fleet's router refused the message before any text (a 5xx or 429): True when it is worth asking again,
+        until ``router_deadline``: a probe through it now fails too or its supervisor says it (re)starts (the poller
+        says STARTING: the next attempt waits with the live step), or it said it had no worker (``NoWorkerAvailable``,
+        nothing generated) and a probe through it answers now (its workers came in meanwhile)."""
         poller = self.service.poller
-        if not isinstance(exc, (Overloaded, EngineError)) or not poller.status.replicas:
+        no_worker = isinstance(exc, NoWorkerAvailable)
+        if not no_worker and not (isinstance(exc, (Overloaded, EngineError)) and poller.status.replicas):
+            return False
+        now = time.monotonic()
+        if self.router_deadline is None:
+            self.router_deadline = now + self.service.settings.ui.wait_for_ready
+        if now >= self.router_deadline:
             return False
         status = await poller.refresh(probe=True)
-        return status.state is EngineState.STARTING
+        if status.state is EngineState.STARTING:
+            return True
+        return no_worker and status.answering
 
     async def _offer_trimmed(self, a: _Attempt, exc: PromptTooLong | MessageTooLong) -> None:
         """A message too long for the model: say so, with a trimmed version to send instead when one can be made."""
         view, lang = self.view, self.view.lang
         last = self.session.conversation.last_user()
+        if last is not None and last.documents and isinstance(exc, PromptTooLong):
+            await self._offer_cut(a, exc, last.content, last.documents)
+            return
         try:
             assert last is not None  # the message too long is the newest user turn
             trimmed = await self.service.trimmed(last.content, exc)
@@ -437,6 +454,26 @@ class _Turn:
             await view.show_error(exc.user_text(lang))
         else:
             await view.show_error(exc.user_text(lang), trimmed=trimmed)
+
+    async def _offer_cut(self, a: _Attempt, exc: PromptTooLong, question: str, docs: tuple[Document, ...]) -> None:
+        """A message with documents too long: never cut silently. Say how much of the largest document fits and
+        offer to send that part (the user's choice), or that not even its first page fits."""
+        view, lang = self.view, self.view.lang
+        try:
+            index, part = await self.service.document_cut(question, docs, exc)
+        except Exception:  # without the cut the numbers still help
+            logger.exception("[%s] could not find the part of the document that fits", a.rid)
+            await view.show_error(exc.user_text(lang))
+            return
+        doc = docs[index]
+        unit = t(f"document.unit.{doc.unit}", lang)
+        numbers = {"name": doc.name, "tokens": exc.tokens, "limit": exc.limit or exc.budget, "unit": unit}
+        if part == 0:
+            await view.show_error(t("document.too_long_none", lang, total=doc.units, **numbers))
+            return
+        text = t("document.too_long", lang, part=part, total=doc.units, **numbers)
+        label = t("document.send_cut", lang, unit=unit, part=part, total=doc.units)
+        await view.offer_cut(text, document=index, part=part, label=label)
 
     async def wait_for_engine(self) -> bool:
         """Wait (with a live step) while the model loads; False when the user must retry later."""
@@ -459,7 +496,7 @@ class _Turn:
                 step.output = "\n\n".join(part for part in (st.text(lang), meter) if part)
                 await step.update()
 
-            status = await poller.wait_until_ready(self.service.settings.ui.wait_for_ready, on_progress=progress)
+            status = await poller.wait_until_ready(self._wait_limit(), on_progress=progress)
             # Never "ready" on a wait that ran out or ended with the engine down.
             step.name = t(
                 "loading_done" if status.answering else "loading_gave_up", lang, elapsed=time.monotonic() - t0
@@ -472,12 +509,19 @@ class _Turn:
             await view.show_error(ServerStarting(time.monotonic() - t0).user_text(lang), retry=True)
         return False
 
+    def _wait_limit(self) -> float:
+        """Seconds a wait for the engine may last: [ui] wait_for_ready, or what is left of the router's deadline."""
+        limit = self.service.settings.ui.wait_for_ready
+        if self.router_deadline is not None:
+            limit = min(limit, max(0.0, self.router_deadline - time.monotonic()))
+        return limit
+
     async def _waiting_meter(self) -> str:
         """The waiting message's context meter, as the counter has it now: "context: ≈31 / 7,168 tokens" while the
         model's tokenizer is not there yet (a cold start), exact once it is; "" when it cannot be said (too long:
         the answer's attempt says so)."""
         try:
-            fitted = await self.service.fit(self.session.conversation.messages(self.session.system_prompt))
+            fitted = await self.service.fit_conversation(self.session.conversation, self.session.system_prompt)
         except Exception as exc:  # noqa: BLE001 - a detail of the wait; the attempt fits again and says what fails
             logger.debug("no context meter while waiting: %s", exc)
             return ""

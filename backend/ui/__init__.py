@@ -7,7 +7,7 @@ Modules: context (``Ui``, what each handler gets), chat (start, resume, end, set
 HTTP routes), server (process-wide changes to Chainlit's server), chainlit_settings (Chainlit's settings from
 ours), socket_guard (checks before Chainlit takes a socket message), views and compare_view (the renderers),
 markdown (footers, notes, the leaderboard), renderer (Chainlit's Markdown script without directives).
-backend/chat and backend/engine never import this package.
+nothing else in backend/ imports this package.
 """
 
 from __future__ import annotations

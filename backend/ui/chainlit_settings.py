@@ -1,5 +1,5 @@
 """Chainlit's own settings that follow ours, set in this one place: its name, thread sharing, the stylesheet,
-the origins its CORS answers. ``.chainlit/config.toml`` holds what these come to for the default settings
+the origins its CORS answers, the composer's file upload ([uploads]). ``.chainlit/config.toml`` holds what these come to for the default settings
 (tests/unit/test_chainlit_settings.py checks that the two never disagree); at start ``apply`` sets them from
 config.toml's [ui] section, over what Chainlit read from its file."""
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from chainlit.config import config as chainlit_config
 
+from backend.chat.documents import ACCEPT
 from backend.settings import Settings, canonical_origin
 
 SHIPPED_CSS = "/public/style.css"  # public/style.css as it is
@@ -30,6 +31,12 @@ def chainlit_settings(settings: Settings, *, sharing: bool) -> dict[str, Any]:
         "features.allow_thread_sharing": sharing,
         "project.allow_origins": cors_origins(settings),
         "project.user_session_timeout": int(settings.login.session_hours * 3600),  # a login token's lifetime, s
+        # The upload button and drag-and-drop. The browser offers files by MIME type or extension (react-dropzone
+        # takes a file matching either); the content decides in the end (backend/chat/documents.py).
+        "features.spontaneous_file_upload.enabled": settings.uploads.enabled,
+        "features.spontaneous_file_upload.accept": {"text/plain": list(ACCEPT)},
+        "features.spontaneous_file_upload.max_files": settings.uploads.max_files,
+        "features.spontaneous_file_upload.max_size_mb": int(-(-settings.uploads.max_mb // 1)),
     }
 
 
@@ -41,6 +48,12 @@ def apply(settings: Settings, *, sharing: bool, http_app: Any) -> None:
     chainlit_config.features.allow_thread_sharing = values["features.allow_thread_sharing"]
     chainlit_config.project.allow_origins = values["project.allow_origins"]
     chainlit_config.project.user_session_timeout = values["project.user_session_timeout"]
+    upload = chainlit_config.features.spontaneous_file_upload
+    if upload is not None:
+        upload.enabled = values["features.spontaneous_file_upload.enabled"]
+        upload.accept = values["features.spontaneous_file_upload.accept"]
+        upload.max_files = values["features.spontaneous_file_upload.max_files"]
+        upload.max_size_mb = values["features.spontaneous_file_upload.max_size_mb"]
     for middleware in http_app.user_middleware:
         if getattr(middleware.cls, "__name__", "") == "CORSMiddleware":
             middleware.kwargs["allow_origins"] = values["project.allow_origins"]

@@ -10,11 +10,13 @@ from typing import Any
 import chainlit as cl
 from chainlit.types import ThreadDict
 
-from backend.chat import history, preferences, welcome
 from backend.chat import service as chat_service
+from backend.chat import welcome
+from backend.storage import history, preferences
 from backend.text import pick_language, t
+from backend.ui import attachments
 from backend.ui.answering import answer
-from backend.ui.commands import mark_command, name_bare_command, run_command
+from backend.ui.commands import BY_ID, mark_command, name_bare_command, run_command, send_commands, typed_command
 from backend.ui.compare_chat import choose_compare
 from backend.ui.context import Ui, guarded, preference_key
 from backend.ui.panel import (
@@ -22,7 +24,6 @@ from backend.ui.panel import (
     ensure_watcher,
     remember,
     restore,
-    send_commands,
     send_settings,
     settings_state,
 )
@@ -113,12 +114,18 @@ async def on_message(ui: Ui, message: cl.Message) -> None:
         await send_settings(ui)
     text = message.content or ""
     command = getattr(message, "command", None)
-    if isinstance(command, str) and command in history.COMMANDS:
+    if not isinstance(command, str) or command not in BY_ID:
+        # Typed out in full ("/unload pirate"): the socket guard already turned a new message into the picked form;
+        # an edited message comes here as typed.
+        typed = typed_command(text) if command is None else None
+        command, text = typed if typed else (None, text)
+    if command is not None:
         await mark_command(message, command)
         await name_bare_command(ui, message)
         await run_command(ui, command, text)
         return
-    if not text.strip():
+    uploads = attachments.uploads_of(message)  # files attached in the composer
+    if not text.strip() and not uploads:
         await show_error(t("empty_message", ui.lang()))
         return
     picked = (getattr(message, "modes", None) or {}).get("model")
@@ -126,7 +133,10 @@ async def on_message(ui: Ui, message: cl.Message) -> None:
         await choose_model(ui, picked)
     if not await starter_chosen(ui, text, getattr(message, "command", None)):  # a starter picks its model first
         return
-    ui.chat().conversation.add_user(message.id, text)
+    docs = await attachments.read_documents(ui, message, uploads) if uploads else ()
+    if docs is None:  # refused, said with the text kept
+        return
+    ui.chat().conversation.add_user(message.id, text, docs or None)
     await answer(ui)
 
 

@@ -1,20 +1,29 @@
-"""The composer's commands (panel.send_commands lists them): /adapters (with owner/name[@revision]: add one from the
-hub), /unload NAME, /export, and compare's (compare_chat.py); a command message is marked as one in the history."""
+"""The composer's commands, one table (``REGISTRY``): Chainlit's command menu, the dispatch and the socket guard's
+"starts no answer" all derive from it. A new command is one entry plus its ``cmd_<id>`` key in each catalog.
+
+A command runs the same whether it was picked from Chainlit's menu (``message.command``) or typed out in full
+(``/unload pirate``, ``/compare off``): Chainlit's menu closes at the first space and then sends the whole text as
+an ordinary message, so ``typed_command`` recognises a first word that names a registered command. An unknown
+``/word`` still goes to the model: paths and code start with ``/`` too. A command message is marked as one in the
+history, so a resumed chat never sends it to the model."""
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, cast
 
 import chainlit as cl
 
 from backend import hub
 from backend.chat import export as chat_export
-from backend.chat import history
 from backend.errors import QwenChatError
+from backend.storage import history
 from backend.text import t
-from backend.ui.compare_chat import run_compare_command
-from backend.ui.compare_view import COMPARE_COMMANDS
+from backend.ui import compare_chat
 from backend.ui.context import Ui
 from backend.ui.panel import chat_view, send_settings
 from backend.ui.views import show_error
@@ -22,24 +31,38 @@ from backend.ui.views import show_error
 logger = logging.getLogger(__name__)
 
 
-async def run_command(ui: Ui, command: str, text: str) -> None:
-    if command in COMPARE_COMMANDS:
-        await run_compare_command(ui, command, text)
+Runner = Callable[[Ui, str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One composer command: its id (what follows the ``/``), Chainlit's icon name, and what runs it with the text
+    after the command. Its menu description is the catalog's ``cmd_<id>``."""
+
+    id: str
+    icon: str
+    run: Runner
+
+    def menu_entry(self, lang: str) -> dict[str, Any]:
+        return {"id": self.id, "description": t(f"cmd_{self.id}", lang), "icon": self.icon, "button": False}
+
+
+async def run_adapters(ui: Ui, text: str) -> None:
+    """/adapters lists the base model and the adapters; /adapters owner/name[@revision] adds one from the hub."""
+    if text.strip():
+        await add_hub_adapter(ui, text)
         return
-    app, lang = ui.service, ui.lang()
+    app = ui.service
     status = app.poller.status
-    if command == "export":
-        await run_export(ui)
-        return
-    if command == "adapters":
-        if text.strip():
-            await add_hub_adapter(ui, text)
-            return
-        await cl.Message(content=app.adapters_overview(status, await app.local_adapters(status), lang)).send()
-        return
+    await cl.Message(content=app.adapters_overview(status, await app.local_adapters(status), ui.lang())).send()
+
+
+async def run_unload(ui: Ui, text: str) -> None:
+    """/unload NAME frees a runtime adapter's slot; a chat that used it goes back to the default model."""
+    app, lang = ui.service, ui.lang()
     name = text.strip().strip("`")
     try:
-        await app.unload(name, status)
+        await app.unload(name, app.poller.status)
     except QwenChatError as exc:
         await show_error(exc.user_text(lang))
         return
@@ -100,6 +123,37 @@ async def run_export(ui: Ui) -> None:
     file = cl.File(name=chat_export.export_filename(now), content=text.encode("utf-8"), mime="text/markdown")
     done = t("export.done", lang, turns=len(chat.conversation.turns))
     await cl.Message(content=done, elements=[file]).send()
+
+
+REGISTRY: tuple[Command, ...] = (
+    Command("adapters", "layers", run_adapters),
+    Command("unload", "circle-minus", run_unload),
+    Command("export", "download", lambda ui, _text: run_export(ui)),
+    Command("compare", "columns-2", compare_chat.set_compare),
+    Command("leaderboard", "trophy", lambda ui, _text: compare_chat.show_leaderboard(ui)),
+    Command("vote", "vote", compare_chat.run_vote),
+)
+BY_ID = {c.id: c for c in REGISTRY}
+_TYPED = re.compile(r"\s*/([A-Za-z][\w-]*)(?:\s+(.*))?\Z", re.DOTALL)
+
+
+def typed_command(text: str) -> tuple[str, str] | None:
+    """``(command id, the rest)`` when ``text``'s first word is ``/`` and a registered command (any case), else None:
+    ``"/unload  pirate"`` -> ``("unload", "pirate")``, ``"/usr/bin/env"`` and ``"/nope x"`` -> None."""
+    m = _TYPED.match(text)
+    if m is None or m.group(1).lower() not in BY_ID:
+        return None
+    return m.group(1).lower(), (m.group(2) or "").strip()
+
+
+async def run_command(ui: Ui, command: str, text: str) -> None:
+    await BY_ID[command].run(ui, text)
+
+
+async def send_commands(ui: Ui) -> None:
+    """Chainlit's command menu in the composer (type ``/``), from the registry."""
+    lang = ui.lang()
+    await cl.context.emitter.set_commands(cast(Any, [c.menu_entry(lang) for c in REGISTRY]))
 
 
 async def name_bare_command(ui: Ui, message: cl.Message) -> None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
 
 import chainlit as cl
 
 from backend.chat import compare
 from backend.chat.turn import Outcome
-from backend.chat.votes import WINNERS, Winner
+from backend.storage.votes import WINNERS, Winner
 from backend.text import t
 from backend.ui import markdown
 from backend.ui.compare_view import CompareView, compare_state, pair_of, panel_choice, update_pair
@@ -22,23 +24,24 @@ from backend.ui.views import show_error
 logger = logging.getLogger(__name__)
 
 
-async def run_compare_command(ui: Ui, command: str, text: str) -> None:
-    if command == "leaderboard":
-        standings = await asyncio.to_thread(ui.service.votes.leaderboard)
-        await cl.Message(content=markdown.leaderboard_markdown(standings, ui.lang())).send()
-    elif command == "vote":
-        pair = compare_state().latest(blind=True)
-        if pair is None:
-            await show_error(t("compare.vote_none", ui.lang()))
-            return
-        try:
-            winner, comment = compare.parse_vote(text)
-        except compare.CompareRefused as exc:
-            await show_error(exc.user_text(ui.lang()))
-            return
-        await cast_vote(ui, pair, winner, comment)
-    else:
-        await set_compare(ui, text)
+async def show_leaderboard(ui: Ui) -> None:
+    """/leaderboard: wins, losses and ties per model from the stored blind votes."""
+    standings = await asyncio.to_thread(ui.service.votes.leaderboard)
+    await cl.Message(content=markdown.leaderboard_markdown(standings, ui.lang())).send()
+
+
+async def run_vote(ui: Ui, text: str) -> None:
+    """/vote A|B|tie [comment] on this chat's latest blind pair."""
+    pair = compare_state().latest(blind=True)
+    if pair is None:
+        await show_error(t("compare.vote_none", ui.lang()))
+        return
+    try:
+        winner, comment = compare.parse_vote(text)
+    except compare.CompareRefused as exc:
+        await show_error(exc.user_text(ui.lang()))
+        return
+    await cast_vote(ui, pair, winner, comment)
 
 
 async def choose_compare(ui: Ui, choice: object) -> None:
@@ -150,12 +153,17 @@ def voter() -> str:
 async def cast_vote(ui: Ui, pair: compare.Pair, winner: Winner, comment: str) -> None:
     """Store the vote (the last vote on a turn wins, and the chat says so), then reveal the names."""
     vote = compare.to_vote(pair, winner, voter(), cl.context.session.thread_id, comment)
-    try:
-        replaced = await asyncio.to_thread(ui.service.votes.record, vote)
-    except Exception as exc:  # a locked or broken file: say so, keep the names hidden
-        logger.exception("could not store a vote")
-        await show_error(t("compare.vote_failed", ui.lang(), detail=type(exc).__name__))
-        return
+    if ui.outbox is not None:  # the history's one write path: after this turn's steps, kept until stored
+        replaced = pair.vote is not None  # the last vote on a turn wins
+        created = datetime.now(UTC).isoformat(timespec="milliseconds")  # set once: a replay writes the same row
+        ui.outbox.submit(vote.thread_id, "vote", asdict(replace(vote, created_at=created)))
+    else:
+        try:
+            replaced = await asyncio.to_thread(ui.service.votes.record, vote)
+        except Exception as exc:  # a locked or broken file: say so, keep the names hidden
+            logger.exception("could not store a vote")
+            await show_error(t("compare.vote_failed", ui.lang(), detail=type(exc).__name__))
+            return
     compare.apply_vote(pair, winner, ui.chat().conversation)
     await update_pair(pair, ui.lang())
     if replaced:

@@ -12,14 +12,13 @@ from chainlit.utils import utc_now
 from backend.chat import compare
 from backend.chat.budget import FitResult
 from backend.chat.coalesce import Coalescer
-from backend.chat.history import META_KEY
 from backend.chat.turn import Reply
+from backend.storage.history import META_KEY
 from backend.text import t
 from backend.ui import markdown, views
 from backend.ui.views import ChatView, ViewHost
 
 COMPARE_KEY = "compare"  # the chat's CompareState, beside its ChatSession
-COMPARE_COMMANDS = ("compare", "leaderboard", "vote")
 
 
 def column_mark(label: str, text: str) -> str:
@@ -35,14 +34,6 @@ def compare_state() -> compare.CompareState:
         state = compare.CompareState()
         cl.user_session.set(COMPARE_KEY, state)
     return state
-
-
-def compare_commands(lang: str) -> list[dict[str, Any]]:
-    return [
-        {"id": "compare", "description": t("cmd_compare", lang), "icon": "columns-2", "button": False},
-        {"id": "leaderboard", "description": t("cmd_leaderboard", lang), "icon": "trophy", "button": False},
-        {"id": "vote", "description": t("cmd_vote", lang), "icon": "vote", "button": False},
-    ]
 
 
 def panel_choice() -> str:

@@ -14,14 +14,16 @@ from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 import chainlit as cl
 
-from backend.chat import preferences
 from backend.chat.client import new_request_id
 from backend.chat.fairshare import FairShare
-from backend.chat.history import HistoryStart
-from backend.chat.preferences import Preferences
+from backend.chat.reading import Reader
 from backend.chat.service import Service
 from backend.chat.session import ChatSession
 from backend.settings import Settings
+from backend.storage import preferences
+from backend.storage.history import HistoryStart
+from backend.storage.outbox import Backlog, Outbox
+from backend.storage.preferences import Preferences
 from backend.text import t
 from backend.ui.views import show_error
 
@@ -46,14 +48,21 @@ class Ui:
     files_directory: Path  # this process's own folder for uploads and /export files
     routes: Routes  # our HTTP routes, bound to ``service``
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # started at app startup, kept referenced
+    outbox: Outbox | None = None  # with the history on: every history write's one path (backend/storage/outbox.py)
     fair: FairShare = field(init=False)  # answers streaming per user, over all chats ([ui] max_answers_per_user)
+    reader: Reader = field(init=False)  # converts attached files, [uploads] workers at once (backend/chat/reading.py)
 
     def __post_init__(self) -> None:
         self.fair = FairShare(self.settings.ui.max_answers_per_user)
+        self.reader = Reader(self.settings.uploads)
 
     @property
     def settings(self) -> Settings:
         return self.service.settings
+
+    def backlog_past_max(self) -> Backlog | None:
+        """The history writes waiting, when more than [history] pending_max (new chats are refused); else None."""
+        return self.outbox.state() if self.outbox is not None and self.outbox.full else None
 
     def lang(self) -> str:
         """The language of this chat's text: [ui].language, else the browser's."""

@@ -4,20 +4,36 @@ module) replaces every registration of an earlier one."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+from typing import Any
 
 import chainlit as cl
 from chainlit.server import app as http_app
 
-from backend.chat import history, preferences
 from backend.chat.service import Service
-from backend.ui import answering, chainlit_settings, chat, compare_chat, login, reconnect, server, socket_guard
+from backend.storage import history, preferences
+from backend.storage.outbox import Outbox
+from backend.storage.votes import Vote
+from backend.ui import (
+    answering,
+    attachments,
+    chainlit_patches,
+    chainlit_settings,
+    chat,
+    compare_chat,
+    login,
+    reconnect,
+    server,
+    socket_guard,
+)
 from backend.ui.context import Ui, bound
 from backend.ui.routes import Routes, install_routes
 
 
 def install(service: Service) -> Ui:
     """Open what the UI keeps (history, preferences, files folder) and register its handlers with Chainlit."""
+    chainlit_patches.check_chainlit()  # the patches below reach into Chainlit's internals (chainlit_patches.py)
     settings = service.settings
     # Sets CHAINLIT_AUTH_SECRET: Chainlit reads it only after importing app.py (which calls this). With [login].enable
     # the history is in SQLite or PostgreSQL ([history].db); one that cannot be reached leaves login on, history
@@ -26,12 +42,14 @@ def install(service: Service) -> Ui:
     prefs = preferences.open_preferences(settings)  # SQLite or PG; an old ui-preferences.json is imported once
     routes = Routes(service, sharing=bool(started.url))
     ui = Ui(service, started, prefs, server.own_files_directory(), routes)
+    if started.url:  # every history write through one path: journalled, retried, in order per chat
+        ui.outbox = routes.outbox = history_outbox(ui)
     login.install(ui)
     install_routes(http_app, routes)
     chainlit_settings.apply(settings, sharing=bool(started.url), http_app=http_app)
     server.patch(settings)
     # The browser's client_message and edit_message, checked before Chainlit takes them (socket_guard.py).
-    socket_guard.install(ui.chat, ui.lang, functools.partial(answering.claim_answers, ui))
+    socket_guard.install(ui.chat, ui.lang, functools.partial(answering.claim_answers, ui), ui.backlog_past_max)
     # A browser back after a network cut gets what was emitted while it was away (reconnect.py).
     reconnect.install(bound(ui, chat.on_reconnect))
 
@@ -44,6 +62,20 @@ def install(service: Service) -> Ui:
     cl.on_message(bound(ui, chat.on_message))
     cl.action_callback("retry")(bound(ui, answering.on_retry))
     cl.action_callback("send_trimmed")(bound(ui, answering.on_send_trimmed))
+    cl.action_callback("send_cut")(bound(ui, attachments.on_send_cut))
     cl.action_callback("compare_vote")(bound(ui, compare_chat.on_compare_vote))
     cl.action_callback("compare_pick")(bound(ui, compare_chat.on_compare_pick))
     return ui
+
+
+def history_outbox(ui: Ui) -> Outbox:
+    """The outbox of this process, its journal in [logging].dir beside the history's other local files; votes are
+    one of its operations (the data layer registers the others)."""
+    settings = ui.settings
+    box = Outbox(settings.logging.resolved_dir, pending_max=settings.history.pending_max)
+
+    async def record_vote(args: dict[str, Any]) -> None:
+        await asyncio.to_thread(ui.service.votes.record, Vote(**args))
+
+    box.register("vote", record_vote)
+    return box

@@ -10,7 +10,7 @@ from backend.chat.budget import FitResult
 from backend.chat.client import Finish, Usage
 from backend.chat.compare import Pair, Side, shown_model, winner_text
 from backend.chat.service import ending_note
-from backend.chat.votes import Standing
+from backend.storage.votes import Standing
 from backend.text import t
 
 

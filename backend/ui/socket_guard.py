@@ -10,11 +10,12 @@ sees the event:
   metadata and any parent id are dropped from it; not while this chat is still answering, nor when it would start
   more answers than the user's fair share over all their chats (issue #20; the refusal quotes the text back, so
   it is not lost).
+- a new chat's first message: not while more history writes wait than ``[history] pending_max`` (issue 32).
 - ``edit_message``: only one of this chat's own user messages, not while this chat is answering, and within the
   user's fair share.
 
 Each refusal is logged and said in the chat, in the user's language; nothing is stored, moved or overwritten. The
-data layer refuses the same moves on its own (``backend/chat/datalayer.py``), whichever path a write takes.
+data layer refuses the same moves on its own (``backend/storage/datalayer.py``), whichever path a write takes.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from chainlit.data import get_data_layer
 from chainlit.server import sio
 from chainlit.session import WebsocketSession
 
-from backend.chat.database import failure
 from backend.chat.fairshare import Claim, TooMany
-from backend.chat.history import COMMANDS, META_KEY
 from backend.chat.session import ChatSession
+from backend.storage.database import failure
+from backend.storage.history import META_KEY, command_metadata
+from backend.storage.outbox import Backlog, cause_text
 from backend.text import quoted, t
+from backend.ui.commands import BY_ID, typed_command
 from backend.ui.views import show_error
 
 logger = logging.getLogger(__name__)
@@ -56,6 +59,17 @@ def cleaned(message: dict[str, Any]) -> None:
     message.pop("parentId", None)
 
 
+def as_picked(message: dict[str, Any]) -> None:
+    """A command typed out in full (``/compare off``) in the form Chainlit's menu sends a picked one: ``command`` set,
+    the text after it as the message. Chainlit then stores and shows it as a command, and it starts no answer."""
+    output = message.get("output")
+    if message.get("command") or not isinstance(output, str):
+        return
+    typed = typed_command(output)
+    if typed is not None:
+        message["command"], message["output"] = typed
+
+
 def _who(session: WebsocketSession) -> str:
     return session.user.identifier if session.user else "anonymous"
 
@@ -63,8 +77,15 @@ def _who(session: WebsocketSession) -> str:
 class Guard:
     """The wrappers around Chainlit's handlers; ``chat_session`` and ``lang`` are the installation's (context.Ui)."""
 
-    def __init__(self, chat_session: Callable[[], ChatSession], lang: Callable[[], str], claim: Claimer) -> None:
+    def __init__(
+        self,
+        chat_session: Callable[[], ChatSession],
+        lang: Callable[[], str],
+        claim: Claimer,
+        backlog: Callable[[], Backlog | None] = lambda: None,
+    ) -> None:
         self.chat_session, self.lang, self.claim = chat_session, lang, claim
+        self.backlog = backlog  # the history writes waiting, when past [history] pending_max; else None
 
     async def claimed(self, text: str, command: bool = False) -> Claim | None:
         """The user's fair share of the answers this message starts (a command starts none: a claim of nothing),
@@ -86,6 +107,19 @@ class Guard:
                 session.thread_id,
             )
             return t("message.type_refused", self.lang(), kind=str(kind)[:40])
+        full = self.backlog() if not session.has_first_interaction and not session.restored else None
+        if full is not None:  # a new chat while the history's backlog is past its bound; open chats go on
+            logger.warning(
+                "socket: a new chat refused: %d history writes waiting (user %r)", full.writes, _who(session)
+            )
+            text = quoted(str(message.get("output") or ""))
+            return t(
+                "history.new_chat_refused",
+                self.lang(),
+                count=full.writes,
+                cause=cause_text(full, self.lang()),
+                text=text,
+            )
         if not isinstance(mid, str):
             return None  # Chainlit refuses an id that is no UUID before anything is stored
         owner = None
@@ -156,10 +190,18 @@ class Guard:
             logger.info("socket: a message while this chat is answering refused (user %r)", _who(session))
             await show_error(t("busy", self.lang(), text=quoted(str(message.get("output") or ""))))
             return
-        claim = await self.claimed(str(message.get("output") or ""), message.get("command") in COMMANDS)
+        as_picked(message)
+        command = message.get("command") in BY_ID
+        claim = await self.claimed(str(message.get("output") or ""), command)
         if claim is None:
             return
         cleaned(message)
+        if command:  # marked as a command in its first write: the history never sends it to the model
+            metadata = message.get("metadata")
+            message["metadata"] = {
+                **(metadata if isinstance(metadata, dict) else {}),
+                **command_metadata(message["command"]),
+            }
         state.answering = True  # until the task Chainlit starts for it ends (no await in between: no race)
         state.ahead = claim.ahead  # the engine priority of its requests
 
@@ -208,10 +250,15 @@ class Guard:
             state.answering = False
 
 
-def install(chat_session: Callable[[], ChatSession], lang: Callable[[], str], claim: Claimer) -> None:
+def install(
+    chat_session: Callable[[], ChatSession],
+    lang: Callable[[], str],
+    claim: Claimer,
+    backlog: Callable[[], Backlog | None] = lambda: None,
+) -> None:
     """Put the guards in front of Chainlit's own handlers (again by a later installation: around Chainlit's, not
     around an earlier guard)."""
-    guard = Guard(chat_session, lang, claim)
+    guard = Guard(chat_session, lang, claim, backlog)
     handlers = sio.handlers.setdefault(NAMESPACE, {})
     for event, method in (("client_message", guard.client_message), ("edit_message", guard.edit_message)):
         current = handlers[event]

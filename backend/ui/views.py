@@ -12,10 +12,10 @@ import chainlit as cl
 from chainlit.data import get_data_layer
 from chainlit.utils import utc_now
 
-from backend.chat import history
 from backend.chat.budget import FitResult
 from backend.chat.coalesce import Coalescer
 from backend.chat.turn import Reply
+from backend.storage import history
 from backend.text import t
 from backend.ui import markdown
 
@@ -212,6 +212,11 @@ class ChatView:
                 )
             )
         await show_error(text, actions)
+
+    async def offer_cut(self, text: str, *, document: int, part: int, label: str) -> None:
+        await self.flushed()
+        payload = {"turn": self.host.latest_turn_id(), "document": document, "part": part}
+        await show_error(text, [cl.Action(name="send_cut", payload=payload, label=label, icon="scissors")])
 
     def retry_payload(self) -> dict[str, Any]:
         """What this answer's Retry button carries: the user turn it answers (an older turn's button is refused)."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backend.engine import supervisor
+from backend.launcher import supervisor
 from backend.settings import ROOT
 
 if TYPE_CHECKING:
@@ -160,6 +160,9 @@ def start_browser() -> tuple[Playwright, Browser]:
     """Playwright (sync API) and a real headless Debian Chromium in it (no `playwright install`): (pw, browser)."""
     from playwright.sync_api import sync_playwright
 
+    from tests.support import marks
+
+    marks.note("browser")
     pw = sync_playwright().start()
     try:
         return pw, pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.e2e import support as e2e
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.product, pytest.mark.browser]
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from backend import contract
-from backend.engine import prepare_bg
+from backend.launcher import prepare_bg
 from backend.settings import EMBEDDED_MODEL_NAME, ModelSettings
 from tests.e2e import support as e2e
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.product, pytest.mark.browser]
 
 COLLECTED = 40
 FAKE_BASH = r"""#!/bin/sh

@@ -22,7 +22,7 @@ import pytest
 from backend.settings import ROOT
 from tests.e2e import support as e2e
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.product, pytest.mark.browser]
 
 BASE, ADAPTER = "smollm2-135m-instruct", "pirate"
 QUESTION = "What is the capital of France?"
@@ -194,3 +194,35 @@ def test_a_blind_vote_hides_the_names_until_the_vote_stores_it_and_the_leaderboa
         board.split()
     ), board
     command(page, "compare", "off")
+
+
+def typed_out(page, text: str) -> str:
+    """A command typed out in full and sent with Enter, as the README writes it (never picked from the menu)."""
+    before = len(e2e.assistant_messages(page))
+    page.click("#chat-input")
+    page.keyboard.type(text)
+    page.keyboard.press("Enter")
+    page.wait_for_function(
+        """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content').length > n""",
+        arg=[before],
+        timeout=30_000,
+    )
+    page.wait_for_selector("#stop-button", state="detached", timeout=30_000)
+    assert page.input_value("#chat-input") == "", f"{text!r} was left in the composer"
+    return e2e.assistant_messages(page)[-1]
+
+
+def model_answers(page) -> int:
+    """How many bubbles carry a model answer's footer ("… 12 tokens · 0.8 s …")."""
+    return sum(1 for m in e2e.assistant_messages(page) if re.search(r"\d+ tokens · ", m))
+
+
+def test_commands_typed_out_in_full_run_as_commands_and_never_reach_the_model(page, live):
+    answered = model_answers(page)
+    listed = typed_out(page, "/adapters")  # Chainlit's menu alone would take this Enter and send nothing
+    assert ADAPTER in listed and BASE in listed, listed
+    assert "Compare mode on" in typed_out(page, f"/compare {BASE} {ADAPTER}")
+    assert "Compare mode off" in typed_out(page, "/compare off")
+    refused = typed_out(page, f"/unload {ADAPTER}")
+    assert "cannot be unloaded" in refused and ADAPTER in refused, refused
+    assert model_answers(page) == answered  # none of the four was sent to the model

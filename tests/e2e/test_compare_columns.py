@@ -16,7 +16,7 @@ from tests.e2e import support as e2e
 from tests.e2e.test_compare import command
 from tests.e2e.test_fidelity import fake, live, post  # noqa: F401  (the same external-mode app and fake server)
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 WIDE, PHONE = 1280, 390
 ANSWER = ["The capital:", " Paris. " * 40, "Done."]

@@ -15,7 +15,7 @@ import pytest
 from tests.e2e import support as e2e
 from tests.fakes.openai_server import expected_text
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 # [client].idle_timeout for this app: a stall (20 s below) is reported after 5 s. Every normal answer in this module
 # must also arrive without a gap this long, so it is not cut shorter: a loaded machine can pause a process for 2 s.

@@ -16,12 +16,12 @@ import urllib.request
 
 import pytest
 
-from backend.engine import supervisor
+from backend.launcher import supervisor
 from tests.e2e import fidelity_corpus as corpus
 from tests.e2e import support as e2e
 from tests.support import live_app
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 # The cases whose text the plain Chainlit example loses (a text, leaf or container directive outside code).
 # Chainlit's alert plugin takes ``:::info`` … ``:::``. (``:smile:``, ``C:\\``, ``12:30`` and ``<b>`` pass there.)

@@ -19,7 +19,7 @@ from tests.e2e.test_compare_columns import SIDE_JS
 from tests.e2e.test_fidelity import ANSWERS, USERS, expected, post, shown
 from tests.e2e.test_share import api, logged_in
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 OWNER, OWNER_PW = "owner", "owner password 1"
 VIEWER, VIEWER_PW = "viewer", "viewer password 2"

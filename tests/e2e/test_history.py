@@ -21,7 +21,7 @@ from backend.probe import PROBE_MESSAGES, probe_body
 from tests.e2e import support as e2e
 from tests.fakes.openai_server import expected_text
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 USER, PASSWORD = "demo", "correct horse battery"
 # [ui] login on, as USER with PASSWORD: launch(fake, tmp, **LOGIN, ...)

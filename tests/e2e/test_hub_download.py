@@ -14,7 +14,7 @@ from backend import hub
 from tests.e2e import support as e2e
 from tests.fakes.hub_server import FakeHub
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.product, pytest.mark.browser]
 
 REPO = "qwen/tiny-qwen3"
 PROGRESS = re.compile(r"downloading the model \d+ % · \d+\.\d of 35\.7 MB · \d+(\.\d)? (kB|MB)/s")

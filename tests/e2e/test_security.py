@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 
-from backend.engine import supervisor
+from backend.launcher import supervisor
 from tests.e2e import support as e2e
 from tests.e2e.test_history import LOGIN, PASSWORD, USER, launch  # the app against the fake server, ready
 from tests.fakes.openai_server import expected_text
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 
 class Listener:
@@ -290,20 +290,24 @@ def test_a_forwarded_for_header_from_an_untrusted_peer_does_not_escape_the_throt
     assert login_status(auth_app.url, PASSWORD, forwarded_for="198.51.100.9") == 429
 
 
-def test_behind_a_trusted_proxy_each_forwarded_client_is_throttled_on_its_own(fake, tmp_path_factory):
+@pytest.fixture(scope="module")
+def proxy_app(fake, tmp_path_factory):
+    """Login on, behind a trusted proxy (the tests play it, from 127.0.0.1): one product for the two proxy tests.
+    They share its throttle without touching each other's keys: each uses its own forwarded addresses, and the
+    first ends with a successful login, which clears the user name the second then guesses at."""
     app = launch(
-        fake,
-        tmp_path_factory.mktemp("e2e-security-proxy"),
-        **LOGIN,
-        QWENCHAT_NETWORK_TRUSTED_PROXIES="127.0.0.1",  # this test plays the proxy
+        fake, tmp_path_factory.mktemp("e2e-security-proxy"), **LOGIN, QWENCHAT_NETWORK_TRUSTED_PROXIES="127.0.0.1"
     )
-    try:
-        first = [login_status(app.url, "wrong", forwarded_for="203.0.113.1") for _ in range(8)]
-        assert first[:5] == [401] * 5 and 429 in first[5:], first  # this client waits now …
-        assert login_status(app.url, "wrong", forwarded_for="203.0.113.2") == 401  # … another one does not
-        assert login_status(app.url, PASSWORD, forwarded_for="203.0.113.3") == 200
-    finally:
-        e2e.stop(app)
+    yield app
+    e2e.stop(app)
+
+
+def test_behind_a_trusted_proxy_each_forwarded_client_is_throttled_on_its_own(proxy_app):
+    app = proxy_app
+    first = [login_status(app.url, "wrong", forwarded_for="203.0.113.1") for _ in range(8)]
+    assert first[:5] == [401] * 5 and 429 in first[5:], first  # this client waits now …
+    assert login_status(app.url, "wrong", forwarded_for="203.0.113.2") == 401  # … another one does not
+    assert login_status(app.url, PASSWORD, forwarded_for="203.0.113.3") == 200
 
 
 # ---------------------------------------------------------------- a UI on every address: [network] host_names (issue 18)
@@ -470,31 +474,24 @@ def fail_until_locked(attempt: Any, seconds: int) -> int:
 GUESS = "guessed-Pa55word"  # what the guesses type: it must never reach the log
 
 
-def test_behind_a_proxy_a_guess_spread_over_many_clients_is_throttled_per_name_and_an_ipv6_client_per_64(
-    fake, tmp_path_factory
-):
+def test_behind_a_proxy_a_guess_spread_over_many_clients_is_throttled_per_name_and_an_ipv6_client_per_64(proxy_app):
     """On the code before: each forwarded address was counted alone, so fresh addresses (one /64 holds 2^64)
     guessed at one name without ever waiting."""
-    app = launch(
-        fake, tmp_path_factory.mktemp("e2e-security-spread"), **LOGIN, QWENCHAT_NETWORK_TRUSTED_PROXIES="127.0.0.1"
+    app = proxy_app  # after the trusted-proxy test, whose successful login cleared the name
+    # one name, a fresh address for every attempt: the name waits
+    locked = fail_until_locked(lambda i: login_attempt(app.url, GUESS, f"198.51.100.{i + 1}"), 8)
+    assert locked >= 8, locked
+    status, headers, body = login_attempt(app.url, PASSWORD, forwarded_for="203.0.113.250")
+    assert status == 429 and "with this user name" in json.loads(body)["detail"], (status, body)
+    assert login_attempt(app.url, GUESS, "203.0.113.251", user="someone-else")[0] == 401
+    # one /64, a fresh address and a fresh name for every attempt: the /64 waits, the next /64 does not
+    locked = fail_until_locked(
+        lambda i: login_attempt(app.url, GUESS, f"2001:db8:0:7::{i + 1:x}", user=f"guess-{i}"), 8
     )
-    try:
-        # one name, a fresh address for every attempt: the name waits
-        locked = fail_until_locked(lambda i: login_attempt(app.url, GUESS, f"198.51.100.{i + 1}"), 8)
-        assert locked >= 8, locked
-        status, headers, body = login_attempt(app.url, PASSWORD, forwarded_for="203.0.113.250")
-        assert status == 429 and "with this user name" in json.loads(body)["detail"], (status, body)
-        assert login_attempt(app.url, GUESS, "203.0.113.251", user="someone-else")[0] == 401
-        # one /64, a fresh address and a fresh name for every attempt: the /64 waits, the next /64 does not
-        locked = fail_until_locked(
-            lambda i: login_attempt(app.url, GUESS, f"2001:db8:0:7::{i + 1:x}", user=f"guess-{i}"), 8
-        )
-        assert locked >= 8, locked
-        assert login_attempt(app.url, GUESS, "2001:db8:0:7:ffff::1", user="guess-new")[0] == 429
-        assert login_attempt(app.url, GUESS, "2001:db8:0:8::1", user="guess-other")[0] == 401
-        log = app.log_with("at the user name with fingerprint", "ui")
-        assert "failed attempts at the user name with fingerprint" in log, log[-3000:]
-        assert "failed attempts from 2001:db8:0:7::/64" in log
-        assert GUESS not in log and PASSWORD not in log
-    finally:
-        e2e.stop(app)
+    assert locked >= 8, locked
+    assert login_attempt(app.url, GUESS, "2001:db8:0:7:ffff::1", user="guess-new")[0] == 429
+    assert login_attempt(app.url, GUESS, "2001:db8:0:8::1", user="guess-other")[0] == 401
+    log = app.log_with("at the user name with fingerprint", "ui")
+    assert "failed attempts at the user name with fingerprint" in log, log[-3000:]
+    assert "failed attempts from 2001:db8:0:7::/64" in log
+    assert GUESS not in log and PASSWORD not in log

@@ -22,7 +22,7 @@ from backend.text import t
 from tests.e2e import support as e2e
 from tests.e2e.test_history import requests_seen
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 OWNER, OWNER_PW = "owner", "owner password 1"
 VIEWER, VIEWER_PW = "viewer", "viewer password 2"

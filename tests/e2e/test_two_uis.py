@@ -15,7 +15,7 @@ from tests.e2e import support as e2e
 from tests.e2e.test_history import LOGIN, launch, log_in, requests_seen, user_messages
 from tests.fakes.openai_server import expected_text
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 FULL = expected_text(8).strip()
 

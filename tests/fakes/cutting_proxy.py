@@ -5,7 +5,7 @@ emulation may leave open.
 
 asyncio, on 127.0.0.1, in a thread of its own, so that synchronous tests (Playwright's sync API) can use it:
 ``with CuttingProxy(port) as proxy: page.goto(f"http://127.0.0.1:{proxy.port}")``. The browser's Host and Origin
-name the proxy's port, as they would an ssh tunnel's: the UI accepts that (backend/chat/security.py).
+name the proxy's port, as they would an ssh tunnel's: the UI accepts that (backend/web/security.py).
 """
 
 from __future__ import annotations

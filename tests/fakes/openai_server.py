@@ -16,7 +16,8 @@ ends early when the client disconnects), ``fail`` (only the first N attempts of 
 spec misbehave, later ones are normal — for retry tests), ``retry_after`` (503/429
 ``Retry-After`` value, default ``1``), ``param`` (``input_tokens``|``max_tokens`` for
 ``overflow-400``), ``finish`` (the finish reason the answer ends with, e.g. ``content_filter``,
-``tool_calls`` or one nobody knows; default ``stop``, or ``length`` at ``max_tokens``), ``interval`` (tokens per
+``tool_calls`` or one nobody knows; default ``stop``, or ``length`` at ``max_tokens``), ``router=1`` (an ``http-503``
+answered as vllm-router 0.1.17 does with no routable worker: its plain text ``NO_WORKERS``), ``interval`` (tokens per
 chunk after the first, as vLLM's ``--stream-interval``; a request's ``stream_interval`` raises it), ``model`` (only
 requests for that model follow the spec, others get the default mode: one side of a compare fails). Faults are
 listed in ``FAULTS``; ``http-<status>`` works for any status.
@@ -55,6 +56,9 @@ from aiohttp import web
 HOST = "127.0.0.1"
 MAX_STALL = 30.0  # hard cap on any stall, whatever the spec says
 POLL = 0.01  # disconnect polling step during stalls
+
+#: vllm-router 0.1.17's answer when it has no worker to route to (restarted, its workers not admitted yet).
+NO_WORKERS = "No available workers (all circuits open or unhealthy)"
 
 FAULTS: dict[str, str] = {
     "empty-choices-first": "first chunk has `choices: []` and no usage; then a normal answer",
@@ -181,6 +185,7 @@ class Mode:
     finish: str = ""
     interval: int = 1  # tokens per chunk after the first (vLLM's --stream-interval)
     model: str = ""  # only requests for this model follow the spec; others get the default mode (compare tests)
+    router: int = 0  # 1: an http-503 is vllm-router's "no available workers" (plain text), not vLLM's JSON error
 
     @classmethod
     def parse(cls, spec: str) -> Mode:
@@ -206,7 +211,7 @@ class Mode:
             if not sep or key not in types or key in ("spec", "fault"):
                 raise ValueError(
                     f"mode {spec!r}: bad option {item!r}; use key=value with keys "
-                    "tokens, rate, at, stall, fail, retry_after, param, status, finish, interval, model"
+                    "tokens, rate, at, stall, fail, retry_after, param, status, finish, interval, model, router"
                 )
             conv = {"int": int, "float": float, "int | None": int}.get(str(types[key]), str)
             kw[key] = conv(value)
@@ -538,6 +543,9 @@ class FakeServer:
             return self._json(rec, not_found_body(model), 404)
         if fault == "overflow-400":
             return self._json(rec, overflow_body(mode.param, self.max_model_len, rec.max_tokens or 1024), 400)
+        if fault == "http-503" and mode.router:  # vllm-router with no routable worker: plain text, no error fields
+            rec.status, rec.completed = 503, True
+            return web.Response(status=503, text=NO_WORKERS, content_type="text/plain")
         if fault is not None and fault.startswith("http-"):
             status = mode.status
             headers = {"Retry-After": mode.retry_after} if status in (429, 503) else None

@@ -29,16 +29,16 @@ from backend.chat.client import ChatClient
 from backend.chat.health import HealthPoller, HealthSettings, reset_shared
 from backend.chat.service import Service, model_options
 from backend.chat.session import ChatSession
-from backend.engine import supervisor
-from backend.engine.launch import static_adapters
-from backend.engine.log_diagnosis import classify_failure
 from backend.errors import AdapterPathRefused, AdapterRejected, ModelNotFound
+from backend.launcher import supervisor
+from backend.launcher.launch import static_adapters
+from backend.launcher.log_diagnosis import classify_failure
 from backend.settings import replace
 from backend.text import t
 from tests.conftest import free_port, start_engine, tiny_settings
 from tests.fakes import adapter_zoo as zoo
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.asyncio]
 
 RANK = 8  # the good adapters' rank; tiny_settings serves with --max-lora-rank 8
 BIG_RANK = 16  # the bad static adapter: above --max-lora-rank 8

@@ -18,7 +18,7 @@ from backend.chat.client import Anomaly, ChatClient, Finish, Usage
 from backend.chat.health import HealthPoller, HealthSettings
 from backend.errors import ContextOverflow, ModelNotFound
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.asyncio]
 
 
 def get_json(engine, path: str, body: dict | None = None) -> dict:

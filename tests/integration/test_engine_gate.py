@@ -20,8 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from backend.engine import command, gate, logfile
+from backend.engine_plugins import gate
+from backend.launcher import command, logfile
 from tests.conftest import Engine, need_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
 
 #: The one route open without the key (the supervisor's and vllm-router's health checks).
 OPEN = {("GET", "/health")}

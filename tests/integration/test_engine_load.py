@@ -11,7 +11,7 @@ import pytest
 
 from backend.chat.health import EngineLoad, HealthPoller, HealthSettings
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.asyncio]
 
 POLL = HealthSettings(poll_starting=0.2, poll_ready=0.1, probe_every=30.0, request_timeout=10.0, probe_timeout=30.0)
 

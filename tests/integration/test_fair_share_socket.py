@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from backend.chat import database
+from backend.storage import database
 from tests.e2e import support as e2e
 from tests.e2e.test_history import PASSWORD, USER
 from tests.integration.test_message_ids import BOB, BOB_PW, launch, step_rows, until
 from tests.support.socket_client import Session, login_cookie
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+pytestmark = [pytest.mark.integration, pytest.mark.product, pytest.mark.asyncio]
 
 SESSIONS = 100
 LONG = "[[normal:tokens=200:rate=20]]"  # 10 s: the two admitted answers stream through the whole flood

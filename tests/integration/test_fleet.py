@@ -30,7 +30,7 @@ from tests.e2e import support as e2e
 from tests.support.ports import free_block
 from tests.support.socket_client import Session
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.product, pytest.mark.browser]
 
 KEY = e2e.ENGINE_KEY
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -62,7 +62,7 @@ def chat(base: str, model: str, text: str = "Say hello.", max_tokens: int = 8, t
 
 
 def metrics_request(base: str, key: str = KEY) -> urllib.request.Request:
-    """A replica's vLLM /metrics: it needs the key, like every route but /health (backend/engine/gate.py)."""
+    """A replica's vLLM /metrics: it needs the key, like every route but /health (backend/engine_plugins/gate.py)."""
     return urllib.request.Request(base.removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {key}"})
 
 

@@ -27,7 +27,7 @@ from tests.integration.test_fleet import served, wait_for
 from tests.support.socket_client import Session
 from tests.support.starts import descends_from
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.product]
 
 
 def chat(base: str, key: str, model: str, text: str = "Tell me a story.", max_tokens: int = 8) -> dict:
@@ -100,7 +100,7 @@ def test_the_password_in_the_remote_url_is_in_no_command_line_log_or_output(remo
             continue
         if descends_from(int(proc.name), os.getpid()):
             ours.append(cmdlines[-1])
-    routers = [c for c in ours if "backend.engine.router_gate" in c]
+    routers = [c for c in ours if "backend.engine_plugins.router_gate" in c]
     assert routers and all(tiny_engine.base_url.removesuffix("/v1") in c for c in routers)
     assert not [c for c in cmdlines if PASSWORD in c]
     for path in remote_fleet.log_dir.rglob("*"):

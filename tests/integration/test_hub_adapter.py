@@ -17,7 +17,7 @@ from tests.fakes.hub_server import FakeHub
 from tests.integration.test_hub_model import KEY, chat, launcher_env, start
 from tests.unit.engine.test_prepare_launch import finish, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.product]
 
 ADAPTER = "acme/tiny-qwen3-lora"
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from backend import contract, hub
-from backend.engine import prepare_bg
+from backend.launcher import prepare_bg
 from backend.settings import ROOT
 from tests.conftest import NO_COMPILE_ENV, free_port, need_env
 from tests.fakes.hub_server import FakeHub
 from tests.unit.engine.test_prepare_launch import finish, get, ui_status, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.product]
 
 REPO = "qwen/tiny-qwen3"
 KEY = "hub-test-key"

@@ -20,8 +20,10 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from backend.adapters.doctor import diagnose_adapter
-from backend.engine import merge
+from backend.tools import merge
 from tests.conftest import need_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120  # one subprocess; each takes 4-10 s here

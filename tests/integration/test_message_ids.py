@@ -18,11 +18,14 @@ import pytest
 from sqlalchemy import text
 
 from backend import passwords
-from backend.chat import database, datalayer, history
+from backend.storage import database, datalayer, history
 from tests.e2e import support as e2e
 from tests.e2e.test_history import LOGIN, PASSWORD, USER
 from tests.e2e.test_history import launch as launch_ready
 from tests.support.socket_client import Session, login_cookie
+
+pytestmark = [pytest.mark.integration, pytest.mark.product, pytest.mark.browser]
+
 
 BOB, BOB_PW = "bob", "bob's long password"
 SLOW = "[[normal:tokens=40:rate=8]]"  # the fake server streams this answer for ~5 s
@@ -159,7 +162,7 @@ async def test_the_data_layer_keeps_a_step_in_its_thread_and_type_on_postgresql(
 
 
 def test_the_leaderboard_query_counts_on_postgresql(postgres):
-    from backend.chat.votes import Standing, Vote, VoteStore
+    from backend.storage.votes import Standing, Vote, VoteStore
 
     db = database.from_setting(postgres.create_database(f"votes_{uuid.uuid4().hex[:8]}"), Path("unused.sqlite3"))
     store = VoteStore(database.store(db))

@@ -24,12 +24,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from backend.chat import database, history, preferences
-from backend.chat.datalayer import GuardedDataLayer
-from backend.chat.votes import Vote, VoteStore
 from backend.errors import ConfigError
 from backend.settings import HistorySettings, LoggingSettings, LoginSettings, Settings
+from backend.storage import database, history, preferences
+from backend.storage.datalayer import GuardedDataLayer
+from backend.storage.votes import Vote, VoteStore
 from tests.support.postgres import free_port
+
+pytestmark = [pytest.mark.integration]
+
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = "Arr, matey! Paris be the capital."
@@ -138,7 +141,7 @@ def test_a_database_of_the_previous_schema_version_is_upgraded_and_keeps_its_row
 def test_two_processes_creating_the_schema_at_once_do_not_race(postgres):
     db = fresh(postgres)
     code = (
-        "import sys; from pathlib import Path; from backend.chat import database, history; "
+        "import sys; from pathlib import Path; from backend.storage import database, history; "
         "history.ensure_schema(database.from_setting(sys.argv[1], Path('/unused')))"
     )
     procs = [
@@ -237,7 +240,7 @@ def test_preferences_and_votes_live_in_the_postgresql_database(postgres, tmp_pat
 
 @pytest.mark.asyncio
 async def test_export_feedback_reads_votes_and_thumbs_up_answers_from_postgresql(postgres, tmp_path):
-    from backend.chat import feedback_export
+    from backend.storage import feedback_export
     from tests.unit.chat.test_feedback_export import LIKED_EXAMPLES, store_liked_chat
 
     settings = pg_settings(tmp_path, fresh(postgres).async_url)
@@ -288,7 +291,7 @@ def test_an_unusable_database_is_one_clear_line_and_the_start_goes_on_without_hi
         prefs = preferences.open_preferences(settings)  # what app.py does next
     assert started.url is None and cause in started.off_reason  # no data layer: Chainlit runs without history
     assert env["CHAINLIT_AUTH_SECRET"]  # login still works
-    lines = [r.getMessage() for r in caplog.records if r.name == "backend.chat.history"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "backend.storage.history"]
     [line] = [m for m in lines if "history is off" in m]
     assert "history.db" in line and cause in line and "127.0.0.1:" in line and "***" in line
     waits = [m for m in lines if "waiting up to 1 s" in m]
@@ -398,7 +401,7 @@ def test_a_database_that_comes_up_after_the_ui_is_waited_for_and_the_history_is_
         started = history.open_history(pg_settings(tmp_path, db.url.render_as_string(False), wait=60.0), env)
         assert started.url is not None and not started.off_reason  # history on
         assert database.store(started.db).run(lambda c: c.execute(text("SELECT count(*) FROM threads")).scalar()) == 0
-    lines = [r.getMessage() for r in caplog.records if r.name == "backend.chat.history"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "backend.storage.history"]
     [waiting] = [m for m in lines if "waiting up to 60 s" in m]
     assert "connection refused" in waiting and f"127.0.0.1:{port}" in waiting and "***" in waiting
     assert any("answered after" in m for m in lines), lines

@@ -15,8 +15,8 @@ import json
 import pytest
 from sqlalchemy import text
 
-from backend.chat import database
-from backend.chat.history import META_KEY
+from backend.storage import database
+from backend.storage.history import META_KEY
 from backend.ui import views
 from tests.e2e import support as e2e
 from tests.e2e.test_history import LOGIN, PASSWORD, USER
@@ -24,6 +24,9 @@ from tests.e2e.test_history import launch as launch_ready
 from tests.fakes.openai_server import expected_text
 from tests.integration.test_message_ids import until
 from tests.support.socket_client import Session, Turn, login_cookie
+
+pytestmark = [pytest.mark.integration, pytest.mark.product]
+
 
 TOKENS = 80
 SLOW = f"[[normal:tokens={TOKENS}:rate=10]]"  # about 8 s of streaming: a checkpoint, then the end

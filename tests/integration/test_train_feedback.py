@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from backend.adapters.doctor import diagnose_adapter
-from backend.chat import preferences
-from backend.chat.votes import Vote, VoteStore
 from backend.settings import ROOT, LoggingSettings, Settings
+from backend.storage import preferences
+from backend.storage.votes import Vote, VoteStore
 from tests.conftest import need_env
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 
 def run(python: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

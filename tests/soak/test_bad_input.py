@@ -19,7 +19,7 @@ from tests.fakes.openai_server import FakeServer
 from tests.support import live_app
 from tests.support.socket_client import Session
 
-pytestmark = pytest.mark.soak
+pytestmark = [pytest.mark.soak, pytest.mark.product]
 
 PASTE_BYTES = 10 * 1024 * 1024
 PEAK_LIMIT_MIB = 2048  # "without exhausting memory": far below the machine's RAM, far above a sane app

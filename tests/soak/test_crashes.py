@@ -21,14 +21,14 @@ import urllib.request
 
 import pytest
 
-from backend.chat import loopstats
+from backend.web import loopstats
 from tests.conftest import NO_COMPILE_ENV
 from tests.e2e import support as e2e
 from tests.support import live_app
 from tests.support.socket_client import Session, Turn
 from tests.support.supervision import wait_group_empty
 
-pytestmark = pytest.mark.soak
+pytestmark = [pytest.mark.soak, pytest.mark.engine, pytest.mark.product]
 
 SIZES = {"short": (10, 2), "long": (50, 3)}  # sessions, kills
 # Long enough to still stream at the kill (about 12 s of generation for 10 sessions at once; the kill waits for the

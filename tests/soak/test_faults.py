@@ -22,7 +22,7 @@ from tests.fakes.openai_server import FAULTS, FakeServer, expected_text
 from tests.support import live_app
 from tests.support.socket_client import Session, Turn, percentile
 
-pytestmark = pytest.mark.soak
+pytestmark = [pytest.mark.soak, pytest.mark.product]
 
 SEED = 20261130
 SIZES = {"short": (20, 5), "long": (200, 20)}  # sessions, turns per session

@@ -35,10 +35,10 @@ from tests.fakes.openai_server import FakeServer, expected_text
 from tests.support import live_app
 from tests.support.socket_client import Session, Turn
 
-pytestmark = pytest.mark.soak
+pytestmark = [pytest.mark.soak, pytest.mark.engine, pytest.mark.product]
 
 SESSIONS, TOKENS = 10, 3000
-PING_EVERY = 25.0  # engine.io's ping interval (Chainlit keeps python-engineio's default)
+PING_FALLBACK = 25.0  # engine.io's ping interval, python-engineio's default (the handshake's own value is used)
 EARLY = 2.0  # seconds the stall begins before the first ping is due
 # Past any one websocket keepalive of uvicorn's defaults (a ping within 20 s, then 20 s for its pong): 41 s close a
 # socket whatever the phase; 45 s is well within engine.io's ping timeout.
@@ -70,13 +70,15 @@ async def stream_through_a_stall(
         connected = time.monotonic()
         sessions = [first] + [await Session(app.url).connect(timeout=60) for _ in range(SESSIONS - 1)]
         sids = [s.sid for s in sessions]
-        # Engine.io pings each socket PING_EVERY s after its handshake, then PING_EVERY s after each pong: the first
+        # Engine.io pings each socket ping_every s after its handshake, then ping_every s after each pong: the first
         # session's first ping is due at `due` (its handshake came just before `connected`). The answers stream
         # from now, and the UI stops from EARLY s before `due` to stall - EARLY s after: the ping goes out that late,
         # and the clients last wrote (their messages) a few seconds after `connected`. Python's client gave up 30 s
         # after its last write before the change (a ping more than ~5 s late), the server 20 s after a ping.
         turns = [await s.start(prompt) for s in sessions]
-        due = connected + PING_EVERY
+        ping_every = float(getattr(first.sio.eio, "ping_interval", 0) or PING_FALLBACK)  # the server's handshake
+        due = connected + ping_every
+        assert not first.pings, f"the first ping came before it was due ({ping_every} s): the stall misses it"
         await asyncio.sleep(max(0.0, due - EARLY - time.monotonic()))
         streaming = sum(1 for t in turns if t.first_token_at is not None and not t.finished)
         if client:
@@ -91,11 +93,14 @@ async def stream_through_a_stall(
             stopped = False
         resumed = time.monotonic()
         await asyncio.gather(*(s.wait(900) for s in sessions))
-        # The heartbeat goes on: a ping after the stall on every socket (it comes PING_EVERY after the late pong:
+        # the stall held the first ping back: none arrived before the stall ended, though it was due within it
+        early = [round(p - connected, 1) for p in first.pings if p < resumed]
+        assert not early and due < resumed, f"pings before the stall's end {early}, due {due - connected:.1f} s in"
+        # The heartbeat goes on: a ping after the stall on every socket (it comes ping_every after the late pong:
         # the server had the pong), or a socket closes (then at once: no point in waiting for the rest).
         await wait_until(
             lambda: all(pings_after(s, resumed) >= 1 for s in sessions) or any(s.disconnects for s in sessions),
-            2 * PING_EVERY + 30,
+            2 * ping_every + 30,
             "a ping after the stall on every socket",
             step=0.25,
         )

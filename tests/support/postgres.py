@@ -72,9 +72,33 @@ class Postgres:
             raise RuntimeError(f"psql failed: {out.stderr.strip()}")
         return out.stdout
 
+    def stop(self) -> None:
+        """``pg_ctl stop -m fast``: every connection closed, then nothing listening (the server going down)."""
+        self._pg_ctl("-m", "fast", "-w", "-t", "30", "stop")
+
+    def start(self) -> None:
+        """``pg_ctl start`` again on the same port and data folder; returns once it accepts connections."""
+        self._pg_ctl(
+            "-l", str(self.folder / "server.log"), "-o", _options(self.folder, self.port), "-w", "-t", "60", "start"
+        )
+
+    def _pg_ctl(self, *args: str) -> None:
+        out = subprocess.run(
+            [*self.as_user, str(self.bin / "pg_ctl"), "-D", str(self.folder / "data"), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"pg_ctl {args[-1]} failed: {out.stderr.strip()}")
+
     def create_database(self, name: str) -> str:
         self.psql(f'CREATE DATABASE "{name}" OWNER {ROLE}')
         return self.url(name)
+
+
+def _options(folder: Path, port: int) -> str:
+    return f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={folder} -c fsync=off"
 
 
 def _as_postgres() -> list[str]:
@@ -111,7 +135,7 @@ def running_postgres(parent: Path | None = None) -> Iterator[Postgres]:
     # Only the test role over TCP with a password; the superuser over the socket in the folder.
     (data / "pg_hba.conf").write_text("local all postgres trust\nhost all qwenchat 127.0.0.1/32 scram-sha-256\n")
     port = free_port()
-    opts = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={folder} -c fsync=off"
+    opts = _options(folder, port)
     start = subprocess.run(
         [*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-o", opts]
         + ["-w", "-t", "60", "start"],

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.engine.log_diagnosis import ATTEMPT_MARKER
-from backend.engine.supervisor import Supervisor, read_tail
+from backend.launcher.log_diagnosis import ATTEMPT_MARKER
+from backend.launcher.supervisor import Supervisor, read_tail
 
 
 def group_members(pgid: int) -> list[int]:

@@ -295,7 +295,7 @@ async def test_compare_with_only_one_model_served_says_so(chat, ui, monkeypatch)
 
 
 async def test_a_resumed_compared_thread_continues_from_the_picked_answer():
-    from backend.chat import history
+    from backend.storage import history
 
     def step(i: str, side: str, picked: bool, text: str) -> dict:
         meta = {"qwenchat": {"raw": text, "model": side, "compare": {"side": side, "picked": picked}}}

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from backend.chat import preferences
+from backend.storage import preferences
 from tests.unit import test_app_handlers as handlers
 from tests.unit.test_app_compare import compare_off, compare_on
 from tests.unit.test_app_guards import guarded_send

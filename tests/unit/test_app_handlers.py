@@ -717,6 +717,55 @@ async def test_unload_refused_by_the_engine_is_shown_and_the_chat_goes_on(chat):
     assert (await chat.send("still there?")).answers
 
 
+async def send_typed(chat, text: str):
+    """A message as Chainlit sends text typed in the composer (no command picked from the menu), dispatched as the
+    socket server does: through the guard registered for the event."""
+    from chainlit.server import sio
+
+    n = len(chat.events)
+    await sio.handlers["/"]["client_message"](chat.sid, {"message": chat.payload(text), "fileReferences": None})
+    await asyncio.wait_for(chat.session.current_task, 30)
+    return chat.screen(n)
+
+
+@pytest.mark.parametrize("typed", ["/unload fake-adapter", "/Unload   fake-adapter", "/unload\nfake-adapter"])
+async def test_a_command_typed_out_in_full_runs_as_the_picked_one_and_nothing_reaches_the_model(chat, fake, typed):
+    before = len(fake.records)
+    picked = await send_command(chat, "unload", "fake-adapter")
+    screen = await send_typed(chat, typed)
+    assert screen.errors == picked.errors and "fake-adapter" in screen.errors[-1]
+    assert len(fake.records) == before
+    assert [t for t in chat.conversation.turns if "unload" in t.content or t.content == "fake-adapter"] == []
+
+
+async def test_typed_adapters_lists_them_and_a_typed_compare_off_says_compare_is_off(chat, fake):
+    before = len(fake.records)
+    listed = await send_typed(chat, "/adapters")
+    assert "fake-qwen" in listed.answers[-1] and "fake-adapter" in listed.answers[-1]
+    on = await send_typed(chat, "/compare")
+    off = await send_typed(chat, "/compare off")
+    assert on.answers and off.answers and on.answers[-1] != off.answers[-1]
+    assert len(fake.records) == before and chat.conversation.turns == []
+
+
+async def test_an_unknown_slash_word_is_a_message_for_the_model(chat, fake):
+    m = marker()
+    screen = await send_typed(chat, f"/usr/bin/env python {m}")
+    assert screen.answers and chat.received(m)[-1].messages[-1]["content"] == f"/usr/bin/env python {m}"
+
+
+async def test_a_typed_command_is_kept_as_the_picked_form_marked_so_a_resumed_chat_does_not_send_it(chat):
+    from chainlit.chat_context import chat_context
+    from chainlit.context import init_ws_context
+
+    from backend.storage import history
+
+    await send_typed(chat, "/unload fake-adapter")
+    init_ws_context(chat.session)
+    [msg] = [m for m in chat_context.get() if m.type == "user_message" and m.content == "fake-adapter"]
+    assert msg.command == "unload" and msg.metadata[history.META_KEY] == {"command": "unload"}
+
+
 async def test_status_route_exposes_the_anomaly_counters_by_kind(chat, ui):
     before = (await ui.routes.status())["anomalies"].get("empty_choices", 0)
     screen = await chat.send(f"[[fault:empty-choices-first]] {marker()}")
@@ -759,7 +808,7 @@ async def push_model_change(ui) -> None:
     import dataclasses
 
     st = ui.service.poller.status
-    for q in list(ui.service.poller._subscribers):
+    for q in list(ui.service.poller.subscribers):
         q.put_nowait(dataclasses.replace(st, version=st.version + 1000))
 
 
@@ -767,18 +816,18 @@ async def test_a_reconnect_restarts_the_model_watcher_and_a_cancelled_one_unsubs
     from chainlit.config import config
     from chainlit.context import init_ws_context
 
-    subscribers = len(ui.service.poller._subscribers)
+    subscribers = len(ui.service.poller.subscribers)
     first = user_session(chat).watcher
     init_ws_context(chat.session)
     await config.code.on_chat_end()  # Chainlit calls it on every disconnect, also a brief network drop
     await asyncio.wait({first}, timeout=5)
     assert first.cancelled()
-    assert len(ui.service.poller._subscribers) == subscribers - 1  # its queue left the poller
+    assert len(ui.service.poller.subscribers) == subscribers - 1  # its queue left the poller
 
     await chat.send(f"after the reconnect {marker()}")  # same session: no on_chat_start
     again = user_session(chat).watcher
     assert again is not first and not again.done()
-    assert len(ui.service.poller._subscribers) == subscribers
+    assert len(ui.service.poller.subscribers) == subscribers
     n = len(chat.events)
     await push_model_change(ui)
     await wait_for(lambda: settings_sent(chat, n), 5, "the settings panel re-sent by the restarted watcher")
@@ -881,7 +930,7 @@ async def test_settings_changes_are_kept_in_the_user_session_copy_chainlit_write
     from chainlit.config import config
     from chainlit.context import init_ws_context
 
-    from backend.chat import history
+    from backend.storage import history
 
     init_ws_context(chat.session)
     await config.code.on_settings_update({"model": "fake-adapter", "temperature": 0.25})
@@ -890,7 +939,7 @@ async def test_settings_changes_are_kept_in_the_user_session_copy_chainlit_write
 
 
 async def test_a_command_message_is_marked_so_a_resumed_chat_leaves_it_out(chat):
-    from backend.chat import history
+    from backend.storage import history
 
     n = len(chat.events)
     await send_command(chat, "unload", "fake-qwen")

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from backend.chat import preferences
 from backend.chat.health import EngineState, HealthPoller
 from backend.contract import EngineStatus, SupervisorState
 from backend.settings import HealthSettings, replace
+from backend.storage import preferences
 from backend.text import Text, t
 from tests.conftest import free_port
 from tests.unit import test_app_handlers as handlers
@@ -62,7 +62,7 @@ async def test_a_browser_that_leaves_during_chat_start_leaves_no_model_watcher_b
     monkeypatch.setattr(chat_handlers, "send_commands", slow_send_commands)
     await ui.service.start()
     await asyncio.wait_for(ui.service._warm, 30)  # the start's warm-up waits on the poller too: let it finish first
-    subscribers = len(ui.service.poller._subscribers)
+    subscribers = len(ui.service.poller.subscribers)
     tab = Chat(ui, fake)
     await socket.connection_successful(tab.sid)
     start = tab.session.current_task
@@ -73,7 +73,7 @@ async def test_a_browser_that_leaves_during_chat_start_leaves_no_model_watcher_b
         release.set()
         await asyncio.wait_for(start, 10)
         assert user_session(tab).watcher is None  # nothing left that no on_chat_end would cancel
-        assert len(ui.service.poller._subscribers) == subscribers
+        assert len(ui.service.poller.subscribers) == subscribers
 
         monkeypatch.setattr(chat_handlers, "send_commands", real_send_commands)
         assert (await ui.service.poller.wait_until_ready(20)).answering
@@ -81,12 +81,12 @@ async def test_a_browser_that_leaves_during_chat_start_leaves_no_model_watcher_b
         assert screen.errors == [] and screen.answers[0].startswith(FULL), screen.errors
         watcher = user_session(tab).watcher
         assert watcher is not None and not watcher.done()
-        assert len(ui.service.poller._subscribers) == subscribers + 1
+        assert len(ui.service.poller.subscribers) == subscribers + 1
     finally:
         release.set()
         await tab.end()
     await asyncio.wait({watcher}, timeout=5)
-    assert watcher.cancelled() and len(ui.service.poller._subscribers) == subscribers
+    assert watcher.cancelled() and len(ui.service.poller.subscribers) == subscribers
 
 
 # ---------------------------------------------------------------- the system prompt is capped

@@ -20,11 +20,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 def publish(poller, load: EngineLoad | None) -> None:
     """What a poll that read vLLM's gauges does (_note_load): the status with its load, to every subscriber."""
-    from backend.chat.health import _put_latest
-
     poller._status = dataclasses.replace(poller._status, load=load)
-    for q in list(poller._subscribers):
-        _put_latest(q, poller.status)
+    poller.subscribers.publish(poller.status)
 
 
 def queued_steps(chat, since: int) -> list[dict]:

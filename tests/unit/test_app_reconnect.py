@@ -26,13 +26,27 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 class Link:
     """The tab's socket: ``cut`` (the server sees it close; what it emits goes nowhere) and ``back`` (the same
-    session on a new socket). ``shown``: what the tab shows; ``uncut``: what a tab never cut would show."""
+    session on a new socket). ``shown``: what the tab shows since the link was made; ``tab``: the whole tab;
+    ``uncut``: what a tab never cut would show, built from what the app itself emitted (every event through
+    Chainlit's emitter, tapped where the reconnect's journal records it), never from what the reconnect sent again:
+    an event the replay doubles or leaves out shows up as a difference between ``tab`` and ``uncut``."""
 
     def __init__(self, chat) -> None:
+        from backend.ui import reconnect
+
         self.chat = chat
         self.start = len(chat.events)
-        self.mark: int | None = None
+        self.mark = self.start  # where the cut began (in the tab's events)
         self.lost: list[tuple[str, Any]] = []
+        self.live: list[tuple[str, Any]] = []  # every event the app emitted since, cut or not, in order
+        journal = reconnect.journal_of(chat.session)
+        record = journal.record
+
+        def tap(event: str, data: Any) -> Any:
+            self.live.append((event, data))
+            return record(event, data)
+
+        journal.record = tap  # type: ignore[method-assign]
 
     async def cut(self) -> None:
         from chainlit.server import sio
@@ -63,9 +77,11 @@ class Link:
     def shown(self) -> Screen:
         return Screen(self.chat.events[self.start :])
 
+    def tab(self) -> Screen:
+        return Screen(list(self.chat.events))
+
     def uncut(self) -> Screen:
-        events = self.chat.events
-        return Screen(events[self.start : self.mark] + self.lost + events[self.mark :])
+        return Screen(self.chat.events[: self.start] + self.live)
 
 
 def view(screen: Screen) -> dict[str, Any]:
@@ -99,7 +115,7 @@ async def test_an_answer_that_ended_while_the_tab_was_away_is_shown_whole_with_i
     await link.back()
     answer = link.shown().answers[-1]
     assert "w39" in answer and "*`fake-qwen` ·" in answer, answer  # the whole text, then its footer
-    assert view(link.shown()) == view(link.uncut())
+    assert view(link.tab()) == view(link.uncut())
     assert last_task_state(link) == "task_end"
     after = await chat.send(f"next {marker()}")  # and the next message works
     assert after.answers and not after.errors, after.errors
@@ -115,13 +131,13 @@ async def test_an_answer_still_streaming_at_the_reconnect_has_no_gap_and_keeps_s
     await link.back()
     assert not sending.done(), "the answer ended before the reconnect: the test proves nothing"
     assert any(e == "stream_token" for e, _ in link.lost)
-    assert view(link.shown()) == view(link.uncut())  # the gap filled at once, not only by the final text
+    assert view(link.tab()) == view(link.uncut())  # the gap filled at once, not only by the final text
     assert last_task_state(link) == "task_start", "the tab must show the chat still answering (Stop)"
     during = link.shown().answers[-1]
     await asyncio.wait_for(sending, 30)
     answer = link.shown().answers[-1]
     assert answer.startswith(during) and "w79" in answer and "*`fake-qwen` ·" in answer, answer
-    assert view(link.shown()) == view(link.uncut())
+    assert view(link.tab()) == view(link.uncut())
     assert last_task_state(link) == "task_end"
 
 
@@ -140,7 +156,7 @@ async def test_a_cut_that_the_server_did_not_notice_loses_nothing_either(chat):
     await asyncio.wait_for(sending, 30)
     await link.back()
     assert "*`fake-qwen` ·" in link.shown().answers[-1]
-    assert view(link.shown()) == view(link.uncut())
+    assert view(link.tab()) == view(link.uncut())
 
 
 async def test_an_error_while_the_tab_was_away_is_shown_with_its_retry_and_retry_works(chat):
@@ -151,7 +167,7 @@ async def test_an_error_while_the_tab_was_away_is_shown_with_its_retry_and_retry
     await link.back()
     shown = link.shown()
     assert shown.errors and shown.error_actions() == ["retry"], view(shown)
-    assert view(shown) == view(link.uncut())
+    assert view(link.tab()) == view(link.uncut())
     [retry] = [a for m in shown.messages if m.get("isError") for a in shown.actions.get(m["id"], [])]
     again = await chat.click(retry)
     assert again.answers and not again.errors, again.errors
@@ -171,7 +187,7 @@ async def test_a_compare_pair_that_ended_while_the_tab_was_away_is_shown_whole(c
         for side in ("A", "B"):
             assert "w39" in sides[side]["output"] and "tokens" in sides[side]["output"], sides[side]["output"]
         assert compare.notes(shown), "the note with the vote buttons"
-        assert view(shown) == view(link.uncut())
+        assert view(link.tab()) == view(link.uncut())
     finally:
         await compare.compare_off(chat)
 
@@ -197,7 +213,7 @@ async def test_a_turn_waiting_in_the_queue_shows_its_wait_step_when_back_and_its
         await asyncio.wait_for(sending, 30)
         shown = link.shown()
         assert shown.answers and "*`fake-qwen` ·" in shown.answers[-1]
-        assert view(shown) == view(link.uncut())
+        assert view(link.tab()) == view(link.uncut())
     finally:
         publish(poller, None)
 
@@ -208,7 +224,7 @@ async def test_a_tab_back_before_its_first_message_is_not_sent_its_chat_again(ch
     link = Link(chat)
     await link.cut()
     await link.back()
-    assert view(link.shown()) == view(link.uncut())
+    assert view(link.tab()) == view(link.uncut())
     after = await chat.send(f"first {marker()}")
     assert after.answers and not after.errors
 
@@ -237,7 +253,7 @@ async def test_a_chat_resumed_from_the_history_is_not_opened_again_from_the_data
     assert resumed == []
     await asyncio.wait_for(sending, 30)
     assert "*`fake-qwen` ·" in link.shown().answers[-1]
-    assert view(link.shown()) == view(link.uncut())
+    assert view(link.tab()) == view(link.uncut())
 
 
 async def test_a_model_list_that_changed_while_the_tab_was_away_reaches_its_panel_when_back(chat, ui):

@@ -14,8 +14,18 @@ CHAINLIT_TOML = ROOT / ".chainlit" / "config.toml"
 
 
 def _in_toml(key: str) -> object:
-    section, name = key.split(".")
-    return tomllib.loads(CHAINLIT_TOML.read_text(encoding="utf-8"))[section][name]
+    value = tomllib.loads(CHAINLIT_TOML.read_text(encoding="utf-8"))
+    for part in key.split("."):
+        value = value[part]
+    return value
+
+
+def _part(config: object, key: str) -> tuple[object, str]:
+    """(the object holding ``key``'s last part, that part) in Chainlit's config."""
+    *path, name = key.split(".")
+    for part in path:
+        config = getattr(config, part.lower())
+    return config, name
 
 
 @pytest.mark.parametrize(
@@ -35,8 +45,8 @@ def test_apply_sets_each_setting_where_chainlit_reads_it(monkeypatch):
     from starlette.applications import Starlette
     from starlette.middleware.cors import CORSMiddleware
 
-    for section, name in (key.split(".") for key in chainlit_settings(Settings(), sharing=False)):
-        part = getattr(config, section.lower())
+    for key in chainlit_settings(Settings(), sharing=False):
+        part, name = _part(config, key)
         monkeypatch.setattr(part, name, getattr(part, name))  # put back after the test
     http_app = Starlette()
     http_app.add_middleware(CORSMiddleware, allow_origins=["*"])
@@ -48,7 +58,7 @@ def test_apply_sets_each_setting_where_chainlit_reads_it(monkeypatch):
     apply(settings, sharing=True, http_app=http_app)
 
     wanted = chainlit_settings(settings, sharing=True)
-    assert wanted == {
+    assert {k: v for k, v in wanted.items() if "file_upload" not in k} == {
         "UI.name": "Team chat",
         "UI.custom_css": THEME_CSS,
         "features.allow_thread_sharing": True,
@@ -56,11 +66,22 @@ def test_apply_sets_each_setting_where_chainlit_reads_it(monkeypatch):
         "project.user_session_timeout": 24 * 3600,  # [login] session_hours (Chainlit's own default: 15 days)
     }
     for key, value in wanted.items():
-        section, name = key.split(".")
-        assert getattr(getattr(config, section.lower()), name) == value, key
+        part, name = _part(config, key)
+        assert getattr(part, name) == value, key
     cors = next(m for m in http_app.user_middleware if m.cls is CORSMiddleware)
     assert cors.kwargs["allow_origins"] == wanted["project.allow_origins"]
 
     apply(Settings(), sharing=False, http_app=Starlette())  # back to the shipped ones; no CORS middleware: no error
     assert config.ui.custom_css == SHIPPED_CSS and config.ui.name == "Qwen Chat"
     assert config.features.allow_thread_sharing is False and config.project.allow_origins == []
+
+
+def test_the_composers_upload_follows_uploads_settings():
+    from backend.settings import UploadsSettings
+
+    values = chainlit_settings(Settings(uploads=UploadsSettings(max_files=3, max_mb=2.5, enabled=False)), sharing=False)
+
+    assert values["features.spontaneous_file_upload.enabled"] is False
+    assert values["features.spontaneous_file_upload.max_files"] == 3
+    assert values["features.spontaneous_file_upload.max_size_mb"] == 3  # whole MB, rounded up: ours checks exactly
+    assert ".pdf" in values["features.spontaneous_file_upload.accept"]["text/plain"]

@@ -14,8 +14,8 @@ import pytest
 
 from backend import contract
 from backend.contract import EngineStatus, SupervisorState
-from backend.engine.command import Command
-from backend.engine.supervisor import Supervisor
+from backend.launcher.command import Command
+from backend.launcher.supervisor import Supervisor
 from backend.settings import ROOT
 from backend.text import Text
 

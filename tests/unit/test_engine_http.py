@@ -48,6 +48,8 @@ UNKNOWN_MODEL = {"message": "The model `x` does not exist.", "type": "NotFoundEr
         (403, "<html>Forbidden</html>", Route.LOAD_ADAPTER, E.WebPageResponse),
         (500, "x < y in <html>", Route.CHAT, E.EngineError),  # text that merely mentions a tag is no page
         (None, {"message": "error event", "code": 503}, Route.CHAT, E.Overloaded),
+        (503, "No available workers (all circuits open or unhealthy)", Route.CHAT, E.NoWorkerAvailable),  # the router
+        (429, "No available workers", Route.CHAT, E.Overloaded),  # its words on a 429: busy, not "no worker"
         (None, {"message": "error event without status"}, Route.CHAT, E.EngineError),
     ],
 )

@@ -1,6 +1,13 @@
-"""The layout is the architecture: the Chainlit process's code (backend/chat, backend/ui) never imports the engine
-side, the engine side never imports either; only backend/ui (and app.py, which installs it) imports Chainlit, and
-backend/chat never imports backend/ui."""
+"""The layout is the architecture: folder names say which process runs the code.
+
+- The UI process (Chainlit's): ``backend/ui`` (the only Chainlit code), ``backend/chat`` (the chat itself),
+  ``backend/storage`` (history, preferences, votes, shares), ``backend/web`` (the web edge: security middleware,
+  login, metrics). It never imports the launcher, the engine plugins or the offline tools.
+- The launcher (``python -m backend serve``): ``backend/launcher`` (launch, supervise, fleet, diagnose).
+- Inside vLLM and vllm-router: ``backend/engine_plugins``; they import only the shared modules.
+- Offline tools (a command, then exit): ``backend/tools`` (merge, model build, download).
+- Both sides: ``backend/adapters`` and the top-level shared modules.
+Only ``backend/ui`` (and app.py, which installs it) imports Chainlit; nothing imports ``backend/ui``."""
 
 from __future__ import annotations
 
@@ -42,17 +49,33 @@ def _name(path: Path) -> str:
     return str(path.relative_to(BACKEND.parent))
 
 
-@pytest.mark.parametrize("path", _modules("chat") + _modules("ui"), ids=_name)
-def test_the_chainlit_process_never_imports_the_engine_side(path):
-    """backend/chat and backend/ui run in the Chainlit process, which must not need the launcher."""
-    engine = _under(_imports(path), "backend.engine")
-    assert not engine, f"{_name(path)} imports {engine}: the Chainlit process must not need the launcher"
+UI_PROCESS = ("chat", "storage", "web", "ui")
+ENGINE_SIDE = ("launcher", "engine_plugins", "tools")
 
 
-@pytest.mark.parametrize("path", _modules("engine"), ids=_name)
-def test_the_engine_side_never_imports_the_chat_side(path):
-    chat = _under(_imports(path), "backend.chat", "backend.ui")
-    assert not chat, f"{_name(path)} imports {chat}: the launcher must not need the Chainlit process's code"
+def test_every_backend_folder_has_its_process_rule():
+    folders = {d.name for d in BACKEND.iterdir() if d.is_dir() and not d.name.startswith(("_", "."))}
+    assert folders - {"catalog", "data"} == {*UI_PROCESS, *ENGINE_SIDE, "adapters"}
+
+
+@pytest.mark.parametrize("path", [p for f in UI_PROCESS for p in _modules(f)], ids=_name)
+def test_the_ui_process_never_imports_the_engine_side(path):
+    """The Chainlit process must not need the launcher, the engine plugins or the offline tools."""
+    engine = _under(_imports(path), *(f"backend.{f}" for f in ENGINE_SIDE))
+    assert not engine, f"{_name(path)} imports {engine}: the UI process must not need the engine side"
+
+
+@pytest.mark.parametrize("path", [p for f in ENGINE_SIDE for p in _modules(f)], ids=_name)
+def test_the_engine_side_never_imports_the_ui_process(path):
+    chat = _under(_imports(path), *(f"backend.{f}" for f in UI_PROCESS))
+    assert not chat, f"{_name(path)} imports {chat}: the engine side must not need the Chainlit process's code"
+
+
+@pytest.mark.parametrize("path", _modules("engine_plugins"), ids=_name)
+def test_the_engine_plugins_import_only_the_shared_modules(path):
+    """They run inside vLLM and vllm-router, in the engine environment: nothing of the launcher or the tools."""
+    ours = _under(_imports(path), *(f"backend.{f}" for f in ("launcher", "tools", "adapters")))
+    assert not ours, f"{_name(path)} imports {ours}: code loaded into vLLM takes only the shared modules"
 
 
 ROOT = BACKEND.parent
@@ -118,7 +141,7 @@ def test_shared_modules_import_neither_side(name):
     sides = sorted(
         m
         for m in _imports(BACKEND / name)
-        if m.startswith(("backend.engine", "backend.chat", "backend.adapters", "backend.ui", "chainlit"))
+        if m.startswith(tuple(f"backend.{f}" for f in (*UI_PROCESS, *ENGINE_SIDE, "adapters")) + ("chainlit",))
     )
     assert not sides, f"backend/{name} is shared by both sides but imports {sides}"
 
@@ -126,8 +149,8 @@ def test_shared_modules_import_neither_side(name):
 def test_the_import_scan_sees_relative_imports():
     """The scan itself can fail: a relative import of the engine side from chat/ is resolved and caught."""
     probe = BACKEND / "chat" / "_layout_probe.py"
-    probe.write_text("from ..engine import supervisor\n")
+    probe.write_text("from ..launcher import supervisor\n")
     try:
-        assert "backend.engine" in _imports(probe) and "backend.engine.supervisor" in _imports(probe)
+        assert "backend.launcher" in _imports(probe) and "backend.launcher.supervisor" in _imports(probe)
     finally:
         probe.unlink()

@@ -1,5 +1,5 @@
-"""The README's figures about the tests are the code's: the fault server's modes and the engine logs, recorded or
-reconstructed (counted here, so a new fault or log that is not written into the README fails)."""
+"""docs/TESTING.md's figures about the tests are the code's: the fault server's modes and the engine logs, recorded or
+reconstructed (counted here, so a new fault or log that is not written there fails)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ LOGS = ROOT / "tests" / "logs"
 
 
 def figures(readme: str) -> dict[str, int]:
-    """The numbers the README's Tests section gives (a KeyError names the one it no longer states)."""
+    """The numbers docs/TESTING.md gives (a KeyError names the one it no longer states)."""
     found = {
         "fault modes": re.search(r"`tests/fakes/openai_server\.py`, (\d+) fault modes", readme),
         "logs": re.search(r"on (\d+) vLLM logs in `tests/logs/`", readme),
@@ -34,8 +34,8 @@ def counted() -> dict[str, int]:
 
 
 def test_the_readme_states_how_many_fault_modes_and_engine_logs_there_are():
-    stated = figures((ROOT / "README.md").read_text())
-    assert stated == counted(), f"README.md's Tests section says {stated}; the code has {counted()}"
+    stated = figures((ROOT / "docs" / "TESTING.md").read_text())
+    assert stated == counted(), f"docs/TESTING.md says {stated}; the code has {counted()}"
 
 
 def test_every_recorded_log_is_in_the_logs_readme_table_and_every_other_log_is_reconstructed():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import backend.engine.merge  # noqa: F401  (MergeError subclasses QwenChatError outside errors.py)
+import backend.tools.merge  # noqa: F401  (MergeError subclasses QwenChatError outside errors.py)
 from backend import text
 from backend.errors import QwenChatError
 from backend.settings import Settings

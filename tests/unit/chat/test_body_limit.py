@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from backend.chat.body_limit import BodyLimitMiddleware, BodyLimits, BodyTooLarge
+from backend.web.body_limit import BodyLimitMiddleware, BodyLimits, BodyTooLarge
 
 
 class Route:

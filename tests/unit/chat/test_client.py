@@ -36,8 +36,8 @@ from backend.chat.client import (
     map_error,
     new_request_id,
     reset_anomaly_counts,
-    sanitize_messages,
 )
+from backend.chat.sanitize import sanitize_messages
 from backend.errors import (
     AuthenticationFailed,
     BackendError,
@@ -73,6 +73,12 @@ HI = [{"role": "user", "content": "hi"}]
 FAST = ClientSettings(
     connect_timeout=2.0, first_token_timeout=0.5, idle_timeout=0.3, total_timeout=5.0, max_retries=0, retry_backoff=0.01
 )
+#: For the cases that do not test a time limit: limits no busy machine reaches (FAST's 0.5 s once ended a plain
+#: answer in FirstTokenTimeout while another process was busy).
+UNHURRIED = ClientSettings(
+    connect_timeout=30.0, first_token_timeout=120.0, idle_timeout=120.0, total_timeout=300.0, max_retries=0
+)
+TIME_LIMITS = (FirstTokenTimeout, IdleTimeout, TotalTimeout)
 
 
 @pytest_asyncio.fixture
@@ -227,11 +233,15 @@ def test_matrix_covers_every_fault_mode_of_the_fake_server():
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("fault", sorted(STREAM))
-async def test_stream_fault_ends_in_its_typed_outcome(server, client, fault):
-    spec = f"fault:{fault}:stall=5"
-    events, exc = await collect(client, spec)
-    assert_well_formed(events, exc)
+async def test_stream_fault_ends_in_its_typed_outcome(server, fault):
     expected = STREAM[fault]
+    spec = f"fault:{fault}:stall=30"  # a stall runs into FAST's limits; every other fault gets UNHURRIED ones
+    client = ChatClient(server.base_url, "test-key", FAST if expected in TIME_LIMITS else UNHURRIED)
+    try:
+        events, exc = await collect(client, spec)
+    finally:
+        await client.aclose()
+    assert_well_formed(events, exc)
     if isinstance(expected, type):
         assert type(exc) is expected, f"{fault}: got {exc!r}"
         assert text_of(events) == PARTIAL.get(fault, "")  # what arrived before the failure is delivered
@@ -248,15 +258,17 @@ async def test_stream_fault_ends_in_its_typed_outcome(server, client, fault):
 @pytest.mark.asyncio
 @pytest.mark.parametrize("fault", sorted(NONSTREAM))
 async def test_complete_fault_ends_in_its_typed_outcome(server, fault):
-    client = make_client(server, total_timeout=0.5)
-    spec = f"fault:{fault}:stall=5"
+    # [client] total_timeout is what a stall (30 s here) runs into; every other fault gets a limit no busy machine
+    # reaches (a 0.5 s limit for all once ended a plain answer in TotalTimeout while another process was busy)
+    expected = NONSTREAM[fault]
+    client = make_client(server, total_timeout=0.5 if expected is TotalTimeout else 120)
+    spec = f"fault:{fault}:stall=30"
     try:
         result: Answer | BaseException = await client.complete(HI, spec)
     except Exception as exc:  # noqa: BLE001
         result = exc
     finally:
         await client.aclose()
-    expected = NONSTREAM[fault]
     if isinstance(expected, type):
         assert type(result) is expected, f"{fault}: got {result!r}"
     else:
@@ -600,7 +612,10 @@ async def test_request_id_is_sent_as_header_and_on_every_log_line(server, client
     events, exc = await collect(client, "fault:empty-choices-first", prompt, request_id="abcd1234")
     assert exc is None
     assert server.records[-1].request_id == "abcd1234"
-    lines = [r.getMessage() for r in caplog.records if r.name == "backend.chat.client"]
+    # the client and the modules that read its streams (stream_read, stream_events)
+    lines = [
+        r.getMessage() for r in caplog.records if r.name.startswith(("backend.chat.client", "backend.chat.stream_"))
+    ]
     assert lines and all("[abcd1234]" in line for line in lines)
     first = [m for m in lines if "first chunk" in m]
     assert first and '"choices": []' in first[0]  # the raw first chunk, as the engine sent it
@@ -620,7 +635,7 @@ async def test_anomalies_are_counted_once_per_request_and_kind(server, client, c
         await collect(client, "fault:null-content:tokens=10")  # ten null chunks each
     await collect(client, "fault:several-choices")
     assert anomaly_counts() == {"null_content": 2, "several_choices": 1}
-    caplog.set_level(logging.INFO, logger="backend.chat.client")
+    caplog.set_level(logging.INFO, logger="backend.chat")
     log_anomaly_summary()
     assert any("null_content" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
 
@@ -758,6 +773,11 @@ MAPPING: list[tuple[str, Exception, type]] = [
     ("422", _status(openai.UnprocessableEntityError, 422, {"message": "bad field"}), RequestRejected),
     ("429", _status(openai.RateLimitError, 429, {"message": "slow down"}), Overloaded),
     ("503", _status(openai.InternalServerError, 503, {"message": "busy"}), Overloaded),
+    (
+        "503 vllm-router without a worker",
+        _status(openai.InternalServerError, 503, "No available workers (all circuits open or unhealthy)"),
+        errors.NoWorkerAvailable,
+    ),
     ("500", _status(openai.InternalServerError, 500, {"message": "boom"}), EngineError),
     ("502 html", _status(openai.InternalServerError, 502, "<html>bad gateway</html>"), errors.WebPageResponse),
     (
@@ -880,15 +900,15 @@ def test_every_backend_error_subclass_is_reachable_from_the_client():
 
 
 def test_the_error_tree_in_the_errors_docstring_names_every_class():
-    import backend.chat.preferences
-    import backend.engine.merge  # noqa: F401 - registers MergeError, which lives next to its only user
+    import backend.storage.preferences
+    import backend.tools.merge  # noqa: F401 - registers MergeError, which lives next to its only user
 
     tree = errors.__doc__.split("QwenChatError", 1)[1]
     named = set(re.findall(r"[├└]── (?:\w+\.)?(\w+)", tree))
     classes = {c.__name__ for c in _all_subclasses(errors.QwenChatError)}
     assert classes - named == set(), f"missing from the tree: {sorted(classes - named)}"
     assert named - classes == set(), f"in the tree but not a class: {sorted(named - classes)}"
-    assert "merge.MergeError (see backend/engine/merge.py)" in " ".join(errors.__doc__.split())
+    assert "merge.MergeError (see backend/tools/merge.py)" in " ".join(errors.__doc__.split())
 
 
 # ---------------------------------------------------------------- any malformed body: the principle
@@ -984,7 +1004,7 @@ async def raw_server():
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    client = ChatClient(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", "k", FAST)
+    client = ChatClient(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", "k", UNHURRIED)  # no case is a time limit
     yield client
     await client.aclose()
     await runner.cleanup()
@@ -1012,7 +1032,7 @@ async def test_any_malformed_body_ends_in_one_outcome_and_never_passes_a_cut_ans
 @pytest.mark.asyncio
 async def test_a_json_body_is_counted_per_request_and_warned_once_per_process(server, client, caplog):
     reset_anomaly_counts()
-    with caplog.at_level(logging.WARNING, logger="backend.chat.client"):
+    with caplog.at_level(logging.WARNING, logger="backend.chat"):
         for _ in range(2):
             events, exc = await collect(client, "fault:json-body")
             assert exc is None and text_of(events) == TEXT

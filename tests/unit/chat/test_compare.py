@@ -8,7 +8,7 @@ import pytest
 
 from backend.chat import compare
 from backend.chat.conversation import Conversation
-from backend.chat.votes import Standing
+from backend.storage.votes import Standing
 from backend.ui import markdown
 
 SERVED = ["base", "pirate"]

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from backend.chat import database
+from backend.storage import database
 
 
 def raised(exc: BaseException, wrap: bool) -> BaseException:

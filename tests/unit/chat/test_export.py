@@ -73,3 +73,15 @@ def test_a_lone_surrogate_is_made_writable():
     conv.add_user("u1", "hi \ud800")
     md = conversation_markdown(conv, "en", now=NOW)
     assert "hi \ufffd" in md and md.encode("utf-8")
+
+
+def test_a_message_with_documents_exports_them_as_the_model_read_them():
+    from backend.chat.documents import Document
+
+    conv = Conversation()
+    conv.add_user("u1", "what is in it?", (Document("r.pdf", "pdf", "code ``` word", pages=1, page_ends=(13,)),))
+
+    md = conversation_markdown(conv, "en", now=NOW)
+
+    heading = "### 📎 r.pdf: PDF · 1 page · 13 characters"
+    assert f"## You\n\nwhat is in it?\n\n{heading}\n\n````text\ncode ``` word\n````" in md

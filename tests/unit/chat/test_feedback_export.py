@@ -1,4 +1,4 @@
-"""backend/chat/feedback_export.py and `python -m backend export-feedback`: votes from the VoteStore and thumbs-up
+"""backend/storage/feedback_export.py and `python -m backend export-feedback`: votes from the VoteStore and thumbs-up
 answers stored by Chainlit's real SQLAlchemyDataLayer become TRL preference pairs and chat examples; those files
 are what `train-demo --data` reads (backend/training_data.py)."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.chat import datalayer, feedback_export, history, preferences
-from backend.chat.votes import Vote, VoteStore
 from backend.settings import ROOT, LoggingSettings, LoginSettings, Settings
+from backend.storage import datalayer, feedback_export, history, preferences
+from backend.storage.votes import Vote, VoteStore
 from backend.training_data import TrainingDataError, read_examples
 from backend.ui.markdown import footer, interrupted_marker
 

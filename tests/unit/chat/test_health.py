@@ -248,8 +248,33 @@ async def test_status_file_restarting_attempt_2_of_5_is_what_the_user_is_told(en
         assert down.text("en") == "adapter 'pirate' was not found; it is down after 5 attempts"
         assert down.models_stale and down.cause == "lora_load_failed"
         t0 = time.monotonic()
-        assert (await poller.wait_until_ready(5)).state is EngineState.DOWN  # no waiting on a dead engine
-        assert time.monotonic() - t0 < 2.5  # at once, not after the 5 s it was offered
+        assert (await poller.wait_until_ready(120)).state is EngineState.DOWN  # no waiting on a dead engine
+        assert time.monotonic() - t0 < 60  # at once, not after the 120 s it was offered (a busy machine is slow)
+    finally:
+        await poller.stop()
+
+
+@pytest.mark.parametrize("state", ["starting", "restarting"])
+@pytest.mark.asyncio
+async def test_an_engine_that_answers_is_not_ready_until_its_supervisor_says_running(engine, tmp_path, state):
+    """Issue #28: a restarted engine answers /health and a probe before its supervisor's next check writes "running"
+    (it checks every half second, later on a busy machine). A UI that called it ready then answered through it while
+    the launcher's status still said "restarting" for that very engine (seen in tests/e2e/test_recovery.py). Ready is
+    only ever said once the status file agrees."""
+    status_file = tmp_path / "engine-status.json"
+    write_status(status_file, state=state, pid=5151, attempt=1 if state == "restarting" else 0)
+    await engine.start()  # answers everything, the probe included
+    poller = HealthPoller(engine.url, KEY, FAST, status_file=status_file)
+    await poller.start()
+    try:
+        probes = engine.probes
+        await until(poller, lambda s: s.checked_at > 0, what="a first poll")
+        for _ in range(5):  # several polls: none of them calls it ready, none probes it
+            st = await poller.refresh()
+            assert st.state is EngineState.STARTING, st
+        assert engine.probes == probes
+        write_status(status_file, state="running", pid=5151, attempt=1)
+        assert (await poller.wait_until_ready(30)).state is EngineState.READY
     finally:
         await poller.stop()
 

@@ -390,3 +390,30 @@ async def test_a_local_replica_restarting_is_named_with_its_supervisors_words_an
         assert (st.replicas[1].attempt, st.replicas[1].cause) == (1, "killed")  # the restart stays counted
     finally:
         await p.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_local_replica_answering_before_its_supervisor_says_running_is_not_ready_yet(fleet, tmp_path):
+    """Issue #28: a restarted replica answers /health before its supervisor's next check writes "running"; it counts
+    as ready only then, as the router does (the status a test or a person reads never lags what the UI said)."""
+    from backend.contract import EngineStatus, SupervisorState, replica_status_file_name
+
+    router, replicas = fleet
+    main = tmp_path / "engine-status.json"
+    EngineStatus(SupervisorState.RUNNING, pid=1, attempt=0).write(main)
+    EngineStatus(SupervisorState.RUNNING, pid=10, attempt=0).write(tmp_path / replica_status_file_name(0))
+    EngineStatus(SupervisorState.RESTARTING, pid=12, attempt=1, max_attempts=5).write(
+        tmp_path / replica_status_file_name(1)
+    )
+    p = HealthPoller(router.url, KEY, FAST, main, replicas=[r.url for r in replicas[:2]], local_replicas=2)
+    try:
+        await p.start()
+        st = await until(p, lambda s: s.checked_at > 0 and s.replicas[0].ready, what="a first poll")
+        for _ in range(3):  # replica 2 answers /health all along
+            st = await p.refresh()
+            assert [r.ready for r in st.replicas] == [True, False], st.replicas
+            assert st.state is EngineState.DEGRADED and "attempt 1 of 5" in st.text("en")
+        EngineStatus(SupervisorState.RUNNING, pid=12, attempt=1).write(tmp_path / replica_status_file_name(1))
+        await until(p, lambda s: s.ready and s.replicas_ready == 2, what="ready once its supervisor says so")
+    finally:
+        await p.stop()

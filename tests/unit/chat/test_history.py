@@ -1,4 +1,4 @@
-"""backend/chat/history.py: the SQLite schema under Chainlit's real SQLAlchemyDataLayer, rebuilding a chat
+"""backend/storage/history.py: the SQLite schema under Chainlit's real SQLAlchemyDataLayer, rebuilding a chat
 from its stored thread, and ``prepare`` (the database and the login secret). The password check is in
 test_login.py, settings remembered per user or browser in test_preferences.py.
 
@@ -15,10 +15,10 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from backend.chat import history
-from backend.chat.login import SECRET_FILE, auth_secret
 from backend.settings import LoggingSettings, LoginSettings, Settings
+from backend.storage import history
 from backend.ui.markdown import footer, interrupted_marker
+from backend.web.login import SECRET_FILE, auth_secret
 
 RAW = "Arr, matey! Paris be the capital."
 
@@ -237,10 +237,42 @@ async def test_a_resumed_thread_leaves_out_composer_commands_marked_by_the_app(l
 @pytest.mark.parametrize(
     "step",
     [
-        {"id": "c", "type": "user_message", "output": "pirate", "command": "unload"},  # a layer that keeps "command"
+        {"id": "c", "type": "user_message", "output": "pirate", "metadata": history.command_metadata("unload")},
         {"id": "c", "type": "user_message", "output": "", "metadata": json.dumps(history.command_metadata("adapters"))},
     ],
 )
 def test_command_steps_are_not_chat_turns(step):
     thread = {"steps": [{"id": "u1", "type": "user_message", "output": "hi"}, step]}
     assert [t.content for t in history.conversation_from_thread(thread).turns] == ["hi"]
+
+
+def test_a_starters_message_is_a_chat_turn_though_chainlit_calls_its_model_a_command():
+    # set_starters sends the starter's model as Chainlit's "command"; only our own mark makes a step a command.
+    step = {"id": "s", "type": "user_message", "output": "Tell me about ships", "command": "pirate"}
+    assert [t.content for t in history.conversation_from_thread({"steps": [step]}).turns] == ["Tell me about ships"]
+
+
+@pytest.mark.asyncio
+async def test_documents_stored_with_a_user_message_come_back_with_the_resumed_chat(layer):
+    """As backend/ui/attachments.store writes them: a partial upsert of the user message's step (its text kept)."""
+    from backend.chat.documents import Document
+
+    doc = Document("report.pdf", "pdf", "page one\n\npage two", pages=2, page_ends=(8, 18))
+    thread_id, _ = await store_chat(layer, [("user", "what does it say?", None)])
+    user_step = (await layer.get_thread(thread_id))["steps"][0]
+    step = {"id": user_step["id"], "threadId": thread_id, "type": "user_message"}
+    await layer.update_step({**step, "metadata": history.documents_metadata([doc])})
+
+    conv = history.conversation_from_thread(await layer.get_thread(thread_id))
+
+    [turn] = conv.turns
+    assert (turn.content, turn.documents) == ("what does it say?", (doc,))
+    assert conv.messages()[0]["content"].startswith('<document name="report.pdf" type="PDF" pages="2">\npage one')
+
+
+def test_documents_that_cannot_be_read_back_are_left_out_not_fatal():
+    step = {"id": "u1", "type": "user_message", "output": "q", "metadata": {history.META_KEY: {"documents": [{}]}}}
+
+    [turn] = history.conversation_from_thread({"steps": [step]}).turns
+
+    assert (turn.content, turn.documents) == ("q", ())

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.chat import health
-from backend.chat.health import HealthPoller, HealthSettings, ModelEntry, _parse_models
+from backend.chat import health_status
+from backend.chat.health import HealthPoller, HealthSettings, ModelEntry
+from backend.chat.health_status import parse_models
 from backend.chat.service import model_options
 from backend.errors import ConfigError
 from backend.settings import load_settings
@@ -32,41 +33,41 @@ def kinds(models) -> dict[str, str]:
 
 
 def test_hidden_lineage_and_no_config_calls_only_the_configured_model_the_base():
-    models = _parse_models(hidden("pirate", "smol"), {}, "smol")
+    models = parse_models(hidden("pirate", "smol"), {}, "smol")
     assert kinds(models) == {"pirate": "unknown", "smol": "base"}
-    assert health._base_of(models).id == "smol"  # listed second, still the base (the probe, the default)
+    assert health_status.base_of(models).id == "smol"  # listed second, still the base (the probe, the default)
 
 
 def test_hidden_lineage_with_lora_parents_makes_the_declared_ones_adapters_of_their_base():
-    models = _parse_models(hidden("pirate", "smol", "poet"), {"pirate": "smol", "poet": "smol"}, "")
+    models = parse_models(hidden("pirate", "smol", "poet"), {"pirate": "smol", "poet": "smol"}, "")
     assert kinds(models) == {"pirate": "adapter", "smol": "base", "poet": "adapter"}
     assert next(m for m in models if m.id == "pirate").parent == "smol"
 
 
 def test_hidden_lineage_with_neither_claims_no_base_but_still_has_a_model_to_probe_and_default_to():
-    models = _parse_models(hidden("pirate", "smol"), {}, "other-name")
+    models = parse_models(hidden("pirate", "smol"), {}, "other-name")
     assert kinds(models) == {"pirate": "unknown", "smol": "unknown"}
-    assert health._base_of(models).id == "pirate"  # the first listed: only for the probe and the default
-    items = model_options(health.HealthStatus(models=models, base_model="pirate"), [], "en")
+    assert health_status.base_of(models).id == "pirate"  # the first listed: only for the probe and the default
+    items = model_options(health_status.HealthStatus(models=models, base_model="pirate"), [], "en")
     assert list(items) == ["pirate", "smol"] and not any("base model" in label for label in items)
 
 
 def test_a_single_model_without_lineage_is_the_base():
-    assert kinds(_parse_models(hidden("only"), {}, "")) == {"only": "base"}
+    assert kinds(parse_models(hidden("only"), {}, "")) == {"only": "base"}
 
 
 def test_vllms_own_parent_field_wins_over_the_config():
-    models = _parse_models(vllm(("smol", None), ("pirate", "smol"), ("other", None)), {"pirate": "elsewhere"}, "x")
+    models = parse_models(vllm(("smol", None), ("pirate", "smol"), ("other", None)), {"pirate": "elsewhere"}, "x")
     assert kinds(models) == {"smol": "base", "pirate": "adapter", "other": "base"}  # vLLM said so: no guessing
     assert next(m for m in models if m.id == "pirate").parent == "smol"
 
 
 def test_the_pirate_seen_through_litellm_is_no_longer_a_base_model():
     """The issue's case: through a LiteLLM proxy, 'pirate' showed as 'pirate (base model)'."""
-    models = _parse_models(hidden("smollm2-135m-instruct", "pirate"), {}, "smollm2-135m-instruct")
-    items = model_options(health.HealthStatus(models=models, base_model="smollm2-135m-instruct"), [], "en")
+    models = parse_models(hidden("smollm2-135m-instruct", "pirate"), {}, "smollm2-135m-instruct")
+    items = model_options(health_status.HealthStatus(models=models, base_model="smollm2-135m-instruct"), [], "en")
     assert items == {"smollm2-135m-instruct (base model)": "smollm2-135m-instruct", "pirate": "pirate"}
-    zh = model_options(health.HealthStatus(models=models), [], "zh")
+    zh = model_options(health_status.HealthStatus(models=models), [], "zh")
     assert list(zh) == ["smollm2-135m-instruct (基础模型)", "pirate"]
     assert ModelEntry("pirate", lineage_unknown=True).is_base is False
 

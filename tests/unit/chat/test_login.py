@@ -1,12 +1,12 @@
-"""backend/chat/login.py: the password check, and login switched on without a password."""
+"""backend/web/login.py: the password check, and login switched on without a password."""
 
 from __future__ import annotations
 
 import pytest
 
-from backend.chat import login
 from backend.errors import ConfigError
 from backend.settings import LoggingSettings, LoginSettings, Settings, load_settings
+from backend.web import login
 
 
 def auth_settings(tmp_path, **login) -> Settings:

@@ -1,4 +1,4 @@
-"""The opt-in event-loop sampler (backend/chat/loopstats.py): off by default, measures a blocked loop."""
+"""The opt-in event-loop sampler (backend/web/loopstats.py): off by default, measures a blocked loop."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from backend.chat import loopstats
+from backend.web import loopstats
 
 
 def test_percentiles_and_window_of_histograms():

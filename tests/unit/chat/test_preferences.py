@@ -1,4 +1,4 @@
-"""backend/chat/preferences.py: settings remembered per signed-in user or per browser cookie."""
+"""backend/storage/preferences.py: settings remembered per signed-in user or per browser cookie."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from backend.chat import preferences
 from backend.settings import HistorySettings, LoggingSettings, LoginSettings, Settings
+from backend.storage import preferences
 
 # ---------------------------------------------------------------- remembered settings
 

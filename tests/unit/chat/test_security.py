@@ -1,5 +1,5 @@
-"""backend/chat/security.py: origin check (HTTP + websocket), security headers, login throttle; the
-exposure rules (backend/engine/preflight.py), sessions bound to the password, owner-only files."""
+"""backend/web/security.py: origin check (HTTP + websocket), security headers, login throttle; the
+exposure rules (backend/launcher/preflight.py), sessions bound to the password, owner-only files."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from backend.chat import history, login, security
-from backend.engine import launch
-from backend.engine.preflight import check_exposure
 from backend.errors import ConfigError, ExposureRefused
+from backend.launcher import launch
+from backend.launcher.preflight import check_exposure
 from backend.settings import (
     HistorySettings,
     LoggingSettings,
@@ -27,6 +26,8 @@ from backend.settings import (
     is_loopback,
     load_settings,
 )
+from backend.storage import history
+from backend.web import login, security
 
 # ---------------------------------------------------------------- a tiny ASGI harness
 

@@ -9,7 +9,7 @@ from typing import Any
 import jwt
 import pytest
 
-from backend.chat.sessions import RevokedTokens, SessionRevocationMiddleware, tokens_of
+from backend.web.sessions import RevokedTokens, SessionRevocationMiddleware, tokens_of
 
 
 def token(seconds: float = 3600) -> str:

@@ -93,6 +93,9 @@ class Recorder:
     async def show_error(self, text: str, *, retry: bool = False, trimmed: str | None = None) -> None:
         self.events.append(("error", text, retry, trimmed))
 
+    async def offer_cut(self, text: str, *, document: int, part: int, label: str) -> None:
+        self.events.append(("offer_cut", text, document, part, label))
+
     async def model_changed(self) -> None:
         self.events.append(("model_changed",))
 
@@ -327,28 +330,54 @@ class UnroutablePoller(RestartingPoller):
         return dataclasses.replace(super().status, replicas=(ReplicaHealth(1, "127.0.0.1:1", ready=True),))
 
 
-@pytest.mark.parametrize("fails, outcome, sent", [(3, Outcome.ANSWERED, 4), (9, Outcome.FAILED, 4)])
-async def test_a_router_that_does_not_route_is_waited_for_again_after_a_first_wait(
-    service, fake, monkeypatch, fails, outcome, sent
+async def test_a_router_that_does_not_route_is_waited_for_as_long_as_the_poller_says_it_comes_back(
+    service, fake, monkeypatch
 ):
-    """Issue #20: a router that answers a message with 503 while a probe through it fails too (back, but routing
-    nothing yet) is waited for, and again after that wait if it still does not route, up to ROUTER_WAITS times (it
-    used to be waited for once per turn: a message that had waited for a router that was down, then met one not
-    routing yet, ended in an error bubble; seen against the real router in tests/integration/test_fleet.py)."""
+    """Issue #28: a router that answers a message with 503 while a probe through it fails too (back, but routing
+    nothing yet) is waited for, and again after each wait while it still does not route: as long as the poller says it
+    is coming back, not a fixed number of times (it used to be 3: a message that met a router flapping while its workers
+    came in ended in a "busy" bubble; seen against the real router in tests/integration/test_fleet.py)."""
     poller = UnroutablePoller(service.poller)
     monkeypatch.setattr(service, "_poller", poller)
     m = marker()
-    session = chat(service, f"[[fault:http-503:fail={fails}]] {m}")  # the router: "no available workers"
+    session = chat(service, f"[[fault:http-503:fail=9]] {m}")  # the router: "no available workers", 9 times
     view = Recorder()
 
-    assert await turn.answer(session, service, view) is outcome
+    assert await turn.answer(session, service, view) is Outcome.ANSWERED
 
-    assert len(received(fake, m)) == sent and poller.waits == turn.ROUTER_WAITS
-    if outcome is Outcome.ANSWERED:
-        assert view.errors() == [] and view.reply().text == FULL
-    else:
-        [(text, retry, _)] = view.errors()
-        assert "busy" in text and retry
+    assert len(received(fake, m)) == 10 and poller.waits == 9
+    assert view.errors() == [] and view.reply().text == FULL
+
+
+class NeverRoutingPoller(UnroutablePoller):
+    """A router that never comes back: each wait runs out (as the real poller's would after its timeout)."""
+
+    def __init__(self, real: HealthPoller) -> None:
+        super().__init__(real)
+        self.timeouts: list[float] = []
+
+    async def wait_until_ready(self, timeout: float, on_progress=None, **kwargs: Any) -> HealthStatus:
+        self.waits += 1
+        self.timeouts.append(timeout)
+        if on_progress is not None:
+            await on_progress(0.0, self.status)
+        return self.status  # still STARTING: the wait ran out
+
+
+async def test_a_router_that_never_routes_ends_in_the_waits_timeout_not_in_busy(service, fake, monkeypatch):
+    poller = NeverRoutingPoller(service.poller)
+    monkeypatch.setattr(service, "_poller", poller)
+    m = marker()
+    view = Recorder()
+
+    assert await turn.answer(chat(service, f"[[fault:http-503:fail=99]] {m}"), service, view) is Outcome.FAILED
+
+    assert len(received(fake, m)) == 1 and poller.waits == 1  # one wait, bounded by [ui] wait_for_ready
+    assert 0 < poller.timeouts[0] <= service.settings.ui.wait_for_ready
+    [step] = view.steps
+    assert step.name.startswith("Stopped waiting for the model")
+    [(text, retry, _)] = view.errors()
+    assert "busy" not in text and retry, text
 
 
 class DownPoller:

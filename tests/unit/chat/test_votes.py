@@ -1,4 +1,4 @@
-"""backend/chat/votes.py: blind-compare votes in SQLite (the remembered-settings file), the leaderboard."""
+"""backend/storage/votes.py: blind-compare votes in SQLite (the remembered-settings file), the leaderboard."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from backend.chat.votes import Standing, Vote, VoteStore
+from backend.storage.votes import Standing, Vote, VoteStore
 
 PROMPT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is the capital of France?"}]
 
@@ -153,7 +153,7 @@ def test_an_unknown_winner_is_refused(tmp_path):
 
 
 def test_a_fresh_file_in_a_new_folder_and_an_existing_file_shared_with_preferences(tmp_path):
-    from backend.chat.preferences import Preferences
+    from backend.storage.preferences import Preferences
 
     fresh = tmp_path / "new" / "folder" / "v.sqlite3"
     VoteStore(fresh).record(vote())
@@ -182,9 +182,9 @@ def test_concurrent_votes_from_threads_are_all_kept(tmp_path):
 
 
 def test_service_votes_opens_the_preferences_file(tmp_path):
-    from backend.chat import preferences
     from backend.chat.service import Service
     from backend.settings import LoggingSettings, Settings
+    from backend.storage import preferences
 
     settings = Settings(logging=LoggingSettings(dir=str(tmp_path / "logs")))
     service = Service(settings)

@@ -9,8 +9,10 @@ import types
 import pytest
 
 from backend import passwords
-from backend.chat import history, login, share, welcome
+from backend.chat import welcome
 from backend.settings import LoggingSettings, LoginSettings, LoraSettings, Settings
+from backend.storage import history, share
+from backend.web import login
 
 UUID = "0b6f1c2e-5d4a-4c3b-9a8f-7e6d5c4b3a21"
 HASH = passwords.hash_password("viewer-password", iterations=passwords.MIN_ITERATIONS)

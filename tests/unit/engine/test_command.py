@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.engine import command
-from backend.engine.supervisor import settle_log, start_process
 from backend.errors import ConfigError, EngineUnavailable
+from backend.launcher import command
+from backend.launcher.supervisor import settle_log, start_process
 from backend.settings import ROOT, LoraSettings, NetworkSettings, Settings, VllmSettings, load_settings
 
 
@@ -259,7 +259,7 @@ def test_gpu_count_reads_nvidia_smi_and_cuda_visible_devices(tmp_path, monkeypat
 
 def engine_commands():
     """Every engine command we start: single CPU and GPU, and each local replica of a fleet."""
-    from backend.engine import fleet
+    from backend.launcher import fleet
     from backend.settings import FleetSettings
 
     single = Settings(network=NetworkSettings(engine_port=8123))
@@ -282,22 +282,22 @@ def engine_commands():
 
 
 def test_every_engine_command_loads_the_gate_with_its_own_port_and_hosts():
-    from backend.engine import gate
+    from backend.engine_plugins import gate
 
     commands = list(engine_commands())
     assert len(commands) == 6
     for what, cmd in commands:
         argv = list(cmd.argv)
-        assert argv_value(argv, "--middleware") == "backend.engine.gate.EngineGate", what
+        assert argv_value(argv, "--middleware") == "backend.engine_plugins.gate.EngineGate", what
         assert cmd.env["PYTHONPATH"] == str(ROOT), what  # where the engine imports it from
         assert cmd.env[gate.ENV_PORT] == argv_value(argv, "--port"), what
         assert cmd.env[gate.ENV_HOSTS].split(",") == ["localhost", "127.0.0.1", "::1"], what
         rendered = cmd.render()  # what --dry-run prints
-        assert "--middleware backend.engine.gate.EngineGate" in rendered and "secret" not in rendered, what
+        assert "--middleware backend.engine_plugins.gate.EngineGate" in rendered and "secret" not in rendered, what
 
 
 def test_the_gate_answers_to_the_configured_host_name_too():
-    from backend.engine import gate
+    from backend.engine_plugins import gate
 
     s = Settings(network=NetworkSettings(engine_host="GPU-B.lan"))
     cmd = command.build_engine_command(s, engine="cpu", python="p", api_key="k", adapters={})
@@ -309,7 +309,7 @@ def test_the_gate_imports_only_the_standard_library():
     import ast
     import sys
 
-    from backend.engine import gate
+    from backend.engine_plugins import gate
 
     tree = ast.parse(Path(gate.__file__).read_text())
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from backend import hub
-from backend.engine import download
 from backend.settings import ROOT
+from backend.tools import download
 from tests.conftest import free_port
 from tests.fakes.hub_server import FakeHub
 

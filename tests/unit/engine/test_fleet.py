@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from backend.contract import ENV_ENGINE_API_KEY
-from backend.engine import command, fleet
 from backend.errors import ConfigError, EngineStartFailed, FleetModelsDiffer, ReplicaKeyRefused, ReplicaNotOpenAI
+from backend.launcher import command, fleet
 from backend.settings import (
     ROOT,
     FleetSettings,
@@ -29,6 +29,9 @@ from backend.settings import (
 from tests.conftest import free_port
 from tests.fakes.openai_server import FakeServer
 from tests.unit.engine.test_launch import fake_gpus, run
+
+#: it runs `python -m backend serve` (refusals) and vllm-router (tests/support/marks.py)
+pytestmark = pytest.mark.product
 
 
 def argv_value(argv, flag):
@@ -129,7 +132,7 @@ def test_router_command_lists_replica_roots_uses_the_policy_and_gets_no_key():
     s = cpu_fleet(2, remote=("http://gpu-b:8000/v1",), policy="power_of_two")
     cmd = fleet.build_router_command(s, python="/env/bin/python", api_key="secret")
     argv = list(cmd.argv)
-    assert argv[:3] == ["/env/bin/python", "-m", "backend.engine.router_gate"]  # vllm-router behind the key
+    assert argv[:3] == ["/env/bin/python", "-m", "backend.engine_plugins.router_gate"]  # vllm-router behind the key
     assert cmd.env[ENV_ENGINE_API_KEY] == "secret" and "secret" not in argv and "secret" not in cmd.render()
     assert argv_value(argv, "--host") == "127.0.0.1" and argv_value(argv, "--port") == "9100"
     urls = argv[argv.index("--worker-urls") + 1 : argv.index("--policy")]
@@ -548,6 +551,12 @@ class Recorder:
         await self.runner.cleanup()
 
 
+#: Routes vllm-router 0.1.17 serves (its admin and OpenAI ones): the scrape of its binary must find at least these.
+KNOWN_ROUTER_PATHS = frozenset(
+    {"/add_worker", "/remove_worker", "/list_workers", "/flush_cache", "/health", "/v1/chat/completions", "/v1/models"}
+)
+
+
 def router_paths() -> list[str]:
     """Every path the router's binary may serve, read from the binary itself (its route literals sit side by side,
     so every run of /segments is cut into its pieces of 1 to 4 segments): a route a new release adds is probed
@@ -605,7 +614,7 @@ def ask_all(port: int, requests: list[tuple[str, str]]) -> dict[tuple[str, str],
 
 async def start_router(tmp_path: Path, *remote: str) -> tuple[int, subprocess.Popen[bytes], fleet.Plan]:
     """The fleet's router as the launcher starts it (fleet.plan's command), in front of ``remote`` replicas."""
-    from backend.engine.supervisor import start_process
+    from backend.launcher.supervisor import start_process
     from tests.support.ports import free_block
 
     port = free_block(2)  # the router's, its metrics'
@@ -647,13 +656,16 @@ async def test_without_the_key_no_route_of_the_router_answers_and_nobody_changes
     nothing. With the key, chat goes to the real worker (the key reaches it, and only it)."""
     from urllib.parse import quote
 
-    from backend.engine.supervisor import stop_process_group
+    from backend.launcher.supervisor import stop_process_group
 
     async with Recorder("replica") as real, Recorder("attacker") as evil:
         port, proc, _ = await start_router(tmp_path, real.root + "/v1")
         try:
             assert await asyncio.to_thread(workers, port) == [real.root]
-            probes = [(m, path) for path in router_paths() for m in ("GET", "POST", "DELETE")]
+            paths = router_paths()
+            missed = KNOWN_ROUTER_PATHS - set(paths)
+            assert not missed, f"the scrape of the router's binary missed {sorted(missed)}: the probes prove nothing"
+            probes = [(m, path) for path in paths for m in ("GET", "POST", "DELETE")]
             answered = await asyncio.to_thread(ask_all, port, probes)
             opened = {req: code for req, code in answered.items() if code < 400}
             assert not opened, f"{len(opened)} of {len(probes)} keyless requests not refused: {sorted(opened)[:20]}"
@@ -697,7 +709,7 @@ async def test_without_the_key_no_route_of_the_router_answers_and_nobody_changes
 @pytest.mark.asyncio
 async def test_the_router_started_with_a_password_in_a_remote_url_shows_it_nowhere(tmp_path):
     """ps (its command line), its log and its metrics port: the password of a remote replica's URL is in none."""
-    from backend.engine.supervisor import stop_process_group
+    from backend.launcher.supervisor import stop_process_group
 
     async with Recorder("replica") as real:
         secret = real.root.replace("http://", f"http://alice:{PASSWORD}@") + "/v1"

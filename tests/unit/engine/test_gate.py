@@ -1,4 +1,4 @@
-"""The engine gate (backend/engine/gate.py) around a tiny Starlette app: every bad input, one test each."""
+"""The engine gate (backend/engine_plugins/gate.py) around a tiny Starlette app: every bad input, one test each."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from backend.engine import gate
+from backend.engine_plugins import gate
 
 KEY = "k-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}

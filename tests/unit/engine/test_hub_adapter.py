@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from backend import contract, hub
-from backend.engine import command, launch, prepare_bg
+from backend.launcher import command, launch, prepare_bg
 from backend.settings import LoggingSettings, LoraSettings, ModelSettings, Settings
 from tests.conftest import free_port
 from tests.fakes.hub_server import FakeHub

@@ -10,11 +10,15 @@ from pathlib import Path
 import pytest
 
 from backend import contract, hub
-from backend.chat.health import _supervisor_starting_text
+from backend.chat.health_classify import supervisor_starting_text
 from backend.contract import PHASE_DOWNLOAD_MODEL, EngineStatus, SupervisorState
-from backend.engine import download, prepare_bg
+from backend.launcher import prepare_bg
 from backend.settings import ModelSettings, Settings
+from backend.tools import download
 from tests.unit.engine.test_launch import QWEN3_4B_CONFIG, run
+
+pytestmark = pytest.mark.product  # it runs `python -m backend serve` (tests/support/marks.py)
+
 
 QWEN = "Qwen/Qwen3-4B-Instruct-2507"
 
@@ -63,10 +67,10 @@ def test_the_status_line_says_how_far_the_download_is_in_both_languages():
         bytes_total=8_000_000_000,
         bytes_rate=45_000_000,
     )
-    said = _supervisor_starting_text(status)
+    said = supervisor_starting_text(status)
     assert said.in_("en") == "downloading the model 34 % · 2.7 of 8.0 GB · 45 MB/s"
     assert said.in_("zh-CN") == "正在下载模型 34% · 2.7 / 8.0 GB · 45 MB/s"
-    before = _supervisor_starting_text(EngineStatus(state=SupervisorState.PREPARING, phase=PHASE_DOWNLOAD_MODEL))
+    before = supervisor_starting_text(EngineStatus(state=SupervisorState.PREPARING, phase=PHASE_DOWNLOAD_MODEL))
     assert (before.in_("en"), before.in_("zh-CN")) == ("downloading the model", "正在下载模型")
 
 

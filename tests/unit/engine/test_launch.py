@@ -11,8 +11,13 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 from backend.settings import ROOT, HistorySettings, LoginSettings
 from tests.conftest import free_port
+
+pytestmark = pytest.mark.product  # it runs `python -m backend serve` (tests/support/marks.py)
+
 
 TEST_CONFIG = ROOT / "tests" / "config.toml"
 
@@ -187,7 +192,7 @@ def test_a_cpu_start_with_tensor_parallel_is_refused_before_anything_runs(tmp_pa
 def test_the_ui_port_is_waited_for_as_long_as_the_ui_waits_for_its_database():
     """[history] wait: the UI listens only once its PostgreSQL answered or the wait ran out; the launcher's
     wait for the UI's port covers it (else a database starting alongside would fail the whole start)."""
-    from backend.engine.launch import ui_start_timeout
+    from backend.launcher.launch import ui_start_timeout
     from backend.settings import Settings
 
     assert ui_start_timeout(Settings()) == 60.0  # no login, no history: nothing to wait for
@@ -197,7 +202,7 @@ def test_the_ui_port_is_waited_for_as_long_as_the_ui_waits_for_its_database():
 
 
 def test_the_launcher_finds_the_uis_history_lines_in_its_log():
-    from backend.engine.launch import history_notes
+    from backend.launcher.launch import history_notes
 
     wait = (
         "history: history.db = postgresql+asyncpg://qw:***@db:5432/h: connection refused (is PostgreSQL running "
@@ -207,7 +212,7 @@ def test_the_launcher_finds_the_uis_history_lines_in_its_log():
         "history: history.db = postgresql+asyncpg://qw:***@db:5432/h: authentication failed (wrong user name or "
         "password); history is off (chats are not kept), the chat works without it"
     )
-    tail = f"2026-12-01 01:00:00 INFO chainlit: loading\n2026-12-01 01:00:01 WARNING backend.chat.history: {wait}\n"
-    tail += f"2026-12-01 01:00:31 ERROR backend.chat.history: {off}\n"
+    tail = f"2026-12-01 01:00:00 INFO chainlit: loading\n2026-12-01 01:00:01 WARNING backend.storage.history: {wait}\n"
+    tail += f"2026-12-01 01:00:31 ERROR backend.storage.history: {off}\n"
     assert history_notes(tail) == [("waiting", wait), ("off", off)]
     assert history_notes("history: history.db = x: answered after 3 s\nchainlit ready") == []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.engine.log_diagnosis import ATTEMPT_MARKER, Cause, classify_failure, tail_relevant
+from backend.launcher.log_diagnosis import ATTEMPT_MARKER, Cause, classify_failure, tail_relevant
 from backend.text import Text
 
 LOGS = Path(__file__).resolve().parents[2] / "logs"  # tests/logs

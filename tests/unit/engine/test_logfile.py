@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from backend.engine import log_diagnosis, logfile, supervisor
-from backend.engine.command import Command
+from backend.launcher import log_diagnosis, logfile, supervisor
+from backend.launcher.command import Command
 from backend.settings import ROOT, ConfigError, LoggingSettings
 
 RECORDED = ROOT / "tests" / "logs" / "cpu_kvcache_space_not_integer.log"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from backend.engine import merge
+from backend.tools import merge
 
 
 @pytest.mark.parametrize(

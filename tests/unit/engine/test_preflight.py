@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from backend.engine import preflight
 from backend.errors import ModelPathError, PortInUse
+from backend.launcher import preflight
 from backend.settings import ModelSettings, Settings, VllmSettings
 
 

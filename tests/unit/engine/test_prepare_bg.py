@@ -1,4 +1,4 @@
-"""backend/engine/prepare_bg.py: pip's lines as a percentage, what a failure tells, which steps are left."""
+"""backend/launcher/prepare_bg.py: pip's lines as a percentage, what a failure tells, which steps are left."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from backend import contract
-from backend.engine import prepare_bg
-from backend.engine.prepare_bg import PipProgress, failure_detail, lock_count, scrub_paths
+from backend.launcher import prepare_bg
+from backend.launcher.prepare_bg import PipProgress, failure_detail, lock_count, scrub_paths
 from backend.settings import ROOT
 
 # What pip prints for an engine install (shortened from a real run: qc_env with QC_PIP_LINES=1)
@@ -460,7 +460,7 @@ while todo:
         req = Requirement(text)
         if req.marker is None or req.marker.evaluate({"extra": ""}):
             todo.append(canon(req.name))
-import backend.__main__, backend.engine.models, backend.packages, backend.settings
+import backend.__main__, backend.tools.models, backend.packages, backend.settings
 dists = md.packages_distributions()
 top = {m.split(".")[0] for m in sys.modules} - set(sys.stdlib_module_names) - {"backend", "__main__"}
 print(" ".join(sorted(m for m in top if m in dists and not {canon(d) for d in dists[m]} & reached)))

@@ -17,9 +17,12 @@ from pathlib import Path
 import pytest
 
 from backend import contract
-from backend.engine import prepare_bg
+from backend.launcher import prepare_bg
 from backend.settings import EMBEDDED_MODEL_NAME, ROOT
 from tests.conftest import free_port
+
+pytestmark = pytest.mark.product  # it runs `python -m backend serve` (tests/support/marks.py)
+
 
 TEST_CONFIG = ROOT / "tests" / "config.toml"
 COLLECTED_BEFORE_WAIT = 30

@@ -1,4 +1,4 @@
-"""The engine supervisor (``backend/engine/supervisor.py``) against a fake engine: start, crash, restart,
+"""The engine supervisor (``backend/launcher/supervisor.py``) against a fake engine: start, crash, restart,
 give up, stop — no orphans — in seconds.
 
 The fake engine is a few lines of ``python -c``: it serves /health, then exits. What only the real
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from backend.chat.health import EngineState, HealthPoller
 from backend.contract import EngineStatus
-from backend.engine import supervisor
-from backend.engine.command import Command
 from backend.errors import EngineStartFailed
+from backend.launcher import supervisor
+from backend.launcher.command import Command
 from backend.text import Text
 from tests.conftest import free_port
 from tests.support.supervision import Running, group_members, launches, wait_group_empty

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from backend import contract
-from backend.engine.command import Command
-from backend.engine.supervisor import start_process, stop_process_group
-from backend.engine.ui_keeper import UiKeeper, exit_cause
+from backend.launcher.command import Command
+from backend.launcher.supervisor import start_process, stop_process_group
+from backend.launcher.ui_keeper import UiKeeper, exit_cause
 from backend.settings import Settings, SupervisionSettings
 from backend.text import Text
 

@@ -1,4 +1,4 @@
-"""The supervisor's hang watchdog (``backend/engine/supervisor.py``): an engine process that lives but no longer
+"""The supervisor's hang watchdog (``backend/launcher/supervisor.py``): an engine process that lives but no longer
 answers a one-token probe is restarted, through the same restart budget as a crash.
 
 The counting and timing run on a fake probe and a fake clock; the restart policy against a fake engine whose
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from backend.chat.health import EngineState, HealthPoller
-from backend.engine import supervisor
-from backend.engine.command import Command
 from backend.errors import ConfigError
+from backend.launcher import supervisor
+from backend.launcher.command import Command
 from backend.probe import OneTokenProbe, ProbeResult, probe_body
 from backend.settings import SupervisionSettings, load_settings
 from backend.text import Text, t

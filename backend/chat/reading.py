@@ -1,0 +1,192 @@
+"""Reading the files attached to a message, never on the UI's event loop: limits first, then each file converted in a
+conversion process of its own, with progress and Stop.
+
+    reader = Reader(settings.uploads)
+    reader.check(uploads)                                   # TooManyDocuments / DocumentTooLarge before any work
+    docs = await reader.read_all(uploads, model="qwen3", progress=show)   # show(name, page, pages): a live step
+
+Why a child process per file and not ``concurrent.futures.ProcessPoolExecutor``: Stop ends the conversion at once
+(the process group is terminated), where an executor's running task would go on to its end; the child reports
+progress as it goes (``page n of N``) without shared queues; and its imports (pypdfium2, mammoth) stay out of the
+UI process. At most ``[uploads] workers`` convert at once (a semaphore: the pool), each at a lower CPU priority
+(nice 10) so that the chats streaming meanwhile keep their share of the cores. A process costs ≈0.1 s to start
+(docs/DOCUMENTS.md).
+
+The child (``python -m backend.chat.reading PATH NAME MAX_BYTES MAX_UNZIPPED``) writes JSON lines on stdout:
+``{"progress": [page, pages]}`` while it reads a PDF, then ``{"document": {...}}`` or
+``{"error": {"class": "DocumentEncrypted", "params": {...}}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import errors
+from ..errors import DocumentError, DocumentTooLarge, DocumentUnreadable, ImageNotSupported, TooManyDocuments
+from ..settings import ROOT, UploadsSettings
+from .documents import Document, Limits, convert_file, pdf_document, pdf_page_count, pdf_pages, sniff
+
+logger = logging.getLogger(__name__)
+
+#: (file name, pages read, pages) while a PDF is read; awaited between progress lines.
+Progress = Callable[[str, int, int], Awaitable[None]]
+_MB = 1024 * 1024
+PROGRESS_EVERY = 0.25  # s between the child's progress lines
+STOP_GRACE = 2.0  # s between SIGTERM and SIGKILL when a conversion is stopped
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file the browser sent with a message: the name the user gave it and where Chainlit stored it."""
+
+    name: str
+    path: Path
+
+
+class Reader:
+    """Converts uploads with at most ``[uploads] workers`` conversion processes at once (one per UI process)."""
+
+    def __init__(self, settings: UploadsSettings, python: str = "") -> None:
+        self.settings = settings
+        self.python = python or sys.executable
+        self.limits = Limits(int(settings.max_mb * _MB), int(settings.max_unzipped_mb * _MB))
+        self._slots = asyncio.Semaphore(settings.workers)
+
+    def check(self, uploads: Sequence[Upload]) -> None:
+        """The message's files within [uploads] max_files and each within max_mb; raises before any is read."""
+        if len(uploads) > self.settings.max_files:
+            raise TooManyDocuments(len(uploads), self.settings.max_files)
+        for up in uploads:
+            size = up.path.stat().st_size
+            if size > self.limits.max_bytes:
+                raise DocumentTooLarge(up.name, size / _MB, self.settings.max_mb)
+
+    async def read_all(self, uploads: Sequence[Upload], *, model: str, progress: Progress) -> list[Document]:
+        """Every upload as a Document, in order; the first failure raises (nothing is half sent). ``model``: the
+        model the message goes to, named when an image is refused (the models served here read text only)."""
+        self.check(uploads)
+        docs = []
+        for up in uploads:
+            doc = await self.read(up, progress)
+            if doc.kind == "image":
+                raise ImageNotSupported(up.name, model)
+            docs.append(doc)
+        return docs
+
+    async def read(self, upload: Upload, progress: Progress) -> Document:
+        """One upload converted in a child process (waiting for a free slot first)."""
+        async with self._slots:
+            t0 = time.monotonic()
+            doc = await self._convert(upload, progress)
+            logger.info(
+                "document %s: %s, %d pages, %d characters in %.2f s",
+                upload.name,
+                doc.kind,
+                doc.pages,
+                len(doc.text),
+                time.monotonic() - t0,
+            )
+            return doc
+
+    async def _convert(self, upload: Upload, progress: Progress) -> Document:
+        argv = [self.python, "-m", "backend.chat.reading", str(upload.path), upload.name]
+        argv += [str(self.limits.max_bytes), str(self.limits.max_unzipped_bytes)]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=str(ROOT),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own group: Stop ends it whole
+            limit=1 << 30,  # the document comes as one line
+        )
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            result: dict[str, Any] | None = None
+            async for raw in proc.stdout:
+                line = json.loads(raw)
+                if "progress" in line:
+                    await progress(upload.name, *line["progress"])
+                else:
+                    result = line
+            err = (await proc.stderr.read()).decode("utf-8", "replace")
+            rc = await proc.wait()
+        except BaseException:  # Stop (cancelled) or our own failure: the conversion ends now
+            await _stop(proc)
+            raise
+        return _result(upload.name, result, rc, err)
+
+
+def _result(name: str, result: dict[str, Any] | None, rc: int, err: str) -> Document:
+    """The child's last line as a Document, or the error it named, raised here."""
+    if result is not None and "document" in result:
+        return Document.from_dict(result["document"])
+    if result is not None and "error" in result:
+        cls = getattr(errors, str(result["error"].get("class")), None)
+        if isinstance(cls, type) and issubclass(cls, DocumentError):
+            raise errors.rebuilt_error(cls, dict(result["error"].get("params") or {}))
+    last = next((line for line in reversed(err.splitlines()) if line.strip()), f"exit code {rc}")
+    logger.warning("conversion of %s failed (exit code %s): %s", name, rc, err[-2000:])
+    raise DocumentUnreadable(name, "?", last[-200:])
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """terminate → grace → kill, the child's whole group."""
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(asyncio.TimeoutError, Exception):
+            await asyncio.wait_for(proc.wait(), wait)
+            return
+
+
+# ---------------------------------------------------------------- the child
+
+
+def _emit(line: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def convert_with_progress(path: Path, name: str, limits: Limits) -> Document:
+    """``convert_file``, but a PDF page by page with a progress line at most every PROGRESS_EVERY s."""
+    if sniff(path, name, limits) != "pdf":
+        return convert_file(path, name, limits)
+    count = pdf_page_count(path, name)
+    pages: list[str] = []
+    said = time.monotonic()
+    for start in range(0, count, 10):
+        pages += pdf_pages(path, name, start, min(count, start + 10))
+        if time.monotonic() - said >= PROGRESS_EVERY:
+            _emit({"progress": [len(pages), count]})
+            said = time.monotonic()
+    return pdf_document(name, pages, count)
+
+
+def child_main(argv: list[str]) -> int:
+    """The conversion process: one file, its result as the last JSON line."""
+    with contextlib.suppress(OSError):
+        os.nice(10)  # the UI's chats first
+    path, name, max_bytes, max_unzipped = Path(argv[0]), argv[1], int(argv[2]), int(argv[3])
+    try:
+        doc = convert_with_progress(path, name, Limits(max_bytes, max_unzipped))
+    except DocumentError as exc:
+        _emit({"error": {"class": type(exc).__name__, "params": exc.params}})
+        return 0
+    _emit({"document": doc.to_dict()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1:]))

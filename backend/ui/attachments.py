@@ -1,0 +1,99 @@
+"""Files attached to a message (Chainlit's composer upload): read with a live step, refused with the typed text kept,
+stored with the message; and the "send the part that fits" button (backend/chat/turn.py offers it)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import chainlit as cl
+from chainlit.data import get_data_layer
+
+from backend.chat.documents import Document, describe
+from backend.chat.reading import Upload
+from backend.errors import DocumentError
+from backend.storage.history import documents_metadata
+from backend.text import quoted, t
+from backend.ui.answering import answer_as_task, one_answer, turn_of
+from backend.ui.context import Ui, guarded
+from backend.ui.views import show_error
+
+logger = logging.getLogger(__name__)
+
+
+def uploads_of(message: cl.Message) -> list[Upload]:
+    """The files that came with ``message`` (Chainlit stored each under its files folder, ``path``)."""
+    out = []
+    for element in message.elements or []:
+        path = getattr(element, "path", None)
+        if path:
+            out.append(Upload(str(element.name or Path(path).name), Path(path)))
+    return out
+
+
+async def read_documents(ui: Ui, message: cl.Message, uploads: list[Upload]) -> tuple[Document, ...] | None:
+    """The uploads as documents, stored with the message; None after saying why not (the typed text quoted back,
+    nothing sent). Stop while reading says so and ends the conversion."""
+    lang, text = ui.lang(), message.content or ""
+    kept = "\n\n" + t("document.kept_text", lang, text=quoted(text)) if text.strip() else ""
+    chat = ui.chat()
+    model = chat.model or ui.service.default_model(ui.service.poller.status)
+    try:
+        async with cl.Step(name=t("document.reading", lang, name=uploads[0].name), type="tool") as step:
+
+            async def progress(name: str, page: int, pages: int) -> None:
+                step.name = t("document.reading_page", lang, name=name, page=page, pages=pages)
+                await step.update()
+
+            docs = await ui.reader.read_all(uploads, model=model, progress=progress)
+            step.name = ", ".join(d.name for d in docs)
+            step.output = "\n".join(f"- {describe(d, lang)}" for d in docs)
+    except DocumentError as exc:
+        await show_error(exc.user_text(lang) + kept)
+        return None
+    except asyncio.CancelledError:
+        await show_error(t("document.stopped", lang, name=", ".join(u.name for u in uploads)) + kept)
+        raise
+    await store(message.id, docs)
+    return tuple(docs)
+
+
+async def store(message_id: str, docs: list[Document] | tuple[Document, ...]) -> None:
+    """The converted text kept with the user's message (its step's metadata under our key), so that resume, share,
+    /export and compare read the same documents. Written to the history only (no history: nothing to do), as a
+    partial upsert of the step (Chainlit's data layer writes only the columns given): not sent to the browser,
+    which shows the file it sent."""
+    layer = get_data_layer()
+    if layer is None:
+        return
+    step = {"id": message_id, "threadId": cl.context.session.thread_id, "type": "user_message"}
+    try:
+        await layer.update_step({**step, "metadata": documents_metadata(docs)})
+    except Exception:  # the chat goes on; a resumed chat would lack the documents
+        logger.exception("could not store the documents of message %s", message_id)
+
+
+@guarded
+async def on_send_cut(ui: Ui, action: cl.Action) -> None:
+    """ "Send pages 1–212 of 340": the latest user turn again, its document cut as the button says (the step
+    names the cut, and the history keeps the cut document)."""
+    async with one_answer(ui) as free:
+        last = await turn_of(ui, action) if free else None
+        if last is None:
+            return
+        index, part = int(action.payload["document"]), int(action.payload["part"])
+        docs = list(last.documents)
+        if not 0 <= index < len(docs) or part <= 0:
+            await show_error(t("old_button", ui.lang()))
+            return
+        whole, docs[index] = docs[index], docs[index].first(part)
+        unit = t(f"document.unit.{whole.unit}", ui.lang())
+        async with cl.Step(
+            name=t("document.cut_step", ui.lang(), name=whole.name, unit=unit, part=part, total=whole.units),
+            type="tool",
+        ) as step:
+            step.output = describe(docs[index], ui.lang())
+        ui.chat().conversation.add_user(last.id, last.content, tuple(docs))
+        await store(last.id, docs)
+        await answer_as_task(ui)
