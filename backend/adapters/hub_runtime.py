@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from .. import hub
-from ..errors import AdapterDownloadFailed, AdapterFileRefused, AdapterRejected
+from ..errors import AdapterDownloadFailed, AdapterFileRefused, AdapterNameTaken, AdapterRejected
 from ..hub import HubModel
 from ..settings import ROOT
 from ..text import Text
@@ -47,6 +47,17 @@ RUNTIME_KEYS = {
 }
 
 Progress = Callable[[int, int, int], Awaitable[None]]
+
+
+def refuse_taken_name(model: HubModel, added: tuple[HubModel, Path] | None, served: set[str] | frozenset[str]) -> None:
+    """A hub adapter is served as ``owner/name`` (a folder of [lora].dir cannot have a "/" in its name, so the two
+    never meet): AdapterNameTaken when that name is served already from another source (another revision added
+    before, a ``[lora] modules`` entry or an engine's adapter of that name). Checked before the download."""
+    name = model.repo_id
+    if added is not None and added[0] != model:
+        raise AdapterNameTaken(name, str(added[0]))
+    if added is None and name in served:
+        raise AdapterNameTaken(name, "[lora] modules")
 
 
 def parse_adapter_id(text: str) -> HubModel:

@@ -1,6 +1,6 @@
 """The operator's ``/status``: the engine(s) and replicas, the adapters loaded and their slots, the queue, the answers
 streaming per account, the downloads, the disk. Pure: the numbers in, one Markdown text out, in the reader's
-language (the UI's command only gathers them: ``Service.operator_report``).
+language; ``gather`` reads them from the service (``Service.operator_report`` checks the role first).
 
     report = OperatorReport(status, adapters=[("pirate", 1, False)], slots=4, answering={"bob": 2},
                             downloads=("acme/lora", ["acme/other"]), disk_free=12 * 10**9, disk_path="~/.cache/hf")
@@ -9,12 +9,18 @@ language (the UI's command only gathers them: ``Service.operator_report``).
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..hub import human_bytes
+from ..hub import hub_cache_dir, human_bytes
 from ..text import t
 from .health import HealthStatus
+
+if TYPE_CHECKING:
+    from .service import Service
 
 
 @dataclass(frozen=True)
@@ -72,3 +78,24 @@ class OperatorReport:
     def _disk(self, lang: str | None) -> str:
         free = human_bytes(self.disk_free) if self.disk_free is not None else t("opstatus.na", lang)
         return t("opstatus.disk", lang, free=free, path=self.disk_path)
+
+
+async def gather(service: Service, answering: Mapping[str, int], lang: str | None) -> str:
+    """The report from the service's state now (a fresh poll); ``answering``: the UI's fair share, per account."""
+    status = await service.poller.refresh()
+    static = service.static_adapters()
+    adapters = [(m.id, service.adapter_usage.answering(m.id), m.id in static) for m in status.adapters]
+    folder = hub_cache_dir()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = await asyncio.to_thread(lambda: shutil.disk_usage(folder).free)
+    report = OperatorReport(
+        status,
+        adapters=adapters,
+        slots=service.settings.lora.max_cpu_loras,
+        answering=answering,
+        downloads=(service.downloads.running, service.downloads.waiting),
+        disk_free=free,
+        disk_path=str(hub_cache_dir()),
+    )
+    return report.text(lang)

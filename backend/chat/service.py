@@ -25,20 +25,18 @@ from ..engine_http import public_url, short
 from ..errors import (
     AdapterAnswering,
     AdapterDownloadFailed,
-    AdapterNameTaken,
     AdapterSlotsBusy,
     AdapterStatic,
     BackendError,
     MessageTooLong,
     ModelNotFound,
     ModelPartial,
-    OperatorOnly,
     PromptTooLong,
-    PublicWithoutLogin,
     QwenChatError,
 )
 from ..settings import ROOT, HealthSettings, Settings, load_settings
-from ..text import Text, pick_language, quoted, t
+from ..text import Text, pick_language, t
+from . import roles
 from .adapters_in_use import AdapterUsage
 from .client import ChatClient, Finish, anomaly_counts
 from .conversation import Conversation
@@ -376,11 +374,10 @@ class Service:
         *,
         who: str | None = None,
     ) -> tuple[str, Loaded | None]:
-        """/adapters owner/name[@revision]: the adapter downloaded into huggingface_hub's cache (the launcher's
-        downloader, adapters/hub_runtime.py), checked by the adapter doctor and loaded as ``ensure_loaded`` loads
-        one (slots, eviction, every fleet replica), under owner/name; only an operator (``who``). Returns that name
-        and what the load did (None: served already); raises an AdapterError saying what went wrong, with no server
-        path in it, or OperatorOnly."""
+        """/adapters owner/name[@revision] (operators only: ``who``): downloaded into huggingface_hub's cache (one
+        at a time, ``on_queued`` told the place), checked by the doctor, loaded as ``ensure_loaded`` loads one, served
+        as owner/name. Returns that name and what the load did (None: served already); raises an AdapterError
+        (no server path in it) or OperatorOnly."""
         from ..adapters import hub_runtime
 
         self.require_operator(who, "hub", downloads=True)
@@ -390,7 +387,8 @@ class Service:
                 raise AdapterDownloadFailed(str(model), Text("adapter_hub.external"))
             if not self.settings.lora.runtime_loading:
                 raise AdapterDownloadFailed(str(model), Text("adapter_hub.runtime_off"))
-            self._refuse_taken_name(model)
+            served = {m.id for m in self.poller.status.adapters} | self.static_adapters()
+            hub_runtime.refuse_taken_name(model, self._hub_adapters.get(model.repo_id), served)
             async with self.downloads.turn(str(model), on_queued):
                 max_bytes = self.settings.hub.max_download_bytes
                 snapshot = await hub_runtime.fetch_adapter(model, on_progress, max_bytes=max_bytes)
@@ -407,18 +405,6 @@ class Service:
         except QwenChatError:
             del self._hub_adapters[name]  # refused (the doctor, the engine): not offered again
             raise
-
-    def _refuse_taken_name(self, model: hub.HubModel) -> None:
-        """A hub adapter is served as ``owner/name`` (a folder of [lora].dir cannot have a "/" in its name, so the
-        two never meet): refused when that name is served already from another source (another revision added
-        before, a ``[lora] modules`` entry with that name). Checked before the download."""
-        name = model.repo_id
-        added = self._hub_adapters.get(name)
-        if added is not None and added[0] != model:
-            raise AdapterNameTaken(name, str(added[0]))
-        served = {m.id for m in self.poller.status.adapters}
-        if added is None and (name in served or name in self.static_adapters()):
-            raise AdapterNameTaken(name, "[lora] modules")
 
     async def _evict_for(self, name: str, loaded: list[str]) -> str:
         """Unload the least recently used runtime adapter nothing streams from; its name (under the load lock)."""
@@ -441,58 +427,18 @@ class Service:
         self.adapter_usage.forget(victim)
         return victim
 
-    # ------------------------------------------------------------ roles
-
-    def operators(self) -> tuple[str, ...]:
-        """The accounts that may change what everyone is served: ``[login] operators``, else ``[login] username``."""
-        login = self.settings.login
-        return tuple(login.operators) or (login.username,)
-
-    def is_operator(self, who: str | None) -> bool:
-        """With login on, an account of ``operators()``; with login off, the one person at the UI (``who`` None)."""
-        if not self.settings.login.enable:
-            return True
-        return who is not None and who in self.operators()
+    def is_operator(self, who: str | None) -> bool:  # roles.py: who may change what everyone is served
+        return roles.is_operator(self.settings, who)
 
     def require_operator(self, who: str | None, action: str, *, downloads: bool = False) -> None:
-        """OperatorOnly (logged with the account name) unless ``who`` may; ``action``: an ``operator.action.*``
-        key. ``downloads``: a hub download, also refused with login off when the UI is public (anyone is "who")."""
-        login_off = not self.settings.login.enable
-        if downloads and login_off and self.settings.network.public:
-            logger.warning("refused to %s: the UI is public without login ([network] public = true)", action)
-            raise PublicWithoutLogin(Text(f"operator.action.{action}"), "")
-        if self.is_operator(who):
-            return
-        logger.warning(
-            "refused to %s for %r: not an operator (operators: %s)", action, who, ", ".join(self.operators())
-        )
-        raise OperatorOnly(Text(f"operator.action.{action}"), ", ".join(self.operators()))
+        roles.require_operator(self.settings, who, action, downloads=downloads)
 
     async def operator_report(self, *, who: str | None, answering: Mapping[str, int], lang: str | None) -> str:
-        """The operator's /status (engine, replicas, adapters and slots, queue, answers per account, downloads, disk
-        free); OperatorOnly for anyone else. ``answering``: the UI's fair share, per account."""
-        import shutil
-
-        from .operator_status import OperatorReport
+        """The operator's /status (operator_status.gather); OperatorOnly for anyone else."""
+        from .operator_status import gather
 
         self.require_operator(who, "engine")
-        status = await self.poller.refresh()
-        static = self.static_adapters()
-        adapters = [(m.id, self.adapter_usage.answering(m.id), m.id in static) for m in status.adapters]
-        folder = hub.hub_cache_dir()
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        free = await asyncio.to_thread(lambda: shutil.disk_usage(folder).free)
-        report = OperatorReport(
-            status,
-            adapters=adapters,
-            slots=self.settings.lora.max_cpu_loras,
-            answering=answering,
-            downloads=(self.downloads.running, self.downloads.waiting),
-            disk_free=free,
-            disk_path=str(hub.hub_cache_dir()),
-        )
-        return report.text(lang)
+        return await gather(self, answering, lang)
 
     async def unload(self, name: str, status: HealthStatus, *, who: str | None = None) -> None:
         """Unload a runtime adapter: not the base model, not a static adapter, not one answering right now; only
@@ -645,15 +591,8 @@ class Service:
         return counter.model != status.base_model
 
     async def check_message_length(self, text: str) -> None:
-        """Raise MessageTooLong for a message above ``[ui] max_message_tokens``. A text of no more UTF-8 bytes than
-        the limit is not counted (a byte-level tokenizer makes at most one token per byte)."""
-        limit = self.settings.ui.max_message_tokens
-        if not limit or len(text) <= limit // 4 or len(text.encode("utf-8", "surrogatepass")) <= limit:
-            return
-        tokens = await (await self.counter()).count_text(text)
-        if tokens > limit:
-            logger.info("a message of %d tokens refused: [ui] max_message_tokens is %d", tokens, limit)
-            raise MessageTooLong(tokens, limit, quoted(text))
+        """MessageTooLong for a message above ``[ui] max_message_tokens`` (counted only when it may be)."""
+        await budget_mod.check_message_length(text, self.settings.ui.max_message_tokens, self.counter)
 
     async def fit(self, messages: list[dict[str, str]]) -> budget_mod.FitResult:
         try:

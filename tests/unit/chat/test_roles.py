@@ -9,6 +9,7 @@ import logging
 
 import pytest
 
+from backend.chat import roles
 from backend.chat.health import HealthStatus, ModelEntry
 from backend.chat.service import Service
 from backend.errors import AdapterDownloadFailed, OperatorOnly, PublicWithoutLogin
@@ -52,7 +53,7 @@ def test_a_user_running_an_operator_command_gets_one_line_naming_the_operators(t
 
 def test_the_first_account_is_the_operator_by_default(tmp_path):
     svc = service(tmp_path)
-    assert svc.operators() == ("admin",) and svc.is_operator("admin") and not svc.is_operator("bob")
+    assert roles.operators(svc.settings) == ("admin",) and svc.is_operator("admin") and not svc.is_operator("bob")
     assert not svc.is_operator(None)  # a caller that did not say who: refused with login on
     with pytest.raises(AdapterDownloadFailed):  # past the role check: refused for being external, not for the role
         run(svc.add_hub_adapter("acme/pirate-lora", who="admin"))
