@@ -195,7 +195,7 @@ def cmd_hash_password(args: argparse.Namespace) -> int:
     """A hash for ``[login] users = {name = "<hash>"}``: the password itself is never written to the config."""
     import getpass
 
-    from .passwords import hash_password
+    from .passwords import MIN_PASSWORD_LENGTH, hash_password
 
     if sys.stdin.isatty():
         password = getpass.getpass("password: ")
@@ -204,8 +204,10 @@ def cmd_hash_password(args: argparse.Namespace) -> int:
             return 2
     else:
         password = sys.stdin.readline().rstrip("\n")
-    if len(password) < 8:
-        print("[qwenchat] a password needs at least 8 characters; nothing printed", file=sys.stderr)
+    if len(password) < MIN_PASSWORD_LENGTH:
+        print(
+            f"[qwenchat] a password needs at least {MIN_PASSWORD_LENGTH} characters; nothing printed", file=sys.stderr
+        )
         return 2
     print(hash_password(password))
     return 0
@@ -216,6 +218,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     logging.basicConfig(level=settings.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from . import logsafe
+
+    logsafe.install()  # every record: control characters escaped, URL passwords masked
     if args.dry_run:
         return launch.dry_run(settings)  # builds nothing, even with --prepare
     return launch.run_serve(settings, prepare=args.prepare)

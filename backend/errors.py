@@ -29,10 +29,14 @@ lives outside this module, next to the only code that raises it (marked below).
     │   ├── AdapterAnswering       /unload of an adapter an answer streams from
     │   ├── AdapterSlotsBusy       every runtime adapter slot is answering: nothing can be evicted
     │   ├── AdapterFleetPartial    a runtime load/unload sent to every fleet replica failed on some of them
-    │   └── AdapterDownloadFailed  an adapter added by hub id (/adapters owner/name) could not be downloaded
+    │   ├── AdapterDownloadFailed  an adapter added by hub id (/adapters owner/name) could not be downloaded
+    │   └── AdapterNameTaken       /adapters owner/name when that name is served already, from another source
     ├── merge.MergeError           (see backend/tools/merge.py) merging a LoRA into its base was refused or failed
+    ├── OperatorOnly               a user's attempt at what only an operator may do ([login] operators)
+    │   └── PublicWithoutLogin     a hub download on a UI open to others without login ([network] public)
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
+    ├── MessageTooLong             a message above [ui] max_message_tokens (its text quoted back)
     ├── preferences.SystemPromptRefused  (see backend/storage/preferences.py) a system prompt past the 32 KB cap
     ├── DocumentError              a file attached in the chat cannot be read as text (backend/chat/documents.py)
     │   ├── DocumentTooLarge       over [uploads] max_mb
@@ -363,6 +367,43 @@ class AdapterDownloadFailed(AdapterError):
         super().__init__(detail)
 
 
+class AdapterNameTaken(AdapterError):
+    """``/adapters owner/name`` when ``owner/name`` is served already from another source (another revision, a
+    ``[lora] modules`` entry): refused, the existing one named; nothing is replaced."""
+
+    code = "adapter_name_taken"
+    text_key = "names.taken"
+    retryable = False
+
+    def __init__(self, name: str, existing: str) -> None:
+        self.name, self.existing = name, existing
+        super().__init__()
+
+
+# ---------------------------------------------------------------- roles
+
+
+class OperatorOnly(QwenChatError):
+    """Only an operator may do ``action`` (a catalog key: download from the hub, unload, see the engine); ``who``
+    names the operators (login on), or says why nobody may (a public UI without login)."""
+
+    code = "operator_only"
+    text_key = "operator.only"
+    retryable = False
+
+    def __init__(self, action: Text, who: str) -> None:
+        self.action, self.who = action, who
+        super().__init__()
+
+
+class PublicWithoutLogin(OperatorOnly):
+    """A hub download asked of a UI open to others without login (``[network] public = true``): nobody there is
+    known to be the operator."""
+
+    code = "public_without_login"
+    text_key = "operator.public"
+
+
 # ---------------------------------------------------------------- budget
 
 
@@ -388,6 +429,18 @@ class SystemPromptTooLong(QwenChatError):
 
     def __init__(self, system: int, budget: int) -> None:
         self.system, self.budget = system, budget
+        super().__init__()
+
+
+class MessageTooLong(QwenChatError):
+    """A message above ``[ui] max_message_tokens``: refused before any fitting; ``text`` is the message, quoted."""
+
+    code = "message_too_long"
+    text_key = "limits.message_too_long"
+    retryable = False
+
+    def __init__(self, tokens: int, limit: int, text: str) -> None:
+        self.tokens, self.limit, self.text = tokens, limit, text
         super().__init__()
 
 

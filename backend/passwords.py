@@ -17,6 +17,7 @@ import secrets
 ALGORITHM = "pbkdf2_sha256"
 ITERATIONS = 600_000  # OWASP's 2023 figure for PBKDF2-HMAC-SHA256
 MIN_ITERATIONS = 100_000
+MIN_PASSWORD_LENGTH = 8  # characters: hash-password refuses a shorter one, and the start a shorter [login] password
 _FORMAT = re.compile(r"pbkdf2_sha256\$(\d{1,9})\$([0-9a-f]{16,128})\$([0-9a-f]{64})")
 
 

@@ -337,6 +337,11 @@ class LoginSettings(Section):
     password: Str = key("", "a string (or QWENCHAT_LOGIN_PASSWORD)")
     # More accounts, name = "password hash" (python -m backend hash-password)
     users: Table = key({}, TABLE)
+    # roles: the accounts that may change what everyone is served (hub downloads, adapters, unload, engine
+    # details); empty: [login] username alone
+    operators: Words = key((), "a list of account names ([login] username or names of [login] users)")
+    # a login token's lifetime; logout revokes it before that
+    session_hours: Float = key(24.0, "a positive number of hours", gt=0)
 
     @model_validator(mode="after")
     def _accounts(self) -> LoginSettings:
@@ -471,6 +476,8 @@ class UISettings(Section):
     # answers streaming at once per user (login name, else browser) over all their chats; a compare pair is 2;
     # 0 = no limit
     max_answers_per_user: Int = key(2, "0 (no limit) or a positive number of answers", ge=0)
+    # limits: a message longer than this many tokens is refused (its text quoted back); 0 = no limit
+    max_message_tokens: Int = key(100_000, "0 (no limit) or a positive number of tokens", ge=0)
 
 
 class UploadsSettings(Section):
@@ -682,6 +689,18 @@ class FleetSettings(Section):
 # ---------------------------------------------------------------- the whole
 
 
+class HubSettings(Section):
+    """Downloads from the hub while the product runs (``/adapters owner/name``): bounded before the first byte."""
+
+    section: ClassVar[str] = "hub"
+    # the files a run-time download fetches, in GB (10^9 bytes) from the sizes the hub reports; 0 = no cap
+    max_download_gb: Float = key(2.0, "0 (no cap) or a positive number of GB", ge=0)
+
+    @property
+    def max_download_bytes(self) -> int:
+        return int(self.max_download_gb * 1e9)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="forbid", frozen=True)
 
@@ -700,6 +719,7 @@ class Settings(BaseSettings):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)
+    hub: HubSettings = Field(default_factory=HubSettings)
     base_url: Str = ""  # OPENAI_BASE_URL: external mode when set
     api_key: Str = ""  # OPENAI_API_KEY or the launcher's per-launch key
 

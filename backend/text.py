@@ -24,6 +24,7 @@ status file and doctor findings carry: JSON-able (``to_json``/``from_json``), tu
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -114,7 +115,22 @@ def t(key: str, lang: str | None = DEFAULT_LANGUAGE, /, **params: Any) -> str:  
         text = books[DEFAULT_LANGUAGE][key]
     if not params:
         return text
-    return text.format(**{name: _render(value, chosen) for name, value in params.items()})
+    return text.format(**{name: _masked(_render(value, chosen)) for name, value in params.items()})
+
+
+def _masked(value: Any) -> Any:
+    """A parameter with the password of any URL in it masked (an OPENAI_BASE_URL with user:password@)."""
+    from .logsafe import mask_credentials
+
+    return mask_credentials(value) if isinstance(value, str) else value
+
+
+def quoted(text: str) -> str:
+    """``text`` as a fenced block that shows it verbatim (a fence longer than any run of backticks inside): a
+    refused message quoted back, so nothing typed is lost."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
 
 
 def _render(value: Any, lang: str) -> Any:

@@ -33,7 +33,7 @@ from ..errors import (
 )
 from ..settings import VLLM_LORA_RANKS
 from ..text import Text
-from .safetensors import read_safetensors_header
+from .safetensors import read_safetensors_header, scan_values
 
 logger = logging.getLogger(__name__)
 
@@ -369,6 +369,7 @@ def diagnose_adapter(
             _check_targets(found, q, config.targets, base, tensors)
         if tensors is not None:
             _check_tensors(found, q, tensors, config, base, path)
+            _check_values(found, q, path / WEIGHTS_FILE)
     base_label = str(base_dir) if base_dir is not None else ""
     return Diagnosis(name, path, found.result(), config.r, config.base_name, config.targets, base_label)
 
@@ -500,6 +501,25 @@ def _check_weights_file(found: _Findings, q: str, path: Path) -> dict[str, tuple
     else:
         found.add("error", "no_weights", Text("doctor.no_weights", {"q": q, "file": WEIGHTS_FILE, "path": str(path)}))
     return None
+
+
+def _check_values(found: _Findings, q: str, weights: Path) -> None:
+    """What a loader would load, values included (bounded: safetensors.scan_values): a NaN or Inf anywhere is an
+    error naming the tensor (every answer through it would be garbage); every lora_B all zeros (as PEFT creates
+    them, before training) is a warning: the adapter changes nothing, the base model answers."""
+    try:
+        values = scan_values(weights)
+    except (OSError, ValueError) as exc:
+        found.add("error", "bad_weights", Text("doctor.bad_weights", {"q": q, "detail": str(exc)}))
+        return
+    for v in values:
+        if v.non_finite:
+            text = Text("doctor.non_finite", {"q": q, "tensor": v.name, "count": v.non_finite, "checked": v.checked})
+            found.add("error", "non_finite", text, group="non_finite", where=v.name)
+    lora_b = [v for v in values if ".lora_B." in v.name]
+    if values and all(v.all_zero for v in (lora_b or values)):
+        part = "lora_B" if lora_b else "weight"
+        found.add("warning", "all_zero", Text("doctor.all_zero", {"q": q, "part": part, "n": len(lora_b or values)}))
 
 
 def _check_base(found: _Findings, q: str, base_dir: str | Path | None) -> BaseModelInfo | None:

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from .. import hub
-from ..errors import AdapterDownloadFailed, AdapterFileRefused, AdapterRejected
+from ..errors import AdapterDownloadFailed, AdapterFileRefused, AdapterNameTaken, AdapterRejected
 from ..hub import HubModel
 from ..settings import ROOT
 from ..text import Text
@@ -49,6 +49,17 @@ RUNTIME_KEYS = {
 Progress = Callable[[int, int, int], Awaitable[None]]
 
 
+def refuse_taken_name(model: HubModel, added: tuple[HubModel, Path] | None, served: set[str] | frozenset[str]) -> None:
+    """A hub adapter is served as ``owner/name`` (a folder of [lora].dir cannot have a "/" in its name, so the two
+    never meet): AdapterNameTaken when that name is served already from another source (another revision added
+    before, a ``[lora] modules`` entry or an engine's adapter of that name). Checked before the download."""
+    name = model.repo_id
+    if added is not None and added[0] != model:
+        raise AdapterNameTaken(name, str(added[0]))
+    if added is None and name in served:
+        raise AdapterNameTaken(name, "[lora] modules")
+
+
 def parse_adapter_id(text: str) -> HubModel:
     """``owner/name[@revision]`` typed after /adapters → the adapter repo; anything else: AdapterDownloadFailed."""
     value = text.strip().strip("`").strip()
@@ -58,12 +69,16 @@ def parse_adapter_id(text: str) -> HubModel:
     return model.as_adapter()
 
 
-async def fetch_adapter(model: HubModel, on_progress: Progress | None = None, *, python: str = "") -> Path:
-    """The adapter's snapshot folder in huggingface_hub's cache, downloaded first unless it is complete there."""
+async def fetch_adapter(
+    model: HubModel, on_progress: Progress | None = None, *, python: str = "", max_bytes: int = 0
+) -> Path:
+    """The adapter's snapshot folder in huggingface_hub's cache, downloaded first unless it is complete there;
+    ``max_bytes``: refused before the first byte past it ([hub] max_download_gb), or when the hub gives no size."""
     done = hub.complete_snapshot(model)
     if done is not None:
         return done
     argv = [python or sys.executable, "-m", "backend", "download-model", "--adapter", str(model)]
+    argv += ["--max-bytes", str(max_bytes)] if max_bytes else []
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=str(ROOT),

@@ -40,7 +40,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import text as catalog
-from ..errors import ConfigError, PromptTooLong, SystemPromptTooLong
+from ..errors import ConfigError, MessageTooLong, PromptTooLong, SystemPromptTooLong
+from ..text import quoted
 from .counters import TokenCounter
 from .documents import Document, frame, framed_message
 from .template import (
@@ -588,3 +589,15 @@ async def fitting_part(
         else:
             hi = mid
     return biggest, lo
+
+
+async def check_message_length(text: str, limit: int, counter: Callable[[], Awaitable[TokenCounter]]) -> None:
+    """MessageTooLong (with the count and the text quoted back) for a message above ``limit`` tokens ([ui]
+    max_message_tokens; 0: none). A text of no more UTF-8 bytes than the limit is not counted: a byte-level
+    tokenizer makes at most one token per byte."""
+    if not limit or len(text) <= limit // 4 or len(text.encode("utf-8", "surrogatepass")) <= limit:
+        return
+    tokens = await (await counter()).count_text(text)
+    if tokens > limit:
+        logger.info("a message of %d tokens refused: [ui] max_message_tokens is %d", tokens, limit)
+        raise MessageTooLong(tokens, limit, quoted(text))

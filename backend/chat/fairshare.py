@@ -58,6 +58,10 @@ class FairShare:
     def held(self, who: str) -> int:
         return self._held.get(who, 0)
 
+    def by_user(self) -> dict[str, int]:
+        """Answers streaming now, per user (the operator's /status)."""
+        return dict(self._held)
+
     def claim(self, who: str, count: int = 1) -> Claim:
         held = self.held(who)
         if self.limit and held and held + count > self.limit:

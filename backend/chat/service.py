@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.chat import budget as budget_mod
-from backend.chat import counters
+from backend.chat import counters, roles
 from backend.storage.votes import VoteStore
 
-from .. import contract, hub
+from .. import contract, hub, logsafe
 from ..engine_http import public_url, short
 from ..errors import (
     AdapterAnswering,
@@ -28,6 +28,7 @@ from ..errors import (
     AdapterSlotsBusy,
     AdapterStatic,
     BackendError,
+    MessageTooLong,
     ModelNotFound,
     ModelPartial,
     PromptTooLong,
@@ -39,6 +40,7 @@ from .adapters_in_use import AdapterUsage
 from .client import ChatClient, Finish, anomaly_counts
 from .conversation import Conversation
 from .documents import Document
+from .download_queue import DownloadQueue, Queued
 from .health import EngineState, HealthPoller, HealthStatus, get_poller
 
 if TYPE_CHECKING:
@@ -90,12 +92,14 @@ class Service:
         # Adapters added at run time by hub id (/adapters owner/name): name -> (repo, snapshot folder); loaded again
         # after an eviction or an engine restart like a folder of [lora].dir.
         self._hub_adapters: dict[str, tuple[hub.HubModel, Path]] = {}
+        self.downloads = DownloadQueue()  # one hub download at a time per server
         self._votes: VoteStore | None = None
 
     @classmethod
     def from_environment(cls) -> Service:
         settings = load_settings()
         logging.basicConfig(level=settings.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logsafe.install()  # every record: control characters escaped, URL passwords masked
         return cls(settings, status_file=os.environ.get(contract.ENV_STATUS_FILE) or None)
 
     @property
@@ -361,25 +365,39 @@ class Service:
             return hub_runtime.check_snapshot(added[1], name, base, lora.max_lora_rank, base_aliases=aliases)
         return folder.prepare_runtime_load(lora.resolved_dir, name, base, lora.max_lora_rank, base_aliases=aliases)
 
-    async def add_hub_adapter(self, text: str, on_progress: Progress | None = None) -> tuple[str, Loaded | None]:
-        """/adapters owner/name[@revision]: the adapter downloaded into huggingface_hub's cache (the launcher's
-        downloader, adapters/hub_runtime.py), checked by the adapter doctor and loaded as ``ensure_loaded`` loads
-        one (slots, eviction, every fleet replica), under the repo's name. Returns that name and what the load did
-        (None: served already); raises an AdapterError saying what went wrong, with no server path in it."""
+    async def add_hub_adapter(
+        self,
+        text: str,
+        on_progress: Progress | None = None,
+        on_queued: Queued | None = None,
+        *,
+        who: str | None = None,
+    ) -> tuple[str, Loaded | None]:
+        """/adapters owner/name[@revision] (operators only: ``who``): downloaded into huggingface_hub's cache (one
+        at a time, ``on_queued`` told the place), checked by the doctor, loaded as ``ensure_loaded`` loads one, served
+        as owner/name. Returns that name and what the load did (None: served already); raises an AdapterError
+        (no server path in it) or OperatorOnly."""
         from ..adapters import hub_runtime
 
+        self.require_operator(who, "hub", downloads=True)
         try:
             model = hub_runtime.parse_adapter_id(text)
             if self.settings.external:
                 raise AdapterDownloadFailed(str(model), Text("adapter_hub.external"))
             if not self.settings.lora.runtime_loading:
                 raise AdapterDownloadFailed(str(model), Text("adapter_hub.runtime_off"))
-            snapshot = await hub_runtime.fetch_adapter(model, on_progress)
+            served = {m.id for m in self.poller.status.adapters} | self.static_adapters()
+            hub_runtime.refuse_taken_name(model, self._hub_adapters.get(model.repo_id), served)
+            async with self.downloads.turn(str(model), on_queued):
+                max_bytes = self.settings.hub.max_download_bytes
+                snapshot = await hub_runtime.fetch_adapter(model, on_progress, max_bytes=max_bytes)
         except QwenChatError as exc:
             logger.warning("adapter %s from the hub not added: %s", text.strip(), exc)  # the log keeps the paths
             self._shown(exc)
             raise
-        name = model.name
+        name = model.repo_id
+        if name in self._hub_adapters:  # the same repo at the same revision: served already, or loaded again
+            return name, await self.ensure_loaded(name)
         self._hub_adapters[name] = (model, snapshot)
         try:
             return name, await self.ensure_loaded(name)
@@ -408,8 +426,23 @@ class Service:
         self.adapter_usage.forget(victim)
         return victim
 
-    async def unload(self, name: str, status: HealthStatus) -> None:
-        """Unload a runtime adapter: not the base model, not a static adapter, not one answering right now."""
+    def is_operator(self, who: str | None) -> bool:  # roles.py: who may change what everyone is served
+        return roles.is_operator(self.settings, who)
+
+    def require_operator(self, who: str | None, action: str, *, downloads: bool = False) -> None:
+        roles.require_operator(self.settings, who, action, downloads=downloads)
+
+    async def operator_report(self, *, who: str | None, answering: Mapping[str, int], lang: str | None) -> str:
+        """The operator's /status (operator_status.gather); OperatorOnly for anyone else."""
+        from .operator_status import gather
+
+        self.require_operator(who, "engine")
+        return await gather(self, answering, lang)
+
+    async def unload(self, name: str, status: HealthStatus, *, who: str | None = None) -> None:
+        """Unload a runtime adapter: not the base model, not a static adapter, not one answering right now; only
+        an operator (``who``: the account; None with login off)."""
+        self.require_operator(who, "unload")
         if not any(m.id == name for m in status.adapters):
             raise ModelNotFound(name, "not a served adapter")
         if name in self.static_adapters():
@@ -556,6 +589,10 @@ class Service:
             return False
         return counter.model != status.base_model
 
+    async def check_message_length(self, text: str) -> None:
+        """MessageTooLong for a message above ``[ui] max_message_tokens`` (counted only when it may be)."""
+        await budget_mod.check_message_length(text, self.settings.ui.max_message_tokens, self.counter)
+
     async def fit(self, messages: list[dict[str, str]]) -> budget_mod.FitResult:
         try:
             return await budget_mod.fit_history(
@@ -580,9 +617,14 @@ class Service:
         room = exc.limit or max(1, exc.budget - exc.system - 16)
         return await budget_mod.fitting_part(question, documents, int(room), await self.counter())
 
-    async def trimmed(self, text: str, exc: PromptTooLong) -> str:
-        """The user's message with its middle replaced by a marker, sized to fit the budget."""
-        room = exc.limit or max(1, exc.budget - exc.system - 16)
+    async def trimmed(self, text: str, exc: PromptTooLong | MessageTooLong) -> str:
+        """The user's message with its middle replaced by a marker, sized to fit the budget (and, for a message
+        above ``[ui] max_message_tokens``, that limit too; the system prompt may still trim it once more)."""
+        if isinstance(exc, MessageTooLong):
+            budget = budget_mod.token_budget(self.max_model_len(), self.reply_tokens())
+            room = max(1, min(exc.limit, budget - 64))
+        else:
+            room = exc.limit or max(1, exc.budget - exc.system - 16)
         return await budget_mod.trim_middle(text, int(room), await self.counter())
 
 

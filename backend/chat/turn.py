@@ -54,6 +54,7 @@ from backend.web import metrics
 from ..errors import (
     ConnectionLost,
     EngineError,
+    MessageTooLong,
     ModelNotFound,
     ModelPartial,
     NoWorkerAvailable,
@@ -286,6 +287,9 @@ class _Turn:
 
     async def _stream(self, a: _Attempt) -> FitResult:
         """Fit the history and stream the answer into the view (``a`` keeps its text, usage and finish)."""
+        last = self.session.conversation.last_user()
+        if last is not None:
+            await self.service.check_message_length(last.content)
         fitted = await self.service.fit_conversation(self.session.conversation, self.session.system_prompt)
         queued = asyncio.create_task(self._queued_note(a), name="qwenchat-queued-note")  # until the first token
         try:
@@ -376,7 +380,7 @@ class _Turn:
         if not a.text and await self._router_coming_back(exc):
             logger.info("[%s] the fleet's router did not route it (%s): waiting for it", rid, type(exc).__name__)
             return Outcome.ENGINE_GONE  # not counted: the next attempt is
-        if isinstance(exc, PromptTooLong):
+        if isinstance(exc, (PromptTooLong, MessageTooLong)):
             a.ended = exc.code
             await self._offer_trimmed(a, exc)
         elif isinstance(exc, (ServerUnreachable, ConnectionLost)):
@@ -435,11 +439,11 @@ class _Turn:
             return True
         return no_worker and status.answering
 
-    async def _offer_trimmed(self, a: _Attempt, exc: PromptTooLong) -> None:
+    async def _offer_trimmed(self, a: _Attempt, exc: PromptTooLong | MessageTooLong) -> None:
         """A message too long for the model: say so, with a trimmed version to send instead when one can be made."""
         view, lang = self.view, self.view.lang
         last = self.session.conversation.last_user()
-        if last is not None and last.documents:
+        if last is not None and last.documents and isinstance(exc, PromptTooLong):
             await self._offer_cut(a, exc, last.content, last.documents)
             return
         try:

@@ -30,6 +30,7 @@ from backend.launcher import command, fleet, prepare_bg
 from backend.launcher.preflight import (
     check_exposure,
     check_limits,
+    check_login,
     check_model_dir,
     check_port_free,
     gpu_memory_estimate,
@@ -38,6 +39,7 @@ from backend.launcher.preflight import (
 )
 from backend.launcher.supervisor import Supervisor, configure_logs, read_tail, start_process, stop_process_group
 from backend.launcher.ui_keeper import UiKeeper
+from backend.logsafe import mask_credentials
 from backend.probe import OneTokenProbe
 from backend.settings import Settings
 from backend.text import Text
@@ -136,7 +138,7 @@ def dry_run(settings: Settings) -> int:
     has_gpu = command.gpu_available()
     engine = settings.vllm.device if settings.vllm.device != "auto" else ("gpu" if has_gpu else "cpu")
     if settings.external:
-        say(f"external mode: OPENAI_BASE_URL={settings.base_url}; no engine is launched")
+        say(f"external mode: OPENAI_BASE_URL={mask_credentials(settings.base_url)}; no engine is launched")
     else:
         if engine == "gpu" and not has_gpu:
             say("note: no GPU on this machine; a real start with engine=gpu would stop with an error")
@@ -209,7 +211,8 @@ def dry_run(settings: Settings) -> int:
 def preflight(settings: Settings, engine: str, *, ui_started: bool = False) -> None:
     """Everything checkable before vLLM is launched; raises a PreflightError. ``ui_started``: the UI already
     listens on its port (serve --prepare started it before building the engine)."""
-    for warning in check_exposure(settings):  # first: refuses a UI open to others without login
+    check_login(settings)  # a [login] password long enough
+    for warning in check_exposure(settings):  # refuses a UI open to others without login
         say(warning)
     if not settings.external:
         if prepare_bg.needs_download(settings):  # serve without --prepare: nothing downloads it
@@ -337,6 +340,7 @@ class _Early:
 async def _prepare_first(settings: Settings, engine: str, log_dir: Path, t0: float) -> _Early | int:
     """The UI at once, then the engine environment and the model in the background (their progress in the status
     file); an int is the exit code when the UI or a build failed (1), or Ctrl-C came first (0)."""
+    check_login(settings)
     check_exposure(settings)  # refusals before the UI listens (a UI off loopback without login or [network] host_names)
     check_port_free(
         settings.network.engine_host,

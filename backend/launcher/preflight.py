@@ -44,6 +44,20 @@ def check_port_free(host: str, port: int, setting: str) -> None:
             raise PortInUse(host, port, setting) from None
 
 
+def check_login(settings: Settings) -> None:
+    """With login on, ``[login] password`` of at least MIN_PASSWORD_LENGTH characters (as hash-password asks of
+    the other accounts): a ConfigError naming the length, never the password."""
+    from backend.passwords import MIN_PASSWORD_LENGTH
+
+    login = settings.login
+    if login.enable and len(login.password) < MIN_PASSWORD_LENGTH:
+        raise ConfigError(
+            "login.password",
+            f"<{len(login.password)} characters>",
+            f"a password of at least {MIN_PASSWORD_LENGTH} characters (in config.toml or QWENCHAT_LOGIN_PASSWORD)",
+        )
+
+
 def check_exposure(settings: Settings) -> list[str]:
     """Who can reach what: refuses a UI open to other machines without login (unless ``[network] public``) or, on
     every address (0.0.0.0), without the names it answers to (``[network] host_names``); returns the lines to print: the

@@ -76,6 +76,8 @@ class Plan:
     etags: dict[str, str] = field(default_factory=dict)
     # per file: where its bytes are on disk now (the partial file, then the blob); read by the progress thread
     where: dict[str, Path] = field(default_factory=dict)
+    # the needed files whose size the hub's answer did not give (counted as 0 in ``sizes``)
+    unsized: tuple[str, ...] = ()
 
     def on_disk(self) -> int:
         """Bytes of the needed files on disk: linked, whole blobs, and partial ``.incomplete`` files."""
@@ -189,6 +191,7 @@ def plan(model: HubModel) -> Plan:
     if not isinstance(info.sha, str) or not info.siblings:
         raise DownloadError("download.not_a_hub", endpoint=endpoint(), detail="no commit or file list in its answer")
     sizes = {s.rfilename: int(s.size or 0) for s in info.siblings}
+    unsized = tuple(sorted(s.rfilename for s in info.siblings if s.size is None))
     etags = {s.rfilename: (s.lfs.sha256 if s.lfs else s.blob_id) or "" for s in info.siblings}
     wanted = hub.select_files(sizes, adapter=model.adapter)
     if ("adapter_config.json" if model.adapter else "config.json") not in wanted:
@@ -197,7 +200,15 @@ def plan(model: HubModel) -> Plan:
     if model.adapter and not any(n.startswith("adapter_model.") for n in wanted):
         raise DownloadError("download.not_an_adapter", id=str(model), files=", ".join(sorted(sizes)[:8]))
     storage = hub.storage_dir(model)
-    return Plan(model, info.sha, {n: sizes[n] for n in wanted}, storage, {n: etags[n] for n in wanted if etags[n]})
+    etag_of = {n: etags[n] for n in wanted if etags[n]}
+    return Plan(
+        model,
+        info.sha,
+        {n: sizes[n] for n in wanted},
+        storage,
+        etag_of,
+        unsized=tuple(n for n in unsized if n in wanted),
+    )
 
 
 def free_bytes(folder: Path) -> int:
@@ -207,6 +218,20 @@ def free_bytes(folder: Path) -> int:
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     return shutil.disk_usage(folder).free
+
+
+def check_size(p: Plan, max_bytes: int) -> None:
+    """Before the first byte: the needed files' total against ``max_bytes`` ([hub] max_download_gb; 0: no cap). A
+    file the hub gives no size for is refused under a cap: its size could be anything, and a cap checked only while
+    the bytes arrive would still write up to the cap, per try, before saying no."""
+    if not max_bytes:
+        return
+    if p.unsized:
+        raise DownloadError("download.size_unknown", id=str(p.model), files=", ".join(sorted(p.unsized)[:8]))
+    total = sum(p.sizes.values())
+    if total > max_bytes:
+        size, limit = hub.human_bytes(total), hub.human_bytes(max_bytes)
+        raise DownloadError("download.too_big", id=str(p.model), size=size, limit=limit, size_bytes=total)
 
 
 def check_disk(p: Plan) -> None:
@@ -309,7 +334,7 @@ class Reporter:
         self.write(self.line())
 
 
-def download(model: HubModel, write: Callable[[str], None]) -> Path:
+def download(model: HubModel, write: Callable[[str], None], *, max_bytes: int = 0) -> Path:
     """The whole download (see the module docstring); the snapshot folder. Raises DownloadError."""
     done = hub.complete_snapshot(model)
     if done is not None:
@@ -322,6 +347,7 @@ def download(model: HubModel, write: Callable[[str], None]) -> Path:
         if err.key in OFFLINE_KEYS and cached is not None:
             return cached
         raise err from exc
+    check_size(p, max_bytes)
     check_disk(p)
     with Reporter(p, write):
         with ThreadPoolExecutor(WORKERS, thread_name_prefix="download") as pool:
@@ -388,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("id", nargs="?", help="owner/name[@revision]; default: [model] path")
     ap.add_argument("--text", action="store_true", help="progress for people (every 5 %%), not [download] lines")
     ap.add_argument("--adapter", action="store_true", help="a LoRA adapter repo: only adapter_config.json + weights")
+    ap.add_argument("--max-bytes", type=int, default=0, help="refuse before the first byte past this size (0: no cap)")
     args = ap.parse_args(argv)
     if args.id:
         model = hub.parse_hub_id(args.id)
@@ -408,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     # first. What is on disk stays for the next run. (The launcher stops this process with SIGTERM: the same.)
     signal.signal(signal.SIGINT, lambda *_: (write("[qwenchat] stopped; start again to resume"), os._exit(130)))
     try:
-        folder = download(model, write)
+        folder = download(model, write, max_bytes=args.max_bytes)
     except DownloadError as exc:
         write(ERROR_PREFIX + json.dumps({"key": exc.key, "params": exc.params}, ensure_ascii=False))
         write(f"[qwenchat] {exc}")

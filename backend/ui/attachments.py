@@ -14,10 +14,9 @@ from backend.chat.documents import Document, describe
 from backend.chat.reading import Upload
 from backend.errors import DocumentError
 from backend.storage.history import documents_metadata
-from backend.text import t
+from backend.text import quoted, t
 from backend.ui.answering import answer_as_task, one_answer, turn_of
 from backend.ui.context import Ui, guarded
-from backend.ui.socket_guard import quoted
 from backend.ui.views import show_error
 
 logger = logging.getLogger(__name__)

@@ -31,6 +31,7 @@ def chainlit_settings(settings: Settings, *, sharing: bool) -> dict[str, Any]:
         "UI.custom_css": THEME_CSS if settings.branding.accent else SHIPPED_CSS,
         "features.allow_thread_sharing": sharing,
         "project.allow_origins": cors_origins(settings),
+        "project.user_session_timeout": int(settings.login.session_hours * 3600),  # a login token's lifetime, s
         # The upload button and drag-and-drop, by extension: Chainlit's upload route takes a file whose MIME type
         # matches a key and whose name ends with one of its extensions (browsers give code files odd types: .ts is
         # video/mp2t), and the browser (react-dropzone) skips the "*/*" key and offers the extensions. The content
@@ -49,6 +50,7 @@ def apply(settings: Settings, *, sharing: bool, http_app: Any) -> None:
     chainlit_config.ui.custom_css = values["UI.custom_css"]
     chainlit_config.features.allow_thread_sharing = values["features.allow_thread_sharing"]
     chainlit_config.project.allow_origins = values["project.allow_origins"]
+    chainlit_config.project.user_session_timeout = values["project.user_session_timeout"]
     upload = chainlit_config.features.spontaneous_file_upload
     if upload is not None:
         upload.enabled = values["features.spontaneous_file_upload.enabled"]

@@ -24,7 +24,7 @@ from backend.errors import QwenChatError
 from backend.storage import history
 from backend.text import t
 from backend.ui import compare_chat
-from backend.ui.context import Ui
+from backend.ui.context import Ui, account
 from backend.ui.panel import chat_view, send_settings
 from backend.ui.views import show_error
 
@@ -36,12 +36,14 @@ Runner = Callable[[Ui, str], Awaitable[None]]
 
 @dataclass(frozen=True)
 class Command:
-    """One composer command: its id (what follows the ``/``), Chainlit's icon name, and what runs it with the text
-    after the command. Its menu description is the catalog's ``cmd_<id>``."""
+    """One composer command: its id (what follows the ``/``), Chainlit's icon name, what runs it with the text
+    after the command, and who may run it: ``operator``, an ``operator.action.*`` key, makes it operators' only
+    (checked again in the service layer). Its menu description is the catalog's ``cmd_<id>``."""
 
     id: str
     icon: str
     run: Runner
+    operator: str = ""
 
     def menu_entry(self, lang: str) -> dict[str, Any]:
         return {"id": self.id, "description": t(f"cmd_{self.id}", lang), "icon": self.icon, "button": False}
@@ -62,7 +64,7 @@ async def run_unload(ui: Ui, text: str) -> None:
     app, lang = ui.service, ui.lang()
     name = text.strip().strip("`")
     try:
-        await app.unload(name, app.poller.status)
+        await app.unload(name, app.poller.status, who=account())
     except QwenChatError as exc:
         await show_error(exc.user_text(lang))
         return
@@ -98,7 +100,11 @@ async def add_hub_adapter(ui: Ui, text: str) -> None:
                 )
                 await step.update()
 
-            name, loaded = await app.add_hub_adapter(text, progress)
+            async def queued(position: int) -> None:
+                step.output = t("download.queued", lang, position=position)
+                await step.update()
+
+            name, loaded = await app.add_hub_adapter(text, progress, queued, who=account())
             if loaded is not None and loaded.evicted:
                 step.output = t("adapter_evicted", lang, name=name, evicted=loaded.evicted)
     except QwenChatError as exc:
@@ -125,9 +131,17 @@ async def run_export(ui: Ui) -> None:
     await cl.Message(content=done, elements=[file]).send()
 
 
+async def run_status(ui: Ui, _text: str) -> None:
+    """/status (operators): the engine and replicas, adapters and slots, the queue, answers per account, downloads,
+    disk free."""
+    report = await ui.service.operator_report(who=account(), answering=ui.fair.by_user(), lang=ui.lang())
+    await cl.Message(content=report).send()
+
+
 REGISTRY: tuple[Command, ...] = (
     Command("adapters", "layers", run_adapters),
-    Command("unload", "circle-minus", run_unload),
+    Command("unload", "circle-minus", run_unload, operator="unload"),
+    Command("status", "activity", run_status, operator="engine"),
     Command("export", "download", lambda ui, _text: run_export(ui)),
     Command("compare", "columns-2", compare_chat.set_compare),
     Command("leaderboard", "trophy", lambda ui, _text: compare_chat.show_leaderboard(ui)),
@@ -147,13 +161,22 @@ def typed_command(text: str) -> tuple[str, str] | None:
 
 
 async def run_command(ui: Ui, command: str, text: str) -> None:
-    await BY_ID[command].run(ui, text)
+    """Run a command; an operators' one run by anyone else is one line saying who may (OperatorOnly)."""
+    entry = BY_ID[command]
+    if entry.operator:
+        try:
+            ui.service.require_operator(account(), entry.operator)
+        except QwenChatError as exc:
+            await show_error(exc.user_text(ui.lang()))
+            return
+    await entry.run(ui, text)
 
 
 async def send_commands(ui: Ui) -> None:
     """Chainlit's command menu in the composer (type ``/``), from the registry."""
     lang = ui.lang()
-    await cl.context.emitter.set_commands(cast(Any, [c.menu_entry(lang) for c in REGISTRY]))
+    mine = [c for c in REGISTRY if not c.operator or ui.service.is_operator(account())]  # users: not the operators'
+    await cl.context.emitter.set_commands(cast(Any, [c.menu_entry(lang) for c in mine]))
 
 
 async def name_bare_command(ui: Ui, message: cl.Message) -> None:

@@ -89,6 +89,12 @@ def preference_key() -> str | None:
     )
 
 
+def account() -> str | None:
+    """The signed-in account's name (None with login off): whom the roles check (Service.require_operator)."""
+    session = cl.context.session
+    return str(session.user.identifier) if session.user else None
+
+
 def answerer() -> str:
     """Whose answers count together for the fair share: the signed-in user, else this browser (its cookie), else
     the address the socket came from (a script without the cookie)."""

@@ -21,7 +21,7 @@ from backend.settings import Settings
 from backend.storage import preferences
 from backend.ui.chat import log_unserved_starters
 from backend.ui.context import Ui
-from backend.web import loopstats, metrics, security
+from backend.web import body_limit, loopstats, metrics, security, sessions
 
 # One socket message may carry a pasted document: python-engineio's default cap (1 MB) closes the
 # connection on a larger one and the message is lost. 256K tokens of CJK text are ~3 MB of UTF-8;
@@ -80,6 +80,12 @@ def patch(settings: Settings) -> None:
     # Without login, the page sets a browser cookie that the websocket carries: settings survive a reload.
     if not any(getattr(m, "cls", None) is preferences.BrowserCookieMiddleware for m in http_app.user_middleware):
         http_app.add_middleware(preferences.BrowserCookieMiddleware)
+    # A token revoked at logout is taken out of every later request and socket (backend/web/sessions.py).
+    sessions.install(http_app)
+    # Every request body bounded by route before any route (and the login check in its dependencies) reads it.
+    uploads = settings.uploads
+    upload = int(uploads.max_mb * 1024 * 1024) if uploads.enabled else None
+    body_limit.install(http_app, socket_message=MAX_SOCKET_MESSAGE, upload=upload, login=settings.login.enable)
     # Outermost: origin check (HTTP and the socket.io websocket/polling), security headers, login throttle.
     security.install(http_app, settings)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,7 +37,7 @@ from backend.chat.session import ChatSession
 from backend.storage.database import failure
 from backend.storage.history import META_KEY, command_metadata
 from backend.storage.outbox import Backlog, cause_text
-from backend.text import t
+from backend.text import quoted, t
 from backend.ui.commands import BY_ID, typed_command
 from backend.ui.views import show_error
 
@@ -49,13 +48,6 @@ RESUME_WAIT_S = 15.0  # how long a message waits for its chat to be resumed from
 NAMESPACE = "/"
 Handler = Callable[[str, Any], Awaitable[Any]]
 Claimer = Callable[[], Claim | TooMany]  # answering.claim_answers: the user's fair share of what a message starts
-
-
-def quoted(text: str) -> str:
-    """``text`` as a fenced block that shows it verbatim (a fence longer than any run of backticks inside)."""
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}text\n{text}\n{fence}"
 
 
 def cleaned(message: dict[str, Any]) -> None:

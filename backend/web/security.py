@@ -32,7 +32,8 @@
 - **Login throttle.** ``POST /login`` is counted per client (from a trusted proxy, the client its
   X-Forwarded-For names; else the peer; an IPv6 client by its /64, which one machine usually holds whole) and
   per account name (a guess spread over many addresses at one account): after ``free`` failures each further
-  attempt must wait, the wait doubling (``base_delay`` … ``max_delay``); an attempt that comes too early is
+  attempt must wait, the wait doubling (``base_delay`` … ``max_delay``), except at a locked name for a client that
+  has not failed (the lock slows a guesser, not the name's owner signing in from a clean client); an attempt that comes too early is
   refused at once with 429, ``Retry-After`` and a clear message (no sleeping: nothing is held open, the event
   loop and open chats are not slowed). Unknown names are counted like real ones (else the 429 would tell which
   names exist); the counts are kept by an HMAC of the name (``fingerprint``), keyed with the server's secret, and
@@ -467,6 +468,10 @@ class WebSecurityMiddleware:
             return
         account = fingerprint(await _typed_name(scope, body), self.secret) if self.accounts is not None else ""
         by_account = self.accounts.wait(account) if self.accounts is not None else 0.0
+        if by_account and throttle.failures(client) == 0:
+            # The name's lock slows a guesser spread over many addresses, not its owner: a client with no failed
+            # attempt gets its try (its first failure then puts it under the lock like the rest).
+            by_account = 0.0
         wait = max(throttle.wait(client), by_account)
         if wait > 0:
             seconds = max(1, int(wait + 0.999))

@@ -203,7 +203,8 @@ def lora_tensors(
 ) -> dict[str, np.ndarray]:
     """PEFT's saved keys: base_model.model.<module>.lora_A.weight [r, in] and .lora_B.weight [out, r].
 
-    lora_B is zero as PEFT initialises it (no effect) unless ``seed`` asks for random values.
+    lora_B is a small constant (a trained adapter's: not zero, finite) unless ``seed`` asks for random values;
+    ``zoo_all_zero`` has it zero, as PEFT initialises it (no effect).
     """
     layers = list(range(shape.layers) if layers is None else layers)
     shapes = shapes or shape.linear_shapes(max(max(layers, default=0) + 1, shape.layers))
@@ -215,7 +216,7 @@ def lora_tensors(
             out_f, in_f = shapes[module]
             out[f"{PREFIX}{module}.lora_A.weight"] = np.full((r, in_f), 0.01, dtype=np.float32)
             out[f"{PREFIX}{module}.lora_B.weight"] = (
-                np.zeros((out_f, r), np.float32)
+                np.full((out_f, r), 0.01, dtype=np.float32)
                 if rng is None
                 else (rng.standard_normal((out_f, r)) * 0.5).astype(np.float32)
             )
@@ -358,6 +359,27 @@ def zoo_not_lora(root: Path) -> Path:
     return make_adapter(root / "ia3", config={"peft_type": "IA3"})
 
 
+def _poison(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One lora_B with a NaN, one lora_A with an Inf (the values of a run that diverged)."""
+    out = dict(d)
+    b = sorted(k for k in out if ".lora_B." in k)[0]
+    a = sorted(k for k in out if ".lora_A." in k)[-1]
+    out[b] = out[b].copy()
+    out[b][0, 0] = np.nan
+    out[a] = out[a].copy()
+    out[a][-1, -1] = np.inf
+    return out
+
+
+def zoo_nan_inf(root: Path) -> Path:
+    return make_adapter(root / "nan_inf", edit=_poison)
+
+
+def zoo_all_zero(root: Path) -> Path:
+    """Saved right after PEFT created it: lora_B all zeros."""
+    return make_adapter(root / "all_zero", edit=lambda d: {k: (v * 0 if ".lora_B." in k else v) for k, v in d.items()})
+
+
 ZOO: dict[str, Callable[[Path], Path]] = {
     "rank_32": zoo_rank_32,
     "target_config_only": zoo_target_config_only,
@@ -373,4 +395,6 @@ ZOO: dict[str, Callable[[Path], Path]] = {
     "half_packed": zoo_half_packed,
     "fused_qkv": zoo_fused_qkv,
     "not_lora": zoo_not_lora,
+    "nan_inf": zoo_nan_inf,
+    "all_zero": zoo_all_zero,
 }

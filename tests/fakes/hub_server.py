@@ -15,6 +15,7 @@ sha1), as on the hub. Faults, set on the object (also while it runs):
     rate       bytes per second per file response (0: as fast as it goes): a download a test can stop midway
     drops      the next N file responses close the connection after ``drop_at`` bytes of body
     web_page   every request gets 200 text/html (``HF_ENDPOINT`` pointing at a web site)
+    unsized    repo ids whose repo info gives no file sizes (the hub did not say)
 
 An unknown repo answers 404 ``RepoNotFound``, an unknown revision 404 ``RevisionNotFound``. ``served`` counts the
 file bytes sent; ``requests`` records (method, path, status, Range).
@@ -85,6 +86,7 @@ class FakeHub:
         self.drops = 0
         self.drop_at = 0
         self.web_page = False
+        self.unsized: set[str] = set()
         self.served = 0
         self.requests: list[tuple[str, str, int, str]] = []
         self.port = 0
@@ -178,7 +180,9 @@ class FakeHub:
         siblings = []
         for name, f in repo.files.items():
             sib: dict[str, object] = {"rfilename": name, "size": f.size, "blobId": f.blob_id}
-            if f.sha256:
+            if rid in self.unsized:
+                del sib["size"]
+            elif f.sha256:
                 sib["lfs"] = {"size": f.size, "sha256": f.sha256, "pointerSize": 134}
             siblings.append(sib)
         body = {"_id": rid, "id": rid, "modelId": rid, "sha": repo.commit, "private": False, "gated": False}

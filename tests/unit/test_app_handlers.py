@@ -1042,3 +1042,26 @@ async def test_stop_mid_answer_also_ends_the_reasoning_steps_streaming(chat):
         await asyncio.wait_for(task, 20)
     [reasoning] = chat.screen().steps_named("Reasoning")
     assert reasoning["output"] == "reasoning" and reasoning["streaming"] is False, reasoning
+
+
+async def test_a_user_running_every_operator_command_gets_one_line_saying_who_may(ui, chat, monkeypatch, caplog):
+    import chainlit as cl
+
+    from backend.settings import LoginSettings
+    from backend.ui import commands
+
+    login = LoginSettings(enable=True, password="long enough", operators=("admin", "carol"))
+    monkeypatch.setattr(ui.service, "settings", ui.service.settings.model_copy(update={"login": login}))
+    monkeypatch.setattr(chat.session, "user", cl.User(identifier="bob"))
+    operator_commands = [c.id for c in commands.REGISTRY if c.operator] + ["adapters"]  # /adapters ID: a download
+    typed = {"unload": "/unload pirate", "status": "/status", "adapters": "/adapters acme/pirate-lora"}
+    for command in operator_commands:
+        screen = await chat.send(typed[command])
+        assert len(screen.errors) == 1 and "\n" not in screen.errors[0], (command, screen.errors)
+        assert screen.errors[0].startswith("Only an operator may") and "(operators: admin, carol)" in screen.errors[0]
+        assert screen.answers == [] and "Server status" not in str(screen.messages)
+    assert "refused to" in caplog.text and "'bob'" in caplog.text
+
+    monkeypatch.setattr(chat.session, "user", cl.User(identifier="carol"))
+    screen = await chat.send("/status")
+    assert screen.errors == [] and "Server status (operators only)" in str(screen.messages)

@@ -63,6 +63,7 @@ def test_apply_sets_each_setting_where_chainlit_reads_it(monkeypatch):
         "UI.custom_css": THEME_CSS,
         "features.allow_thread_sharing": True,
         "project.allow_origins": ["https://chat.example.com", "http://h:8080"],  # as browsers send them
+        "project.user_session_timeout": 24 * 3600,  # [login] session_hours (Chainlit's own default: 15 days)
     }
     for key, value in wanted.items():
         part, name = _part(config, key)

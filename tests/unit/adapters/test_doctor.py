@@ -84,6 +84,7 @@ ZOO_ERRORS = {
     "dora": ("dora", ["use_dora", "DoRA"]),
     "fused_qkv": ("fused_packed_key", ["qkv_proj", "q_proj/k_proj/v_proj", "IndexError"]),
     "not_lora": ("not_lora", ["'IA3'"]),
+    "nan_inf": ("non_finite", ["NaN or Inf", "lora_B.weight", "retrain or re-export"]),
 }
 
 
@@ -100,7 +101,36 @@ def test_each_broken_adapter_gets_its_own_error(tmp_path: Path, base: Path, case
 
 
 def test_zoo_table_covers_every_zoo_case() -> None:
-    assert set(zoo.ZOO) == set(ZOO_ERRORS) | {"half_packed"}
+    assert set(zoo.ZOO) == set(ZOO_ERRORS) | {"half_packed", "all_zero"}
+
+
+def test_nan_and_inf_values_are_errors_naming_each_tensor(tmp_path: Path, base: Path) -> None:
+    d = diagnose_adapter(zoo.zoo_nan_inf(tmp_path), base)
+    [finding] = [f for f in d.errors if f.code == "non_finite"]
+    text = finding.message
+    assert "layers.0.self_attn.k_proj.lora_B.weight holds 1 NaN or Inf" in text, text  # the first poisoned tensor
+    assert "1 more" in text and "lora_A.weight" in text, text  # the other one, named in the same line
+    assert "ready to serve" not in d.format_text()
+
+
+def test_an_adapter_with_all_zero_lora_b_is_a_warning_and_still_serves(tmp_path: Path, base: Path) -> None:
+    d = diagnose_adapter(zoo.zoo_all_zero(tmp_path), base)
+    assert d.ok and d.codes == ("all_zero",), d.format_text()
+    assert "changes nothing" in d.warnings[0].message and "lora_B" in d.warnings[0].message
+
+
+def test_normal_values_pass_with_no_value_finding(tmp_path: Path, base: Path) -> None:
+    d = diagnose_adapter(zoo.make_adapter(tmp_path / "trained", seed=3), base)
+    assert d.findings == (), d.format_text()
+
+
+def test_the_value_read_is_bounded_per_tensor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.adapters import safetensors as st
+
+    folder = zoo.zoo_nan_inf(tmp_path)
+    monkeypatch.setattr(st, "MAX_VALUES_PER_TENSOR", 16)  # 4 float32 values of each tensor
+    values = st.scan_values(folder / "adapter_model.safetensors")
+    assert values and all(v.checked == 4 for v in values)
 
 
 def test_renamed_lora_a_also_reports_the_orphaned_lora_b(tmp_path: Path, base: Path) -> None:

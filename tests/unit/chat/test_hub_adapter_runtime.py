@@ -14,7 +14,7 @@ import pytest
 from backend import hub
 from backend.chat.health import HealthStatus, ModelEntry
 from backend.chat.service import Loaded, Service
-from backend.errors import AdapterError, AdapterRejected
+from backend.errors import AdapterError, AdapterNameTaken, AdapterRejected
 from backend.settings import LoggingSettings, LoraSettings, ModelSettings, Settings
 from tests.conftest import free_port
 from tests.unit.adapters.test_runtime import FakeVLLM, serve
@@ -57,7 +57,7 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
-def test_an_adapter_added_by_hub_id_is_downloaded_checked_and_loaded_under_its_repos_name(
+def test_an_adapter_added_by_hub_id_is_downloaded_checked_and_loaded_under_owner_and_name(
     test_models, tmp_path, fake_hub
 ):
     fake = FakeVLLM()
@@ -69,9 +69,9 @@ def test_an_adapter_added_by_hub_id_is_downloaded_checked_and_loaded_under_its_r
     async def go() -> None:
         async with serve(fake) as url:
             service = service_for(test_models, tmp_path, url, fake)
-            assert await service.add_hub_adapter(f" `{GOOD}` ", progress) == ("tiny-lora", Loaded("tiny-lora"))
+            assert await service.add_hub_adapter(f" `{GOOD}` ", progress) == (GOOD, Loaded(GOOD))
             snapshot = hub.complete_snapshot(hub.HubModel(GOOD, adapter=True))
-            assert snapshot is not None and fake.loaded == {"tiny-lora": str(snapshot)}
+            assert snapshot is not None and fake.loaded == {GOOD: str(snapshot)}
             # only the adapter's own files, and the last progress report says all of them
             assert sorted(p.name for p in snapshot.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
             assert seen and seen[-1][0] == seen[-1][1] == sum(p.stat().st_size for p in snapshot.iterdir())
@@ -79,11 +79,11 @@ def test_an_adapter_added_by_hub_id_is_downloaded_checked_and_loaded_under_its_r
             # evicted, or lost in an engine restart: offered in the dropdown and loaded again, from the cache
             served = fake_hub.served
             fake.loaded.clear()
-            assert [a.name for a in await service.local_adapters(service.poller.status)] == ["tiny-lora"]
-            assert await service.needs_runtime_load("tiny-lora")
-            assert await service.ensure_loaded("tiny-lora") == Loaded("tiny-lora")
+            assert [a.name for a in await service.local_adapters(service.poller.status)] == [GOOD]
+            assert await service.needs_runtime_load(GOOD)
+            assert await service.ensure_loaded(GOOD) == Loaded(GOOD)
             # added again: served already, nothing fetched
-            assert await service.add_hub_adapter(GOOD) == ("tiny-lora", None)
+            assert await service.add_hub_adapter(GOOD) == (GOOD, None)
             assert fake_hub.served == served
 
     run(go())
@@ -174,11 +174,52 @@ def test_offline_an_adapter_in_the_cache_is_added_and_one_that_is_not_names_the_
             fake.loaded.clear()
             monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens: no network
             service = service_for(test_models, tmp_path, url, fake)  # a new UI process
-            assert await service.add_hub_adapter(GOOD) == ("tiny-lora", Loaded("tiny-lora"))
+            assert await service.add_hub_adapter(GOOD) == (GOOD, Loaded(GOOD))
             with pytest.raises(AdapterError) as caught:
                 await service.add_hub_adapter("acme/other-lora")
             text = caught.value.user_text("en")
             assert "cannot reach" in text and "acme/other-lora" in text and "hf download acme/other-lora" in text
             assert "models--acme--other-lora" in text and "<huggingface_hub's cache>" in text, text
+
+    run(go())
+
+
+def test_a_hub_adapter_named_like_a_folder_adapter_is_served_beside_it_under_owner_and_name(
+    test_models, tmp_path, fake_hub
+):
+    fake = FakeVLLM()
+
+    async def go() -> None:
+        async with serve(fake) as url:
+            service = service_for(test_models, tmp_path, url, fake)
+            fake.loaded["tiny-lora"] = str(tmp_path / "lora-dir" / "tiny-lora")  # the folder adapter, served
+            assert await service.add_hub_adapter(GOOD) == (GOOD, Loaded(GOOD))
+            assert fake.loaded["tiny-lora"] == str(tmp_path / "lora-dir" / "tiny-lora")  # not replaced
+            assert sorted(fake.loaded) == sorted(["tiny-lora", GOOD])
+
+    run(go())
+
+
+def test_a_hub_adapter_whose_name_another_source_serves_is_refused_naming_it_and_nothing_is_replaced(
+    test_models, tmp_path, fake_hub
+):
+    fake = FakeVLLM()
+
+    async def go() -> None:
+        async with serve(fake) as url:
+            service = service_for(test_models, tmp_path, url, fake)
+            assert await service.add_hub_adapter(GOOD) == (GOOD, Loaded(GOOD))  # alice adds it
+            before = dict(fake.loaded)
+            with pytest.raises(AdapterNameTaken) as caught:  # bob: the same name at another revision
+                await service.add_hub_adapter(f"{GOOD}@other-branch")
+            text = caught.value.user_text("en")
+            assert f"{GOOD} is served already (from {GOOD})" in text and "nothing was replaced" in text, text
+            assert fake.loaded == before
+            # a name served by the engine from elsewhere ([lora] modules): refused too, before any download
+            fake.loaded["acme/static-lora"] = "/models/static"
+            with pytest.raises(AdapterNameTaken) as caught:
+                await service.add_hub_adapter("acme/static-lora")
+            assert "from [lora] modules" in caught.value.user_text("en")
+            assert fake.loaded["acme/static-lora"] == "/models/static"
 
     run(go())

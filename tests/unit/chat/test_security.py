@@ -575,8 +575,10 @@ def asgi_app(settings: Settings):
     async def page(request):
         return PlainTextResponse("page")
 
-    async def refuse_login(request):
-        await request.form()
+    async def refuse_login(request):  # takes the admin's password "pw", refuses any other
+        async with request.form() as form:
+            if form.get("username") == "admin" and form.get("password") == "pw":
+                return PlainTextResponse("in")
         return PlainTextResponse("wrong", status_code=401)
 
     async def socket(ws):
@@ -715,7 +717,7 @@ def test_the_start_says_which_names_a_ui_off_loopback_answers_to():
 def test_serve_prepare_refuses_before_the_ui_starts(tmp_path, monkeypatch, capsys, auth, refusal):
     """`serve --prepare` starts the UI before the engine is built: the exposure rules come first there too (on
     main the UI was started, open to other machines without login, and only refused after the build)."""
-    login_settings = LoginSettings(enable=auth, password="pw" if auth else "")
+    login_settings = LoginSettings(enable=auth, password="long enough" if auth else "")
     logs = LoggingSettings(dir=str(tmp_path / "logs"))
     settings = Settings(network=NetworkSettings(ui_host="0.0.0.0"), login=login_settings, logging=logs)
     monkeypatch.setattr(launch.prepare_bg, "needs_preparing", lambda s: True)
@@ -820,12 +822,12 @@ def test_the_throttle_counts_an_ipv6_client_by_its_64(address, key):
     assert security.client_key(address) == key
 
 
-async def post_login(app, name: str, client: str, *, multipart: bool = False):
+async def post_login(app, name: str, client: str, *, multipart: bool = False, password: str = "guess"):
     import httpx
 
     transport = httpx.ASGITransport(app=app, client=(client, 50000))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080") as http:
-        form = {"username": name, "password": "guess"}
+        form = {"username": name, "password": password}
         if multipart:  # what Chainlit's login page sends (a FormData)
             return await http.post("/login", files={k: (None, v) for k, v in form.items()})
         return await http.post("/login", data=form)
@@ -842,19 +844,32 @@ async def test_an_ipv6_client_cannot_escape_the_throttle_by_changing_its_address
 @pytest.mark.asyncio
 @pytest.mark.parametrize("name", ["admin", "nobody-at-all"])
 async def test_a_guess_spread_over_many_addresses_at_one_name_is_throttled(name, caplog):
-    """Every attempt from a fresh address, all at one name: after ACCOUNT_FREE failures the name waits. An unknown
-    name is counted the same way (else a 429 would say which names exist)."""
+    """Attempts from many addresses, all at one name: after ACCOUNT_FREE failures the name waits, for every address
+    that has failed (a fresh one gets its one try: see the next test). An unknown name is counted the same way (else
+    a 429 would say which names exist)."""
     app = asgi_app(Settings(login=LoginSettings(enable=True, password="pw")))
     statuses = []
     with caplog.at_level(logging.WARNING, logger=security.logger.name):
         for i in range(security.ACCOUNT_FREE + 3):
-            answer = await post_login(app, name, f"198.51.100.{i + 1}", multipart=i % 2 == 0)
+            answer = await post_login(app, name, f"198.51.100.{i % 4 + 1}", multipart=i % 2 == 0)
             statuses.append(answer.status_code)
     free = security.ACCOUNT_FREE
     assert statuses[:free] == [401] * free and set(statuses[free:]) == {429}, statuses
     assert "this user name" in answer.json()["detail"] and int(answer.headers["retry-after"]) >= 1
     assert (await post_login(app, "someone-else", "198.51.100.200")).status_code == 401
     assert "at the user name with fingerprint" in caplog.text and name not in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_correct_password_from_a_client_that_has_not_failed_is_let_in_while_the_name_is_locked():
+    """The name's lock slows the guessers (each failed address waits), not the owner signing in from elsewhere."""
+    app = asgi_app(Settings(login=LoginSettings(enable=True, password="pw")))
+    for i in range(security.ACCOUNT_FREE + 2):
+        await post_login(app, "admin", f"198.51.100.{i % 3 + 1}")
+    assert (await post_login(app, "admin", "198.51.100.1")).status_code == 429  # a guesser: locked out
+    assert (await post_login(app, "admin", "203.0.113.10")).status_code == 401  # a fresh address: one try ...
+    assert (await post_login(app, "admin", "203.0.113.10", password="pw")).status_code == 429  # ... then it waits
+    assert (await post_login(app, "admin", "203.0.113.9", password="pw")).status_code == 200  # the owner: in
 
 
 def test_a_flood_of_made_up_names_does_not_wipe_the_count_of_a_real_one():
@@ -883,3 +898,20 @@ def test_the_refused_login_fingerprint_is_an_hmac_keyed_with_the_servers_secret(
         assert f"fingerprint {expected}" in notes[secret]
     assert notes["secret-one"] != notes["secret-two"] and typed not in notes["secret-one"]
     assert hashlib.sha256(typed.encode()).hexdigest()[:10] not in notes["secret-one"]
+
+
+@pytest.mark.parametrize("prepare", [False, True])
+def test_a_login_password_shorter_than_the_minimum_stops_the_start_naming_its_length_not_itself(
+    tmp_path, monkeypatch, capsys, prepare
+):
+    from backend.passwords import MIN_PASSWORD_LENGTH
+
+    settings = Settings(
+        login=LoginSettings(enable=True, password="s3cret"), logging=LoggingSettings(dir=str(tmp_path / "logs"))
+    )
+    monkeypatch.setattr(launch.prepare_bg, "needs_preparing", lambda s: True)
+    monkeypatch.setattr(launch, "start_process", lambda *a, **k: pytest.fail("something was started"))
+    assert launch.run_serve(settings, prepare=prepare) != 0
+    said = capsys.readouterr().out
+    assert "login.password" in said and "<6 characters>" in said and f"at least {MIN_PASSWORD_LENGTH}" in said, said
+    assert "s3cret" not in said

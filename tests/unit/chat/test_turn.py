@@ -194,7 +194,7 @@ async def test_an_answer_streams_its_tokens_in_order_and_reports_who_answered_ho
 
 async def test_a_message_too_long_for_the_model_sends_nothing_and_offers_a_trimmed_version(service, fake):
     m = marker()
-    big = f"{m} " + "lorem ipsum dolor sit amet " * 20_000  # far above the fake's 8192 tokens
+    big = f"{m} " + "lorem ipsum dolor sit amet " * 5_000  # far above the fake's 8192 tokens, under 100,000
     session = chat(service, big)
     view = Recorder()
 
@@ -205,6 +205,43 @@ async def test_a_message_too_long_for_the_model_sends_nothing_and_offers_a_trimm
     assert "Nothing was sent" in text and not retry
     assert trimmed is not None and trimmed.startswith(m) and len(trimmed) < len(big)
     assert [t.content for t in session.conversation.turns] == [big]  # nothing typed is lost
+
+
+async def test_a_1m_token_message_is_refused_with_its_count_and_its_text_quoted_back(service, fake):
+    m = marker()
+    big = f"{m} " + "word " * 1_000_000  # about 1M tokens, far above [ui] max_message_tokens (100,000)
+    session = chat(service, big)
+    view = Recorder()
+
+    assert await turn.answer(session, service, view) is Outcome.FAILED
+
+    assert received(fake, m) == []
+    [(text, retry, trimmed)] = view.errors()
+    tokens = int(text.split(" tokens")[0].rsplit(" ", 1)[1])
+    assert tokens >= 1_000_000 and "100000" in text and not retry
+    assert trimmed is not None and trimmed.startswith(m) and len(trimmed) < len(big) // 10  # fits the model
+    assert f"```text\n{big}\n```" in text  # the whole text, quoted back: nothing typed is lost
+    assert [t.content for t in session.conversation.turns] == [big]
+
+
+async def test_a_message_within_the_token_limit_is_not_counted_twice(service, fake, monkeypatch):
+    counted: list[int] = []
+    real = service.counter
+
+    async def spy():
+        counter = await real()
+        original = counter.count_text
+
+        async def count_text(text: str) -> int:
+            counted.append(len(text))
+            return await original(text)
+
+        monkeypatch.setattr(counter, "count_text", count_text)
+        return counter
+
+    monkeypatch.setattr(service, "counter", spy)
+    await service.check_message_length("short " * 1000)  # 6,000 bytes: at most 6,000 tokens, under 100,000
+    assert counted == []
 
 
 async def test_stop_keeps_the_partial_answer_marked_stopped_and_lets_the_cancellation_through(service, fake):

@@ -49,8 +49,8 @@ def env_for(tmp_path: Path, endpoint: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def run(env: dict[str, str], model: str = REPO) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "backend", "download-model", model]
+def run(env: dict[str, str], model: str = REPO, *more: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "backend", "download-model", model, *more]
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
 
 
@@ -159,6 +159,24 @@ def test_too_little_disk_is_said_with_both_numbers_before_any_file_is_fetched(fa
     text = download.t(key, "en", **params)
     assert key == "download.disk" and params["need_bytes"] == sum(wanted(repo).values())
     assert params["free_bytes"] == MB and "36 MB" in text and "1.0 MB" in text and "HF_HOME" in text, text
+    assert not file_gets(fake_hub)
+
+
+def test_a_repo_over_the_size_cap_is_refused_with_both_sizes_before_any_file_is_fetched(fake_hub, repo, tmp_path):
+    key, params = error_of(run(env_for(tmp_path, fake_hub.url), REPO, "--max-bytes", str(MB)))
+    text = download.t(key, "en", **params)
+    assert key == "download.too_big" and params["size_bytes"] == sum(wanted(repo).values())
+    assert "36 MB" in text and "1.0 MB" in text and "[hub] max_download_gb" in text, text
+    assert not file_gets(fake_hub)
+    done = run(env_for(tmp_path, fake_hub.url), REPO, "--max-bytes", str(100 * MB))  # under the cap: downloaded
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_repo_whose_size_the_hub_does_not_give_is_refused_under_a_cap(fake_hub, tmp_path):
+    fake_hub.unsized.add(REPO)
+    key, params = error_of(run(env_for(tmp_path, fake_hub.url), REPO, "--max-bytes", str(100 * MB)))
+    assert key == "download.size_unknown" and "config.json" in params["files"], params
+    assert "max_download_gb = 0" in download.t(key, "en", **params)
     assert not file_gets(fake_hub)
 
 

@@ -1,0 +1,158 @@
+"""Request bodies sent without a cookie to the real UI process: a 20 MB JSON body and a 2 GB streamed upload are
+refused (413) before they are read, and the UI's peak RSS (VmHWM) stays within a fixed bound of what it was."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import support as e2e
+from tests.fakes.openai_server import FakeServer
+
+pytestmark = pytest.mark.soak
+
+JSON_BYTES = 20 * 1024 * 1024
+UPLOAD_BYTES = 2 * 1024 * 1024 * 1024
+CHUNK = 256 * 1024
+GROWTH_LIMIT_MIB = 48  # the peak may grow by this much over the flood; a body read whole grows it by its size
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for process {pid}")
+
+
+def page_status(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return int(resp.status)
+
+
+def json_body() -> bytes:
+    """20 MB of JSON that parses into a large object (a list of 10M numbers: about 80 MB of Python once read)."""
+    ids = b"0," * ((JSON_BYTES - 64) // 2)
+    return b'{"threadId": "x", "name": [' + ids + b"0]}"
+
+
+async def status_of(reader: asyncio.StreamReader) -> int:
+    line = await asyncio.wait_for(reader.readline(), 60)
+    return int(line.split()[1]) if line.startswith(b"HTTP/") else 0
+
+
+async def put_json(url: str, body: bytes, *, send_body: bool = True) -> int:
+    """PUT /project/thread with a Content-Length, no cookie: the status (0: the connection was reset, as a server
+    that answers before reading a body does when it closes). ``send_body`` False: only the headers are sent, so the
+    answer can only be one given before reading."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = f"PUT /project/thread HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    writer.write(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode())
+    answer = asyncio.ensure_future(status_of(reader))
+    try:
+        if send_body:
+            writer.write(body)
+            await asyncio.wait_for(writer.drain(), 120)
+    except (ConnectionError, TimeoutError):
+        pass  # refused before the body was read
+    try:
+        return await answer
+    except ConnectionError:
+        return 0
+    finally:
+        writer.close()
+
+
+async def stream_upload(url: str, total: int) -> tuple[int, int]:
+    """POST /project/file chunked (no Content-Length), no cookie, until the server answers or stops reading:
+    (status, bytes the server took before that)."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    boundary = "qwenchatflood"
+    head = (
+        f"POST /project/file?session_id=x HTTP/1.1\r\nHost: {host}:{port}\r\nTransfer-Encoding: chunked\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n"
+    )
+    writer.write(head.encode())
+    part = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.bin"\r\n\r\n'.encode()
+    chunk = part + b"x" * (CHUNK - len(part))
+    sent = 0
+    answer = asyncio.ensure_future(status_of(reader))
+    try:
+        while sent < total and not answer.done():
+            writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            await asyncio.wait_for(writer.drain(), 30)
+            sent += len(chunk)
+            chunk = chunk if sent == len(chunk) else b"x" * CHUNK
+    except (ConnectionError, TimeoutError):
+        pass
+    try:
+        return await asyncio.wait_for(answer, 60), sent
+    except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+        return 0, sent
+    finally:
+        writer.close()
+
+
+@pytest.mark.asyncio
+async def test_a_20_mb_json_body_and_a_2_gb_upload_without_a_cookie_leave_the_ui_memory_bounded(tmp_path):
+    async with FakeServer() as srv:
+        env = {
+            "OPENAI_BASE_URL": srv.base_url,
+            "OPENAI_API_KEY": "test",
+            "QWENCHAT_LOGIN_ENABLE": "true",
+            "QWENCHAT_LOGIN_PASSWORD": "a long enough password",
+        }
+        app = await asyncio.to_thread(e2e.launch, tmp_path, env, wait_engine=False, timeout=120)
+        try:
+            pid = await asyncio.to_thread(e2e.ui_pid, app)
+            before = peak_rss_mib(pid)
+            declared_status = await put_json(app.url, json_body(), send_body=False)
+            json_status = await put_json(app.url, json_body())
+            upload_status, uploaded = await stream_upload(app.url, UPLOAD_BYTES)
+            after = peak_rss_mib(pid)
+            still = await asyncio.to_thread(page_status, app.url)
+        finally:
+            await asyncio.to_thread(e2e.stop, app)
+    print(
+        f"\n[body flood] UI peak RSS {before:.0f} MiB before, {after:.0f} MiB after a 20 MB JSON body "
+        f"(answer {json_status}) and a streamed upload (answer {upload_status} after {uploaded / 2**20:.0f} MiB sent)"
+    )
+    assert declared_status == 413, f"a declared 20 MB JSON body was answered {declared_status}"
+    assert json_status in (413, 0), f"the 20 MB JSON body was answered {json_status}"
+    assert upload_status in (413, 0) and uploaded < UPLOAD_BYTES, "the upload was read to its end"
+    assert after - before < GROWTH_LIMIT_MIB, f"peak RSS grew from {before:.0f} to {after:.0f} MiB"
+    assert still == 200, "the UI no longer serves its page"
+
+
+@pytest.mark.asyncio
+async def test_logout_then_the_old_token_is_refused_by_the_real_ui(tmp_path):
+    import httpx
+
+    async with FakeServer() as srv:
+        env = {
+            "OPENAI_BASE_URL": srv.base_url,
+            "OPENAI_API_KEY": "test",
+            "QWENCHAT_LOGIN_ENABLE": "true",
+            "QWENCHAT_LOGIN_PASSWORD": "a long enough password",
+        }
+        app = await asyncio.to_thread(e2e.launch, tmp_path, env, wait_engine=False, timeout=120)
+        try:
+            async with httpx.AsyncClient(base_url=app.url, timeout=60) as http:
+                signed_in = await http.post("/login", data={"username": "admin", "password": env[PASSWORD]})
+                assert signed_in.status_code == 200, signed_in.text
+                cookies = {k: v for k, v in http.cookies.items() if k.startswith("access_token")}
+                assert cookies, "no login cookie"
+                assert (await http.get("/user")).status_code == 200
+                assert (await http.post("/logout")).status_code == 200
+            async with httpx.AsyncClient(base_url=app.url, timeout=60, cookies=cookies) as stolen:
+                again = await stolen.get("/user")  # a copy of the token kept from before the logout
+        finally:
+            await asyncio.to_thread(e2e.stop, app)
+    assert again.status_code == 401, f"the token still works after the logout: {again.status_code}"
+
+
+PASSWORD = "QWENCHAT_LOGIN_PASSWORD"
