@@ -17,7 +17,7 @@ from backend.chat.documents import convert_file, framed_message
 from tests.e2e import support as e2e
 from tests.support.documents_build import make_docx, make_pdf
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.product, pytest.mark.browser]
 
 MODEL = "smollm2-135m-instruct"
 
