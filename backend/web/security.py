@@ -258,10 +258,12 @@ class LoginThrottle:
         entry = self._entry(key, now)
         return max(0.0, entry.locked_until - now)
 
-    def begin(self, key: str) -> float:
-        """An attempt starts: 0 = go ahead (counted as failed until ``succeeded``), else seconds to wait."""
+    def begin(self, key: str, *, waived: bool = False) -> float:
+        """An attempt starts: 0 = go ahead (counted as failed until ``succeeded``), else seconds to wait. ``waived``:
+        it goes ahead during a wait (a clean client at a locked name) and is counted all the same, so that a guess
+        spread over fresh addresses keeps lengthening the name's wait for every client that has failed there."""
         wait = self.wait(key)
-        if wait > 0:
+        if wait > 0 and not waived:
             return wait
         now = self.clock()
         entry = self._entry(key, now)
@@ -269,7 +271,7 @@ class LoginThrottle:
         entry.last = now
         delay = self.delay_after(entry.failures)
         if delay:
-            entry.locked_until = now + delay
+            entry.locked_until = max(entry.locked_until, now + delay)
             logger.warning(
                 "login: %d failed attempts %s; the next one is allowed in %.0f s",
                 entry.failures,
@@ -468,9 +470,10 @@ class WebSecurityMiddleware:
             return
         account = fingerprint(await _typed_name(scope, body), self.secret) if self.accounts is not None else ""
         by_account = self.accounts.wait(account) if self.accounts is not None else 0.0
-        if by_account and throttle.failures(client) == 0:
+        waived = bool(by_account) and throttle.failures(client) == 0
+        if waived:
             # The name's lock slows a guesser spread over many addresses, not its owner: a client with no failed
-            # attempt gets its try (its first failure then puts it under the lock like the rest).
+            # attempt gets its try (its failure is counted at the name and then puts it under the lock too).
             by_account = 0.0
         wait = max(throttle.wait(client), by_account)
         if wait > 0:
@@ -483,7 +486,7 @@ class WebSecurityMiddleware:
             return
         throttle.begin(client)
         if self.accounts is not None:
-            self.accounts.begin(account)
+            self.accounts.begin(account, waived=waived)
         replayed = False
 
         async def replay() -> dict[str, Any]:

@@ -872,6 +872,19 @@ async def test_a_correct_password_from_a_client_that_has_not_failed_is_let_in_wh
     assert (await post_login(app, "admin", "203.0.113.9", password="pw")).status_code == 200  # the owner: in
 
 
+def test_a_failure_let_through_a_locked_name_still_lengthens_its_wait():
+    """A guess spread over fresh addresses: each clean client's failure at the locked name is counted there, so
+    the wait every failed client sees keeps doubling (counted only when the lock had lapsed, it stayed at 1-2 s)."""
+    clock = Clock()
+    th = security.LoginThrottle(clock=clock, free=3)
+    for _ in range(3):
+        th.begin("name")
+    first = th.wait("name")
+    for _ in range(5):
+        assert th.begin("name", waived=True) == 0.0  # the clean client goes ahead ...
+    assert th.failures("name") == 8 and th.wait("name") >= 16 * first  # ... and the name's wait grew with it
+
+
 def test_a_flood_of_made_up_names_does_not_wipe_the_count_of_a_real_one():
     clock = Clock()
     th = security.LoginThrottle(clock=clock, free=3, max_clients=10, keep={"real"})
