@@ -157,11 +157,12 @@ qc_env() {
   touch "$dir/.complete"
   rm -f -- "$log"
   qc_say "$name environment ready in $((SECONDS - t0)) s with $installer ($(du -sh "$dir" | cut -f1))"
-  # Keep only the newest two environments of exactly this name (NAME-<12 hex>; app-* must not match app-test-*).
+  # Keep the newest four environments of exactly this name (NAME-<12 hex>; app-* must not match app-test-*): a
+  # few branches tested side by side each keep theirs.
   local kept=0
   while IFS= read -r old; do
     kept=$((kept + 1))
-    [ "$kept" -gt 2 ] && rm -rf -- "$old"
+    [ "$kept" -gt 4 ] && rm -rf -- "$old"
   done < <(ls -dt -- "$QWENCHAT_HOME/envs/$name-"???????????? 2>/dev/null | grep -E "/$name-[0-9a-f]{12}$")
   printf '%s\n' "$dir"
 }

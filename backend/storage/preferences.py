@@ -4,12 +4,15 @@ key = preference_key(user.identifier or None, cookie_header)
 prefs = open_preferences(settings)   # one row per key (SQLite, or the PostgreSQL history database: app_store);
                                      # migrates an old ui-preferences.json once
 prefs.get(key) / prefs.set(key, state)
+prefs.through(outbox)                # with the history on: writes journalled and retried (backend/storage/outbox.py)
+await prefs.recall(key) / await prefs.remember(key, state)   # the chat's calls: never wait for a slow database
 check_system_prompt(text)            # raises SystemPromptRefused past MAX_SYSTEM_PROMPT_BYTES
 BrowserCookieMiddleware(asgi_app)    # the page sets the browser cookie the websocket then carries
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -27,6 +30,7 @@ from backend.errors import QwenChatError
 from backend.settings import Settings
 from backend.storage import database, history
 from backend.storage.database import Store
+from backend.storage.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +39,7 @@ PREFS_DB = "preferences.sqlite3"
 LEGACY_PREFS_FILE = "ui-preferences.json"  # the whole-file JSON of earlier versions, imported once
 MAX_PREFS = 500  # remembered browsers/users; the least recently changed are forgotten
 MAX_SYSTEM_PROMPT_BYTES = 32 * 1024  # a system prompt (UTF-8) past this is refused, the previous one kept
+OUTBOX_OP = "preferences"  # the outbox's name for a remembered-settings write
 
 
 # ---------------------------------------------------------------- remembered settings per user or browser
@@ -111,6 +116,11 @@ class SystemPromptRefused(QwenChatError):
     def __init__(self, size: int, limit: int = MAX_SYSTEM_PROMPT_BYTES) -> None:
         self.size, self.limit = size, limit
         super().__init__()
+
+
+def _lane(key: str) -> str:
+    """The outbox lane of one key's writes (a chat's lane is its thread id; this cannot be one)."""
+    return f"preferences:{key}"
 
 
 def check_system_prompt(text: str) -> None:
@@ -191,7 +201,37 @@ class Preferences:
     def __init__(self, where: Path | Store) -> None:
         self.store = database.store_at(where)
         self.path = self.store.db.path  # None on PostgreSQL
+        self.outbox: Outbox | None = None
         database.ensure_tables(self.store, PREFS_TABLES, "preferences", 1)
+
+    def through(self, outbox: Outbox) -> None:
+        """From now on ``remember`` writes through the history's outbox: journalled, retried, in order per key."""
+        self.outbox = outbox
+
+        async def write(args: dict[str, Any]) -> None:
+            await asyncio.to_thread(self.set, args["key"], args["state"])
+
+        outbox.register(OUTBOX_OP, write)
+
+    async def remember(self, key: str | None, state: Mapping[str, Any]) -> None:
+        """``set`` without waiting for the database when there is an outbox (a slow or locked one must not hold up
+        the turn that changed a setting); a system prompt past the limit still raises here, before anything is
+        queued."""
+        if not key:
+            return
+        if self.outbox is None:
+            await asyncio.to_thread(self.set, key, state)
+            return
+        if isinstance(state.get("system_prompt"), str):
+            check_system_prompt(state["system_prompt"])
+        self.outbox.submit(_lane(key), OUTBOX_OP, {"key": key, "state": dict(state)})
+
+    async def recall(self, key: str | None) -> dict[str, Any]:
+        """``get``, where a write still waiting in the outbox wins over what the database holds."""
+        waiting = self.outbox.pending(_lane(key)) if self.outbox is not None and key else []
+        if waiting:
+            return _bounded(dict(waiting[-1].args["state"]))
+        return await asyncio.to_thread(self.get, key)
 
     def get(self, key: str | None) -> dict[str, Any]:
         if not key:

@@ -45,7 +45,7 @@ async def open_chat(ui: Ui) -> str:
 
 async def on_chat_start(ui: Ui) -> None:
     ui.chat()
-    restore(ui, await asyncio.to_thread(ui.prefs.get, preference_key()))
+    restore(ui, await ui.prefs.recall(preference_key()))
     told = await open_chat(ui)
     lang = ui.lang()
     for name, reason in ui.service.excluded_adapters().items():

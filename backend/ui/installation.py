@@ -65,7 +65,7 @@ def install(service: Service) -> Ui:
 
 def history_outbox(ui: Ui) -> Outbox:
     """The outbox of this process, its journal in [logging].dir beside the history's other local files; votes are
-    one of its operations (the data layer registers the others)."""
+    one of its operations, remembered settings another (the data layer registers the rest)."""
     settings = ui.settings
     box = Outbox(settings.logging.resolved_dir, pending_max=settings.history.pending_max)
 
@@ -73,4 +73,5 @@ def history_outbox(ui: Ui) -> Outbox:
         await asyncio.to_thread(ui.service.votes.record, Vote(**args))
 
     box.register("vote", record_vote)
+    ui.prefs.through(box)
     return box

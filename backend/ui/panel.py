@@ -164,7 +164,7 @@ async def remember(ui: Ui) -> None:
     # merge) on disconnect: keep that copy current, or it overwrites what update_thread stored.
     cl.user_session.set(history.META_KEY, state)
     try:
-        await asyncio.to_thread(ui.prefs.set, preference_key(), state)
+        await ui.prefs.remember(preference_key(), state)  # through the outbox with the history on: never waits
         layer = get_data_layer()
         if layer and cl.context.session.has_first_interaction:  # the thread exists
             await layer.update_thread(cl.context.session.thread_id, metadata={history.META_KEY: state})

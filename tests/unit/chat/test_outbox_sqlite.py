@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import event
 
-from backend.storage import datalayer, history, outbox
+from backend.storage import datalayer, history, outbox, preferences
 from backend.storage.outbox import Outbox
 from backend.storage.votes import Vote, VoteStore
 from tests.support.faults import Held
@@ -277,3 +277,27 @@ async def test_a_write_stored_while_a_read_runs_is_seen_by_that_read(store, monk
     await store.layer.update_thread(thread_id, metadata={"is_shared": False})
     thread = await store.layer.get_thread(thread_id)
     assert datalayer.json_dict(thread["metadata"]).get("is_shared") is False
+
+
+async def test_remembered_settings_changed_under_a_lock_wait_in_the_outbox_and_are_read_back_then_stored(store):
+    """A settings change (the model picked, a system prompt) remembered while the database is locked: ``remember``
+    returns without waiting (the turn that changed it goes on), a new chat of the same user already reads the new
+    settings, and they are stored once the lock goes. The code before wrote them straight to the database, in the
+    turn's path: with every statement slow the turn did not end."""
+    prefs = preferences.Preferences(store.path)
+    prefs.through(store.box)
+    await prefs.remember("user:admin", {"model": "before"})
+    assert await store.box.drained(30)
+    lock = Held(store.path)
+    try:
+        await prefs.remember("user:admin", {"model": "pirate", "system_prompt": "Speak like a pirate."})
+        await until(lambda: store.box.state().cause == "locked", 60, "the lock seen as the cause")
+        assert prefs.get("user:admin") == {"model": "before"}  # the database still holds the old settings …
+        assert (await prefs.recall("user:admin"))["model"] == "pirate"  # … and a new chat reads it from there
+        with pytest.raises(preferences.SystemPromptRefused):  # a refusal is still said at once, nothing queued
+            await prefs.remember("user:admin", {"system_prompt": "x" * (preferences.MAX_SYSTEM_PROMPT_BYTES + 1)})
+        assert len(store.box.pending()) == 1
+    finally:
+        lock.release()
+    assert await store.box.drained(60), "the remembered settings not stored after the lock was released"
+    assert prefs.get("user:admin") == {"model": "pirate", "system_prompt": "Speak like a pirate."}
