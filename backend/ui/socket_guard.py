@@ -45,6 +45,18 @@ logger = logging.getLogger(__name__)
 
 USER_MESSAGE = "user_message"
 RESUME_WAIT_S = 15.0  # how long a message waits for its chat to be resumed from the history (Guard.resumed)
+# How long a message waits for the history to say whether its id is taken (Guard.stored_owner): a slow database must
+# not hold up the answer, and the data layer checks the same again before it writes (GuardedDataLayer._stays).
+ID_LOOKUP_S = 1.0
+_LATE: set[asyncio.Future[Any]] = set()  # lookups left to finish after their message went on
+
+
+def _settled(lookup: asyncio.Future[Any]) -> None:
+    _LATE.discard(lookup)
+    if not lookup.cancelled() and (exc := lookup.exception()) is not None:
+        logger.info("socket: a late message id lookup failed (%s)", failure(exc))
+
+
 NAMESPACE = "/"
 Handler = Callable[[str, Any], Awaitable[Any]]
 Claimer = Callable[[], Claim | TooMany]  # answering.claim_answers: the user's fair share of what a message starts
@@ -142,14 +154,29 @@ class Guard:
         return t("message.id_taken", self.lang(), id=mid[:40])
 
     async def stored_owner(self, mid: str) -> Any:
-        """The stored step with id ``mid`` (``datalayer.StepOwner``), None when there is none or no history. A
-        database that does not answer lets the message through: the data layer, failing the same way, writes
-        nothing (the chat works without its history, as everywhere)."""
-        step_owner = getattr(get_data_layer(), "step_owner", None)
-        if step_owner is None:
+        """The stored step with id ``mid`` (``datalayer.StepOwner``), None when there is none or no history.
+
+        The answer never waits for the history: while the outbox has writes the database is failing or slow to
+        take, it is not asked at all, and a lookup that has not answered within ``ID_LOOKUP_S`` is left to finish
+        on its own (not cancelled: a cancelled database call waits for its connection's clean-up). Either way,
+        and when the lookup fails, the message goes on; the data layer makes the same check before it writes and
+        refuses to move another chat's step."""
+        layer = get_data_layer()
+        step_owner = getattr(layer, "step_owner", None)
+        box = getattr(layer, "outbox", None)
+        if step_owner is None or (box is not None and box.state().cause):
             return None
+        lookup = asyncio.ensure_future(step_owner(mid))
         try:
-            return await step_owner(mid)
+            done, _ = await asyncio.wait({lookup}, timeout=ID_LOOKUP_S)
+            if not done:
+                _LATE.add(lookup)
+                lookup.add_done_callback(_settled)
+                logger.warning(
+                    "socket: message id %s not looked up (the history took over %.0f s)", mid[:40], ID_LOOKUP_S
+                )
+                return None
+            return lookup.result()
         except Exception as exc:  # noqa: BLE001 - logged; the data layer refuses the write on its own
             logger.warning("socket: could not look message id %s up in the history (%s)", mid[:40], failure(exc))
             return None

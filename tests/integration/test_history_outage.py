@@ -313,6 +313,12 @@ class SlowWrites:
         self.port, self.target, self.slow = free_port(), target, False
         self._server: asyncio.AbstractServer | None = None
         self._relays: set[asyncio.Task[None]] = set()
+        self.held: list[tuple[float, float]] = []  # (arrived, passed on), time.monotonic(), of each packet held
+
+    def waited_on(self, since: float, until: float) -> list[tuple[float, float]]:
+        """The held packets that came after ``since`` and were passed on by ``until``: a round trip to the database
+        that something between those two moments could have waited for."""
+        return [(a, b) for a, b in list(self.held) if a >= since and b <= until]
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._client, "127.0.0.1", self.port)
@@ -346,7 +352,9 @@ class SlowWrites:
                 # each once per connection, then sends only Bind/Execute; holding packets with "INSERT" in them
                 # let the prepared writes through at once, and the test failed on a database that was not slow).
                 if client and self.slow:
+                    arrived = time.monotonic()
                     await asyncio.sleep(WRITE_DELAY_S)
+                    self.held.append((arrived, time.monotonic()))
                 dst.write(chunk)
                 await dst.drain()
         except (ConnectionError, OSError):
@@ -398,6 +406,10 @@ async def test_a_database_that_takes_5_s_per_write_does_not_hold_up_the_answers(
                 slow.append(turn.total_s or 0.0)
                 stored_now = [st[0] for st in chat_steps(db, thread_id)]
                 assert turn.message_id not in stored_now, "the answer ended after its question was stored"
+                # Ordered events, not a speed limit: no database round trip begun after the question was sent had
+                # come back before its answer ended, so nothing in the turn waited for the database.
+                waited = proxy.waited_on(turn.sent_at, turn.done_at or 0.0)
+                assert not waited, f"the turn waited for {len(waited)} database round trip(s): {turn.summary()}"
                 turns.append(turn)
             proxy.slow = False
             await stored_within(db, thread_id, [i for t in turns for i in ids(t)], 180, "every slow turn stored")

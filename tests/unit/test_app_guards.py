@@ -174,3 +174,41 @@ async def test_a_message_of_a_chat_still_being_resumed_waits_for_the_resume_then
         assert any(earlier in str(msg.get("content")) for msg in request.messages)  # sent with its earlier turns
     finally:
         chat.session.thread_id_to_resume = None
+
+
+async def test_a_history_that_does_not_answer_the_id_lookup_lets_the_message_through(monkeypatch):
+    """The guard asks the history whether a message's id is another chat's. A database that takes seconds per
+    statement held every message until the lookup's pool wait gave up (30 s per turn, measured); now the lookup is
+    given ``ID_LOOKUP_S`` and the message goes on (the data layer checks again before its write)."""
+    from backend.ui import socket_guard
+
+    never = asyncio.Event()
+
+    class Stuck:
+        async def step_owner(self, step_id: str) -> None:
+            await never.wait()
+
+    monkeypatch.setattr(socket_guard, "get_data_layer", Stuck)
+    guard = socket_guard.Guard(lambda: None, lambda: "en", None)  # type: ignore[arg-type]
+    assert await asyncio.wait_for(guard.stored_owner("0214c0af-e99d-4ace-887d-41e8f9e8c4c1"), 60) is None
+
+
+async def test_while_history_writes_wait_on_the_database_the_id_lookup_is_not_even_asked(monkeypatch):
+    from backend.storage.outbox import Backlog
+    from backend.ui import socket_guard
+
+    asked: list[str] = []
+
+    class Failing:
+        class outbox:  # the shape GuardedDataLayer.outbox has
+            @staticmethod
+            def state() -> Backlog:
+                return Backlog(3, 1, "slow")
+
+        async def step_owner(self, step_id: str) -> None:
+            asked.append(step_id)
+
+    monkeypatch.setattr(socket_guard, "get_data_layer", Failing)
+    guard = socket_guard.Guard(lambda: None, lambda: "en", None)  # type: ignore[arg-type]
+    assert await guard.stored_owner("0214c0af-e99d-4ace-887d-41e8f9e8c4c1") is None
+    assert asked == []
