@@ -156,15 +156,15 @@ class Guard:
     async def stored_owner(self, mid: str) -> Any:
         """The stored step with id ``mid`` (``datalayer.StepOwner``), None when there is none or no history.
 
-        The answer never waits for the history: while the outbox has writes the database is failing or slow to
-        take, it is not asked at all, and a lookup that has not answered within ``ID_LOOKUP_S`` is left to finish
-        on its own (not cancelled: a cancelled database call waits for its connection's clean-up). Either way,
-        and when the lookup fails, the message goes on; the data layer makes the same check before it writes and
-        refuses to move another chat's step."""
+        The answer never waits for the history. A lookup that has not answered within ``ID_LOOKUP_S`` is left to
+        finish on its own (not cancelled: a cancelled database call waits for its connection's clean-up), and the
+        database is not asked again while it is out, nor while the outbox has writes it is failing or slow to
+        take. Either way, and when the lookup fails, the message goes on; the data layer makes the same check
+        before it writes and refuses to move another chat's step."""
         layer = get_data_layer()
         step_owner = getattr(layer, "step_owner", None)
         box = getattr(layer, "outbox", None)
-        if step_owner is None or (box is not None and box.state().cause):
+        if step_owner is None or _LATE or (box is not None and box.state().cause):
             return None
         lookup = asyncio.ensure_future(step_owner(mid))
         try:

@@ -183,14 +183,21 @@ async def test_a_history_that_does_not_answer_the_id_lookup_lets_the_message_thr
     from backend.ui import socket_guard
 
     never = asyncio.Event()
+    asked: list[str] = []
 
     class Stuck:
         async def step_owner(self, step_id: str) -> None:
+            asked.append(step_id)
             await never.wait()
 
     monkeypatch.setattr(socket_guard, "get_data_layer", Stuck)
     guard = socket_guard.Guard(lambda: None, lambda: "en", None)  # type: ignore[arg-type]
     assert await asyncio.wait_for(guard.stored_owner("0214c0af-e99d-4ace-887d-41e8f9e8c4c1"), 60) is None
+    assert len(socket_guard._LATE) == 1  # left to finish; the next message does not ask again while it is out
+    assert await asyncio.wait_for(guard.stored_owner("1214c0af-e99d-4ace-887d-41e8f9e8c4c1"), 60) is None
+    assert len(asked) == 1
+    never.set()
+    await wait_for(lambda: not socket_guard._LATE, 10, "the late lookup settled")
 
 
 async def test_while_history_writes_wait_on_the_database_the_id_lookup_is_not_even_asked(monkeypatch):
