@@ -5,8 +5,8 @@ happened and what the user can do, in English and Chinese. Its parameters are ty
 (``exc.seconds``, ``exc.setting``, ``exc.model`` …). The engine's HTTP answers are translated into
 these in one table, ``engine_http.status_error``, and transport failures in
 ``engine_http.transport_error``, most specific first, keeping the cause (``raise X(...) from exc``):
-chat, ``/tokenize``, ``/v1/models``, health and adapter load/unload all go through them. One class
-lives outside this module, next to the only code that raises it (marked below).
+chat, ``/tokenize``, ``/v1/models``, health and adapter load/unload all go through them. The families
+of one feature live beside it (marked below: ``module.Class``, see the module).
 
     QwenChatError                  base: ``user_text(lang)``, ``code``
     ├── ConfigError                a config.toml / environment value is wrong
@@ -32,13 +32,13 @@ lives outside this module, next to the only code that raises it (marked below).
     │   ├── AdapterDownloadFailed  an adapter added by hub id (/adapters owner/name) could not be downloaded
     │   └── AdapterNameTaken       /adapters owner/name when that name is served already, from another source
     ├── merge.MergeError           (see backend/tools/merge.py) merging a LoRA into its base was refused or failed
-    ├── OperatorOnly               a user's attempt at what only an operator may do ([login] operators)
+    ├── roles.OperatorOnly         (see backend/chat/roles.py) what only an operator may do ([login] operators)
     │   └── PublicWithoutLogin     a hub download on a UI open to others without login ([network] public)
     ├── PromptTooLong              the newest user message alone exceeds the budget
     ├── SystemPromptTooLong        the system prompt leaves no room for any message
     ├── MessageTooLong             a message above [ui] max_message_tokens (its text quoted back)
     ├── preferences.SystemPromptRefused  (see backend/storage/preferences.py) a system prompt past the 32 KB cap
-    ├── DocumentError              a file attached in the chat cannot be read as text (backend/chat/documents.py)
+    ├── document_errors.DocumentError  (see backend/chat/document_errors.py) an attached file cannot be read as text
     │   ├── DocumentTooLarge       over [uploads] max_mb
     │   ├── TooManyDocuments       more files than [uploads] max_files in one message
     │   ├── DocumentTypeMismatch   the name's extension says one type, the content another
@@ -380,30 +380,6 @@ class AdapterNameTaken(AdapterError):
         super().__init__()
 
 
-# ---------------------------------------------------------------- roles
-
-
-class OperatorOnly(QwenChatError):
-    """Only an operator may do ``action`` (a catalog key: download from the hub, unload, see the engine); ``who``
-    names the operators (login on), or says why nobody may (a public UI without login)."""
-
-    code = "operator_only"
-    text_key = "operator.only"
-    retryable = False
-
-    def __init__(self, action: Text, who: str) -> None:
-        self.action, self.who = action, who
-        super().__init__()
-
-
-class PublicWithoutLogin(OperatorOnly):
-    """A hub download asked of a UI open to others without login (``[network] public = true``): nobody there is
-    known to be the operator."""
-
-    code = "public_without_login"
-    text_key = "operator.public"
-
-
 # ---------------------------------------------------------------- budget
 
 
@@ -441,127 +417,6 @@ class MessageTooLong(QwenChatError):
 
     def __init__(self, tokens: int, limit: int, text: str) -> None:
         self.tokens, self.limit, self.text = tokens, limit, text
-        super().__init__()
-
-
-# ---------------------------------------------------------------- documents
-
-
-def rebuilt_error(cls: type[DocumentError], params: dict[str, Any]) -> DocumentError:
-    """A DocumentError made again from its parameters (it comes back from a conversion process pickled)."""
-    exc = cls.__new__(cls)
-    vars(exc).update(params)
-    Exception.__init__(exc, exc.user_text("en"))
-    return exc
-
-
-class DocumentError(QwenChatError):
-    """A file attached in the chat cannot be read as text; ``name`` is the file's name."""
-
-    code = "document"
-    text_key = "error.document"
-    name: str
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (rebuilt_error, (type(self), self.params))
-
-
-class DocumentTooLarge(DocumentError):
-    """The file is larger than [uploads] max_mb."""
-
-    code = "document_too_large"
-    text_key = "error.document_too_large"
-
-    def __init__(self, name: str, mb: float, limit: float) -> None:
-        self.name, self.mb, self.limit = name, mb, limit
-        super().__init__()
-
-
-class TooManyDocuments(DocumentError):
-    """More files in one message than [uploads] max_files."""
-
-    code = "too_many_documents"
-    text_key = "error.too_many_documents"
-
-    def __init__(self, count: int, limit: int) -> None:
-        self.name, self.count, self.limit = "", count, limit
-        super().__init__()
-
-
-class DocumentTypeMismatch(DocumentError):
-    """The extension says one type (``claimed``), the content is another (``found``)."""
-
-    code = "document_type_mismatch"
-    text_key = "error.document_type_mismatch"
-
-    def __init__(self, name: str, claimed: str, found: str) -> None:
-        self.name, self.claimed, self.found = name, claimed, found
-        super().__init__()
-
-
-class DocumentUnsupported(DocumentError):
-    """A type the chat does not convert (``found``: what the content is)."""
-
-    code = "document_unsupported"
-    text_key = "error.document_unsupported"
-
-    def __init__(self, name: str, found: str) -> None:
-        self.name, self.found = name, found
-        super().__init__()
-
-
-class DocumentBomb(DocumentError):
-    """A zip-based file whose parts declare more than [uploads] max_unzipped_mb once inflated; none was inflated."""
-
-    code = "document_bomb"
-    text_key = "error.document_bomb"
-
-    def __init__(self, name: str, mb: float, limit: float) -> None:
-        self.name, self.mb, self.limit = name, mb, limit
-        super().__init__()
-
-
-class DocumentEncrypted(DocumentError):
-    """A PDF that needs a password to be read."""
-
-    code = "document_encrypted"
-    text_key = "error.document_encrypted"
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__()
-
-
-class DocumentNoText(DocumentError):
-    """A PDF whose pages carry no text layer (a scan); the chat does no OCR."""
-
-    code = "document_no_text"
-    text_key = "error.document_no_text"
-
-    def __init__(self, name: str, pages: int) -> None:
-        self.name, self.pages = name, pages
-        super().__init__()
-
-
-class DocumentUnreadable(DocumentError):
-    """The converter could not read the file (damaged, truncated); ``detail`` is its reason."""
-
-    code = "document_unreadable"
-    text_key = "error.document_unreadable"
-
-    def __init__(self, name: str, kind: str, detail: str) -> None:
-        self.name, self.kind = name, kind
-        super().__init__(detail)
-
-
-class ImageNotSupported(DocumentError):
-    """An image attached for a model that reads text only."""
-
-    code = "image_not_supported"
-    text_key = "error.image_not_supported"
-
-    def __init__(self, name: str, model: str) -> None:
-        self.name, self.model = name, model
         super().__init__()
 
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import DocumentError
+from .document_errors import DocumentError
 from .documents import Document, Limits, convert_file, pdf_document, pdf_page_count, pdf_pages, sniff
 
 PROGRESS_EVERY = 0.25  # s between progress lines

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-from ..errors import (
+from ..text import t
+from .document_errors import (
     DocumentBomb,
     DocumentEncrypted,
     DocumentError,
@@ -42,7 +43,6 @@ from ..errors import (
     DocumentUnreadable,
     DocumentUnsupported,
 )
-from ..text import t
 from .template import NEUTRALIZER
 
 #: What the name's extension claims, by extension; any other extension claims nothing (the content decides).

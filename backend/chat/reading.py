@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import errors
-from ..errors import DocumentError, DocumentTooLarge, DocumentUnreadable, ImageNotSupported, TooManyDocuments
 from ..settings import ROOT, UploadsSettings
+from . import document_errors
+from .document_errors import DocumentError, DocumentTooLarge, DocumentUnreadable, ImageNotSupported, TooManyDocuments
 from .documents import Document, Limits
 
 logger = logging.getLogger(__name__)
@@ -131,9 +131,9 @@ def _result(name: str, result: dict[str, Any] | None, rc: int, err: str) -> Docu
     if result is not None and "document" in result:
         return Document.from_dict(result["document"])
     if result is not None and "error" in result:
-        cls = getattr(errors, str(result["error"].get("class")), None)
+        cls = getattr(document_errors, str(result["error"].get("class")), None)
         if isinstance(cls, type) and issubclass(cls, DocumentError):
-            raise errors.rebuilt_error(cls, dict(result["error"].get("params") or {}))
+            raise document_errors.rebuilt_error(cls, dict(result["error"].get("params") or {}))
     last = next((line for line in reversed(err.splitlines()) if line.strip()), f"exit code {rc}")
     logger.warning("conversion of %s failed (exit code %s): %s", name, rc, err[-2000:])
     raise DocumentUnreadable(name, "?", last[-200:])

@@ -13,11 +13,32 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import OperatorOnly, PublicWithoutLogin
+from ..errors import QwenChatError
 from ..settings import Settings
 from ..text import Text
 
 logger = logging.getLogger(__name__)
+
+
+class OperatorOnly(QwenChatError):
+    """Only an operator may do ``action`` (a catalog key: download from the hub, unload, see the engine); ``who``
+    names the operators (login on), or says why nobody may (a public UI without login)."""
+
+    code = "operator_only"
+    text_key = "operator.only"
+    retryable = False
+
+    def __init__(self, action: Text, who: str) -> None:
+        self.action, self.who = action, who
+        super().__init__()
+
+
+class PublicWithoutLogin(OperatorOnly):
+    """A hub download asked of a UI open to others without login (``[network] public = true``): nobody there is
+    known to be the operator."""
+
+    code = "public_without_login"
+    text_key = "operator.public"
 
 
 def operators(settings: Settings) -> tuple[str, ...]:

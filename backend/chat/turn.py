@@ -249,7 +249,7 @@ class _Turn:
             await self.keep_partial(a.text, a.model, t("stopped", self.view.lang))
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is said there, a bug in the app included
-            return await self._failed(a, exc, may_wait_again=may_wait_again)
+            return await _failed(self, a, exc, may_wait_again=may_wait_again)
         else:
             # The answer is recorded: a failure or Stop from here on must not record it again as interrupted.
             try:
@@ -374,107 +374,6 @@ class _Turn:
         metrics.METRICS.answered(served, end - a.t0)  # from the message, wait included (see its help)
         return True
 
-    async def _failed(self, a: _Attempt, exc: Exception, *, may_wait_again: bool) -> Outcome:
-        """Say why the attempt failed and keep what was shown, marked; ENGINE_GONE: worth waiting for the engine."""
-        service, view, lang, rid, model = self.service, self.view, self.view.lang, a.rid, a.model
-        if not a.text and await self._router_coming_back(exc):
-            logger.info("[%s] the fleet's router did not route it (%s): waiting for it", rid, type(exc).__name__)
-            return Outcome.ENGINE_GONE  # not counted: the next attempt is
-        if isinstance(exc, (PromptTooLong, MessageTooLong)):
-            a.ended = exc.code
-            await self._offer_trimmed(a, exc)
-        elif isinstance(exc, (ServerUnreachable, ConnectionLost)):
-            # The engine went away (crash, kill, restart): say why, and if nothing was shown yet,
-            # wait for the supervisor to bring it back like during start-up, then try once more.
-            logger.info("[%s] engine connection failed: %s", rid, exc.code)
-            status = await service.status_after_failure()
-            if not a.text and may_wait_again and not status.answering and status.state is not EngineState.DOWN:
-                return Outcome.ENGINE_GONE  # not counted: the next attempt is
-            a.ended = exc.code
-            await self.keep_partial(a.text, model, t("interrupted", lang))
-            why = status.text(lang) if not status.answering else ""
-            await view.show_error(
-                exc.user_text(lang) + (f"\n\n{t('engine_state', lang, reason=why)}" if why else ""), retry=True
-            )
-        elif isinstance(exc, ModelNotFound):
-            # The adapter is gone (unloaded elsewhere, engine restarted): left selected, every later message fails.
-            logger.info("[%s] model %r is not served", rid, model)
-            a.ended = exc.code
-            await self.keep_partial(a.text, model, t("interrupted", lang))
-            default = service.default_model(service.poller.status)
-            if model == default or self.fixed_model:
-                await view.show_error(exc.user_text(lang))
-            else:
-                self.session.model = default
-                await view.model_changed()
-                await view.show_error(f"{exc.user_text(lang)}\n\n{t('model_reset', lang, model=default)}", retry=True)
-        elif isinstance(exc, QwenChatError):
-            logger.info("[%s] answer failed: %s", rid, exc.code)
-            a.ended = exc.code
-            await self.keep_partial(a.text, model, t("interrupted", lang))
-            await view.show_error(exc.user_text(lang), retry=getattr(exc, "retryable", True))
-        else:  # a bug in the app, not the engine's fault: say so; the log has the id
-            logger.error("[%s] unexpected failure", rid, exc_info=exc)
-            a.ended = metrics.APP_ERROR
-            await self.keep_partial(a.text, model, t("interrupted", lang))
-            await view.show_error(t("app_error", lang, rid=rid), retry=True)
-        return Outcome.FAILED
-
-    async def _router_coming_back(self, exc: Exception) -> bool:
-        """A fleet's router refused the message before any text (a 5xx or 429): True when it is worth asking again,
-        until ``router_deadline``: a probe through it now fails too or its supervisor says it (re)starts (the poller
-        says STARTING: the next attempt waits with the live step), or it said it had no worker (``NoWorkerAvailable``,
-        nothing generated) and a probe through it answers now (its workers came in meanwhile)."""
-        poller = self.service.poller
-        no_worker = isinstance(exc, NoWorkerAvailable)
-        if not no_worker and not (isinstance(exc, (Overloaded, EngineError)) and poller.status.replicas):
-            return False
-        now = time.monotonic()
-        if self.router_deadline is None:
-            self.router_deadline = now + self.service.settings.ui.wait_for_ready
-        if now >= self.router_deadline:
-            return False
-        status = await poller.refresh(probe=True)
-        if status.state is EngineState.STARTING:
-            return True
-        return no_worker and status.answering
-
-    async def _offer_trimmed(self, a: _Attempt, exc: PromptTooLong | MessageTooLong) -> None:
-        """A message too long for the model: say so, with a trimmed version to send instead when one can be made."""
-        view, lang = self.view, self.view.lang
-        last = self.session.conversation.last_user()
-        if last is not None and last.documents and isinstance(exc, PromptTooLong):
-            await self._offer_cut(a, exc, last.content, last.documents)
-            return
-        try:
-            assert last is not None  # the message too long is the newest user turn
-            trimmed = await self.service.trimmed(last.content, exc)
-        except Exception:  # without a trimmed version the numbers still help
-            logger.exception("[%s] could not build a trimmed version", a.rid)
-            await view.show_error(exc.user_text(lang))
-        else:
-            await view.show_error(exc.user_text(lang), trimmed=trimmed)
-
-    async def _offer_cut(self, a: _Attempt, exc: PromptTooLong, question: str, docs: tuple[Document, ...]) -> None:
-        """A message with documents too long: never cut silently. Say how much of the largest document fits and
-        offer to send that part (the user's choice), or that not even its first page fits."""
-        view, lang = self.view, self.view.lang
-        try:
-            index, part = await self.service.document_cut(question, docs, exc)
-        except Exception:  # without the cut the numbers still help
-            logger.exception("[%s] could not find the part of the document that fits", a.rid)
-            await view.show_error(exc.user_text(lang))
-            return
-        doc = docs[index]
-        unit = t(f"document.unit.{doc.unit}", lang)
-        numbers = {"name": doc.name, "tokens": exc.tokens, "limit": exc.limit or exc.budget, "unit": unit}
-        if part == 0:
-            await view.show_error(t("document.too_long_none", lang, total=doc.units, **numbers))
-            return
-        text = t("document.too_long", lang, part=part, total=doc.units, **numbers)
-        label = t("document.send_cut", lang, unit=unit, part=part, total=doc.units)
-        await view.offer_cut(text, document=index, part=part, label=label)
-
     async def wait_for_engine(self) -> bool:
         """Wait (with a live step) while the model loads; False when the user must retry later."""
         poller, view, lang = self.service.poller, self.view, self.view.lang
@@ -564,3 +463,111 @@ class _Turn:
         with contextlib.suppress(Exception):  # the bubble may be gone (websocket); the history still holds it
             turn_id = await self.view.keep_partial(text, model, why)
         self.record(turn_id or str(uuid.uuid4()), text, model, True)
+
+
+# ---------------------------------------------------------------- the failure stage of an attempt
+
+
+async def _failed(turn: _Turn, a: _Attempt, exc: Exception, *, may_wait_again: bool) -> Outcome:
+    """Say why the attempt failed and keep what was shown, marked; ENGINE_GONE: worth waiting for the engine."""
+    service, view, lang, rid, model = turn.service, turn.view, turn.view.lang, a.rid, a.model
+    if not a.text and await _router_coming_back(turn, exc):
+        logger.info("[%s] the fleet's router did not route it (%s): waiting for it", rid, type(exc).__name__)
+        return Outcome.ENGINE_GONE  # not counted: the next attempt is
+    if isinstance(exc, (PromptTooLong, MessageTooLong)):
+        a.ended = exc.code
+        await _offer_trimmed(turn, a, exc)
+    elif isinstance(exc, (ServerUnreachable, ConnectionLost)):
+        # The engine went away (crash, kill, restart): say why, and if nothing was shown yet,
+        # wait for the supervisor to bring it back like during start-up, then try once more.
+        logger.info("[%s] engine connection failed: %s", rid, exc.code)
+        status = await service.status_after_failure()
+        if not a.text and may_wait_again and not status.answering and status.state is not EngineState.DOWN:
+            return Outcome.ENGINE_GONE  # not counted: the next attempt is
+        a.ended = exc.code
+        await turn.keep_partial(a.text, model, t("interrupted", lang))
+        why = status.text(lang) if not status.answering else ""
+        await view.show_error(
+            exc.user_text(lang) + (f"\n\n{t('engine_state', lang, reason=why)}" if why else ""), retry=True
+        )
+    elif isinstance(exc, ModelNotFound):
+        # The adapter is gone (unloaded elsewhere, engine restarted): left selected, every later message fails.
+        logger.info("[%s] model %r is not served", rid, model)
+        a.ended = exc.code
+        await turn.keep_partial(a.text, model, t("interrupted", lang))
+        default = service.default_model(service.poller.status)
+        if model == default or turn.fixed_model:
+            await view.show_error(exc.user_text(lang))
+        else:
+            turn.session.model = default
+            await view.model_changed()
+            await view.show_error(f"{exc.user_text(lang)}\n\n{t('model_reset', lang, model=default)}", retry=True)
+    elif isinstance(exc, QwenChatError):
+        logger.info("[%s] answer failed: %s", rid, exc.code)
+        a.ended = exc.code
+        await turn.keep_partial(a.text, model, t("interrupted", lang))
+        await view.show_error(exc.user_text(lang), retry=getattr(exc, "retryable", True))
+    else:  # a bug in the app, not the engine's fault: say so; the log has the id
+        logger.error("[%s] unexpected failure", rid, exc_info=exc)
+        a.ended = metrics.APP_ERROR
+        await turn.keep_partial(a.text, model, t("interrupted", lang))
+        await view.show_error(t("app_error", lang, rid=rid), retry=True)
+    return Outcome.FAILED
+
+
+async def _router_coming_back(turn: _Turn, exc: Exception) -> bool:
+    """A fleet's router refused the message before any text (a 5xx or 429): True when it is worth asking again,
+    until ``router_deadline``: a probe through it now fails too or its supervisor says it (re)starts (the poller
+    says STARTING: the next attempt waits with the live step), or it said it had no worker (``NoWorkerAvailable``,
+    nothing generated) and a probe through it answers now (its workers came in meanwhile)."""
+    poller = turn.service.poller
+    no_worker = isinstance(exc, NoWorkerAvailable)
+    if not no_worker and not (isinstance(exc, (Overloaded, EngineError)) and poller.status.replicas):
+        return False
+    now = time.monotonic()
+    if turn.router_deadline is None:
+        turn.router_deadline = now + turn.service.settings.ui.wait_for_ready
+    if now >= turn.router_deadline:
+        return False
+    status = await poller.refresh(probe=True)
+    if status.state is EngineState.STARTING:
+        return True
+    return no_worker and status.answering
+
+
+async def _offer_trimmed(turn: _Turn, a: _Attempt, exc: PromptTooLong | MessageTooLong) -> None:
+    """A message too long for the model: say so, with a trimmed version to send instead when one can be made."""
+    view, lang = turn.view, turn.view.lang
+    last = turn.session.conversation.last_user()
+    if last is not None and last.documents and isinstance(exc, PromptTooLong):
+        await _offer_cut(turn, a, exc, last.content, last.documents)
+        return
+    try:
+        assert last is not None  # the message too long is the newest user turn
+        trimmed = await turn.service.trimmed(last.content, exc)
+    except Exception:  # without a trimmed version the numbers still help
+        logger.exception("[%s] could not build a trimmed version", a.rid)
+        await view.show_error(exc.user_text(lang))
+    else:
+        await view.show_error(exc.user_text(lang), trimmed=trimmed)
+
+
+async def _offer_cut(turn: _Turn, a: _Attempt, exc: PromptTooLong, question: str, docs: tuple[Document, ...]) -> None:
+    """A message with documents too long: never cut silently. Say how much of the largest document fits and
+    offer to send that part (the user's choice), or that not even its first page fits."""
+    view, lang = turn.view, turn.view.lang
+    try:
+        index, part = await turn.service.document_cut(question, docs, exc)
+    except Exception:  # without the cut the numbers still help
+        logger.exception("[%s] could not find the part of the document that fits", a.rid)
+        await view.show_error(exc.user_text(lang))
+        return
+    doc = docs[index]
+    unit = t(f"document.unit.{doc.unit}", lang)
+    numbers = {"name": doc.name, "tokens": exc.tokens, "limit": exc.limit or exc.budget, "unit": unit}
+    if part == 0:
+        await view.show_error(t("document.too_long_none", lang, total=doc.units, **numbers))
+        return
+    text = t("document.too_long", lang, part=part, total=doc.units, **numbers)
+    label = t("document.send_cut", lang, unit=unit, part=part, total=doc.units)
+    await view.offer_cut(text, document=index, part=part, label=label)

@@ -10,9 +10,9 @@ from pathlib import Path
 import chainlit as cl
 from chainlit.data import get_data_layer
 
+from backend.chat.document_errors import DocumentError
 from backend.chat.documents import Document, describe
 from backend.chat.reading import Upload
-from backend.errors import DocumentError
 from backend.storage.history import documents_metadata
 from backend.text import quoted, t
 from backend.ui.answering import answer_as_task, one_answer, turn_of

@@ -126,6 +126,8 @@ def test_the_ui_package_is_scanned():
 
 SHARED = [
     "settings.py",
+    "settings_sections.py",
+    "settings_types.py",
     "errors.py",
     "text.py",
     "contract.py",

@@ -11,13 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODULE_LIMIT, CLASS_LIMIT = 700, 300
 
 #: path (or path::Class) -> why it is still over its limit
-EXCEPTIONS = {
-    "backend/adapters/doctor.py": "the adapter checks, one per failure vLLM shows; to split by check kind",
-    "backend/errors.py": "the one exception tree; the documents' family (#30) is to move beside backend/chat/documents.py",
-    "backend/settings.py": "hand-written TOML/environment sources beside the models; to pydantic-settings' own",
-    "backend/chat/service.py::Service": "the chat service's many small entry points; to split by concern",
-    "backend/chat/turn.py::_Turn": "one answer's whole life (wait, fit, stream, finish); to split by stage",
-}
+EXCEPTIONS: dict[str, str] = {}
 
 
 def product_files() -> list[Path]:

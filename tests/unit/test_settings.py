@@ -366,3 +366,35 @@ def test_answers_carry_a_priority_only_to_engines_started_with_the_priority_poli
     """Issue #20: vLLM refuses a non-zero priority under fcfs, so the chat client sends one only to engines the
     launcher started with [vllm] scheduling_policy = "priority"."""
     assert load_settings(write(tmp_path, ""), env=env).priority_scheduling is sent
+
+
+def test_an_unknown_section_or_key_names_the_file_it_is_in(tmp_path):
+    profile = tmp_path / "mine.toml"
+    profile.write_text("[lora]\nmodulez = {}\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, ""), profile=str(profile), env={})
+    assert "lora.modulez" in str(info.value) and "(in mine.toml)" in str(info.value)
+    with pytest.raises(ConfigError, match=r"sever = .*\(in config\.toml\)"):
+        load_settings(write(tmp_path, "[sever]\nport = 1\n"), env={})
+
+
+def test_the_sources_are_pydantic_settings_own():
+    """Issue 31: the files and the environment are read by the library's sources; what it does not do is one
+    pre-pass on plain dicts, not a source of our own."""
+    import importlib
+    import pkgutil
+
+    from pydantic_settings import PydanticBaseSettingsSource
+
+    import backend
+
+    names = [m.name for m in pkgutil.iter_modules(backend.__path__) if m.name.startswith("settings")]
+    ours = [
+        f"{module.__name__}.{name}"
+        for module in map(importlib.import_module, (f"backend.{n}" for n in names))
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and issubclass(value, PydanticBaseSettingsSource)
+        and value.__module__ == module.__name__
+    ]
+    assert not ours, f"hand-written settings sources: {ours}"

@@ -14,9 +14,7 @@ import pytest
 
 from backend.chat import documents as docs_mod
 from backend.chat.conversation import Conversation
-from backend.chat.documents import Document, Limits, convert_file, frame, framed_message, sniff
-from backend.chat.reading import Reader, Upload
-from backend.errors import (
+from backend.chat.document_errors import (
     DocumentBomb,
     DocumentEncrypted,
     DocumentError,
@@ -27,6 +25,8 @@ from backend.errors import (
     ImageNotSupported,
     TooManyDocuments,
 )
+from backend.chat.documents import Document, Limits, convert_file, frame, framed_message, sniff
+from backend.chat.reading import Reader, Upload
 from backend.settings import UploadsSettings
 from tests.support.documents_build import make_docx, make_pdf, make_zip_bomb
 

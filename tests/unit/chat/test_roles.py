@@ -11,8 +11,9 @@ import pytest
 
 from backend.chat import roles
 from backend.chat.health import HealthStatus, ModelEntry
+from backend.chat.roles import OperatorOnly, PublicWithoutLogin
 from backend.chat.service import Service
-from backend.errors import AdapterDownloadFailed, OperatorOnly, PublicWithoutLogin
+from backend.errors import AdapterDownloadFailed
 from backend.settings import LoggingSettings, LoginSettings, NetworkSettings, Settings
 
 STATUS = HealthStatus(models=(ModelEntry("base"), ModelEntry("pirate", parent="base")), base_model="base")
