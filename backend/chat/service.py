@@ -94,6 +94,9 @@ class Service:
         self._hub_adapters: dict[str, tuple[hub.HubModel, Path]] = {}
         self.downloads = DownloadQueue()  # one hub download at a time per server
         self._votes: VoteStore | None = None
+        # The context length the engine named in a 400 (smaller than it reported or we were told), with the
+        # engine state's start (HealthStatus.since) it was learned in: it holds until the engine changes state.
+        self._server_limit: tuple[int, float] | None = None
 
     @classmethod
     def from_environment(cls) -> Service:
@@ -520,7 +523,19 @@ class Service:
         return self.settings.budget.reply_reserve
 
     def max_model_len(self) -> int:
-        return self.poller.status.max_model_len or self.settings.model.max_model_len
+        known = self.poller.status.max_model_len or self.settings.model.max_model_len
+        learned = self._server_limit
+        if learned is not None and learned[1] == self.poller.status.since:
+            return min(known, learned[0])
+        return known
+
+    def learn_context_limit(self, tokens: int) -> bool:
+        """The engine refused a prompt naming its context length (vLLM's 400): fit to it from now on, while the
+        engine stays in this state. False when it is no smaller than what we fitted to (asking again cannot help)."""
+        if tokens >= self.max_model_len():
+            return False
+        self._server_limit = (tokens, self.poller.status.since)
+        return True
 
     def tokenizer_source(self) -> tuple[Path | None, str]:
         """(tokenizer folder, server for /tokenize) the counter is chosen from.

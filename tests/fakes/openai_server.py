@@ -15,7 +15,8 @@ where a mid-stream fault fires; default 3), ``stall`` (seconds, default 30; ever
 ends early when the client disconnects), ``fail`` (only the first N attempts of this
 spec misbehave, later ones are normal — for retry tests), ``retry_after`` (503/429
 ``Retry-After`` value, default ``1``), ``param`` (``input_tokens``|``max_tokens`` for
-``overflow-400``), ``finish`` (the finish reason the answer ends with, e.g. ``content_filter``,
+``overflow-400``), ``limit`` (the context length ``overflow-400`` names; default the served ``max_model_len``: a
+server smaller than it says), ``finish`` (the finish reason the answer ends with, e.g. ``content_filter``,
 ``tool_calls`` or one nobody knows; default ``stop``, or ``length`` at ``max_tokens``), ``router=1`` (an ``http-503``
 answered as vllm-router 0.1.17 does with no routable worker: its plain text ``NO_WORKERS``), ``interval`` (tokens per
 chunk after the first, as vLLM's ``--stream-interval``; a request's ``stream_interval`` raises it), ``model`` (only
@@ -186,6 +187,7 @@ class Mode:
     interval: int = 1  # tokens per chunk after the first (vLLM's --stream-interval)
     model: str = ""  # only requests for this model follow the spec; others get the default mode (compare tests)
     router: int = 0  # 1: an http-503 is vllm-router's "no available workers" (plain text), not vLLM's JSON error
+    limit: int = 0  # overflow-400: the context length its body names (0: the served max_model_len)
 
     @classmethod
     def parse(cls, spec: str) -> Mode:
@@ -211,7 +213,7 @@ class Mode:
             if not sep or key not in types or key in ("spec", "fault"):
                 raise ValueError(
                     f"mode {spec!r}: bad option {item!r}; use key=value with keys "
-                    "tokens, rate, at, stall, fail, retry_after, param, status, finish, interval, model, router"
+                    "tokens, rate, at, stall, fail, retry_after, param, status, finish, interval, model, router, limit"
                 )
             conv = {"int": int, "float": float, "int | None": int}.get(str(types[key]), str)
             kw[key] = conv(value)
@@ -542,7 +544,8 @@ class FakeServer:
         if fault == "unknown-model-404":
             return self._json(rec, not_found_body(model), 404)
         if fault == "overflow-400":
-            return self._json(rec, overflow_body(mode.param, self.max_model_len, rec.max_tokens or 1024), 400)
+            limit = mode.limit or self.max_model_len
+            return self._json(rec, overflow_body(mode.param, limit, rec.max_tokens or 1024), 400)
         if fault == "http-503" and mode.router:  # vllm-router with no routable worker: plain text, no error fields
             rec.status, rec.completed = 503, True
             return web.Response(status=503, text=NO_WORKERS, content_type="text/plain")
