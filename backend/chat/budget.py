@@ -131,7 +131,7 @@ async def with_documents(fit: FitResult, per_message: Sequence[Sequence[Document
     cache, specials = _cache_for(counter), counter.specials
     shares, left_out = [], []
     for index, docs in enumerate(per_message):
-        for doc in docs:
+        for doc in (d for d in docs if d.kind != "image"):  # an image is an image part, not framed text
             if index in dropped:
                 left_out.append(doc.name)
                 continue

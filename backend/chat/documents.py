@@ -23,6 +23,7 @@ Runs in a conversion process (``reading.py`` owns the pool): nothing here touche
 
 from __future__ import annotations
 
+import base64
 import codecs
 import html
 import re
@@ -45,6 +46,7 @@ from ..errors import (
 from ..text import t
 from .template import NEUTRALIZER
 
+IMAGE_SUFFIXES = frozenset([".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp"])
 #: What the name's extension claims, by extension; any other extension claims nothing (the content decides).
 TEXT_SUFFIXES = frozenset(
     [
@@ -114,7 +116,7 @@ CLAIMS: dict[str, str] = {
     ".pptx": "pptx",
     ".html": "html",
     ".htm": "html",
-    **{s: "image" for s in (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp")},
+    **{s: "image" for s in IMAGE_SUFFIXES},
     **dict.fromkeys(TEXT_SUFFIXES, "text"),
 }
 #: What the chat converts; Chainlit's upload button offers these (``accept``), the content decides in the end.
@@ -123,7 +125,14 @@ ACCEPT = tuple(sorted(CLAIMS))
 KIND_NAMES = {"pdf": "PDF", "docx": "DOCX", "pptx": "PPTX", "html": "HTML", "text": "text", "image": "image"}
 #: What the content was found to be, for messages about a type that is not converted or does not match.
 FOUND_NAMES = {**KIND_NAMES, "zip": "a zip archive", "binary": "binary data (no text encoding fits)"}
-_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
+_IMAGE_MIMES = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"BM", "image/bmp"),
+)
+_IMAGE_MAGIC = tuple(magic for magic, _ in _IMAGE_MIMES)
 _SNIFF_BYTES = 1 << 16
 #: Encodings preferred when several decode a text equally well, most common first.
 _COMMON = ("ascii", "utf_8", "gb18030", "gbk", "big5", "shift_jis", "euc_kr", "cp1252", "latin_1", "cp1251")
@@ -151,6 +160,7 @@ class Document:
     page_ends: tuple[int, ...] = field(default=(), repr=False)
     encoding: str = ""
     cut: int = 0
+    data: str = field(default="", repr=False)  # an image: its ``data:`` URL (sent as an image part), else ""
 
     @property
     def unit(self) -> str:
@@ -183,7 +193,9 @@ class Document:
 
 
 def describe(doc: Document, lang: str) -> str:
-    """ "report.pdf: PDF · 12 pages · 34,567 characters" (the reading step, /export)."""
+    """ "report.pdf: PDF · 12 pages · 34,567 characters" (the reading step, /export); an image: its size."""
+    if doc.kind == "image":
+        return t("image_parts.read", lang, name=doc.name, kb=max(1, len(doc.data) * 3 // 4 // 1024))
     pages = t("document.read_one_page", lang) if doc.pages == 1 else ""
     pages = t("document.read_pages", lang, pages=doc.pages) if doc.pages > 1 else pages
     return t(
@@ -224,10 +236,11 @@ def frame(doc: Document) -> str:
 
 
 def framed_message(question: str, documents: tuple[Document, ...] | list[Document]) -> str:
-    """A user message as sent: its documents' frames first, then the question (its frame markers broken too)."""
+    """A user message as sent: its documents' frames first, then the question (its frame markers broken too).
+    Images are not framed: they go as image parts beside this text (``vision.with_images``)."""
     if not documents:
         return question
-    return "\n\n".join([*(frame(d) for d in documents), neutralize_frames(question)])
+    return "\n\n".join([*(frame(d) for d in documents if d.kind != "image"), neutralize_frames(question)])
 
 
 # ---------------------------------------------------------------- finding the type
@@ -273,6 +286,20 @@ def _decode(data: bytes) -> tuple[str, str] | None:
     return str(pick), pick.encoding
 
 
+def image_mime(head: bytes) -> str:
+    """The MIME type of an image from its first bytes ("" when it is none we read)."""
+    for magic, mime in _IMAGE_MIMES:
+        if head.startswith(magic):
+            return mime
+    return "image/webp" if head[:4] == b"RIFF" and head[8:12] == b"WEBP" else ""
+
+
+def image_document(path: Path, name: str) -> Document:
+    """An image kept whole as a ``data:`` URL, for a model that reads images (``reading.py`` refuses it otherwise)."""
+    raw = path.read_bytes()
+    return Document(name, "image", "", data=f"data:{image_mime(raw[:16])};base64,{base64.b64encode(raw).decode()}")
+
+
 def _found(path: Path, name: str, limits: Limits) -> str:
     """What the content is: pdf, docx, pptx, zip, image, html, text or binary."""
     with path.open("rb") as f:
@@ -316,7 +343,7 @@ def convert_file(path: Path, name: str, limits: Limits | None = None) -> Documen
         count = pdf_page_count(path, name)
         return pdf_document(name, pdf_pages(path, name, 0, count), count)
     if kind == "image":
-        return Document(name, "image", "")
+        return image_document(path, name)
     if kind == "docx":
         return Document(name, "docx", docx_text(path, name))
     if kind == "pptx":

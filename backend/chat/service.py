@@ -7,6 +7,7 @@ No Chainlit here: backend/ui/ asks, this answers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.chat import budget as budget_mod
-from backend.chat import counters, roles
+from backend.chat import counters, roles, vision
 from backend.storage.votes import VoteStore
 
 from .. import contract, hub, logsafe
@@ -623,9 +624,24 @@ class Service:
             )
 
     async def fit_conversation(self, conversation: Conversation, system_prompt: str) -> budget_mod.FitResult:
-        """``fit`` of the conversation's messages, with each document's share for the meter."""
+        """``fit`` of the conversation's messages, with each document's share for the meter; the images of the
+        messages kept go as image parts (``vision.with_images``; their tokens are not counted: see DOCUMENTS.md)."""
         fitted = await self.fit(conversation.messages(system_prompt))
-        return await budget_mod.with_documents(fitted, conversation.documents(system_prompt), await self.counter())
+        per_message = conversation.documents(system_prompt)
+        fitted = await budget_mod.with_documents(fitted, per_message, await self.counter())
+        if not any(d.kind == "image" for docs in per_message for d in docs):
+            return fitted
+        dropped = {i for turn in fitted.dropped for i in turn.indices}
+        kept = [docs for i, docs in enumerate(per_message) if i not in dropped]
+        return dataclasses.replace(fitted, messages=vision.with_images(fitted.messages, kept))
+
+    def takes_images(self, model: str) -> bool:
+        """Whether ``model`` (the base or an adapter on it) reads images: the served base model's config.json
+        (``/v1/models``'s root, when this process can read that folder), else [model] path's."""
+        status = self.poller.status
+        base = next((m for m in status.models if m.id == status.base_model), None)
+        folders = [Path(base.root) if base is not None and base.root else None, self.settings.model.resolved_path]
+        return vision.takes_images(f for f in folders if f is None or f.is_dir())
 
     async def document_cut(self, question: str, documents: tuple[Document, ...], exc: PromptTooLong) -> tuple[int, int]:
         """Which document to cut and to how many pages (or lines), so the message fits (``budget.fitting_part``)."""

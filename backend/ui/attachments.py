@@ -48,7 +48,8 @@ async def read_documents(ui: Ui, message: cl.Message, uploads: list[Upload]) -> 
                 await step.update()
 
             try:
-                docs = await ui.reader.read_all(uploads, model=model, progress=progress)
+                images = ui.service.takes_images(model)
+                docs = await ui.reader.read_all(uploads, model=model, progress=progress, images=images)
             except DocumentError as exc:  # said in the reader's language here, not the step's English default
                 refused, step.output = exc, exc.user_text(lang)
             else:

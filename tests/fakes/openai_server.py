@@ -298,6 +298,9 @@ class FakeServer:
         self.lora_calls: list[tuple[str, dict[str, Any], str]] = []  # (path, body, Authorization header)
         self.lora_fault: int | None = None  # every (un)load answers this HTTP status with vLLM's error body
         self.lineage = True  # False: /v1/models without parent/root, as behind LiteLLM or a router
+        # the base model's root in /v1/models (vLLM: the folder it serves); a test points it at a folder whose
+        # config.json makes the fake look like a vision model
+        self.root = f"/models/{model}"
         self.script: list[str] | None = None  # content chunks every normal streamed answer sends instead of tokens
         self.script_hold = 0.0  # seconds before the script's last chunk (a test reads the page mid-answer)
 
@@ -393,7 +396,7 @@ class FakeServer:
             {
                 "object": "list",
                 "data": [
-                    card(self.model, f"/models/{self.model}", None, self.max_model_len),
+                    card(self.model, self.root, None, self.max_model_len),
                     card(self.adapter, f"/adapters/{self.adapter}", self.model, None),
                     *(card(n, p, self.model, None) for n, p in self.runtime_adapters.items()),
                 ],
