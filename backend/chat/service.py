@@ -7,7 +7,6 @@ No Chainlit here: backend/ui/ asks, this answers.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -22,7 +21,7 @@ from backend.chat import counters, roles, vision
 from backend.storage.votes import VoteStore
 
 from .. import contract, hub, logsafe
-from ..engine_http import public_url, short
+from ..engine_http import public_url
 from ..errors import (
     AdapterAnswering,
     AdapterDownloadFailed,
@@ -38,7 +37,7 @@ from ..errors import (
 from ..settings import ROOT, HealthSettings, Settings, load_settings
 from ..text import Text, pick_language, t
 from .adapters_in_use import AdapterUsage
-from .client import ChatClient, Finish, anomaly_counts
+from .client import ChatClient, anomaly_counts
 from .conversation import Conversation
 from .documents import Document
 from .download_queue import DownloadQueue, Queued
@@ -95,8 +94,7 @@ class Service:
         self._hub_adapters: dict[str, tuple[hub.HubModel, Path]] = {}
         self.downloads = DownloadQueue()  # one hub download at a time per server
         self._votes: VoteStore | None = None
-        # The context length the engine named in a 400 (smaller than it reported or we were told), with the
-        # engine state's start (HealthStatus.since) it was learned in: it holds until the engine changes state.
+        # (context length the engine named in a 400, HealthStatus.since then): holds while the state lasts
         self._server_limit: tuple[int, float] | None = None
 
     @classmethod
@@ -531,8 +529,8 @@ class Service:
         return known
 
     def learn_context_limit(self, tokens: int) -> bool:
-        """The engine refused a prompt naming its context length (vLLM's 400): fit to it from now on, while the
-        engine stays in this state. False when it is no smaller than what we fitted to (asking again cannot help)."""
+        """Fit to the context length the engine named in a 400 from now on (while it stays in this state); False
+        when it is no smaller than ours (asking again cannot help)."""
         if tokens >= self.max_model_len():
             return False
         self._server_limit = (tokens, self.poller.status.since)
@@ -624,24 +622,16 @@ class Service:
             )
 
     async def fit_conversation(self, conversation: Conversation, system_prompt: str) -> budget_mod.FitResult:
-        """``fit`` of the conversation's messages, with each document's share for the meter; the images of the
-        messages kept go as image parts (``vision.with_images``; their tokens are not counted: see DOCUMENTS.md)."""
+        """``fit`` of the conversation's messages, with each document's share for the meter and the kept messages'
+        images as image parts (``vision.with_fitted_images``)."""
         fitted = await self.fit(conversation.messages(system_prompt))
         per_message = conversation.documents(system_prompt)
         fitted = await budget_mod.with_documents(fitted, per_message, await self.counter())
-        if not any(d.kind == "image" for docs in per_message for d in docs):
-            return fitted
-        dropped = {i for turn in fitted.dropped for i in turn.indices}
-        kept = [docs for i, docs in enumerate(per_message) if i not in dropped]
-        return dataclasses.replace(fitted, messages=vision.with_images(fitted.messages, kept))
+        return vision.with_fitted_images(fitted, per_message)
 
     def takes_images(self, model: str) -> bool:
-        """Whether ``model`` (the base or an adapter on it) reads images: the served base model's config.json
-        (``/v1/models``'s root, when this process can read that folder), else [model] path's."""
-        status = self.poller.status
-        base = next((m for m in status.models if m.id == status.base_model), None)
-        folders = [Path(base.root) if base is not None and base.root else None, self.settings.model.resolved_path]
-        return vision.takes_images(f for f in folders if f is None or f.is_dir())
+        """Whether ``model`` (the base, or an adapter on it) reads images (``vision.served_folders``)."""
+        return vision.takes_images(vision.served_folders(self.poller.status, self.settings.model.resolved_path))
 
     async def document_cut(self, question: str, documents: tuple[Document, ...], exc: PromptTooLong) -> tuple[int, int]:
         """Which document to cut and to how many pages (or lines), so the message fits (``budget.fitting_part``)."""
@@ -702,29 +692,3 @@ def sampling_body(sampling: Mapping[str, float]) -> dict[str, Any]:
     if sampling.get("min_p"):
         body["min_p"] = float(sampling["min_p"])
     return body
-
-
-#: finish reasons that need no word under the answer
-PLAIN_ENDINGS = frozenset({"stop", "eos", "end_turn", "stop_sequence"})
-
-
-def ending_note(finish: Finish, lang: str) -> str | None:
-    """One line for every way an answer ends other than a plain stop (None for a plain stop)."""
-    reason = finish.reason
-    if reason in PLAIN_ENDINGS:
-        return None
-    if reason is None:
-        return t("ending.none", lang)
-    if reason == "length":
-        return t("reply_limit", lang)
-    if reason == "content_filter":
-        return t("ending.content_filter", lang)
-    if reason in ("tool_calls", "function_call") or finish.tools:
-        return t("ending.tool_calls", lang, tools=f" ({', '.join(finish.tools)})" if finish.tools else "")
-    return t("ending.unknown", lang, reason=short(reason, 60))
-
-
-def no_text_message(finish: Finish | None, lang: str) -> str:
-    """What to show instead of an answer that carried no text (never a footer standing alone)."""
-    why = (ending_note(finish, lang) if finish else None) or t("ending.stop", lang)
-    return t("no_text", lang, why=why)

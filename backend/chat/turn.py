@@ -71,8 +71,9 @@ from ..text import t
 from .budget import FitResult
 from .client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
 from .documents import Document
+from .endings import no_text_message
 from .health import EngineState, HealthStatus
-from .service import Service, no_text_message, sampling_body
+from .service import Service, sampling_body
 from .session import ChatSession
 
 logger = logging.getLogger(__name__)

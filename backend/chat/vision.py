@@ -2,7 +2,7 @@
 
     takes_images([Path("/models/qwen2-vl")])          # True: its config.json has a vision_config
     image_part("data:image/png;base64,iVBO…")         # {"type": "image_url", "image_url": {"url": …}}
-    with_images(fitted.messages, kept_documents)      # a user message with images as [text part, image parts…]
+    with_fitted_images(fitted, per_message)           # each kept user message with images: [text, image parts…]
 
 vLLM's ``/v1/models`` does not say whether a model reads images; the model's ``config.json`` does: a vision
 model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, InternVL …) carries a ``vision_config`` section (transformers names its
@@ -12,13 +12,16 @@ vision tower's settings so), a text-only one none. The folder is the one the eng
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .budget import FitResult
 from .documents import Document
+from .health_status import HealthStatus
 
 logger = logging.getLogger(__name__)
 
@@ -64,3 +67,22 @@ def with_images(messages: list[dict[str, Any]], documents: Sequence[Sequence[Doc
             message = {**message, "content": [{"type": "text", "text": text}, *map(image_part, images)]}
         out.append(message)
     return out
+
+
+def with_fitted_images(fitted: FitResult, per_message: Sequence[Sequence[Document]]) -> FitResult:
+    """``fitted`` with the images of the messages it kept as image parts (``per_message``: the documents of each
+    message given to ``fit_history``, in its order). Their tokens are not counted (the meter counts text; see
+    docs/DOCUMENTS.md)."""
+    if not any(d.kind == "image" for docs in per_message for d in docs):
+        return fitted
+    dropped = {i for turn in fitted.dropped for i in turn.indices}
+    kept = [docs for i, docs in enumerate(per_message) if i not in dropped]
+    return dataclasses.replace(fitted, messages=with_images(fitted.messages, kept))
+
+
+def served_folders(status: HealthStatus, model_path: Path) -> list[Path | None]:
+    """Where the served model's config.json may be: ``/v1/models``'s root of the base model (vLLM: the folder it
+    serves, when this process can read it), then [model] path (``model_path``)."""
+    base = next((m for m in status.models if m.id == status.base_model), None)
+    root = Path(base.root) if base is not None and base.root else None
+    return [folder for folder in (root, model_path) if folder is not None and folder.is_dir()]
