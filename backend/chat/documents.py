@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import hashlib
 import html
 import re
 import zipfile
@@ -233,6 +234,17 @@ def frame(doc: Document) -> str:
     elif doc.pages:
         attrs += f' pages="{doc.pages}"'
     return f"<document {attrs}>\n{neutralize_frames(doc.text)}\n</document>"
+
+
+def reference_frame(doc: Document, tokens: int) -> str:
+    """The document named, not carried: its frame with the SHA-256 of its text as the model read it (of the image's
+    bytes for an image), its tokens and characters, and ``text="omitted"`` (a preference pair's prompt keeps a long
+    document so: ``compare.turn_prompt``)."""
+    body = base64.b64decode(doc.data.partition(",")[2]) if doc.kind == "image" else doc.text.encode("utf-8")
+    attrs = f'name="{_attribute(doc.name)}" type="{KIND_NAMES.get(doc.kind, doc.kind)}"'
+    attrs += f' pages="{doc.pages}"' if doc.pages else ""
+    attrs += f' sha256="{hashlib.sha256(body).hexdigest()}" tokens="{tokens}" characters="{len(doc.text)}"'
+    return f'<document {attrs} text="omitted">\n</document>'
 
 
 def framed_message(question: str, documents: tuple[Document, ...] | list[Document]) -> str:
