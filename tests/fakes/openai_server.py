@@ -301,6 +301,8 @@ class FakeServer:
         # the base model's root in /v1/models (vLLM: the folder it serves); a test points it at a folder whose
         # config.json makes the fake look like a vision model
         self.root = f"/models/{model}"
+        # True: /health and every chat request answer 503 (an engine that stopped answering; the poller says DOWN)
+        self.down = False
         self.script: list[str] | None = None  # content chunks every normal streamed answer sends instead of tokens
         self.script_hold = 0.0  # seconds before the script's last chunk (a test reads the page mid-answer)
 
@@ -372,7 +374,7 @@ class FakeServer:
     # ------------------------------------------------------------ plain routes
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.Response(status=503 if self.down else 200)
 
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": "fake"})
@@ -485,6 +487,8 @@ class FakeServer:
                 raise ValueError("body is not a JSON object")
         except ValueError as exc:
             return web.json_response(vllm_error(f"invalid JSON body: {exc}", "BadRequestError", 400), status=400)
+        if self.down:
+            return web.json_response(vllm_error("the fake engine is down", "ServiceUnavailableError", 503), status=503)
         model = str(body.get("model", ""))
         messages = body.get("messages") or []
         spec = self._pick_spec(model, messages)
