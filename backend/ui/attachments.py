@@ -63,21 +63,26 @@ async def read_documents(ui: Ui, message: cl.Message, uploads: list[Upload]) -> 
         return None
     # Also on the message object: a later write of it by Chainlit (an edit) keeps them.
     message.metadata = {**(message.metadata or {}), **documents_metadata(docs)}
-    await store(message.id, docs)
+    await store(message.id, docs, with_message=True)
     return tuple(docs)
 
 
-async def store(message_id: str, docs: list[Document] | tuple[Document, ...]) -> None:
+async def store(message_id: str, docs: list[Document] | tuple[Document, ...], *, with_message: bool = False) -> None:
     """The converted text kept with the user's message (its step's metadata under our key), so that resume, share,
-    /export and compare read the same documents. Written to the history only (no history: nothing to do), as a
-    partial upsert of the step (Chainlit's data layer writes only the columns given): not sent to the browser,
-    which shows the file it sent."""
+    /export and compare read the same documents. Written to the history only (no history: nothing to do): for the
+    message just received (``with_message``), with Chainlit's own write of it when that is still to come; else as a
+    partial upsert of the step, behind that write (``GuardedDataLayer.carry_metadata``; Chainlit's data layer writes
+    only the columns given). Not sent to the browser, which shows the file it sent."""
     layer = get_data_layer()
     if layer is None:
         return
+    metadata = documents_metadata(docs)
+    carry = getattr(layer, "carry_metadata", None)
+    if with_message and carry is not None and not carry(message_id, metadata):
+        return  # it goes with the message's own write
     step = {"id": message_id, "threadId": cl.context.session.thread_id, "type": "user_message"}
     try:
-        await layer.update_step({**step, "metadata": documents_metadata(docs)})
+        await layer.update_step({**step, "metadata": metadata})
     except Exception:  # the chat goes on; a resumed chat would lack the documents
         logger.exception("could not store the documents of message %s", message_id)
 
