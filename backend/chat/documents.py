@@ -162,6 +162,7 @@ class Document:
     encoding: str = ""
     cut: int = 0
     data: str = field(default="", repr=False)  # an image: its ``data:`` URL (sent as an image part), else ""
+    file: str = ""  # the id of the original file kept ([uploads] keep_originals: backend/storage/files.py), else ""
 
     @property
     def unit(self) -> str:

@@ -47,6 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from backend.chat.sanitize import sanitize_text
 from backend.storage.database import failure, sqlite_pragmas
+from backend.storage.files import FileStore
 from backend.storage.history import META_KEY, json_dict
 from backend.storage.outbox import Outbox, Write
 
@@ -175,8 +176,16 @@ class GuardedDataLayer:
     """Chainlit's data layer behind the checks above, its writes through the outbox; other methods go straight
     through."""
 
-    def __init__(self, inner: Any, *, answer_key: bytes | None = None, outbox: Outbox | None = None) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        answer_key: bytes | None = None,
+        outbox: Outbox | None = None,
+        files: FileStore | None = None,
+    ) -> None:
         self.inner = inner
+        self.files = files  # the chats' original files (storage/files.py), deleted with their chat
         self.answer_key = answer_key  # None: answers are stored unsigned (export-feedback then leaves them out)
         self.outbox = outbox  # None: each write is made at once and a failure only logged (tests, tools)
         self._users: dict[str, str] = {}  # user id -> identifier: the author of a thread not stored yet
@@ -315,6 +324,11 @@ class GuardedDataLayer:
     async def delete_thread(self, thread_id: str) -> None:
         self._check(thread_id, "delete_thread")
         await self._write(thread_id, "delete_thread", {"thread_id": thread_id})
+        if self.files is not None:  # the chat is gone for its owner now: its files too
+            try:
+                await self.files.delete_chat(thread_id)
+            except OSError as exc:
+                logger.warning("history: the kept files of chat %s could not be deleted: %s", thread_id, exc)
 
     async def create_step(self, step_dict: Any) -> None:
         self._check(step_dict.get("threadId"), "create_step")

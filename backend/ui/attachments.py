@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import chainlit as cl
@@ -13,6 +15,7 @@ from chainlit.data import get_data_layer
 from backend.chat.documents import Document, describe
 from backend.chat.reading import Upload
 from backend.errors import DocumentError
+from backend.storage.files import FILES_ROUTE
 from backend.storage.history import documents_metadata
 from backend.text import quoted, t
 from backend.ui.answering import answer_as_task, one_answer, turn_of
@@ -53,8 +56,9 @@ async def read_documents(ui: Ui, message: cl.Message, uploads: list[Upload]) -> 
             except DocumentError as exc:  # said in the reader's language here, not the step's English default
                 refused, step.output = exc, exc.user_text(lang)
             else:
+                docs = await keep_originals(ui, uploads, docs)
                 step.name = ", ".join(d.name for d in docs)
-                step.output = "\n".join(f"- {describe(d, lang)}" for d in docs)
+                step.output = "\n".join(f"- {describe(d, lang)}{download_link(d, lang)}" for d in docs)
     except asyncio.CancelledError:
         await show_error(t("document.stopped", lang, name=", ".join(u.name for u in uploads)) + kept)
         raise
@@ -65,6 +69,32 @@ async def read_documents(ui: Ui, message: cl.Message, uploads: list[Upload]) -> 
     message.metadata = {**(message.metadata or {}), **documents_metadata(docs)}
     await store(message.id, docs, with_message=True)
     return tuple(docs)
+
+
+async def keep_originals(ui: Ui, uploads: list[Upload], docs: list[Document]) -> list[Document]:
+    """With a file store ([uploads] keep_originals): each original kept under a new id, named in its document. A
+    file that cannot be kept is logged and the message goes on (its text is what the model reads)."""
+    thread_id = cl.context.session.thread_id
+    if ui.files is None or not thread_id:
+        return docs
+    kept = []
+    for upload, doc in zip(uploads, docs, strict=True):
+        file_id = str(uuid.uuid4())
+        try:
+            await ui.files.put(thread_id, file_id, upload.path)
+        except (OSError, ValueError) as exc:
+            logger.warning("the original of %s could not be kept: %s", doc.name, exc)
+            kept.append(doc)
+        else:
+            kept.append(replace(doc, file=file_id))
+    return kept
+
+
+def download_link(doc: Document, lang: str) -> str:
+    """ " · [original](/qwenchat/files/<chat>/<file>)" for a document whose original is kept, else ""."""
+    if not doc.file:
+        return ""
+    return f" · [{t('originals.link', lang)}]({FILES_ROUTE}/{cl.context.session.thread_id}/{doc.file})"
 
 
 async def store(message_id: str, docs: list[Document] | tuple[Document, ...], *, with_message: bool = False) -> None:
