@@ -11,6 +11,7 @@ starter).
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -56,6 +57,8 @@ def live(fake, tmp_path_factory):
             "QWENCHAT_BRANDING_LOGO": str(tmp / "logo.svg"),
             "QWENCHAT_BRANDING_FAVICON": str(tmp / "logo.svg"),
             "QWENCHAT_LORA_STARTERS": f"fake-adapter={STARTER}",
+            "QWENCHAT_UPLOADS_KEEP_ORIGINALS": "true",  # the originals of attached files, for the share test
+            "QWENCHAT_UPLOADS_ORIGINALS_DIR": str(tmp / "originals"),
         },
         wait_engine=False,
         timeout=120,
@@ -240,13 +243,22 @@ def test_a_shared_chat_shows_its_documents_to_the_viewer(owner, viewer, live, tm
 
     viewer.goto(f"{live.url}/share/{thread_id}")
 
-    step = viewer.locator(".step", has_text="field-notes.txt: text").first
-    step.wait_for()
+    viewer.get_by_text("field-notes.txt").first.wait_for()  # the reading step, named by its file
     viewer.locator(".step", has_text="What is the code word in the notes?").first.wait_for()
     assert viewer.locator("#chat-input").count() == 0  # read-only
     assert user_messages_with_documents(viewer, f"/project/share/{thread_id}") == {
         "What is the code word in the notes?": ["field-notes.txt"]
     }
+    status, thread = api(viewer, "GET", f"/project/share/{thread_id}")
+    [reading] = [s for s in thread["steps"] if s["type"] == "tool" and s["name"] == "field-notes.txt"]
+    assert "field-notes.txt: text · 39 characters" in reading["output"]
+    href = re.search(r"\[original\]\((/qwenchat/files/[^)]+)\)", reading["output"]).group(1)  # the kept original
+    assert href.startswith(f"/qwenchat/files/{thread_id}/")
+    status, body = api(viewer, "GET", href)
+    assert status == 200 and body == notes.read_text()
+    with pytest.raises(urllib.error.HTTPError) as anonymous:
+        urllib.request.urlopen(live.url + href, timeout=10)
+    assert anonymous.value.code == 401
 
 
 def test_two_tabs_uploading_to_one_chat_at_once_each_keep_their_own_document(owner, live, fake, tmp_path):
