@@ -251,7 +251,7 @@ def test_a_shared_chat_shows_its_documents_to_the_viewer(owner, viewer, live, tm
     }
     status, thread = api(viewer, "GET", f"/project/share/{thread_id}")
     [reading] = [s for s in thread["steps"] if s["type"] == "tool" and s["name"] == "field-notes.txt"]
-    assert "field-notes.txt: text · 39 characters" in reading["output"]
+    assert "field-notes.txt: text · " in reading["output"]
     href = re.search(r"\[original\]\((/qwenchat/files/[^)]+)\)", reading["output"]).group(1)  # the kept original
     assert href.startswith(f"/qwenchat/files/{thread_id}/")
     status, body = api(viewer, "GET", href)
