@@ -197,7 +197,8 @@ class OverstatingPoller:
 
     @property
     def status(self) -> HealthStatus:
-        return dataclasses.replace(self.real.status, max_model_len=2 * self.real.status.max_model_len)
+        status = self.real.status
+        return dataclasses.replace(status, max_model_len=2 * status.max_model_len if status.max_model_len else None)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
