@@ -291,9 +291,8 @@ def test_two_tabs_uploading_to_one_chat_at_once_each_keep_their_own_document(own
         first.close()
         second.close()
 
-    sent = {
-        r["messages"][-1]["content"].rsplit("\n\n", 1)[-1]: r["messages"][-1]["content"] for r in requests_seen(fake)
-    }
+    seen = [r["last_message"] for r in requests_seen(fake) if r.get("last_message")]
+    sent = {text.rsplit("\n\n", 1)[-1]: text for text in seen}  # question -> the message as the model got it
     assert "BRAVO-2" in sent["tab one again: the code word?"]
     assert "ALPHA-1" in sent["tab two: the code word?"] and "BRAVO-2" not in sent["tab two: the code word?"]
     stored = user_messages_with_documents(owner, f"/project/thread/{thread_id}")

@@ -259,6 +259,8 @@ class RequestRecord:
             for m in self.messages
             if isinstance(m, dict) and isinstance(m.get("content"), str)
         )
+        last = self.messages[-1] if self.messages and isinstance(self.messages[-1], dict) else {}
+        d["last_message"] = last.get("content") if isinstance(last.get("content"), str) else None  # its documents too
         return d
 
 

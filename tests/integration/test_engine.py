@@ -213,8 +213,8 @@ async def test_vllms_smaller_context_is_fitted_again_and_what_it_received_is_wha
     try:
         assert (await real.wait_until_ready(60)).ready and service.max_model_len() == 8192
         session = ChatSession(system_prompt="", sampling={**service.default_sampling(), "temperature": 0.0})
-        for i in range(4):  # about 1,400 tokens each: all fit 8,192, not 4,096
-            session.conversation.add_user(str(uuid.uuid4()), f"turn {i} " + "lorem ipsum dolor sit amet " * 200)
+        for i in range(3):  # about 1,750 tokens each: all fit 8,192, not 4,096
+            session.conversation.add_user(str(uuid.uuid4()), f"turn {i} " + "lorem ipsum dolor sit amet " * 350)
             session.conversation.add_assistant(f"a{i}", f"answer {i}", "tiny-qwen3")
         session.conversation.add_user(str(uuid.uuid4()), "the question")
         view = Recorder()
