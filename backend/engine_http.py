@@ -13,7 +13,8 @@ status means different things on different routes):
     status / body                                   error
     any status with an HTML body (a web page)       WebPageResponse (a proxy or login page, not the API)
     400 with param input_tokens|max_tokens|input_text,
-        code context_length_exceeded, or 413        ContextOverflow
+        code context_length_exceeded, or 413,       ContextOverflow, with the context length the message names
+        or vLLM's sentence naming its length        (``server_limit``: the turn fits again to it)
     401, 403                                        AuthenticationFailed
     503 "No available workers ..." (vllm-router)     NoWorkerAvailable (its own words: it sends no param or code)
     429, 503                                        Overloaded
@@ -65,6 +66,12 @@ from .text import Text
 #: (input_text: newer vLLM rejects over-long text before tokenising it).
 CONTEXT_PARAMS = frozenset({"input_tokens", "max_tokens", "input_text"})
 DETAIL_LIMIT = 300  # characters of a server message inside a user-facing error
+#: vLLM's sentences naming its context length (vllm/renderers/params.py, vllm/v1/engine/input_processor.py; the
+#: second comes without ``param``). Only a sentence with the number counts: "maximum context length exceeded" alone
+#: may be anyone's.
+_CONTEXT_LENGTH = re.compile(
+    r"maximum context length is (\d+) tokens|longer than the maximum model length of (\d+)", re.IGNORECASE
+)
 #: vLLM's unknown-model text; older versions send it without ``param: "model"``.
 _NO_SUCH_MODEL = re.compile(r"\bmodel `[^`]*` does not exist", re.IGNORECASE)
 #: vllm-router 0.1.17's plain-text 503 when no worker may take the request ("No available workers (all circuits open
@@ -199,8 +206,11 @@ def status_error(
     detail = short(error_message(body, message) or f"HTTP {status}")
     adapter = route in (Route.LOAD_ADAPTER, Route.UNLOAD_ADAPTER)
 
-    if (status == 400 and param in CONTEXT_PARAMS) or code == "context_length_exceeded" or status == 413:
-        return ContextOverflow(detail)
+    named = _CONTEXT_LENGTH.search(str(error_message(body, message) or ""))
+    server_limit = int(named.group(1) or named.group(2)) if named else None
+    overflow = status == 400 and (param in CONTEXT_PARAMS or server_limit is not None)
+    if overflow or code == "context_length_exceeded" or status == 413:
+        return ContextOverflow(detail, server_limit=server_limit)
     if status in (401, 403):
         return AuthenticationFailed(status, detail)
     if status == 503 and _NO_WORKER.search(detail):

@@ -518,11 +518,18 @@ class TotalTimeout(RequestTimeout):
 
 
 class ContextOverflow(BackendError):
-    """The engine refused the request as too long (HTTP 400, param input_tokens/max_tokens)."""
+    """The engine refused the request as too long (HTTP 400, param input_tokens/max_tokens).
+
+    ``server_limit``: the context length the engine named ("This model's maximum context length is N tokens"),
+    when it did: the turn fits the prompt again to it and asks once more."""
 
     code = "context_overflow"
     text_key = "error.context_overflow"
     retryable = False
+
+    def __init__(self, detail: str | Text = "", server_limit: int | None = None) -> None:
+        self.server_limit = server_limit
+        super().__init__(detail)
 
 
 class ModelNotFound(BackendError):

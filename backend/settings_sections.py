@@ -341,6 +341,9 @@ class UploadsSettings(Section):
     # a DOCX, PPTX (a zip) whose parts declare more than this when inflated is refused before any is inflated
     max_unzipped_mb: Float = key(100.0, "more than 0, at most 2000 MB", gt=0, le=2000)
     workers: Int = key(1, "1 to 8 conversion processes", ge=1, le=8)  # the pool converting files, off the UI's loop
+    # the original files kept for their owner to download (backend/storage/files.py); needs the history (login)
+    keep_originals: Bool = key(False, "true or false")
+    originals_dir: Str = key("", "a folder (empty: <QWENCHAT_HOME>/uploads)")
 
 
 class LoraSettings(Section):

@@ -128,21 +128,29 @@ async def with_documents(fit: FitResult, per_message: Sequence[Sequence[Document
     if not any(per_message):
         return fit
     dropped = {i for d in fit.dropped for i in d.indices}
-    cache, specials = _cache_for(counter), counter.specials
     shares, left_out = [], []
     for index, docs in enumerate(per_message):
-        for doc in docs:
+        for doc in (d for d in docs if d.kind != "image"):  # an image is an image part, not framed text
             if index in dropped:
                 left_out.append(doc.name)
                 continue
-            text = neutralize_special_tokens(frame(doc), specials)
-            key = ("document", hash(text), len(text))
-            tokens = cache.get(key)
-            if tokens is None:
-                tokens = await counter.count_text(text)
-                cache.put(key, tokens)
-            shares.append((doc.name, tokens))
+            shares.append((doc.name, await frame_tokens(doc, counter)))
     return replace(fit, documents=tuple(shares), documents_left_out=tuple(left_out))
+
+
+async def frame_tokens(doc: Document, counter: TokenCounter) -> int:
+    """The tokens of ``doc``'s frame as sent (special tokens neutralised), cached like a message; 0 for an image
+    (an image part: the meter counts text)."""
+    if doc.kind == "image":
+        return 0
+    cache = _cache_for(counter)
+    text = neutralize_special_tokens(frame(doc), counter.specials)
+    key = ("document", hash(text), len(text))
+    tokens = cache.get(key)
+    if tokens is None:
+        tokens = await counter.count_text(text)
+        cache.put(key, tokens)
+    return tokens
 
 
 # ---------------------------------------------------------------- preparing messages

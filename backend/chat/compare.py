@@ -28,12 +28,17 @@ from backend.storage.votes import Vote, Winner
 
 from ..text import t
 from .conversation import Conversation
+from .documents import Document, frame, reference_frame
 from .service import Service
 from .session import ChatSession
 from .turn import Outcome, Renderer
 from .turn import answer as answer_turn
 
 LABELS = ("A", "B")
+#: A vote's prompt keeps a document's text up to this many characters (about 4K tokens); a longer one is a reference
+#: (name, SHA-256 of its text, tokens: ``documents.reference_frame``), for issue #18's reason (a chat's 50 kept pairs
+#: and every stored vote would each hold a copy). The chat's history keeps the text.
+PAIR_DOCUMENT_CHARS = 16_000
 MAX_PAIRS = 50  # compared turns a chat keeps in memory for votes and picks (older buttons are refused)
 
 
@@ -149,24 +154,49 @@ class Pair:
         return next(s for s in self.sides if s.label == label.upper())
 
 
-def new_pair(mode: CompareMode, turn_id: str, prompt: list[dict[str, str]], rng: random.Random | None = None) -> Pair:
+def new_pair(
+    mode: CompareMode,
+    turn_id: str,
+    prompt: list[dict[str, str]],
+    rng: random.Random | None = None,
+    *,
+    documents: Sequence[Document] = (),
+    tokens: Sequence[int] = (),
+) -> Pair:
     """Sides A and B: in the order given, or in random order when blind. ``prompt``: the messages of the turn; the
-    pair keeps only its own part (``turn_prompt``)."""
+    pair keeps only its own part (``turn_prompt``), its long ``documents`` as references (``tokens``: each one's)."""
     models = [mode.model_a, mode.model_b]
     if mode.blind:
         (rng or random.SystemRandom()).shuffle(models)
     sides = [Side(label, model) for label, model in zip(LABELS, models, strict=True)]
-    return Pair(turn_id, turn_prompt(prompt), sides, mode.blind, revealed=not mode.blind)
+    return Pair(turn_id, turn_prompt(prompt, documents, tokens), sides, mode.blind, revealed=not mode.blind)
 
 
-def turn_prompt(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
-    """What a vote on the turn stores as its prompt: the system prompt (if any) and the last user message.
+def turn_prompt(
+    messages: Sequence[Mapping[str, str]], documents: Sequence[Document] = (), tokens: Sequence[int] = ()
+) -> list[dict[str, str]]:
+    """What a vote on the turn stores as its prompt: the system prompt (if any) and the last user message, whose
+    ``documents`` (its files) over ``PAIR_DOCUMENT_CHARS`` characters, and its images, are references.
 
     Not the whole conversation (issue #18): a chat's 50 kept pairs and every stored vote would each hold all the
     turns before it, so one long chat could fill the memory and the votes table with copies of itself."""
     system = [dict(m) for m in messages[:1] if m.get("role") == "system"]
     user = next((dict(m) for m in reversed(messages) if m.get("role") == "user"), None)
+    if user is not None and documents:
+        user["content"] = _referenced(user["content"], documents, tokens or [0] * len(documents))
     return system + ([user] if user else [])
+
+
+def _referenced(content: str, documents: Sequence[Document], tokens: Sequence[int]) -> str:
+    """The framed message with each long document's frame replaced by its reference, and its images' references
+    first (an image is no text: it was an image part beside it)."""
+    images = []
+    for doc, count in zip(documents, tokens, strict=True):
+        if doc.kind == "image":
+            images.append(reference_frame(doc, count))
+        elif len(doc.text) > PAIR_DOCUMENT_CHARS:
+            content = content.replace(frame(doc), reference_frame(doc, count), 1)
+    return "\n\n".join([*images, content])
 
 
 async def run(

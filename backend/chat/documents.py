@@ -23,7 +23,9 @@ Runs in a conversion process (``reading.py`` owns the pool): nothing here touche
 
 from __future__ import annotations
 
+import base64
 import codecs
+import hashlib
 import html
 import re
 import zipfile
@@ -45,6 +47,7 @@ from .document_errors import (
 )
 from .template import NEUTRALIZER
 
+IMAGE_SUFFIXES = frozenset([".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp"])
 #: What the name's extension claims, by extension; any other extension claims nothing (the content decides).
 TEXT_SUFFIXES = frozenset(
     [
@@ -114,7 +117,7 @@ CLAIMS: dict[str, str] = {
     ".pptx": "pptx",
     ".html": "html",
     ".htm": "html",
-    **{s: "image" for s in (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp")},
+    **{s: "image" for s in IMAGE_SUFFIXES},
     **dict.fromkeys(TEXT_SUFFIXES, "text"),
 }
 #: What the chat converts; Chainlit's upload button offers these (``accept``), the content decides in the end.
@@ -123,7 +126,14 @@ ACCEPT = tuple(sorted(CLAIMS))
 KIND_NAMES = {"pdf": "PDF", "docx": "DOCX", "pptx": "PPTX", "html": "HTML", "text": "text", "image": "image"}
 #: What the content was found to be, for messages about a type that is not converted or does not match.
 FOUND_NAMES = {**KIND_NAMES, "zip": "a zip archive", "binary": "binary data (no text encoding fits)"}
-_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
+_IMAGE_MIMES = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"BM", "image/bmp"),
+)
+_IMAGE_MAGIC = tuple(magic for magic, _ in _IMAGE_MIMES)
 _SNIFF_BYTES = 1 << 16
 #: Encodings preferred when several decode a text equally well, most common first.
 _COMMON = ("ascii", "utf_8", "gb18030", "gbk", "big5", "shift_jis", "euc_kr", "cp1252", "latin_1", "cp1251")
@@ -151,6 +161,8 @@ class Document:
     page_ends: tuple[int, ...] = field(default=(), repr=False)
     encoding: str = ""
     cut: int = 0
+    data: str = field(default="", repr=False)  # an image: its ``data:`` URL (sent as an image part), else ""
+    file: str = ""  # the id of the original file kept ([uploads] keep_originals: backend/storage/files.py), else ""
 
     @property
     def unit(self) -> str:
@@ -183,7 +195,9 @@ class Document:
 
 
 def describe(doc: Document, lang: str) -> str:
-    """ "report.pdf: PDF · 12 pages · 34,567 characters" (the reading step, /export)."""
+    """ "report.pdf: PDF · 12 pages · 34,567 characters" (the reading step, /export); an image: its size."""
+    if doc.kind == "image":
+        return t("image_parts.read", lang, name=doc.name, kb=max(1, len(doc.data) * 3 // 4 // 1024))
     pages = t("document.read_one_page", lang) if doc.pages == 1 else ""
     pages = t("document.read_pages", lang, pages=doc.pages) if doc.pages > 1 else pages
     return t(
@@ -223,11 +237,23 @@ def frame(doc: Document) -> str:
     return f"<document {attrs}>\n{neutralize_frames(doc.text)}\n</document>"
 
 
+def reference_frame(doc: Document, tokens: int) -> str:
+    """The document named, not carried: its frame with the SHA-256 of its text as the model read it (of the image's
+    bytes for an image), its tokens and characters, and ``text="omitted"`` (a preference pair's prompt keeps a long
+    document so: ``compare.turn_prompt``)."""
+    body = base64.b64decode(doc.data.partition(",")[2]) if doc.kind == "image" else doc.text.encode("utf-8")
+    attrs = f'name="{_attribute(doc.name)}" type="{KIND_NAMES.get(doc.kind, doc.kind)}"'
+    attrs += f' pages="{doc.pages}"' if doc.pages else ""
+    attrs += f' sha256="{hashlib.sha256(body).hexdigest()}" tokens="{tokens}" characters="{len(doc.text)}"'
+    return f'<document {attrs} text="omitted">\n</document>'
+
+
 def framed_message(question: str, documents: tuple[Document, ...] | list[Document]) -> str:
-    """A user message as sent: its documents' frames first, then the question (its frame markers broken too)."""
+    """A user message as sent: its documents' frames first, then the question (its frame markers broken too).
+    Images are not framed: they go as image parts beside this text (``vision.with_images``)."""
     if not documents:
         return question
-    return "\n\n".join([*(frame(d) for d in documents), neutralize_frames(question)])
+    return "\n\n".join([*(frame(d) for d in documents if d.kind != "image"), neutralize_frames(question)])
 
 
 # ---------------------------------------------------------------- finding the type
@@ -273,6 +299,20 @@ def _decode(data: bytes) -> tuple[str, str] | None:
     return str(pick), pick.encoding
 
 
+def image_mime(head: bytes) -> str:
+    """The MIME type of an image from its first bytes ("" when it is none we read)."""
+    for magic, mime in _IMAGE_MIMES:
+        if head.startswith(magic):
+            return mime
+    return "image/webp" if head[:4] == b"RIFF" and head[8:12] == b"WEBP" else ""
+
+
+def image_document(path: Path, name: str) -> Document:
+    """An image kept whole as a ``data:`` URL, for a model that reads images (``reading.py`` refuses it otherwise)."""
+    raw = path.read_bytes()
+    return Document(name, "image", "", data=f"data:{image_mime(raw[:16])};base64,{base64.b64encode(raw).decode()}")
+
+
 def _found(path: Path, name: str, limits: Limits) -> str:
     """What the content is: pdf, docx, pptx, zip, image, html, text or binary."""
     with path.open("rb") as f:
@@ -316,7 +356,7 @@ def convert_file(path: Path, name: str, limits: Limits | None = None) -> Documen
         count = pdf_page_count(path, name)
         return pdf_document(name, pdf_pages(path, name, 0, count), count)
     if kind == "image":
-        return Document(name, "image", "")
+        return image_document(path, name)
     if kind == "docx":
         return Document(name, "docx", docx_text(path, name))
     if kind == "pptx":

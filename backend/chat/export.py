@@ -69,7 +69,7 @@ def conversation_markdown(
         if turn.role == "user":
             parts += [f"## {t('export.you', lang)}", turn.content]
             for doc in turn.documents:  # as the model read them (a cut one: the part sent)
-                parts += [f"### 📎 {describe(doc, lang)}", fenced(doc.text)]
+                parts += [f"### 📎 {describe(doc, lang)}", *([fenced(doc.text)] if doc.kind != "image" else [])]
             in_pair = turn.id in pairs
             if in_pair:
                 parts += _compared(pairs[turn.id], lang)

@@ -34,7 +34,7 @@ from typing import Any
 from ..settings import ROOT, UploadsSettings
 from . import document_errors
 from .document_errors import DocumentError, DocumentTooLarge, DocumentUnreadable, ImageNotSupported, TooManyDocuments
-from .documents import Document, Limits
+from .documents import IMAGE_SUFFIXES, Document, Limits
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +70,21 @@ class Reader:
             if size > self.limits.max_bytes:
                 raise DocumentTooLarge(up.name, size / _MB, self.settings.max_mb)
 
-    async def read_all(self, uploads: Sequence[Upload], *, model: str, progress: Progress) -> list[Document]:
+    async def read_all(
+        self, uploads: Sequence[Upload], *, model: str, progress: Progress, images: bool = False
+    ) -> list[Document]:
         """Every upload as a Document, in order; the first failure raises (nothing is half sent). ``model``: the
-        model the message goes to, named when an image is refused (the models served here read text only)."""
+        model the message goes to, named when an image is refused; ``images``: whether it reads images
+        (``Service.takes_images``), else an image is refused before any file is read."""
         self.check(uploads)
+        if not images:  # refused before any conversion: nothing to wait for
+            for up in uploads:
+                if Path(up.name).suffix.lower() in IMAGE_SUFFIXES:
+                    raise ImageNotSupported(up.name, model)
         docs = []
         for up in uploads:
             doc = await self.read(up, progress)
-            if doc.kind == "image":
+            if doc.kind == "image" and not images:
                 raise ImageNotSupported(up.name, model)
             docs.append(doc)
         return docs

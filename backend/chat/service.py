@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.chat import budget as budget_mod
-from backend.chat import counters, roles
+from backend.chat import counters, roles, vision
 from backend.storage.votes import VoteStore
 
 from .. import contract, hub, logsafe
-from ..engine_http import public_url, short
+from ..engine_http import public_url
 from ..errors import (
     BackendError,
     MessageTooLong,
@@ -32,7 +32,7 @@ from .adapter_service import AdapterService
 from .adapter_service import Loaded as Loaded
 from .adapter_service import LocalAdapter as LocalAdapter
 from .adapters_in_use import AdapterUsage
-from .client import ChatClient, Finish
+from .client import ChatClient
 from .conversation import Conversation
 from .documents import Document
 from .download_queue import DownloadQueue, Queued
@@ -69,6 +69,8 @@ class Service:
         self.downloads = DownloadQueue()  # one hub download at a time per server
         self._votes: VoteStore | None = None
         self.adapters = AdapterService(self)  # loading, unloading and listing adapters
+        # (context length the engine named in a 400, HealthStatus.since then): holds while the state lasts
+        self._server_limit: tuple[int, float] | None = None
 
     @classmethod
     def from_environment(cls) -> Service:
@@ -218,7 +220,19 @@ class Service:
         return self.settings.budget.reply_reserve
 
     def max_model_len(self) -> int:
-        return self.poller.status.max_model_len or self.settings.model.max_model_len
+        known = self.poller.status.max_model_len or self.settings.model.max_model_len
+        learned = self._server_limit
+        if learned is not None and learned[1] == self.poller.status.since:
+            return min(known, learned[0])
+        return known
+
+    def learn_context_limit(self, tokens: int) -> bool:
+        """Fit to the context length the engine named in a 400 from now on (while it stays in this state); False
+        when it is no smaller than ours (asking again cannot help)."""
+        if tokens >= self.max_model_len():
+            return False
+        self._server_limit = (tokens, self.poller.status.since)
+        return True
 
     def tokenizer_source(self) -> tuple[Path | None, str]:
         """(tokenizer folder, server for /tokenize) the counter is chosen from.
@@ -306,9 +320,16 @@ class Service:
             )
 
     async def fit_conversation(self, conversation: Conversation, system_prompt: str) -> budget_mod.FitResult:
-        """``fit`` of the conversation's messages, with each document's share for the meter."""
+        """``fit`` of the conversation's messages, with each document's share for the meter and the kept messages'
+        images as image parts (``vision.with_fitted_images``)."""
         fitted = await self.fit(conversation.messages(system_prompt))
-        return await budget_mod.with_documents(fitted, conversation.documents(system_prompt), await self.counter())
+        per_message = conversation.documents(system_prompt)
+        fitted = await budget_mod.with_documents(fitted, per_message, await self.counter())
+        return vision.with_fitted_images(fitted, per_message)
+
+    def takes_images(self, model: str) -> bool:
+        """Whether ``model`` (the base, or an adapter on it) reads images (``vision.served_folders``)."""
+        return vision.takes_images(vision.served_folders(self.poller.status, self.settings.model.resolved_path))
 
     async def document_cut(self, question: str, documents: tuple[Document, ...], exc: PromptTooLong) -> tuple[int, int]:
         """Which document to cut and to how many pages (or lines), so the message fits (``budget.fitting_part``)."""
@@ -369,29 +390,3 @@ def sampling_body(sampling: Mapping[str, float]) -> dict[str, Any]:
     if sampling.get("min_p"):
         body["min_p"] = float(sampling["min_p"])
     return body
-
-
-#: finish reasons that need no word under the answer
-PLAIN_ENDINGS = frozenset({"stop", "eos", "end_turn", "stop_sequence"})
-
-
-def ending_note(finish: Finish, lang: str) -> str | None:
-    """One line for every way an answer ends other than a plain stop (None for a plain stop)."""
-    reason = finish.reason
-    if reason in PLAIN_ENDINGS:
-        return None
-    if reason is None:
-        return t("ending.none", lang)
-    if reason == "length":
-        return t("reply_limit", lang)
-    if reason == "content_filter":
-        return t("ending.content_filter", lang)
-    if reason in ("tool_calls", "function_call") or finish.tools:
-        return t("ending.tool_calls", lang, tools=f" ({', '.join(finish.tools)})" if finish.tools else "")
-    return t("ending.unknown", lang, reason=short(reason, 60))
-
-
-def no_text_message(finish: Finish | None, lang: str) -> str:
-    """What to show instead of an answer that carried no text (never a footer standing alone)."""
-    why = (ending_note(finish, lang) if finish else None) or t("ending.stop", lang)
-    return t("no_text", lang, why=why)

@@ -15,7 +15,9 @@ The policy, in order:
   loaded from there (``ModelPartial``) is handled like an adapter the engine no longer serves. A load
   into full slots evicts the least recently used runtime adapter; the step names it.
 - While the answer streams, its adapter is marked in use (``Service.adapter_usage``): never evicted.
-- The history is fitted into the token budget; the earlier turns left out are listed afterwards.
+- The history is fitted into the token budget; the earlier turns left out are listed afterwards. When the engine
+  refuses the prompt naming a smaller context (vLLM's 400 "This model's maximum context length is N tokens"), the
+  history is fitted again to N and sent once more before any token, with a step saying so.
 - The answer streams; the footer says who answered, how much, how long (the answer's own time, from the request
   sent, or from its first token when it queued in the engine; apart, the wait before it when a wait step was
   shown: the model loading, an adapter load, the queue), and the context meter, and
@@ -53,6 +55,7 @@ from backend.web import metrics
 
 from ..errors import (
     ConnectionLost,
+    ContextOverflow,
     EngineError,
     MessageTooLong,
     ModelNotFound,
@@ -68,8 +71,9 @@ from ..text import t
 from .budget import FitResult
 from .client import Finish, ReasoningDelta, TextDelta, Usage, new_request_id
 from .documents import Document
+from .endings import no_text_message
 from .health import EngineState, HealthStatus
-from .service import Service, no_text_message, sampling_body
+from .service import Service, sampling_body
 from .session import ChatSession
 
 logger = logging.getLogger(__name__)
@@ -291,13 +295,39 @@ class _Turn:
         if last is not None:
             await self.service.check_message_length(last.content)
         fitted = await self.service.fit_conversation(self.session.conversation, self.session.system_prompt)
+        try:
+            await self._stream_fitted(a, fitted)
+        except ContextOverflow as exc:
+            # The engine's context is smaller than it said (a proxy, a router, a wrong [model].max_model_len):
+            # fit again to the length it named and ask once more, before any token; a second refusal is said.
+            limit = exc.server_limit
+            if a.first is not None or limit is None or not self.service.learn_context_limit(limit):
+                raise
+            logger.info(
+                "[%s] the engine's context is %d tokens, not %d: fitting again", a.rid, limit, fitted.max_model_len
+            )
+            fitted = await self._refit(limit)
+            await self._stream_fitted(a, fitted)
+        return fitted
+
+    async def _refit(self, limit: int) -> FitResult:
+        """The conversation fitted again to the engine's ``limit`` (earlier turns first; a message or document that
+        does not fit raises PromptTooLong, said like any other: a document is never cut silently), with a step."""
+        fitted = await self.service.fit_conversation(self.session.conversation, self.session.system_prompt)
+        lang, n = self.view.lang, fitted.left_out
+        key = "context_refit." + ("fits" if n == 0 else "left_out.one" if n == 1 else "left_out.many")
+        async with self.view.step(t(key, lang, limit=limit, n=n)) as step:
+            step.output = fitted.meter_text(lang)
+        return fitted
+
+    async def _stream_fitted(self, a: _Attempt, fitted: FitResult) -> None:
+        """Stream ``fitted`` with the queued note running until the first token."""
         queued = asyncio.create_task(self._queued_note(a), name="qwenchat-queued-note")  # until the first token
         try:
             await self._stream_events(a, fitted, queued)
         finally:
             queued.cancel()
             await asyncio.gather(queued, return_exceptions=True)  # a Stop meanwhile still cancels this turn
-        return fitted
 
     async def _queued_note(self, a: _Attempt) -> None:
         """Until cancelled (the first token, the end): while requests wait in the engine (vLLM's /metrics, read

@@ -22,6 +22,10 @@
   statement and returns None; inside our writes it is replaced by one that raises, so a failure is seen and retried.
   Reads keep Chainlit's behaviour (a failed read is "no such thread"). ``get_thread`` merges the writes still
   pending for that thread into what the database returned: a resume, a share link and ``/export`` see them.
+- **Metadata carried with a step's own write** (``carry_metadata``: the documents read for a user message). Chainlit
+  writes the user's message from a task of its own; metadata for it given before that write goes in it (one write),
+  given after goes as an update behind it in the chat's lane (the outbox keeps the order). Never an update first
+  that Chainlit's own upsert of the message would then overwrite.
 """
 
 from __future__ import annotations
@@ -43,12 +47,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from backend.chat.sanitize import sanitize_text
 from backend.storage.database import failure, sqlite_pragmas
+from backend.storage.files import FileStore
 from backend.storage.history import META_KEY, json_dict
 from backend.storage.outbox import Outbox, Write
 
 logger = logging.getLogger(__name__)
 
 _WRITING: ContextVar[bool] = ContextVar("qwenchat_history_writing", default=False)  # inside one of our writes
+CARRIED_MAX = 1_000  # steps whose own write is awaited with metadata to carry, and steps remembered as written
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
@@ -170,11 +176,21 @@ class GuardedDataLayer:
     """Chainlit's data layer behind the checks above, its writes through the outbox; other methods go straight
     through."""
 
-    def __init__(self, inner: Any, *, answer_key: bytes | None = None, outbox: Outbox | None = None) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        answer_key: bytes | None = None,
+        outbox: Outbox | None = None,
+        files: FileStore | None = None,
+    ) -> None:
         self.inner = inner
+        self.files = files  # the chats' original files (storage/files.py), deleted with their chat
         self.answer_key = answer_key  # None: answers are stored unsigned (export-feedback then leaves them out)
         self.outbox = outbox  # None: each write is made at once and a failure only logged (tests, tools)
         self._users: dict[str, str] = {}  # user id -> identifier: the author of a thread not stored yet
+        self._carried: dict[str, dict[str, Any]] = {}  # step id -> metadata for its own write, still to come
+        self._written: dict[str, None] = {}  # ids of the steps written lately, oldest first
         engine = getattr(inner, "engine", None)
         self._engine = engine if isinstance(engine, AsyncEngine) else None
         if self._engine is not None:
@@ -308,16 +324,43 @@ class GuardedDataLayer:
     async def delete_thread(self, thread_id: str) -> None:
         self._check(thread_id, "delete_thread")
         await self._write(thread_id, "delete_thread", {"thread_id": thread_id})
+        if self.files is not None:  # the chat is gone for its owner now: its files too
+            try:
+                await self.files.delete_chat(thread_id)
+            except OSError as exc:
+                logger.warning("history: the kept files of chat %s could not be deleted: %s", thread_id, exc)
 
     async def create_step(self, step_dict: Any) -> None:
         self._check(step_dict.get("threadId"), "create_step")
-        step = self._signed(storable_step(dict(step_dict)))
+        step = self._signed(storable_step(self._carrying(dict(step_dict))))
         await self._write(step["threadId"], "create_step", {"step": step})
 
     async def update_step(self, step_dict: Any) -> None:
         self._check(step_dict.get("threadId"), "update_step")
-        step = self._signed(storable_step(dict(step_dict)))
+        step = self._signed(storable_step(self._carrying(dict(step_dict))))
         await self._write(step["threadId"], "update_step", {"step": step})
+
+    def carry_metadata(self, step_id: str, metadata: dict[str, Any]) -> bool:
+        """``metadata`` goes with step ``step_id``'s own write when that is still to come: False, nothing else to
+        do. True when the step was written already: the caller writes an update, which comes after it."""
+        if step_id in self._written:
+            return True
+        self._carried[step_id] = metadata
+        while len(self._carried) > CARRIED_MAX:
+            self._carried.pop(next(iter(self._carried)))
+        return False
+
+    def _carrying(self, step: dict[str, Any]) -> dict[str, Any]:
+        """``step`` with the metadata carried for it, if any; remembered as written."""
+        step_id = str(step.get("id"))
+        self._written.pop(step_id, None)
+        self._written[step_id] = None
+        while len(self._written) > CARRIED_MAX:
+            self._written.pop(next(iter(self._written)))
+        carried = self._carried.pop(step_id, None)
+        if carried is not None:
+            step["metadata"] = {**json_dict(step.get("metadata")), **carried}
+        return step
 
     def pending_thread_of_step(self, step_id: str) -> str | None:
         """The chat of a step whose write is still pending (not readable from the database yet), or None."""

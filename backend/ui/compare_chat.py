@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import chainlit as cl
 
-from backend.chat import compare
+from backend.chat import budget, compare
 from backend.chat.turn import Outcome
 from backend.storage.votes import WINNERS, Winner
 from backend.text import t
@@ -78,7 +78,15 @@ async def answer_compared(ui: Ui) -> None:
     mode, last = state.mode, chat.conversation.last_user()
     if mode is None or last is None:
         return
-    pair = compare.new_pair(mode, last.id, chat.conversation.messages(chat.system_prompt))
+    docs = last.documents
+    try:  # each document's tokens, for the pair's references (cached: the meter counts the same frames)
+        tokens = [await budget.frame_tokens(d, await ui.service.counter()) for d in docs]
+    except Exception:  # the references say 0 tokens then; the answers matter more
+        logger.warning("could not count the documents of %s for the compare pair", last.id, exc_info=True)
+        tokens = [0] * len(docs)
+    pair = compare.new_pair(
+        mode, last.id, chat.conversation.messages(chat.system_prompt), documents=docs, tokens=tokens
+    )
     views = {side.label: CompareView(lang, Host(ui), pair, side) for side in pair.sides}
     compare.remember(state.pairs, pair)
     state.views[pair.turn_id] = views

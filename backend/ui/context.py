@@ -21,6 +21,7 @@ from backend.chat.service import Service
 from backend.chat.session import ChatSession
 from backend.settings import Settings
 from backend.storage import preferences
+from backend.storage.files import FileStore
 from backend.storage.history import HistoryStart
 from backend.storage.outbox import Backlog, Outbox
 from backend.storage.preferences import Preferences
@@ -49,6 +50,7 @@ class Ui:
     routes: Routes  # our HTTP routes, bound to ``service``
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # started at app startup, kept referenced
     outbox: Outbox | None = None  # with the history on: every history write's one path (backend/storage/outbox.py)
+    files: FileStore | None = None  # [uploads] keep_originals with the history on: the originals (storage/files.py)
     fair: FairShare = field(init=False)  # answers streaming per user, over all chats ([ui] max_answers_per_user)
     reader: Reader = field(init=False)  # converts attached files, [uploads] workers at once (backend/chat/reading.py)
 

@@ -13,6 +13,7 @@ from chainlit.server import app as http_app
 
 from backend.chat.service import Service
 from backend.storage import history, preferences
+from backend.storage.files import file_store
 from backend.storage.outbox import Outbox
 from backend.storage.votes import Vote
 from backend.ui import (
@@ -41,6 +42,7 @@ def install(service: Service) -> Ui:
     ui = Ui(service, started, prefs, server.own_files_directory(), routes)
     if started.url:  # every history write through one path: journalled, retried, in order per chat
         ui.outbox = routes.outbox = history_outbox(ui)
+        ui.files = routes.files = file_store(settings)  # deleted with their chat: the data layer (login.py) has it
     login.install(ui)
     install_routes(http_app, routes)
     chainlit_settings.apply(settings, sharing=bool(started.url), http_app=http_app)

@@ -44,12 +44,12 @@ class ChainlitHistory(GuardedDataLayer):
 def data_layer(ui: Ui) -> GuardedDataLayer:
     """Thread ids checked (UUIDs only), stored text sanitised, SQLite in WAL, no prompt text in SQL errors; a step
     never moves to another thread; the answers it stores are signed (export-feedback checks); every write through
-    ``ui.outbox`` (journalled, retried, in order per chat)."""
+    ``ui.outbox`` (journalled, retried, in order per chat); a chat deleted takes its kept files (``ui.files``)."""
     from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
 
     assert ui.history.db is not None and ui.history.url is not None
     inner = SQLAlchemyDataLayer(ui.history.url, connect_args=ui.history.db.connect_args)
-    return ChainlitHistory(inner, answer_key=ui.history.answer_key, outbox=ui.outbox)
+    return ChainlitHistory(inner, answer_key=ui.history.answer_key, outbox=ui.outbox, files=ui.files)
 
 
 async def on_shared_thread_view(thread: ThreadDict, viewer: cl.User | None) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from backend.chat.budget import FitResult
 from backend.chat.client import Finish, Usage
 from backend.chat.compare import Pair, Side, shown_model, winner_text
-from backend.chat.service import ending_note
+from backend.chat.endings import ending_note
 from backend.storage.votes import Standing
 from backend.text import t
 

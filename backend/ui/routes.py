@@ -8,6 +8,7 @@ process; a test installs the UI again against a new Service: no route may stay b
 from __future__ import annotations
 
 import logging
+import urllib.parse
 from typing import Any
 
 import chainlit as cl
@@ -22,8 +23,9 @@ from backend.chat import welcome
 from backend.chat.client import anomaly_counts
 from backend.chat.service import Service
 from backend.paths import ROOT, resolve_path
-from backend.storage import share
+from backend.storage import history, share
 from backend.storage.datalayer import GuardedDataLayer
+from backend.storage.files import FILES_ROUTE, FileStore
 from backend.storage.outbox import Outbox, backlog_text
 from backend.text import pick_language, t
 from backend.ui import renderer
@@ -31,6 +33,8 @@ from backend.ui.chainlit_settings import THEME_CSS
 from backend.web import metrics
 
 logger = logging.getLogger(__name__)
+
+FILE_GONE = share.Refusal(404, "originals.gone")  # not named by the chat's messages, or no longer kept
 
 
 def connected_sessions() -> int:
@@ -85,6 +89,7 @@ class Routes:
     def __init__(self, service: Service, *, sharing: bool) -> None:
         self.service, self.sharing = service, sharing
         self.outbox: Outbox | None = None  # set by installation.install with the history on
+        self.files: FileStore | None = None  # [uploads] keep_originals: the chats' original files
 
     async def status(self, lang: str = "", user: cl.User | None = Depends(get_current_user)) -> dict[str, Any]:
         """Polled by public/status.js: the engine state line shown at all times, in the viewer's language (``?lang=``,
@@ -130,6 +135,29 @@ class Routes:
         meta = share.thread_metadata(thread)
         thread["metadata"] = {k: meta[k] for k in ("is_shared", "shared_at") if k in meta}
         return JSONResponse(content=thread)
+
+    async def original_file(
+        self, request: Request, thread_id: str, file_id: str, user: cl.User | None = Depends(get_current_user)
+    ) -> Response:
+        """GET /qwenchat/files/{thread}/{file}: an attached file's original, to its chat's owner and, once shared,
+        to those logged in; only a file the chat's messages name; always a download, never shown inline."""
+        layer = get_data_layer()
+        if user is None:  # Chainlit's dependency answers 401 itself with [login].enable; without it: no history
+            return self.refused(share.LOGIN, request)
+        thread = await layer.get_thread(thread_id) if layer is not None and self.files is not None else None
+        if thread is None or thread.get("userIdentifier") != user.identifier:
+            refusal = share.view_refusal(thread, user.identifier)
+            if refusal is not None:
+                return self.refused(refusal, request)
+        assert thread is not None and self.files is not None
+        docs = (d for step in thread.get("steps") or () for d in history.documents_of(step))
+        name = next((d.name for d in docs if d.file and d.file == file_id), None)
+        data = await self.files.get(thread_id, file_id) if name else None
+        if name is None or data is None:
+            return self.refused(FILE_GONE, request)
+        disposition = f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}"
+        headers = {"Content-Disposition": disposition, "X-Content-Type-Options": "nosniff"}
+        return Response(data, media_type="application/octet-stream", headers=headers)
 
     async def share(
         self, request: Request, payload: ShareThreadRequest, user: cl.User | None = Depends(get_current_user)
@@ -223,6 +251,7 @@ def install_routes(http_app: FastAPI, routes: Routes) -> None:
     if routes.sharing:  # sharing needs the history (and so the login)
         table += [
             ("/project/share/{thread_id}", routes.shared_thread, ["GET"]),
+            (FILES_ROUTE + "/{thread_id}/{file_id}", routes.original_file, ["GET"]),
             ("/project/thread/share", routes.share, ["PUT"]),
             ("/feedback", routes.feedback, ["PUT"]),
             ("/feedback", routes.delete_feedback, ["DELETE"]),

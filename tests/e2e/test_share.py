@@ -10,6 +10,8 @@ starter).
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -20,6 +22,7 @@ import pytest
 from backend import passwords
 from backend.text import t
 from tests.e2e import support as e2e
+from tests.e2e.test_documents import attach
 from tests.e2e.test_history import requests_seen
 
 pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
@@ -54,6 +57,8 @@ def live(fake, tmp_path_factory):
             "QWENCHAT_BRANDING_LOGO": str(tmp / "logo.svg"),
             "QWENCHAT_BRANDING_FAVICON": str(tmp / "logo.svg"),
             "QWENCHAT_LORA_STARTERS": f"fake-adapter={STARTER}",
+            "QWENCHAT_UPLOADS_KEEP_ORIGINALS": "true",  # the originals of attached files, for the share test
+            "QWENCHAT_UPLOADS_ORIGINALS_DIR": str(tmp / "originals"),
         },
         wait_engine=False,
         timeout=120,
@@ -203,6 +208,97 @@ def test_a_shared_link_opened_by_another_user_shows_the_chat_read_only(shared, v
     assert viewer.locator("#chat-input").count() == 0  # no composer: read-only
     status, body = api(viewer, "GET", f"/project/share/{thread_id}")
     assert status == 200 and body["metadata"] == {"is_shared": True, "shared_at": body["metadata"]["shared_at"]}
+
+
+def user_messages_with_documents(page, route: str) -> dict[str, list[str]]:
+    """{user message text: the names of the documents stored with it} of the thread ``route`` returns
+    (``/project/thread/<id>`` for its owner, ``/project/share/<id>`` for a viewer), as its history holds them."""
+    status, thread = api(page, "GET", route)
+    assert status == 200, thread
+    out = {}
+    for step in thread["steps"]:
+        if step["type"] == "user_message":
+            meta = step["metadata"] if isinstance(step["metadata"], dict) else json.loads(step["metadata"] or "{}")
+            out[step["output"]] = [d["name"] for d in meta.get("qwenchat", {}).get("documents", [])]
+    return out
+
+
+def new_chat_with_document(page, live, path, question: str) -> str:
+    """A new chat whose first message carries ``path``; its thread id once the answer is there."""
+    page.goto(live.url)
+    e2e.wait_ready_ui(page, timeout_ms=60_000)
+    attach(page, [path])
+    e2e.send(page, question)
+    e2e.whole_answer(page)
+    page.wait_for_url("**/thread/*")
+    return page.url.rsplit("/", 1)[-1]
+
+
+def test_a_shared_chat_shows_its_documents_to_the_viewer(owner, viewer, live, tmp_path):
+    notes = tmp_path / "field-notes.txt"
+    notes.write_text("The code word is OSPREY-5.\nSecond line.\n")
+    thread_id = new_chat_with_document(owner, live, notes, "What is the code word in the notes?")
+    status, _ = api(owner, "PUT", "/project/thread/share", {"threadId": thread_id, "isShared": True})
+    assert status == 200
+
+    viewer.goto(f"{live.url}/share/{thread_id}")
+
+    viewer.get_by_text("field-notes.txt").first.wait_for()  # the reading step, named by its file
+    viewer.locator(".step", has_text="What is the code word in the notes?").first.wait_for()
+    assert viewer.locator("#chat-input").count() == 0  # read-only
+    assert user_messages_with_documents(viewer, f"/project/share/{thread_id}") == {
+        "What is the code word in the notes?": ["field-notes.txt"]
+    }
+    status, thread = api(viewer, "GET", f"/project/share/{thread_id}")
+    [reading] = [s for s in thread["steps"] if s["type"] == "tool" and s["name"] == "field-notes.txt"]
+    assert "field-notes.txt: text · " in reading["output"]
+    href = re.search(r"\[original\]\((/qwenchat/files/[^)]+)\)", reading["output"]).group(1)  # the kept original
+    assert href.startswith(f"/qwenchat/files/{thread_id}/")
+    status, body = api(viewer, "GET", href)
+    assert status == 200 and body == notes.read_text()
+    with pytest.raises(urllib.error.HTTPError) as anonymous:
+        urllib.request.urlopen(live.url + href, timeout=10)
+    assert anonymous.value.code == 401
+
+
+def test_two_tabs_uploading_to_one_chat_at_once_each_keep_their_own_document(owner, live, fake, tmp_path):
+    """One user, one chat open in two tabs, a file attached in each and both sent at once: each message reaches the
+    model with its own document only, both are answered, and the history keeps each document with its message."""
+    alpha, bravo = tmp_path / "alpha.txt", tmp_path / "bravo.txt"
+    alpha.write_text("The code word is ALPHA-1.\n")
+    bravo.write_text("The code word is BRAVO-2.\n")
+    first = owner.context.new_page()
+    second = owner.context.new_page()
+    try:
+        thread_id = new_chat_with_document(first, live, alpha, "tab one: the code word?")
+        second.goto(f"{live.url}/thread/{thread_id}")
+        e2e.wait_ready_ui(second, timeout_ms=60_000)
+        attach(first, [bravo])
+        attach(second, [alpha])
+        before = [n_answers(first), n_answers(second)]
+        first.fill("#chat-input", "tab one again: the code word?")
+        second.fill("#chat-input", "tab two: the code word?")
+        first.keyboard.press("Enter")
+        second.keyboard.press("Enter")
+        for page, n in zip((first, second), before, strict=True):
+            page.wait_for_function(
+                """([n]) => { const m = document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content');
+                              return m.length > n && / tokens · /.test(m[m.length - 1].innerText); }""",
+                arg=[n],
+                timeout=120_000,
+            )
+    finally:
+        first.close()
+        second.close()
+
+    seen = [r["last_message"] for r in requests_seen(fake) if r.get("last_message")]
+    sent = {text.rsplit("\n\n", 1)[-1]: text for text in seen}  # question -> the message as the model got it
+    assert "BRAVO-2" in sent["tab one again: the code word?"]
+    assert "ALPHA-1" in sent["tab two: the code word?"] and "BRAVO-2" not in sent["tab two: the code word?"]
+    stored = user_messages_with_documents(owner, f"/project/thread/{thread_id}")
+    assert stored["tab one again: the code word?"] == ["bravo.txt"]
+    assert stored["tab two: the code word?"] == ["alpha.txt"]
+    assert stored["tab one: the code word?"] == ["alpha.txt"]
 
 
 def test_a_non_owner_can_neither_share_nor_unshare_nor_rate_the_answers(shared, viewer, owner):

@@ -15,7 +15,8 @@ where a mid-stream fault fires; default 3), ``stall`` (seconds, default 30; ever
 ends early when the client disconnects), ``fail`` (only the first N attempts of this
 spec misbehave, later ones are normal — for retry tests), ``retry_after`` (503/429
 ``Retry-After`` value, default ``1``), ``param`` (``input_tokens``|``max_tokens`` for
-``overflow-400``), ``finish`` (the finish reason the answer ends with, e.g. ``content_filter``,
+``overflow-400``), ``limit`` (the context length ``overflow-400`` names; default the served ``max_model_len``: a
+server smaller than it says), ``finish`` (the finish reason the answer ends with, e.g. ``content_filter``,
 ``tool_calls`` or one nobody knows; default ``stop``, or ``length`` at ``max_tokens``), ``router=1`` (an ``http-503``
 answered as vllm-router 0.1.17 does with no routable worker: its plain text ``NO_WORKERS``), ``interval`` (tokens per
 chunk after the first, as vLLM's ``--stream-interval``; a request's ``stream_interval`` raises it), ``model`` (only
@@ -186,6 +187,7 @@ class Mode:
     interval: int = 1  # tokens per chunk after the first (vLLM's --stream-interval)
     model: str = ""  # only requests for this model follow the spec; others get the default mode (compare tests)
     router: int = 0  # 1: an http-503 is vllm-router's "no available workers" (plain text), not vLLM's JSON error
+    limit: int = 0  # overflow-400: the context length its body names (0: the served max_model_len)
 
     @classmethod
     def parse(cls, spec: str) -> Mode:
@@ -211,7 +213,7 @@ class Mode:
             if not sep or key not in types or key in ("spec", "fault"):
                 raise ValueError(
                     f"mode {spec!r}: bad option {item!r}; use key=value with keys "
-                    "tokens, rate, at, stall, fail, retry_after, param, status, finish, interval, model, router"
+                    "tokens, rate, at, stall, fail, retry_after, param, status, finish, interval, model, router, limit"
                 )
             conv = {"int": int, "float": float, "int | None": int}.get(str(types[key]), str)
             kw[key] = conv(value)
@@ -257,6 +259,8 @@ class RequestRecord:
             for m in self.messages
             if isinstance(m, dict) and isinstance(m.get("content"), str)
         )
+        last = self.messages[-1] if self.messages and isinstance(self.messages[-1], dict) else {}
+        d["last_message"] = last.get("content") if isinstance(last.get("content"), str) else None  # its documents too
         return d
 
 
@@ -296,6 +300,11 @@ class FakeServer:
         self.lora_calls: list[tuple[str, dict[str, Any], str]] = []  # (path, body, Authorization header)
         self.lora_fault: int | None = None  # every (un)load answers this HTTP status with vLLM's error body
         self.lineage = True  # False: /v1/models without parent/root, as behind LiteLLM or a router
+        # the base model's root in /v1/models (vLLM: the folder it serves); a test points it at a folder whose
+        # config.json makes the fake look like a vision model
+        self.root = f"/models/{model}"
+        # True: /health and every chat request answer 503 (an engine that stopped answering; the poller says DOWN)
+        self.down = False
         self.script: list[str] | None = None  # content chunks every normal streamed answer sends instead of tokens
         self.script_hold = 0.0  # seconds before the script's last chunk (a test reads the page mid-answer)
 
@@ -367,7 +376,7 @@ class FakeServer:
     # ------------------------------------------------------------ plain routes
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.Response(status=503 if self.down else 200)
 
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": "fake"})
@@ -391,7 +400,7 @@ class FakeServer:
             {
                 "object": "list",
                 "data": [
-                    card(self.model, f"/models/{self.model}", None, self.max_model_len),
+                    card(self.model, self.root, None, self.max_model_len),
                     card(self.adapter, f"/adapters/{self.adapter}", self.model, None),
                     *(card(n, p, self.model, None) for n, p in self.runtime_adapters.items()),
                 ],
@@ -480,6 +489,8 @@ class FakeServer:
                 raise ValueError("body is not a JSON object")
         except ValueError as exc:
             return web.json_response(vllm_error(f"invalid JSON body: {exc}", "BadRequestError", 400), status=400)
+        if self.down:
+            return web.json_response(vllm_error("the fake engine is down", "ServiceUnavailableError", 503), status=503)
         model = str(body.get("model", ""))
         messages = body.get("messages") or []
         spec = self._pick_spec(model, messages)
@@ -542,7 +553,8 @@ class FakeServer:
         if fault == "unknown-model-404":
             return self._json(rec, not_found_body(model), 404)
         if fault == "overflow-400":
-            return self._json(rec, overflow_body(mode.param, self.max_model_len, rec.max_tokens or 1024), 400)
+            limit = mode.limit or self.max_model_len
+            return self._json(rec, overflow_body(mode.param, limit, rec.max_tokens or 1024), 400)
         if fault == "http-503" and mode.router:  # vllm-router with no routable worker: plain text, no error fields
             rec.status, rec.completed = 503, True
             return web.Response(status=503, text=NO_WORKERS, content_type="text/plain")

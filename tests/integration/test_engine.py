@@ -7,16 +7,23 @@ bodies, its prompt token counts, and that a LoRA changes answers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import urllib.request
+import uuid
+from typing import Any
 
 import pytest
 
-from backend.chat import counters
+from backend.chat import counters, turn
 from backend.chat.budget import fit_history
 from backend.chat.client import Anomaly, ChatClient, Finish, Usage
-from backend.chat.health import HealthPoller, HealthSettings
+from backend.chat.health import HealthPoller, HealthSettings, HealthStatus
+from backend.chat.service import Service
+from backend.chat.session import ChatSession
 from backend.errors import ContextOverflow, ModelNotFound
+from backend.settings import BudgetSettings, replace
+from tests.unit.chat.test_turn import Recorder
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.asyncio]
 
@@ -179,3 +186,46 @@ async def test_a_stream_interval_sends_the_first_token_at_once_then_chunks_of_th
     assert sum(each) == sum(grouped) == 13 and each[0] == grouped[0] == 1
     assert len(grouped) <= 4 and all(n >= 4 for n in grouped[1:-1]), grouped
     assert len(each) > len(grouped), each  # [1] * 13 on an idle machine
+
+
+class OverstatingPoller:
+    """The real poller, except that it reports a context twice the engine's: a proxy or a router in front of the
+    engine, or replicas that differ, as the product may be told."""
+
+    def __init__(self, real: HealthPoller) -> None:
+        self.real = real
+
+    @property
+    def status(self) -> HealthStatus:
+        status = self.real.status
+        return dataclasses.replace(status, max_model_len=2 * status.max_model_len if status.max_model_len else None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+async def test_vllms_smaller_context_is_fitted_again_and_what_it_received_is_what_the_meter_says(tiny_engine):
+    settings = replace(tiny_engine.settings, api_key=tiny_engine.api_key, budget=BudgetSettings(reply_reserve=16))
+    service = Service(settings, health=HealthSettings(poll_starting=0.2, poll_ready=0.5, probe_every=60))
+    real = HealthPoller(tiny_engine.base_url, tiny_engine.api_key, service.health_settings)
+    service._poller = OverstatingPoller(real)  # type: ignore[assignment]
+    await real.start()
+    try:
+        assert (await real.wait_until_ready(60)).ready and service.max_model_len() == 8192
+        session = ChatSession(system_prompt="", sampling={**service.default_sampling(), "temperature": 0.0})
+        for i in range(3):  # about 1,750 tokens each: all fit 8,192, not 4,096
+            session.conversation.add_user(str(uuid.uuid4()), f"turn {i} " + "lorem ipsum dolor sit amet " * 350)
+            session.conversation.add_assistant(f"a{i}", f"answer {i}", "tiny-qwen3")
+        session.conversation.add_user(str(uuid.uuid4()), "the question")
+        view = Recorder()
+
+        assert await turn.answer(session, service, view) is turn.Outcome.ANSWERED
+
+        reply = view.reply()
+        assert reply.fitted.max_model_len == 4096 and reply.fitted.left_out > 0 and reply.fitted.exact
+        assert reply.usage is not None and reply.usage.prompt_tokens == reply.fitted.prompt_tokens <= 4096 - 16
+        [step] = view.steps
+        assert step.name.startswith("the server's context is 4,096 tokens;") and view.errors() == []
+    finally:
+        await real.stop()
+        await service.client.aclose()

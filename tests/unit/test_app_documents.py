@@ -91,3 +91,36 @@ async def test_a_document_too_long_is_offered_cut_and_the_button_sends_the_part_
     assert f'pages="1-{part} of 120"' in rec.messages[-1]["content"]
     assert any(f"sending big.pdf: pages 1–{part} of 120" in s.get("name", "") for s in tool_steps(sent))
     assert chat.conversation.turns[-2].documents[0].cut == part
+
+
+async def test_an_upload_while_the_engine_is_down_is_kept_and_sent_by_retry_once_it_is_back(chat, fake, ui, tmp_path):  # noqa: F811
+    """Like a typed message: read and kept with the turn, the engine's state said with Retry, nothing sent; Retry
+    once the engine answers again sends the message with its document."""
+    from backend.chat.health import EngineState
+
+    m = marker()
+    notes = tmp_path / "notes.txt"
+    notes.write_text(f"the code word is {m}-TXT\n")
+    fake.down = True
+    try:
+        assert (await ui.service.poller.refresh()).state is EngineState.DOWN
+        screen = await send_with(chat, f"which code word? {m}", [attach(chat, notes)])
+    finally:
+        fake.down = False
+
+    [error] = screen.errors
+    assert "The engine is not answering" in error and "press Retry when it is back" in error
+    assert chat.received(m) == []
+    assert [d.name for d in chat.conversation.last_user().documents] == ["notes.txt"]  # kept with the turn
+    [step] = tool_steps(screen)
+    assert "notes.txt: text" in step["output"]
+    [retry] = [a for msg in screen.messages for a in screen.actions.get(msg["id"], []) if a["name"] == "retry"]
+    assert (await ui.service.poller.refresh()).answering
+
+    again = await chat.click(retry)
+
+    assert again.errors == []
+    [rec] = chat.received(m)
+    assert f"the code word is {m}-TXT" in rec.messages[-1]["content"]
+    assert rec.messages[-1]["content"].endswith(f"which code word? {m}")
+    assert "notes.txt " in again.answers[-1]  # the meter's share

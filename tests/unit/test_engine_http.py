@@ -57,6 +57,44 @@ def test_status_error_follows_the_table(status, body, route, expected):
     assert type(status_error(status, body, route, url="http://h/v1", model="x", path="/a/x")) is expected
 
 
+#: vLLM's own sentences (vllm/renderers/params.py, vllm/v1/engine/input_processor.py) and the length each names.
+CONTEXT_SENTENCES = [
+    (
+        "input_tokens",
+        "This model's maximum context length is 4096 tokens. However, your prompt contains 5001 input tokens, "
+        "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.",
+        4096,
+    ),
+    (
+        "input_text",
+        "This model's maximum context length is 2048 tokens. However, your prompt contains 90000 characters (more "
+        "than 81920 characters, which is the upper bound for 2048 input tokens). Please reduce the length of the "
+        "input prompt.",
+        2048,
+    ),
+    (
+        "max_tokens",
+        "'max_tokens' or 'max_completion_tokens' is too large: 1024. This model's maximum context length is 8192 "
+        "tokens and your request has 7268 input tokens (1024 > 8192 - 7268).",
+        8192,
+    ),
+    (
+        None,  # this one comes without param
+        "The decoder prompt (length 5000) is longer than the maximum model length of 4096. Make sure that "
+        "`max_model_len` is no smaller than the number of text tokens.",
+        4096,
+    ),
+    ("input_tokens", "too long", None),  # the param alone: an overflow, its length unknown
+]
+
+
+@pytest.mark.parametrize("param, message, limit", CONTEXT_SENTENCES)
+def test_a_context_overflow_carries_the_length_vllm_named(param, message, limit):
+    body = {"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}}
+    err = status_error(400, body, Route.CHAT)
+    assert type(err) is E.ContextOverflow and err.server_limit == limit
+
+
 def test_a_web_page_names_the_url_without_credentials_the_status_and_the_page_title():
     page = "<!doctype html>\n<html><head><title>\n  Corp <b>SSO</b> \u00b7 Sign in\n</title></head><body>form</body></html>"
     err = status_error(200, page, Route.CHAT, url="http://user:secret@proxy.corp:3128/v1?k=1")

@@ -254,3 +254,44 @@ async def test_a_step_whose_owner_cannot_be_checked_is_not_written_and_nothing_i
     assert any(
         f"create_step of chat {thread_id} not stored: connection refused" in r.getMessage() for r in caplog.records
     )
+
+
+async def test_documents_given_before_the_messages_own_write_go_with_it_and_after_it_as_an_update(layer):
+    """Chainlit writes a user message from a task of its own; the documents read for it must not be written first
+    as an update that this write would then overwrite (its upsert sets the metadata column too)."""
+    import chainlit as cl
+
+    from backend.chat.documents import Document
+
+    thread_id = await new_thread(layer)
+    early = cl.Message(content="read this", author="admin", type="user_message")
+    meta = history.documents_metadata([Document("notes.txt", "text", "the notes")])
+
+    assert layer.carry_metadata(early.id, meta) is False  # nothing to write now: it goes with the message
+    await layer.create_step(early.to_dict())  # Chainlit's own write, its metadata empty
+
+    late = cl.Message(content="and this", author="admin", type="user_message")
+    await layer.create_step(late.to_dict())
+    assert layer.carry_metadata(late.id, meta) is True  # written already: the caller updates
+    await layer.update_step({"id": late.id, "threadId": thread_id, "type": "user_message", "metadata": meta})
+
+    thread = await layer.get_thread(thread_id)
+    assert [[d.name for d in history.documents_of(s)] for s in thread["steps"]] == [["notes.txt"], ["notes.txt"]]
+    conv = history.conversation_from_thread(thread)
+    assert [t.documents[0].text for t in conv.turns] == ["the notes", "the notes"]
+
+
+async def test_an_update_before_the_messages_own_write_would_be_overwritten_by_it(layer):
+    """Why the documents are carried (above): the order the race could give, an update first, loses them."""
+    import chainlit as cl
+
+    from backend.chat.documents import Document
+
+    thread_id = await new_thread(layer)
+    msg = cl.Message(content="raced", author="admin", type="user_message")
+    meta = history.documents_metadata([Document("notes.txt", "text", "the notes")])
+    await layer.update_step({"id": msg.id, "threadId": thread_id, "type": "user_message", "metadata": meta})
+    await layer.create_step(msg.to_dict())
+
+    [step] = (await layer.get_thread(thread_id))["steps"]
+    assert step["output"] == "raced" and history.documents_of(step) == ()
