@@ -69,8 +69,7 @@ class Service:
         self.downloads = DownloadQueue()  # one hub download at a time per server
         self._votes: VoteStore | None = None
         self.adapters = AdapterService(self)  # loading, unloading and listing adapters
-        # (context length the engine named in a 400, HealthStatus.since then): holds while the state lasts
-        self._server_limit: tuple[int, float] | None = None
+        self._server_limit: tuple[int, float] | None = None  # (N an engine's 400 named, that state's since)
 
     @classmethod
     def from_environment(cls) -> Service:
