@@ -244,6 +244,7 @@ class Session:
         kind: str = "user_message",
         overlap: bool = False,
         modes: dict[str, str] | None = None,
+        files: list[str] | None = None,
     ) -> Turn:
         """Send a message; the returned Turn fills in as events arrive (``wait`` for its end).
 
@@ -267,7 +268,8 @@ class Session:
         }
         if modes:
             step["modes"] = modes
-        await self.sio.emit("client_message", {"message": step, "fileReferences": []})
+        references = [{"id": f} for f in files or []]  # ids Chainlit's upload route gave (``POST /project/file``)
+        await self.sio.emit("client_message", {"message": step, "fileReferences": references})
         return turn
 
     async def wait(self, timeout: float) -> Turn:
