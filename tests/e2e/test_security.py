@@ -30,7 +30,7 @@ import pytest
 
 from backend.launcher import supervisor
 from tests.e2e import support as e2e
-from tests.e2e.test_history import LOGIN, PASSWORD, USER, launch  # the app against the fake server, ready
+from tests.e2e.test_history import LOGIN, PASSWORD, USER, launch, wait_ready  # the app on the fake server, ready
 from tests.fakes.openai_server import expected_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
@@ -97,10 +97,9 @@ def new_page(browser, url: str) -> Iterator:
 
 
 @pytest.fixture(scope="module")
-def open_app(fake, tmp_path_factory):
-    app = launch(fake, tmp_path_factory.mktemp("e2e-security"))
-    yield app
-    e2e.stop(app)
+def open_app(fake, external_app):
+    """Login off: the shared external-mode product on the fake server (tests/e2e/conftest.py), ready."""
+    return wait_ready(external_app, fake)
 
 
 PROBE_JS = """async ([app]) => {
