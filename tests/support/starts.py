@@ -1,9 +1,11 @@
 """Counts the vLLM starts, product launches and browsers a test run starts (a pytest plugin, on by default:
 pytest.ini's ``-p tests.support.starts``); the run ends with one line
 
-    vLLM starts: N · product launches: M · browsers: K
+    vLLM starts: N · product launches: M · browsers: K · launches refused at start: R
 
-and, with ``--starts-per-module``, the same per test module (the test running when each appeared).
+and, with ``--starts-per-module``, the same per test module (the test running when each appeared). A launch of the
+product counts once it has started its UI (the launcher's ``-m backend.ui.launch`` child: what costs); one that
+stopped before (a refused setting, a taken port: a second or so) counts as refused at start.
 
 A thread reads /proc four times a second and notes each new process of ours (this pytest process's descendants, not
 another run's) that is a vLLM API server (``-m vllm.entrypoints.openai.api_server``: started by a fixture, by the
@@ -27,16 +29,22 @@ from tests.support import marks
 VLLM = "vllm"
 PRODUCT = "product"
 CHROMIUM = "chromium"
+REFUSED = "refused"  # a launch of the product that never started its UI
+SERVE = "serve"  # a launch of the product, until its UI is seen (then PRODUCT) or the run ends (then REFUSED)
+UI = "ui"  # the launcher's UI child (not counted itself: it makes its parent a product launch)
 
 
 def kind(argv: list[bytes]) -> str | None:
-    """``vllm`` for an engine's API server, ``product`` for a launch of the product (or of another Chainlit app),
-    ``chromium`` for a browser's main process, else None."""
-    found = marks.kinds_of([a.decode(errors="replace") for a in argv if a])
+    """``vllm`` for an engine's API server, ``serve`` for a launch of the product, ``product`` for another Chainlit
+    app's, ``ui`` for the product's UI process, ``chromium`` for a browser's main process, else None."""
+    args = [a.decode(errors="replace") for a in argv if a]
+    found = marks.kinds_of(args)
     if "engine" in found:
         return VLLM
     if "product" in found:
-        return PRODUCT
+        return SERVE if "backend" in args else PRODUCT
+    if "backend.ui.launch" in args and "-m" in args:
+        return UI
     browser = argv and Path(argv[0].decode(errors="replace")).name in ("chromium", "chrome", "chromium-browser")
     if browser and not any(a.startswith(b"--type=") for a in argv):
         return CHROMIUM
@@ -57,13 +65,24 @@ def descends_from(pid: int, ancestor: int) -> bool:
 
 
 def summary(counts: collections.Counter[str]) -> str:
-    return f"vLLM starts: {counts[VLLM]} · product launches: {counts[PRODUCT]} · browsers: {counts[CHROMIUM]}"
+    return (
+        f"vLLM starts: {counts[VLLM]} · product launches: {counts[PRODUCT]} · browsers: {counts[CHROMIUM]}"
+        f" · launches refused at start: {counts[REFUSED]}"
+    )
+
+
+def parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/status").read_text().split("PPid:", 1)[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 class Counter:
     def __init__(self) -> None:
         self.current = "(collection)"
         self.seen: dict[int, tuple[str, str]] = {}  # pid -> (kind, test)
+        self.ui_parents: set[int] = set()  # the launches whose UI was seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="starts-counter", daemon=True)
 
@@ -92,12 +111,17 @@ class Counter:
             found = kind(argv)
             if found and descends_from(int(entry), os.getpid()):
                 self.seen[int(entry)] = (found, self.current)
+                if found == UI:
+                    self.ui_parents.add(parent_of(int(entry)))
 
     def per_module(self) -> dict[str, collections.Counter[str]]:
         out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-        for k, test in self.seen.values():
-            if test != "(before the session)":
-                out[test.split("::")[0]][k] += 1
+        for pid, (k, test) in self.seen.items():
+            if test == "(before the session)" or k == UI:
+                continue
+            if k == SERVE:
+                k = PRODUCT if pid in self.ui_parents else REFUSED
+            out[test.split("::")[0]][k] += 1
         return out
 
 
