@@ -170,13 +170,10 @@ def waits_while_downloading(page, first, browser) -> None:
     """Once the install is done the status line is the download's, with its progress in English and Chinese; the
     message still waits, its live step now saying the model is downloading, and the snapshot is not complete."""
     _, total = hub.bytes_of(0, first.hub.repos[REPO].size)
-    progress = re.compile(r"downloading the model \d+ % · \d+\.\d of " + re.escape(total) + r" · \d+(\.\d)? (kB|MB)/s")
-    page.wait_for_function(
-        "() => (document.getElementById('qwenchat-status')?.textContent || '').includes('downloading the model ')",
-        timeout=120_000,
-    )
-    text = page.inner_text("#qwenchat-status")
-    assert progress.search(text), text
+    progress = r"downloading the model \d+ % · \d+\.\d of " + re.escape(total) + r" · \d+(\.\d)? (kB|MB)/s"
+    # waited for, not read once: the first line of the download after the install's can say "0 B/s" (no bytes in
+    # the downloader's last interval yet, seen with a busy neighbour)
+    wait_for_status(page, progress, 120)
     page.wait_for_selector("text=downloading the model", timeout=60_000)  # the waiting message's live step
     with e2e.browser_page(first.url, locale="zh-CN", browser=browser) as zh:
         zh.wait_for_function(
@@ -187,6 +184,16 @@ def waits_while_downloading(page, first, browser) -> None:
         assert zh.get_attribute("#qwenchat-status", "data-state") == "starting"
     assert e2e.assistant_messages(page) == []
     assert hub.complete_snapshot(hub.HubModel(REPO), first.hf) is None
+
+
+def wait_for_status(page, pattern: str, seconds: float) -> None:
+    """Wait until the status line matches ``pattern``; a timeout says what it showed instead."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not re.search(pattern, text := page.inner_text("#qwenchat-status")):
+        assert time.monotonic() < deadline, f"no {pattern!r} in the status line within {seconds} s; it shows: {text}"
+        page.wait_for_timeout(250)
 
 
 def engine_prompt_tokens(app: e2e.LiveApp, question: str) -> int:
