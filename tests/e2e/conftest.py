@@ -12,6 +12,7 @@ from tests.e2e import support as e2e
 from tests.support.shared import SHARED
 
 EMBEDDED_PRODUCT, EXTERNAL_APP = SHARED.kind("embedded_product"), SHARED.kind("external_app")
+LOGIN_APP = SHARED.kind("login_app")
 
 #: The product as start.sh launches it on the embedded model and its demo adapter, for test_chat and test_compare:
 #: greedy answers, and a small token budget (1,200 - 150 reply) so a few long messages push early turns out.
@@ -42,3 +43,17 @@ def external_app(fake_openai, tmp_path_factory) -> e2e.LiveApp:
         lambda: e2e.launch(tmp_path_factory.mktemp("e2e-external"), env, wait_engine=False, timeout=120),
         e2e.stop,
     )
+
+
+@pytest.fixture(scope="module")
+def login_app(fake_openai, tmp_path_factory) -> e2e.LiveApp:
+    """`python -m backend serve` in external mode on the shared fake server with login on, a second account and
+    branding (e2e.login_app_env: the owner, the viewer, a starter, a logo); its UI's language the browser's. For the
+    modules whose tests each log in as these accounts and need nothing else of it (test_share,
+    test_fidelity_history)."""
+
+    def start() -> e2e.LiveApp:
+        tmp = tmp_path_factory.mktemp("e2e-login")
+        return e2e.launch(tmp, e2e.login_app_env(tmp, fake_openai), wait_engine=False, timeout=120)
+
+    return SHARED.get(LOGIN_APP, start, e2e.stop)

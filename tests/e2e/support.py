@@ -58,6 +58,37 @@ class LiveApp:
         return log
 
 
+#: The shared login-on product (tests/e2e/conftest.py ``login_app``): its accounts, a starter and a logo.
+OWNER, OWNER_PW = "owner", "owner password 1"
+VIEWER, VIEWER_PW = "viewer", "viewer password 2"
+STARTER = "Tell me a fake story"
+LOGO = "<svg xmlns='http://www.w3.org/2000/svg' width='8' height='8'><!-- qwenchat e2e logo --></svg>"
+
+
+def login_app_env(tmp: Path, fake: str) -> dict[str, str]:
+    """External mode on the fake server at ``fake``, login on for OWNER and VIEWER (a real PBKDF2 hash), branding
+    (its logo written to ``tmp``), a starter for the fake server's adapter, and attached files' originals kept."""
+    from backend import passwords
+
+    (tmp / "logo.svg").write_text(LOGO)
+    viewer_hash = passwords.hash_password(VIEWER_PW, iterations=passwords.MIN_ITERATIONS)
+    return {
+        "OPENAI_BASE_URL": fake + "/v1",
+        "OPENAI_API_KEY": "test",
+        "QWENCHAT_LOGIN_ENABLE": "true",
+        "QWENCHAT_LOGIN_USERNAME": OWNER,
+        "QWENCHAT_LOGIN_PASSWORD": OWNER_PW,
+        "QWENCHAT_LOGIN_USERS": f"{VIEWER}={viewer_hash}",
+        "QWENCHAT_BRANDING_NAME": "Pirate Demo",
+        "QWENCHAT_BRANDING_ACCENT": "#2563eb",
+        "QWENCHAT_BRANDING_LOGO": str(tmp / "logo.svg"),
+        "QWENCHAT_BRANDING_FAVICON": str(tmp / "logo.svg"),
+        "QWENCHAT_LORA_STARTERS": f"fake-adapter={STARTER}",
+        "QWENCHAT_UPLOADS_KEEP_ORIGINALS": "true",  # the originals of attached files (test_share's download)
+        "QWENCHAT_UPLOADS_ORIGINALS_DIR": str(tmp / "originals"),
+    }
+
+
 PORT_TAKEN = "already in use"  # what the launcher's preflight, vLLM's diagnosis and uvicorn say of a taken port
 
 

@@ -1,7 +1,8 @@
 """End to end, in real Chromium: a chat read back from the history shows the text as written and its compare sides
 in columns (#22): the owner's resumed chat and another user's shared view.
 
-The product with login and the history database, in external mode on the fake server (scripted answers). The
+The shared login-on product (tests/e2e/conftest.py ``login_app``: the history database), in external mode on
+the fake server (scripted answers). The
 owner types a message Chainlit's renderer used to cut, gets an answer of the same kind, then a compared turn
 whose A side ends after its B side;
 the chat is reloaded from the database (a resumed chat) and opened through its share link by a second account.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 
-from backend import passwords
 from tests.e2e import fidelity_corpus as corpus
 from tests.e2e import support as e2e
 from tests.e2e.test_compare import command
@@ -21,8 +21,7 @@ from tests.e2e.test_share import api, logged_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
-OWNER, OWNER_PW = "owner", "owner password 1"
-VIEWER, VIEWER_PW = "viewer", "viewer password 2"
+OWNER, OWNER_PW, VIEWER, VIEWER_PW = e2e.OWNER, e2e.OWNER_PW, e2e.VIEWER, e2e.VIEWER_PW
 TYPED = corpus.source("typed-directive")
 ANSWER = ["word-colon-word", "technical-pairs", "fenced-block", "colons-only", "colon-line-starts"]
 COMPARED = corpus.CORPUS["word-colon-word"]
@@ -34,20 +33,8 @@ def fake(fake_openai):
 
 
 @pytest.fixture(scope="module")
-def live(fake, tmp_path_factory):
-    viewer_hash = passwords.hash_password(VIEWER_PW, iterations=passwords.MIN_ITERATIONS)
-    env = {
-        "OPENAI_BASE_URL": fake + "/v1",
-        "OPENAI_API_KEY": "test",
-        "QWENCHAT_UI_LANGUAGE": "en",
-        "QWENCHAT_LOGIN_ENABLE": "true",
-        "QWENCHAT_LOGIN_USERNAME": OWNER,
-        "QWENCHAT_LOGIN_PASSWORD": OWNER_PW,
-        "QWENCHAT_LOGIN_USERS": f"{VIEWER}={viewer_hash}",
-    }
-    app = e2e.launch(tmp_path_factory.mktemp("e2e-fidelity-history"), env, wait_engine=False, timeout=120)
-    yield app
-    e2e.stop(app)
+def live(login_app):
+    return login_app  # shared with test_share (tests/e2e/conftest.py): login on for the owner and the viewer
 
 
 def answer_text() -> str:

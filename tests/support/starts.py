@@ -1,12 +1,18 @@
-"""Counts the vLLM and Chromium processes a test run starts, per test module (a pytest plugin, opt-in).
+"""Counts the vLLM starts, product launches and browsers a test run starts (a pytest plugin, on by default:
+pytest.ini's ``-p tests.support.starts``); the run ends with one line
 
-    ./test.sh tests/e2e -p tests.support.starts
+    vLLM starts: N · product launches: M · browsers: K · launches refused at start: R
 
-A thread reads /proc four times a second and notes each new vLLM API server (the engine's
-``-m vllm.entrypoints.openai.api_server``, started by a fixture, the launcher or the supervisor) and each new
-Chromium browser (its main process: no ``--type=``), with the test that was running when it appeared; the
-terminal summary lists them per module. Only this pytest process's descendants count (not another run's). A start
-lasts far longer than a quarter of a second (vLLM: 30-60 s, Chromium: until its browser is closed): none is missed.
+and, with ``--starts-per-module``, the same per test module (the test running when each appeared). A launch of the
+product counts once it has started its UI (the launcher's ``-m backend.ui.launch`` child: what costs); one that
+stopped before (a refused setting, a taken port: a second or so) counts as refused at start.
+
+A thread reads /proc four times a second and notes each new process of ours (this pytest process's descendants, not
+another run's) that is a vLLM API server (``-m vllm.entrypoints.openai.api_server``: started by a fixture, by the
+launcher or by its supervisor, a restart included), a launch of the product (``-m backend serve`` that is not a dry
+run, or ``-m chainlit run``: tests/support/marks.py ``kinds_of``) or a Chromium browser (its main process: no
+``--type=``). Each lives far longer than a quarter of a second (vLLM: 30-60 s; the product: its Python imports
+alone; Chromium: until its browser is closed): none is missed.
 """
 
 from __future__ import annotations
@@ -18,14 +24,27 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import marks
+
 VLLM = "vllm"
+PRODUCT = "product"
 CHROMIUM = "chromium"
+REFUSED = "refused"  # a launch of the product that never started its UI
+SERVE = "serve"  # a launch of the product, until its UI is seen (then PRODUCT) or the run ends (then REFUSED)
+UI = "ui"  # the launcher's UI child (not counted itself: it makes its parent a product launch)
 
 
 def kind(argv: list[bytes]) -> str | None:
-    """``vllm`` for an engine's API server, ``chromium`` for a browser's main process, else None."""
-    if b"vllm.entrypoints.openai.api_server" in argv and b"-m" in argv:
+    """``vllm`` for an engine's API server, ``serve`` for a launch of the product, ``product`` for another Chainlit
+    app's, ``ui`` for the product's UI process, ``chromium`` for a browser's main process, else None."""
+    args = [a.decode(errors="replace") for a in argv if a]
+    found = marks.kinds_of(args)
+    if "engine" in found:
         return VLLM
+    if "product" in found:
+        return SERVE if "backend" in args else PRODUCT
+    if "backend.ui.launch" in args and "-m" in args:
+        return UI
     browser = argv and Path(argv[0].decode(errors="replace")).name in ("chromium", "chrome", "chromium-browser")
     if browser and not any(a.startswith(b"--type=") for a in argv):
         return CHROMIUM
@@ -45,10 +64,25 @@ def descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
+def summary(counts: collections.Counter[str]) -> str:
+    return (
+        f"vLLM starts: {counts[VLLM]} · product launches: {counts[PRODUCT]} · browsers: {counts[CHROMIUM]}"
+        f" · launches refused at start: {counts[REFUSED]}"
+    )
+
+
+def parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/status").read_text().split("PPid:", 1)[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 class Counter:
     def __init__(self) -> None:
         self.current = "(collection)"
         self.seen: dict[int, tuple[str, str]] = {}  # pid -> (kind, test)
+        self.ui_parents: set[int] = set()  # the launches whose UI was seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="starts-counter", daemon=True)
 
@@ -77,16 +111,29 @@ class Counter:
             found = kind(argv)
             if found and descends_from(int(entry), os.getpid()):
                 self.seen[int(entry)] = (found, self.current)
+                if found == UI:
+                    self.ui_parents.add(parent_of(int(entry)))
 
     def per_module(self) -> dict[str, collections.Counter[str]]:
         out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-        for k, test in self.seen.values():
-            if test != "(before the session)":
-                out[test.split("::")[0]][k] += 1
+        for pid, (k, test) in self.seen.items():
+            if test == "(before the session)" or k == UI:
+                continue
+            if k == SERVE:
+                k = PRODUCT if pid in self.ui_parents else REFUSED
+            out[test.split("::")[0]][k] += 1
         return out
 
 
 _counter = Counter()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--starts-per-module",
+        action="store_true",
+        help="list the vLLM starts, product launches and browsers per test module (tests/support/starts.py)",
+    )
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -98,12 +145,15 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
     _counter.current = nodeid
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+@pytest.hookimpl(trylast=True)  # after --durations: the line just above pytest's own summary line
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
     _counter.stop()
     modules = _counter.per_module()
     total: collections.Counter[str] = collections.Counter()
-    terminalreporter.section("vLLM and Chromium starts (tests/support/starts.py)")
     for module in sorted(modules):
         total.update(modules[module])
-        terminalreporter.write_line(f"{module}: vLLM {modules[module][VLLM]}, Chromium {modules[module][CHROMIUM]}")
-    terminalreporter.write_line(f"total: vLLM {total[VLLM]}, Chromium {total[CHROMIUM]}")
+    if config.getoption("starts_per_module"):
+        terminalreporter.section("vLLM starts, product launches and browsers per module (tests/support/starts.py)")
+        for module in sorted(modules):
+            terminalreporter.write_line(f"{module}: {summary(modules[module])}")
+    terminalreporter.write_line(summary(total))
