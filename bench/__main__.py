@@ -26,6 +26,7 @@ BENCHES: dict[str, list[str]] = {
     "client_overhead": ["-m", "bench.client_overhead", "--runs", "200", "--vllm", "--vllm-runs", "40"],
     "budget": ["-m", "bench.budget"],
     "concurrency": ["-m", "bench.concurrency"],
+    "document_sessions": ["-m", "bench.document_sessions", "--runs", "5", "--tokens", "60"],
     "engine": ["-m", "bench.engine", "--tokens", "128", "--runs", "3"],
     "fleet": ["-m", "bench.fleet"],
     "priority": ["-m", "bench.priority", "--runs", "5", "--max-num-seqs", "8", "4", "--tokens", "128"],
