@@ -82,6 +82,7 @@ async def test_a_chat_whose_first_write_waits_counts_toward_the_cap(layer_of):
         assert said is not None and "your account keeps 2 chats" in said, said
     finally:
         lock.release()
+    assert await layer_of.box.drained(60), "the waiting write not stored after the lock"
 
 
 async def test_a_history_that_cannot_be_read_lets_the_chat_start(layer_of, monkeypatch):
