@@ -193,6 +193,8 @@ class LoginSettings(Section):
     operators: Words = key((), "a list of account names ([login] username or names of [login] users)")
     # a login token's lifetime; logout revokes it before that
     session_hours: Float = key(24.0, "a positive number of hours", gt=0)
+    # limits: chats one account may keep in the history; at the cap a new chat is refused (delete an old one); 0: none
+    max_chats_per_account: Int = key(0, "a whole number of chats, 0 (no cap) or more", ge=0)
 
     @model_validator(mode="after")
     def _accounts(self) -> LoginSettings:

@@ -143,6 +143,8 @@ _OWNER = text(
     'WHERE s."id" = :id'
 )
 
+_CHATS_OF = text('SELECT "id" FROM threads WHERE "userIdentifier" = :user')
+
 
 def tune_engine(engine: AsyncEngine) -> None:
     """Never statement parameters in errors or logs. PostgreSQL: a pooled connection is checked before use (a
@@ -392,6 +394,21 @@ class GuardedDataLayer:
         async with self._engine.connect() as conn:
             row = (await conn.execute(_OWNER, {"id": step_id})).first()
         return None if row is None else StepOwner(str(row[0] or ""), str(row[1] or ""), str(row[2] or ""))
+
+    async def chats_of(self, identifier: str) -> int:
+        """How many chats the account ``identifier`` keeps: the stored ones, plus those whose first write still waits
+        in the outbox, less those whose delete waits there ([login] max_chats_per_account). A failed read raises."""
+        stored: set[str] = set()
+        if self._engine is not None:
+            async with self._engine.connect() as conn:
+                rows = await conn.execute(_CHATS_OF, {"user": identifier})
+                stored = {str(row[0]) for row in rows}
+        for w in self.outbox.pending() if self.outbox is not None else []:  # in order within each chat's lane
+            if w.op == "update_thread" and self._users.get(str(w.args.get("user_id"))) == identifier:
+                stored.add(w.thread)
+            elif w.op == "delete_thread":
+                stored.discard(w.thread)
+        return len(stored)
 
     async def _stays(self, step: Any, what: str) -> bool:
         """False (and logged) when writing ``step`` would move a stored step to another thread or change its type:

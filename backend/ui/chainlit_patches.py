@@ -194,5 +194,7 @@ def apply_in_app(
     check_chainlit()
     server.patch(settings)  # the constructors' sleep; the socket's message size and ping timeout
     # the browser's messages, checked before Chainlit's handlers (backlog: the history's, past [history] pending_max)
-    socket_guard.install(chat_session, lang, claim, backlog)
+    # and the account's chats, at most [login] max_chats_per_account (with login; 0: no cap)
+    cap = settings.login.max_chats_per_account if settings.login.enable else 0
+    socket_guard.install(chat_session, lang, claim, backlog, cap)
     reconnect.install(on_back)  # a browser back after a network cut gets what was emitted while it was away

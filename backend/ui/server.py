@@ -18,7 +18,7 @@ from chainlit.server import sio
 
 from backend.chat import files
 from backend.settings import Settings
-from backend.storage import preferences
+from backend.storage import history, preferences
 from backend.ui.chat import log_unserved_starters
 from backend.ui.context import Ui
 from backend.web import body_limit, loopstats, metrics, security, sessions
@@ -80,8 +80,9 @@ def patch(settings: Settings) -> None:
     # Without login, the page sets a browser cookie that the websocket carries: settings survive a reload.
     if not any(getattr(m, "cls", None) is preferences.BrowserCookieMiddleware for m in http_app.user_middleware):
         http_app.add_middleware(preferences.BrowserCookieMiddleware)
-    # A token revoked at logout is taken out of every later request and socket (backend/web/sessions.py).
-    sessions.install(http_app)
+    # A token revoked at logout is taken out of every later request and socket (backend/web/sessions.py); the
+    # revocations are kept beside the login secret, so a restart does not let them in again.
+    sessions.install(http_app, history.db_path(settings).parent if settings.login.enable else None)
     # Every request body bounded by route before any route (and the login check in its dependencies) reads it.
     uploads = settings.uploads
     upload = int(uploads.max_mb * 1024 * 1024) if uploads.enabled else None

@@ -10,7 +10,8 @@ sees the event:
   metadata and any parent id are dropped from it; not while this chat is still answering, nor when it would start
   more answers than the user's fair share over all their chats (issue #20; the refusal quotes the text back, so
   it is not lost).
-- a new chat's first message: not while more history writes wait than ``[history] pending_max`` (issue 32).
+- a new chat's first message: not while more history writes wait than ``[history] pending_max`` (issue 32), nor
+  when the account already keeps ``[login] max_chats_per_account`` chats (issue #29; the text is quoted back).
 - ``edit_message``: only one of this chat's own user messages, not while this chat is answering, and within the
   user's fair share.
 
@@ -95,9 +96,11 @@ class Guard:
         lang: Callable[[], str],
         claim: Claimer,
         backlog: Callable[[], Backlog | None] = lambda: None,
+        chat_cap: int = 0,
     ) -> None:
         self.chat_session, self.lang, self.claim = chat_session, lang, claim
         self.backlog = backlog  # the history writes waiting, when past [history] pending_max; else None
+        self.chat_cap = chat_cap  # [login] max_chats_per_account (0: no cap)
 
     async def claimed(self, text: str, command: bool = False) -> Claim | None:
         """The user's fair share of the answers this message starts (a command starts none: a claim of nothing),
@@ -119,19 +122,10 @@ class Guard:
                 session.thread_id,
             )
             return t("message.type_refused", self.lang(), kind=str(kind)[:40])
-        full = self.backlog() if not session.has_first_interaction and not session.restored else None
-        if full is not None:  # a new chat while the history's backlog is past its bound; open chats go on
-            logger.warning(
-                "socket: a new chat refused: %d history writes waiting (user %r)", full.writes, _who(session)
-            )
-            text = quoted(str(message.get("output") or ""))
-            return t(
-                "history.new_chat_refused",
-                self.lang(),
-                count=full.writes,
-                cause=cause_text(full, self.lang()),
-                text=text,
-            )
+        if not session.has_first_interaction and not session.restored:
+            refused = await self.new_chat_refusal(session, quoted(str(message.get("output") or "")))
+            if refused is not None:
+                return refused
         if not isinstance(mid, str):
             return None  # Chainlit refuses an id that is no UUID before anything is stored
         owner = None
@@ -152,6 +146,40 @@ class Guard:
             session.thread_id,
         )
         return t("message.id_taken", self.lang(), id=mid[:40])
+
+    async def new_chat_refusal(self, session: WebsocketSession, text: str) -> str | None:
+        """Why a new chat may not start (its first message ``text``, quoted): the history's backlog past its bound
+        (open chats go on), or the account at [login] max_chats_per_account. None: it may."""
+        full = self.backlog()
+        if full is not None:
+            logger.warning(
+                "socket: a new chat refused: %d history writes waiting (user %r)", full.writes, _who(session)
+            )
+            cause = cause_text(full, self.lang())
+            return t("history.new_chat_refused", self.lang(), count=full.writes, cause=cause, text=text)
+        count = await self.chats_kept(session)
+        if count is None or count < self.chat_cap:
+            return None
+        logger.warning(
+            "socket: a new chat refused: user %r keeps %d chats, the cap is %d ([login] max_chats_per_account)",
+            _who(session),
+            count,
+            self.chat_cap,
+        )
+        return t("chatcap.refused", self.lang(), count=count, limit=self.chat_cap, text=text)
+
+    async def chats_kept(self, session: WebsocketSession) -> int | None:
+        """The chats the signed-in account keeps (stored or pending, ``datalayer.chats_of``); None when there is no
+        cap, no account or no history. A database that does not answer lets the chat start (logged): its writes
+        wait in the outbox, whose own bound then holds."""
+        chats_of = getattr(get_data_layer(), "chats_of", None)
+        if self.chat_cap <= 0 or session.user is None or chats_of is None:
+            return None
+        try:
+            return int(await chats_of(session.user.identifier))
+        except Exception as exc:  # noqa: BLE001 - logged; the cap is checked again at the next new chat
+            logger.warning("socket: the chats of user %r could not be counted (%s)", _who(session), failure(exc))
+            return None
 
     async def stored_owner(self, mid: str) -> Any:
         """The stored step with id ``mid`` (``datalayer.StepOwner``), None when there is none or no history.
@@ -282,10 +310,11 @@ def install(
     lang: Callable[[], str],
     claim: Claimer,
     backlog: Callable[[], Backlog | None] = lambda: None,
+    chat_cap: int = 0,
 ) -> None:
     """Put the guards in front of Chainlit's own handlers (again by a later installation: around Chainlit's, not
     around an earlier guard)."""
-    guard = Guard(chat_session, lang, claim, backlog)
+    guard = Guard(chat_session, lang, claim, backlog, chat_cap)
     handlers = sio.handlers.setdefault(NAMESPACE, {})
     for event, method in (("client_message", guard.client_message), ("edit_message", guard.edit_message)):
         current = handlers[event]

@@ -14,22 +14,31 @@ stayed valid until it expired. Here:
 - a changed password (or account list) changes the secret tokens are signed with (``login.session_secret``): every
   earlier token stops verifying.
 
-The revoked set lives in this process (a restart forgets it; the tokens it held still expire within
-``session_hours``); at most ``MAX_REVOKED`` entries, the soonest to expire dropped first.
+The revoked set is kept in a file beside the login secret (``revoked-tokens`` in the history's folder, owner-only;
+``install(http_app, folder)``), one line per token, ``<sha256> <expiry>``: a UI restart reads it back, so a token
+revoked before the restart stays refused. Each check first reads what other UI processes on the same folder appended
+since (one ``stat`` per request that carries a token). Bounded: at most ``MAX_REVOKED`` entries, the soonest to expire
+dropped first; expired lines are dropped whenever the file is rewritten (at start, and when it holds twice as many
+lines as live entries). Without a folder (tests, login off) the set lives in this process only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from http.cookies import CookieError, SimpleCookie
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 MAX_REVOKED = 100_000
+REVOKED_FILE = "revoked-tokens"  # beside login.SECRET_FILE
 DEFAULT_LIFETIME_S = 24 * 3600.0  # for a token whose expiry cannot be read
 
 
@@ -48,31 +57,119 @@ def _expiry(token: str) -> float:
 
 
 class RevokedTokens:
-    """SHA-256 of revoked tokens → their expiry; an expired entry is dropped (the token is refused anyway)."""
+    """SHA-256 of revoked tokens → their expiry; an expired entry is dropped (the token is refused anyway). With a
+    ``path``, every revocation is appended there and read back at start and by the other processes using it."""
 
-    def __init__(self, limit: int = MAX_REVOKED) -> None:
+    def __init__(self, limit: int = MAX_REVOKED, path: Path | None = None) -> None:
         self.limit = limit
         self._until: dict[str, float] = {}
+        self.path: Path | None = None
+        self._read_at = (0, 0)  # (inode, offset) of the file read so far
+        self._lines = 0  # lines in the file since it was last rewritten
+        if path is not None:
+            self.keep_in(path)
 
     @staticmethod
     def _key(token: str) -> str:
         return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
+    def keep_in(self, path: Path) -> None:
+        """Keep the revocations in ``path`` from now on: what it holds is read (expired lines dropped from it)."""
+        if path != self.path:
+            self._until, self._read_at, self.path = {}, (0, 0), path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._rewrite()
+        except OSError as exc:
+            logger.warning("sessions: revoked tokens not kept in %s (%s): a restart forgets them", path, exc)
+            self.path = None
+
     def revoke(self, token: str) -> None:
-        now = time.time()
-        self._until = (
-            {k: v for k, v in self._until.items() if v > now} if len(self._until) >= self.limit else self._until
-        )
-        while len(self._until) >= self.limit:
-            del self._until[min(self._until, key=self._until.__getitem__)]
-        self._until[self._key(token)] = _expiry(token)
+        key, until = self._key(token), _expiry(token)
+        self._add(key, until)
+        if self.path is None:
+            return
+        try:
+            with self._locked() as fd:
+                os.write(fd, f"{key} {until:.0f}\n".encode())
+            self._lines += 1
+            if self._lines > 2 * max(self._live(), 1000):
+                self._rewrite()
+        except OSError as exc:
+            logger.warning("sessions: a revoked token not written to %s (%s): a restart forgets it", self.path, exc)
 
     def is_revoked(self, token: str) -> bool:
+        self._read_new()
         until = self._until.get(self._key(token))
         return until is not None and until > time.time()
 
     def __len__(self) -> int:
         return len(self._until)
+
+    def _live(self) -> int:
+        now = time.time()
+        return sum(1 for v in self._until.values() if v > now)
+
+    def _add(self, key: str, until: float) -> None:
+        if key not in self._until and len(self._until) >= self.limit:
+            now = time.time()
+            self._until = {k: v for k, v in self._until.items() if v > now}
+            while len(self._until) >= self.limit:
+                del self._until[min(self._until, key=self._until.__getitem__)]
+        self._until[key] = max(until, self._until.get(key, 0.0))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[int]:
+        """The file open for appending under its lock: the one at ``path`` now (not one a rewrite replaced)."""
+        assert self.path is not None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                    yield fd
+                    return
+            finally:
+                os.close(fd)  # also releases the lock
+
+    def _read_new(self) -> None:
+        """Add what was appended to the file since it was last read (by this process or another)."""
+        if self.path is None:
+            return
+        try:
+            st = os.stat(self.path)
+            inode, offset = self._read_at
+            if (st.st_ino, st.st_size) == (inode, offset):
+                return
+            offset = offset if st.st_ino == inode and st.st_size >= offset else 0
+            with self.path.open("rb") as f:
+                f.seek(offset)
+                data = f.read(st.st_size - offset)
+        except OSError:
+            return
+        whole = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+        self._read_at = (st.st_ino, offset + len(whole))
+        now = time.time()
+        for line in whole.decode("ascii", "replace").splitlines():
+            key, _, until = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                if len(key) == 64 and float(until) > now:
+                    self._add(key, float(until))
+
+    def _rewrite(self) -> None:
+        """The file with only the live entries (read first), replaced whole under its lock."""
+        assert self.path is not None
+        with self._locked():  # no append between the read and the replace
+            self._read_new()
+            now = time.time()
+            live = {k: v for k, v in self._until.items() if v > now}
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(out, "w") as f:
+                f.writelines(f"{k} {v:.0f}\n" for k, v in live.items())
+            os.replace(tmp, self.path)
+            st = os.stat(self.path)
+            self._until, self._read_at, self._lines = live, (st.st_ino, st.st_size), len(live)
 
 
 REVOKED = RevokedTokens()
@@ -144,7 +241,9 @@ class SessionRevocationMiddleware:
         await self.app(scope, receive, send)
 
 
-def install(http_app: Any) -> None:
-    """In front of Chainlit's routes and its socket.io mount (idempotent)."""
+def install(http_app: Any, folder: Path | None = None) -> None:
+    """In front of Chainlit's routes and its socket.io mount (idempotent); the revocations kept in ``folder``."""
+    if folder is not None:
+        REVOKED.keep_in(folder / REVOKED_FILE)
     if not any(m.cls is SessionRevocationMiddleware for m in http_app.user_middleware):
         http_app.add_middleware(SessionRevocationMiddleware)

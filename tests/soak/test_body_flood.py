@@ -1,16 +1,19 @@
 """Request bodies sent without a cookie to the real UI process: a 20 MB JSON body and a 2 GB streamed upload are
-refused (413) before they are read, and the UI's peak RSS (VmHWM) stays within a fixed bound of what it was."""
+refused (413) before they are read, and the UI's peak RSS (VmHWM) stays within a fixed bound of what it was. And a
+token logged out is refused, also once the UI has restarted (the revocations are kept in its folder)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import urllib.request
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e import support as e2e
-from tests.fakes.openai_server import FakeServer
+from tests.support.live_app import LOGIN_PASSWORD, launched_with_login
 
 pytestmark = [pytest.mark.soak, pytest.mark.product]
 
@@ -99,24 +102,14 @@ async def stream_upload(url: str, total: int) -> tuple[int, int]:
 
 @pytest.mark.asyncio
 async def test_a_20_mb_json_body_and_a_2_gb_upload_without_a_cookie_leave_the_ui_memory_bounded(tmp_path):
-    async with FakeServer() as srv:
-        env = {
-            "OPENAI_BASE_URL": srv.base_url,
-            "OPENAI_API_KEY": "test",
-            "QWENCHAT_LOGIN_ENABLE": "true",
-            "QWENCHAT_LOGIN_PASSWORD": "a long enough password",
-        }
-        app = await asyncio.to_thread(e2e.launch, tmp_path, env, wait_engine=False, timeout=120)
-        try:
-            pid = await asyncio.to_thread(e2e.ui_pid, app)
-            before = peak_rss_mib(pid)
-            declared_status = await put_json(app.url, json_body(), send_body=False)
-            json_status = await put_json(app.url, json_body())
-            upload_status, uploaded = await stream_upload(app.url, UPLOAD_BYTES)
-            after = peak_rss_mib(pid)
-            still = await asyncio.to_thread(page_status, app.url)
-        finally:
-            await asyncio.to_thread(e2e.stop, app)
+    async with launched_with_login(tmp_path) as app:
+        pid = await asyncio.to_thread(e2e.ui_pid, app)
+        before = peak_rss_mib(pid)
+        declared_status = await put_json(app.url, json_body(), send_body=False)
+        json_status = await put_json(app.url, json_body())
+        upload_status, uploaded = await stream_upload(app.url, UPLOAD_BYTES)
+        after = peak_rss_mib(pid)
+        still = await asyncio.to_thread(page_status, app.url)
     print(
         f"\n[body flood] UI peak RSS {before:.0f} MiB before, {after:.0f} MiB after a 20 MB JSON body "
         f"(answer {json_status}) and a streamed upload (answer {upload_status} after {uploaded / 2**20:.0f} MiB sent)"
@@ -129,31 +122,39 @@ async def test_a_20_mb_json_body_and_a_2_gb_upload_without_a_cookie_leave_the_ui
     assert still == 200, "the UI no longer serves its page"
 
 
+async def signed_in(url: str, other_than: str = "") -> dict[str, str]:
+    """The login cookie(s) of a new sign-in as admin. Chainlit's token carries its time to the second: two sign-ins
+    within one second get the same token, so with ``other_than`` the sign-in is made again until its token differs."""
+    deadline = time.monotonic() + 30
+    while True:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            answer = await http.post("/login", data={"username": "admin", "password": LOGIN_PASSWORD})
+            assert answer.status_code == 200, answer.text
+            cookies = {k: v for k, v in http.cookies.items() if k.startswith("access_token")}
+        assert cookies, "no login cookie"
+        if "".join(cookies.values()) != other_than or time.monotonic() > deadline:
+            return cookies
+        await asyncio.sleep(0.2)
+
+
+async def user_status(url: str, cookies: dict[str, str]) -> int:
+    """GET /user with a copy of a login cookie kept aside (as a thief would)."""
+    async with httpx.AsyncClient(base_url=url, timeout=60, cookies=cookies) as http:
+        return (await http.get("/user")).status_code
+
+
 @pytest.mark.asyncio
-async def test_logout_then_the_old_token_is_refused_by_the_real_ui(tmp_path):
-    import httpx
-
-    async with FakeServer() as srv:
-        env = {
-            "OPENAI_BASE_URL": srv.base_url,
-            "OPENAI_API_KEY": "test",
-            "QWENCHAT_LOGIN_ENABLE": "true",
-            "QWENCHAT_LOGIN_PASSWORD": "a long enough password",
-        }
-        app = await asyncio.to_thread(e2e.launch, tmp_path, env, wait_engine=False, timeout=120)
-        try:
-            async with httpx.AsyncClient(base_url=app.url, timeout=60) as http:
-                signed_in = await http.post("/login", data={"username": "admin", "password": env[PASSWORD]})
-                assert signed_in.status_code == 200, signed_in.text
-                cookies = {k: v for k, v in http.cookies.items() if k.startswith("access_token")}
-                assert cookies, "no login cookie"
-                assert (await http.get("/user")).status_code == 200
-                assert (await http.post("/logout")).status_code == 200
-            async with httpx.AsyncClient(base_url=app.url, timeout=60, cookies=cookies) as stolen:
-                again = await stolen.get("/user")  # a copy of the token kept from before the logout
-        finally:
-            await asyncio.to_thread(e2e.stop, app)
-    assert again.status_code == 401, f"the token still works after the logout: {again.status_code}"
-
-
-PASSWORD = "QWENCHAT_LOGIN_PASSWORD"
+async def test_logout_then_the_old_token_is_refused_by_the_real_ui_also_after_it_restarts(tmp_path):
+    async with launched_with_login(tmp_path) as app:
+        other = await signed_in(app.url)  # another session, never logged out
+        cookies = await signed_in(app.url, other_than="".join(other.values()))
+        assert await user_status(app.url, cookies) == 200
+        async with httpx.AsyncClient(base_url=app.url, timeout=60, cookies=cookies) as http:
+            assert (await http.post("/logout")).status_code == 200
+        refused = await user_status(app.url, cookies)
+    async with launched_with_login(tmp_path) as again:  # the UI process started again on the same folder
+        after_restart = await user_status(again.url, cookies)
+        other_after = await user_status(again.url, other)
+    assert refused == 401, f"the token still works after the logout: {refused}"
+    assert other_after == 200, f"a session never logged out was refused after the restart: {other_after}"
+    assert after_restart == 401, f"the token logged out before the restart works again after it: {after_restart}"

@@ -8,6 +8,7 @@ makes the Chainlit process write its event-loop lag and RSS (backend/web/loopsta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +25,34 @@ from backend.launcher import supervisor
 from backend.settings import ROOT
 from backend.web import loopstats
 from tests.e2e import support as e2e
+from tests.fakes.openai_server import FakeServer
 
 # What the app log must never contain under load: tracebacks (an unhandled exception, also one Python
 # only reports as "Exception ignored in ..."), and the guarded handler's "unexpected failure".
 PROBLEM_RE = re.compile(r"Traceback \(most recent call last\)|unexpected failure|Exception ignored in")
+
+
+LOGIN_PASSWORD = "a long enough password"  # of [login] username ("admin") in ``launched_with_login``
+
+
+@contextlib.asynccontextmanager
+async def launched_with_login(tmp: Path, **env: str) -> AsyncIterator[e2e.LiveApp]:
+    """The product in external mode against a fake server of its own, login on (admin / ``LOGIN_PASSWORD``), its
+    logs and login secret in ``tmp``/logs (a second launch on the same ``tmp`` is the same server restarted); stopped
+    at the end. ``env``: more settings."""
+    async with FakeServer() as srv:
+        settings = {
+            "OPENAI_BASE_URL": srv.base_url,
+            "OPENAI_API_KEY": "test",
+            "QWENCHAT_LOGIN_ENABLE": "true",
+            "QWENCHAT_LOGIN_PASSWORD": LOGIN_PASSWORD,
+            **env,
+        }
+        app = await asyncio.to_thread(e2e.launch, tmp, settings, wait_engine=False, timeout=120)
+        try:
+            yield app
+        finally:
+            await asyncio.to_thread(e2e.stop, app)
 
 
 def status(app: e2e.LiveApp) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import pytest
 
 from backend.chat import turn
 from backend.chat.adapters_in_use import AdapterUsage
-from backend.chat.health import HealthPoller, HealthStatus, ModelEntry
+from backend.chat.health import HealthPoller
 from backend.chat.service import Loaded, Service
 from backend.chat.session import ChatSession
 from backend.errors import AdapterAnswering, AdapterError, AdapterSlotsBusy, AdapterStatic, ModelNotFound
@@ -33,6 +33,7 @@ from backend.settings import (
 )
 from tests.fakes import adapter_zoo as zoo
 from tests.fakes.openai_server import FakeServer
+from tests.support.fake_engine import on_fake_engine
 from tests.unit.adapters.test_runtime import FakeVLLM, serve
 
 # ---------------------------------------------------------------- the registry alone
@@ -99,23 +100,6 @@ def test_ties_go_to_the_name_that_sorts_first_and_never_used_counts_as_oldest():
 STATIC = "static-one"
 
 
-class EnginePoller:
-    """The poller's view of the fake engine: the base, the static adapter, and what the fake has loaded."""
-
-    def __init__(self, fake: FakeVLLM) -> None:
-        self.fake = fake
-
-    @property
-    def status(self) -> HealthStatus:
-        names = [STATIC, *self.fake.loaded]
-        return HealthStatus(
-            models=(ModelEntry("base"), *[ModelEntry(n, parent="base") for n in names]), base_model="base"
-        )
-
-    async def refresh(self) -> HealthStatus:
-        return self.status
-
-
 @pytest.fixture
 def layout(tmp_path: Path) -> dict[str, Path]:
     base = zoo.make_base_model(tmp_path / "tiny-llama")
@@ -141,10 +125,7 @@ def slot_service(layout: dict[str, Path], url: str, fake: FakeVLLM, max_cpu_lora
         ),
         logging=LoggingSettings(dir=str(layout["root"] / "logs")),
     )
-    service = Service(settings)
-    service.base_url, service.api_key = url, fake.api_key
-    service._poller = EnginePoller(fake)  # type: ignore[assignment]
-    return service
+    return on_fake_engine(settings, url, fake, static=[STATIC])
 
 
 def run(coro):

@@ -6,38 +6,25 @@ adapter doctor, then loaded at run time; each failure is one message naming what
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from backend import hub
-from backend.chat.health import HealthStatus, ModelEntry
 from backend.chat.service import Loaded, Service
 from backend.errors import AdapterError, AdapterNameTaken, AdapterRejected
 from backend.settings import LoggingSettings, LoraSettings, ModelSettings, Settings
 from tests.conftest import free_port
+from tests.support.fake_engine import on_fake_engine
 from tests.unit.adapters.test_runtime import FakeVLLM, serve
 from tests.unit.engine import test_hub_adapter as hub_adapter
 
 # the fake hub's repos and the hub's environment, as for [lora] modules by hub id (the same adapters)
 GOOD, GATED, BROKEN = hub_adapter.GOOD, hub_adapter.GATED, hub_adapter.BROKEN
 repos, fake_hub = hub_adapter.repos, hub_adapter.fake_hub
-
-
-class EnginePoller:
-    """The poller's view of the fake engine: the tiny Qwen3 and what the fake has loaded."""
-
-    def __init__(self, fake: FakeVLLM) -> None:
-        self.fake = fake
-
-    @property
-    def status(self) -> HealthStatus:
-        adapters = [ModelEntry(n, parent="tiny-qwen3") for n in self.fake.loaded]
-        return HealthStatus(models=(ModelEntry("tiny-qwen3"), *adapters), base_model="tiny-qwen3")
-
-    async def refresh(self) -> HealthStatus:
-        return self.status
 
 
 def service_for(test_models: Path, tmp_path: Path, url: str, fake: FakeVLLM) -> Service:
@@ -47,10 +34,15 @@ def service_for(test_models: Path, tmp_path: Path, url: str, fake: FakeVLLM) -> 
         logging=LoggingSettings(dir=str(tmp_path / "logs")),
     )
     (tmp_path / "lora-dir").mkdir(exist_ok=True)
-    service = Service(settings)
-    service.base_url, service.api_key = url, fake.api_key
-    service._poller = EnginePoller(fake)  # type: ignore[assignment]
-    return service
+    return on_fake_engine(settings, url, fake)
+
+
+@contextlib.asynccontextmanager
+async def hub_service(test_models: Path, tmp_path: Path) -> AsyncIterator[tuple[FakeVLLM, Service]]:
+    """A fake vLLM serving, and a Service (a UI process) adding hub adapters to it."""
+    fake = FakeVLLM()
+    async with serve(fake) as url:
+        yield fake, service_for(test_models, tmp_path, url, fake)
 
 
 def run(coro):
@@ -102,11 +94,8 @@ def test_an_adapter_added_by_hub_id_is_downloaded_checked_and_loaded_under_owner
 def test_an_adapter_the_hub_cannot_give_is_one_message_naming_what_to_fix_and_nothing_is_loaded(
     test_models, tmp_path, fake_hub, typed, words
 ):
-    fake = FakeVLLM()
-
     async def go() -> AdapterError:
-        async with serve(fake) as url:
-            service = service_for(test_models, tmp_path, url, fake)
+        async with hub_service(test_models, tmp_path) as (fake, service):
             with pytest.raises(AdapterError) as caught:
                 await service.add_hub_adapter(typed)
             assert fake.calls == [] and await service.local_adapters(service.poller.status) == []
@@ -148,11 +137,8 @@ def test_a_downloader_that_dies_without_its_error_line_is_said_with_its_last_wor
 
 
 def test_an_adapter_the_doctor_refuses_is_not_loaded_and_not_offered(test_models, tmp_path, fake_hub):
-    fake = FakeVLLM()
-
     async def go() -> None:
-        async with serve(fake) as url:
-            service = service_for(test_models, tmp_path, url, fake)
+        async with hub_service(test_models, tmp_path) as (fake, service):
             with pytest.raises(AdapterRejected) as caught:
                 await service.add_hub_adapter(BROKEN)
             text = caught.value.user_text("en")
@@ -187,11 +173,8 @@ def test_offline_an_adapter_in_the_cache_is_added_and_one_that_is_not_names_the_
 def test_a_hub_adapter_named_like_a_folder_adapter_is_served_beside_it_under_owner_and_name(
     test_models, tmp_path, fake_hub
 ):
-    fake = FakeVLLM()
-
     async def go() -> None:
-        async with serve(fake) as url:
-            service = service_for(test_models, tmp_path, url, fake)
+        async with hub_service(test_models, tmp_path) as (fake, service):
             fake.loaded["tiny-lora"] = str(tmp_path / "lora-dir" / "tiny-lora")  # the folder adapter, served
             assert await service.add_hub_adapter(GOOD) == (GOOD, Loaded(GOOD))
             assert fake.loaded["tiny-lora"] == str(tmp_path / "lora-dir" / "tiny-lora")  # not replaced
@@ -203,11 +186,8 @@ def test_a_hub_adapter_named_like_a_folder_adapter_is_served_beside_it_under_own
 def test_a_hub_adapter_whose_name_another_source_serves_is_refused_naming_it_and_nothing_is_replaced(
     test_models, tmp_path, fake_hub
 ):
-    fake = FakeVLLM()
-
     async def go() -> None:
-        async with serve(fake) as url:
-            service = service_for(test_models, tmp_path, url, fake)
+        async with hub_service(test_models, tmp_path) as (fake, service):
             assert await service.add_hub_adapter(GOOD) == (GOOD, Loaded(GOOD))  # alice adds it
             before = dict(fake.loaded)
             with pytest.raises(AdapterNameTaken) as caught:  # bob: the same name at another revision
