@@ -25,7 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from chainlit.chat_context import chat_context
 from chainlit.context import init_ws_context
@@ -43,11 +43,12 @@ from backend.ui.commands import BY_ID, typed_command
 from backend.ui.views import show_error
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 USER_MESSAGE = "user_message"
 RESUME_WAIT_S = 15.0  # how long a message waits for its chat to be resumed from the history (Guard.resumed)
-# How long a message waits for the history to say whether its id is taken (Guard.stored_owner): a slow database must
-# not hold up the answer, and the data layer checks the same again before it writes (GuardedDataLayer._stays).
+# How long a message waits for the history to answer (``asked``: is its id taken, how many chats the account keeps):
+# a slow database must not hold up the answer; the data layer checks ids again before it writes (GuardedDataLayer._stays).
 ID_LOOKUP_S = 1.0
 _LATE: set[asyncio.Future[Any]] = set()  # lookups left to finish after their message went on
 
@@ -56,6 +57,31 @@ def _settled(lookup: asyncio.Future[Any]) -> None:
     _LATE.discard(lookup)
     if not lookup.cancelled() and (exc := lookup.exception()) is not None:
         logger.info("socket: a late message id lookup failed (%s)", failure(exc))
+
+
+async def asked(query: Callable[[], Awaitable[T]], what: str, *, while_behind: bool = False) -> T | None:
+    """The history's answer to ``query()``, for a socket message that must not wait on a slow database: None when
+    it does not answer within ``ID_LOOKUP_S``, fails, or is not asked.
+
+    A query that has not answered in time is left to finish on its own (not cancelled: a cancelled database call
+    waits for its connection's clean-up), and the database is not asked again while it is out, nor while the
+    outbox has writes it is failing or slow to take (unless ``while_behind``: a query whose answer counts those
+    writes). Each of those is logged with ``what`` was not looked up."""
+    box = getattr(get_data_layer(), "outbox", None)
+    if _LATE or (not while_behind and box is not None and box.state().cause):
+        return None
+    lookup = asyncio.ensure_future(query())
+    try:
+        done, _ = await asyncio.wait({lookup}, timeout=ID_LOOKUP_S)
+        if not done:
+            _LATE.add(lookup)
+            lookup.add_done_callback(_settled)
+            logger.warning("socket: %s not looked up (the history took over %.0f s)", what, ID_LOOKUP_S)
+            return None
+        return lookup.result()
+    except Exception as exc:  # noqa: BLE001 - logged; the caller goes on without the answer
+        logger.warning("socket: could not look %s up in the history (%s)", what, failure(exc))
+        return None
 
 
 NAMESPACE = "/"
@@ -170,44 +196,22 @@ class Guard:
 
     async def chats_kept(self, session: WebsocketSession) -> int | None:
         """The chats the signed-in account keeps (stored or pending, ``datalayer.chats_of``); None when there is no
-        cap, no account or no history. A database that does not answer lets the chat start (logged): its writes
-        wait in the outbox, whose own bound then holds."""
+        cap, no account or no history, or when the history does not answer in time (``asked``): the chat then
+        starts (logged), its writes wait in the outbox, whose own bound holds, and the cap is checked again at the
+        next new chat."""
         chats_of = getattr(get_data_layer(), "chats_of", None)
         if self.chat_cap <= 0 or session.user is None or chats_of is None:
             return None
-        try:
-            return int(await chats_of(session.user.identifier))
-        except Exception as exc:  # noqa: BLE001 - logged; the cap is checked again at the next new chat
-            logger.warning("socket: the chats of user %r could not be counted (%s)", _who(session), failure(exc))
-            return None
+        who = session.user.identifier
+        count = await asked(lambda: chats_of(who), f"the chats of user {who!r}", while_behind=True)
+        return None if count is None else int(count)
 
     async def stored_owner(self, mid: str) -> Any:
-        """The stored step with id ``mid`` (``datalayer.StepOwner``), None when there is none or no history.
-
-        The answer never waits for the history. A lookup that has not answered within ``ID_LOOKUP_S`` is left to
-        finish on its own (not cancelled: a cancelled database call waits for its connection's clean-up), and the
-        database is not asked again while it is out, nor while the outbox has writes it is failing or slow to
-        take. Either way, and when the lookup fails, the message goes on; the data layer makes the same check
+        """The stored step with id ``mid`` (``datalayer.StepOwner``), None when there is none, no history, or the
+        history does not answer in time (``asked``): the message goes on, and the data layer makes the same check
         before it writes and refuses to move another chat's step."""
-        layer = get_data_layer()
-        step_owner = getattr(layer, "step_owner", None)
-        box = getattr(layer, "outbox", None)
-        if step_owner is None or _LATE or (box is not None and box.state().cause):
-            return None
-        lookup = asyncio.ensure_future(step_owner(mid))
-        try:
-            done, _ = await asyncio.wait({lookup}, timeout=ID_LOOKUP_S)
-            if not done:
-                _LATE.add(lookup)
-                lookup.add_done_callback(_settled)
-                logger.warning(
-                    "socket: message id %s not looked up (the history took over %.0f s)", mid[:40], ID_LOOKUP_S
-                )
-                return None
-            return lookup.result()
-        except Exception as exc:  # noqa: BLE001 - logged; the data layer refuses the write on its own
-            logger.warning("socket: could not look message id %s up in the history (%s)", mid[:40], failure(exc))
-            return None
+        step_owner = getattr(get_data_layer(), "step_owner", None)
+        return None if step_owner is None else await asked(lambda: step_owner(mid), f"message id {mid[:40]}")
 
     async def resumed(self, session: WebsocketSession, timeout: float = RESUME_WAIT_S) -> None:
         """Wait (at most ``timeout``) until a chat this process is resuming from the history is resumed.

@@ -6,6 +6,8 @@ On the code before the cap, ``GuardedDataLayer`` had no ``chats_of`` and the gua
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from types import SimpleNamespace
 
@@ -91,6 +93,29 @@ async def test_a_history_that_cannot_be_read_lets_the_chat_start(layer_of, monke
 
     monkeypatch.setattr(layer_of.layer, "chats_of", broken)
     assert await guard(1).new_chat_refusal(session_of("alice"), "x") is None
+
+
+async def test_a_history_that_does_not_answer_in_time_lets_the_chat_start_and_is_not_asked_again_meanwhile(
+    layer_of, monkeypatch
+):
+    """The count is a database read: on a slow database the first message of a new chat waited for it, without
+    bound. It now gets the id lookup's ``ID_LOOKUP_S``; the read left running is not started again while it is out."""
+    never = asyncio.Event()
+    asked: list[str] = []
+
+    async def stuck(identifier: str) -> int:
+        asked.append(identifier)
+        await never.wait()
+        return 99
+
+    monkeypatch.setattr(layer_of.layer, "chats_of", stuck)
+    t0 = time.monotonic()
+    assert await asyncio.wait_for(guard(1).new_chat_refusal(session_of("alice"), "x"), 60) is None
+    assert time.monotonic() - t0 < socket_guard.ID_LOOKUP_S + 10  # bounded (not the read's own time: never)
+    assert await guard(1).new_chat_refusal(session_of("alice"), "y") is None
+    assert asked == ["alice"]
+    never.set()
+    await until(lambda: not socket_guard._LATE, 10, "the late count settled")
 
 
 @pytest.mark.parametrize("lang", ["en", "zh-CN"])
