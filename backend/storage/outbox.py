@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from backend.storage.database import BUSY_TIMEOUT_MS, failure
 from backend.storage.database import cause as cause_of
-from backend.storage.database import failure
 from backend.text import t
 from backend.web.metrics import METRICS
 
@@ -53,7 +53,10 @@ REJECTED = "history-pending.rejected.jsonl"
 FIRST_RETRY_S = 0.5
 MAX_RETRY_S = 10.0
 WRITE_TIMEOUT_S = 60.0  # one attempt; a database that has not answered by then is retried ("slow")
-SLOW_AFTER_S = 5.0  # a write pending this long without a failure yet shows as "the database is slow"
+# A write pending this long without a failure yet shows as "the database is slow". Longer than SQLite's own wait on a
+# lock (its busy timeout), with room for a busy machine: a lock is told as "locked" once that wait fails, never first
+# as "slow" (with the two equal, which one the status line showed first was a race).
+SLOW_AFTER_S = BUSY_TIMEOUT_MS / 1000 + 5.0
 GIVE_UP = 20  # attempts of a write that fails for a cause no wait cures ("error")
 RETRYABLE = ("locked", "full", "down", "slow")
 MESSAGE_OPS = ("create_step", "update_step")
