@@ -5,6 +5,8 @@
 #   ./test.sh --quick         the inner loop: no vLLM, no product launch, no browser, no soak (by marker)
 #   ./test.sh --soak          the soaks, long (QWENCHAT_SOAK=long)
 #   ./test.sh tests/unit/chat/test_budget.py -k overflow     any pytest arguments (also after --quick / --soak)
+# Without arguments the tests run on two workers (pytest-xdist; tests/support/lanes.py says what shares one); with
+# arguments in one process, unless they say -n.
 # At the end: pytest's 15 slowest tests, then its total time, then this script's.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -73,7 +75,8 @@ esac
 set +e
 t_tests=$SECONDS
 # pytest prints its 15 slowest tests (pytest.ini: --durations=15), then its summary line with its own time, last
-"$APP/bin/python" -m pytest "${select[@]}" "${@:-tests}"
+if [ $# -eq 0 ]; then set -- -n 2 --dist loadgroup tests; fi
+"$APP/bin/python" -m pytest "${select[@]}" "$@"
 rc=$?
 set -e
 qc_say "tests finished in $((SECONDS - t_start)) s, $((SECONDS - t_tests)) s of them in pytest (exit $rc)"

@@ -36,7 +36,7 @@ from backend.settings import (
     VllmSettings,
     replace,
 )
-from tests.support import marks
+from tests.support import lanes, marks
 from tests.support.shared import SHARED
 
 if TYPE_CHECKING:
@@ -61,6 +61,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if unmarked:
         raise pytest.UsageError("\n".join(unmarked))
     items[:] = SHARED.group_modules(items)
+    if lanes.distributed(config):
+        items[:] = lanes.order(items)  # the two workers' queue (tests/support/lanes.py)
     SHARED.plan(items)
 
 

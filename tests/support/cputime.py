@@ -6,7 +6,8 @@ Wall time on a shared 2-core machine says as much about the neighbours as about 
 depend much on them. After each test this adds up the CPU time (user + system) of this pytest process, of the
 children it has waited for (which holds their own waited-for children), and of every live descendant (an engine,
 a browser, a launched product) read from /proc; the growth is the test's. The terminal summary lists the modules by
-CPU seconds beside their wall seconds, and the whole run's share of CPU time spent in descendants.
+CPU seconds beside their wall seconds (with ``-n``: each worker's, added up), and the whole run's share of CPU time
+spent in descendants.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.support import lanes
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -71,6 +74,19 @@ class CpuTime:
         self.cpu[module] += max(0.0, now_cpu - self.last_cpu)
         self.wall[module] += now_wall - self.last_wall
         self.last_cpu, self.last_wall = now_cpu, now_wall
+
+    @pytest.hookimpl(trylast=True)  # before pytest-xdist's worker sends its output
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        output = lanes.worker_output(session.config)
+        if output is not None:
+            output["cputime"] = (dict(self.cpu), dict(self.wall))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:  # type: ignore[no-untyped-def]
+        """A worker's modules (with ``-n``: this controller runs none itself)."""
+        cpu, wall = lanes.from_workers(node, "cputime") or ({}, {})
+        self.cpu.update(cpu)
+        self.wall.update(wall)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:  # type: ignore[no-untyped-def]
         tr = terminalreporter

@@ -69,11 +69,11 @@ class Shared:
     def uses(self, item: pytest.Item) -> set[str]:
         return self.kinds.intersection(getattr(item, "fixturenames", ()))
 
-    def group_modules(self, items: list[pytest.Item]) -> list[pytest.Item]:
-        """``items`` with the modules of one directory that share a kind next to each other, so a kind's users run
-        one after another: after a module come the later modules that share a kind with it (the kind with the
-        fewest users first, so that two modules sharing a rare kind are not parted by a common one), each followed
-        the same way; otherwise the order is kept."""
+    def group_modules(self, items: list[pytest.Item], *, any_directory: bool = False) -> list[pytest.Item]:
+        """``items`` with the modules of one directory (``any_directory``: of any) that share a kind next to each
+        other, so a kind's users run one after another: after a module come the later modules that share a kind
+        with it (the kind with the fewest users first, so that two modules sharing a rare kind are not parted by a
+        common one), each followed the same way; otherwise the order is kept."""
         modules: dict[Node, list[pytest.Item]] = {}
         for item in items:
             modules.setdefault(module_of(item), []).append(item)
@@ -86,7 +86,8 @@ class Shared:
             placed.append(m)
             for kind in sorted(uses[m], key=lambda k: (users[k], k)):
                 for other in order:
-                    if other not in placed and kind in uses[other] and other.path.parent == m.path.parent:
+                    near = any_directory or other.path.parent == m.path.parent
+                    if other not in placed and kind in uses[other] and near:
                         place(other)
 
         for m in order:

@@ -22,10 +22,14 @@ import collections
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.support import marks
+from tests.support import lanes, marks
+
+if TYPE_CHECKING:
+    from xdist.workermanage import WorkerController
 
 VLLM = "vllm"
 PRODUCT = "product"
@@ -150,7 +154,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    _counter.start()
+    if not controller(session.config):
+        _counter.start()
+
+
+def controller(config: pytest.Config) -> bool:
+    """Whether this is the controller of pytest-xdist's workers: each worker counts what it starts (its
+    descendants) and sends it at its end; the controller adds them up (it runs no test itself)."""
+    return lanes.distributed(config) and lanes.worker_output(config) is None
+
+
+_from_workers: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+
+
+@pytest.hookimpl(trylast=True)  # before pytest-xdist's worker sends its output
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = lanes.worker_output(session.config)
+    if output is not None:
+        _counter.stop()
+        output["starts"] = {module: dict(counts) for module, counts in _counter.per_module().items()}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: WorkerController, error: object | None) -> None:
+    for module, counts in dict(lanes.from_workers(node, "starts") or {}).items():
+        _from_workers[module].update(counts)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -160,10 +188,14 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
 
 @pytest.hookimpl(trylast=True)  # after --durations: the line just above pytest's own summary line
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
-    _counter.stop()
+    if controller(config):
+        per_module = _from_workers
+    else:
+        _counter.stop()
+        per_module = _counter.per_module()
     # A unit module starts nothing real (tests/support/marks.py); tests/unit/test_starts.py spawns look-alikes of
     # launches to test this counter, which this run's own count would catch or miss by a quarter second's chance.
-    modules = {m: c for m, c in _counter.per_module().items() if not m.startswith("tests/unit/")}
+    modules = {m: c for m, c in per_module.items() if not m.startswith("tests/unit/")}
     total: collections.Counter[str] = collections.Counter()
     for module in sorted(modules):
         total.update(modules[module])
