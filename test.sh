@@ -75,7 +75,7 @@ esac
 set +e
 t_tests=$SECONDS
 # pytest prints its 15 slowest tests (pytest.ini: --durations=15), then its summary line with its own time, last
-if [ $# -eq 0 ]; then set -- -n 2 --dist loadgroup tests; fi
+if [ $# -eq 0 ]; then set -- -n 2 --dist loadscope tests; fi
 "$APP/bin/python" -m pytest "${select[@]}" "$@"
 rc=$?
 set -e

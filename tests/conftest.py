@@ -61,8 +61,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if unmarked:
         raise pytest.UsageError("\n".join(unmarked))
     items[:] = SHARED.group_modules(items)
-    if lanes.distributed(config):
-        items[:] = lanes.order(items)  # the two workers' queue (tests/support/lanes.py)
+    if lanes.distributed(config):  # the two workers' queue and what shares a worker (tests/support/lanes.py)
+        lane = lanes.lanes(items)
+        items[:] = lanes.order(items, lane)
+        lanes.publish(config, lane)
     SHARED.plan(items)
 
 

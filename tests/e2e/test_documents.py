@@ -37,11 +37,19 @@ def page(live, browser):
 def attach(page, paths: list[Path]) -> None:
     """Files into the composer as the upload button takes them; waits until each is uploaded."""
     uploads = []
-    page.on("response", lambda r: uploads.append(r) if "/project/file" in r.url else None)
-    page.set_input_files("#upload-button-input", [str(p) for p in paths])
-    deadline = time.monotonic() + 60
-    while len(uploads) < len(paths) and time.monotonic() < deadline:
-        page.wait_for_timeout(200)  # Playwright's sync API delivers events while it waits
+
+    def seen(response) -> None:  # the uploads only: the page also GETs an uploaded file back (its preview)
+        if response.request.method == "POST" and "/project/file" in response.url:
+            uploads.append(response)
+
+    page.on("response", seen)
+    try:
+        page.set_input_files("#upload-button-input", [str(p) for p in paths])
+        deadline = time.monotonic() + 60
+        while len(uploads) < len(paths) and time.monotonic() < deadline:
+            page.wait_for_timeout(200)  # Playwright's sync API delivers events while it waits
+    finally:
+        page.remove_listener("response", seen)
     assert [r.status for r in uploads] == [200] * len(paths), [(r.url, r.status, r.text()[:300]) for r in uploads]
     page.wait_for_selector("#upload-button-loading", state="detached", timeout=60_000)
 

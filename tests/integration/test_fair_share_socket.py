@@ -11,10 +11,8 @@ import time
 
 import pytest
 
-from backend.storage import database
-from tests.e2e import support as e2e
 from tests.e2e.test_history import PASSWORD, USER
-from tests.integration.test_message_ids import BOB, BOB_PW, launch, step_rows, until
+from tests.integration.test_message_ids import BOB, BOB_PW, history_db, step_rows, until
 from tests.support.socket_client import Session, login_cookie
 
 pytestmark = [pytest.mark.integration, pytest.mark.product, pytest.mark.asyncio]
@@ -22,6 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.product, pytest.mark.asyncio]
 SESSIONS = 100
 LONG = "[[normal:tokens=200:rate=20]]"  # 10 s: the two admitted answers stream through the whole flood
 BOBS = "[[normal:tokens=60:rate=20]]"  # 3 s
+REFUSED_LOG = "fair share: 1 more answer(s) refused for user:demo"
 REFUSED = "answers are still streaming, in this chat or another tab, and each user may have at most 2 at a time"
 
 
@@ -35,9 +34,9 @@ def words_per_second(turn) -> float:
     return words / max(1e-6, (turn.done_at or time.monotonic()) - (turn.first_token_at or turn.sent_at))
 
 
-async def test_a_script_with_100_sessions_gets_two_answers_and_one_refusal_per_other_session(fake, tmp_path):
-    app = launch(fake, tmp_path)
-    db = database.sqlite_file(tmp_path / "logs" / "history.sqlite3")
+async def test_a_script_with_100_sessions_gets_two_answers_and_one_refusal_per_other_session(fake, socket_app):
+    app, db = socket_app, history_db(socket_app)
+    logged_before = app.log("ui").count(REFUSED_LOG)  # the shared product's log holds the modules' before
     sessions: list[Session] = []
     try:
         alice, bob_cookie = login_cookie(app.url, USER, PASSWORD), login_cookie(app.url, BOB, BOB_PW)
@@ -71,10 +70,9 @@ async def test_a_script_with_100_sessions_gets_two_answers_and_one_refusal_per_o
         assert len(flood_requests(fake)) == 2  # the refused never reached the model
     finally:
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
-        e2e.stop(app)
     ui_log = app.log("ui")
     assert "Traceback" not in ui_log, ui_log[-3000:]
-    assert ui_log.count("fair share: 1 more answer(s) refused for user:demo") == SESSIONS - 2
+    assert ui_log.count(REFUSED_LOG) - logged_before == SESSIONS - 2
 
 
 def flood_requests(fake: str) -> list[dict]:

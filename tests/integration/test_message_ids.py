@@ -43,6 +43,11 @@ def launch(fake: str, tmp, history_db: str = "") -> e2e.LiveApp:
     return launch_ready(fake, tmp, **LOGIN, QWENCHAT_LOGIN_USERS=f"{BOB}={bob}", QWENCHAT_UI_LANGUAGE="auto", **extra)
 
 
+def history_db(app: e2e.LiveApp) -> database.Database:
+    """The SQLite history of ``app`` as ``launch`` starts it."""
+    return database.sqlite_file(app.log_dir / "history.sqlite3")
+
+
 async def until(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -126,12 +131,8 @@ async def two_users_over_the_socket(app: e2e.LiveApp, db: database.Database) -> 
 
 
 @pytest.mark.asyncio
-async def test_two_users_cannot_move_or_forge_messages_and_one_answer_streams_per_chat_sqlite(fake, tmp_path):
-    app = launch(fake, tmp_path)
-    try:
-        await two_users_over_the_socket(app, database.sqlite_file(tmp_path / "logs" / "history.sqlite3"))
-    finally:
-        e2e.stop(app)
+async def test_two_users_cannot_move_or_forge_messages_and_one_answer_streams_per_chat_sqlite(fake, socket_app):
+    await two_users_over_the_socket(socket_app, history_db(socket_app))
 
 
 @pytest.mark.asyncio

@@ -18,11 +18,9 @@ from sqlalchemy import text
 from backend.storage import database
 from backend.storage.history import META_KEY
 from backend.ui import views
-from tests.e2e import support as e2e
-from tests.e2e.test_history import LOGIN, PASSWORD, USER
-from tests.e2e.test_history import launch as launch_ready
+from tests.e2e.test_history import PASSWORD, USER
 from tests.fakes.openai_server import expected_text
-from tests.integration.test_message_ids import until
+from tests.integration.test_message_ids import history_db, until
 from tests.support.socket_client import Session, Turn, login_cookie
 
 pytestmark = [pytest.mark.integration, pytest.mark.product]
@@ -67,44 +65,40 @@ async def checkpointed(db: database.Database, turn: Turn) -> tuple[str, str, dic
 
 
 @pytest.mark.asyncio
-async def test_a_streaming_answer_is_in_the_history_as_cut_until_its_end_or_stop_replaces_it(fake, tmp_path):
-    app = launch_ready(fake, tmp_path, **LOGIN)
-    db = database.sqlite_file(tmp_path / "logs" / "history.sqlite3")
+async def test_a_streaming_answer_is_in_the_history_as_cut_until_its_end_or_stop_replaces_it(fake, socket_app):
+    app, db = socket_app, history_db(socket_app)
     whole = expected_text(TOKENS)
-    try:
-        async with Session(app.url, cookie=login_cookie(app.url, USER, PASSWORD)) as s:
-            # 1. It ends: the cut form while it streams, then the answer with its footer in the same step.
-            turn = await s.start(f"{SLOW} a slow question")
-            aid, output, meta = await checkpointed(db, turn)
-            shown, _, marker = output.partition(MARK)
-            assert marker.startswith("answer interrupted · `fake-qwen`"), output
-            assert shown and whole.startswith(shown) and shown != whole, output  # the text so far, nothing else
-            assert {k: meta[k] for k in ("raw", "model", "interrupted")} == {
-                "raw": shown,
-                "model": "fake-qwen",
-                "interrupted": True,
-            }
-            assert meta["sig"]  # signed like any answer (datalayer.sign_answer)
-            await s.wait(60)
-            assert turn.answered, turn.summary()
-            # Chainlit writes the final form from a background task: it lands a moment after the turn's end
-            await until(lambda: MARK not in (stored(db, aid) or (MARK,))[0], 15, "the whole answer stored")
-            final = stored(db, aid)
-            assert final is not None and final[0].startswith(whole) and MARK not in final[0], final
-            assert " tokens · " in final[0] and final[1]["interrupted"] is False and final[1]["raw"] == whole
+    async with Session(app.url, cookie=login_cookie(app.url, USER, PASSWORD)) as s:
+        # 1. It ends: the cut form while it streams, then the answer with its footer in the same step.
+        turn = await s.start(f"{SLOW} a slow question")
+        aid, output, meta = await checkpointed(db, turn)
+        shown, _, marker = output.partition(MARK)
+        assert marker.startswith("answer interrupted · `fake-qwen`"), output
+        assert shown and whole.startswith(shown) and shown != whole, output  # the text so far, nothing else
+        assert {k: meta[k] for k in ("raw", "model", "interrupted")} == {
+            "raw": shown,
+            "model": "fake-qwen",
+            "interrupted": True,
+        }
+        assert meta["sig"]  # signed like any answer (datalayer.sign_answer)
+        await s.wait(60)
+        assert turn.answered, turn.summary()
+        # Chainlit writes the final form from a background task: it lands a moment after the turn's end
+        await until(lambda: MARK not in (stored(db, aid) or (MARK,))[0], 15, "the whole answer stored")
+        final = stored(db, aid)
+        assert final is not None and final[0].startswith(whole) and MARK not in final[0], final
+        assert " tokens · " in final[0] and final[1]["interrupted"] is False and final[1]["raw"] == whole
 
-            # 2. Stop: the stopped form replaces the checkpoint, whatever the timing of the two writes.
-            cut = await s.start(f"{SLOW} another slow question")
-            aid, output, _ = await checkpointed(db, cut)
-            await s.sio.emit("stop")
-            await s.wait(30)
-            await until(lambda: "⚠ stopped" in (stored(db, aid) or ("",))[0], 15, "the stopped answer stored")
-            await asyncio.sleep(views.FIRST_CHECKPOINT_S)  # a checkpoint that would land late has had its time
-            stopped = stored(db, aid)
-            assert stopped is not None and "⚠ stopped" in stopped[0] and "answer interrupted" not in stopped[0]
-            assert stopped[1]["interrupted"] is True and whole.startswith(stopped[1]["raw"])
-            assert len(stopped[1]["raw"]) >= len(output.partition(MARK)[0])  # the checkpoint's text, or more
-    finally:
-        e2e.stop(app)
+        # 2. Stop: the stopped form replaces the checkpoint, whatever the timing of the two writes.
+        cut = await s.start(f"{SLOW} another slow question")
+        aid, output, _ = await checkpointed(db, cut)
+        await s.sio.emit("stop")
+        await s.wait(30)
+        await until(lambda: "⚠ stopped" in (stored(db, aid) or ("",))[0], 15, "the stopped answer stored")
+        await asyncio.sleep(views.FIRST_CHECKPOINT_S)  # a checkpoint that would land late has had its time
+        stopped = stored(db, aid)
+        assert stopped is not None and "⚠ stopped" in stopped[0] and "answer interrupted" not in stopped[0]
+        assert stopped[1]["interrupted"] is True and whole.startswith(stopped[1]["raw"])
+        assert len(stopped[1]["raw"]) >= len(output.partition(MARK)[0])  # the checkpoint's text, or more
     ui_log = app.log("ui")
     assert "Traceback" not in ui_log and "could not write the streaming answer" not in ui_log, ui_log[-3000:]

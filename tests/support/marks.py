@@ -29,6 +29,7 @@ FIXTURES = {
     "embedded_product": {"engine", "product"},
     "external_app": {"product"},
     "login_app": {"product"},
+    "socket_app": {"product"},
     "browser": {"browser"},
 }
 
