@@ -292,11 +292,31 @@ def wait_ready_ui(page: Page, timeout_ms: int = 240_000) -> None:
     wait_chat_open(page)
 
 
+def submit(page: Page, text: str, timeout_ms: int = 60_000) -> None:
+    """Type ``text`` in the composer and send it. Chainlit's composer ignores Enter while a task of the chat runs
+    (on_chat_start, a settings update: ``CHAT_OPEN``), and the text stays in the box: so Enter is pressed once the
+    composer takes messages, and again while the text is still there once it takes them again (a settings update
+    that began after the check). An empty box is the message sent."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.fill("#chat-input", text)
+    deadline = time.monotonic() + timeout_ms / 1000
+    while page.input_value("#chat-input") != "":
+        left_ms = (deadline - time.monotonic()) * 1000
+        if left_ms <= 0:
+            pytest.fail(f"the composer kept {text[:80]!r} for {timeout_ms / 1000:.0f} s: Enter did not send it")
+        wait_chat_open(page, int(left_ms))
+        page.press("#chat-input", "Enter")
+        with contextlib.suppress(PlaywrightTimeout):
+            page.wait_for_function(
+                "() => document.querySelector('#chat-input')?.value === ''", timeout=min(5_000, max(1, int(left_ms)))
+            )
+
+
 def send(page: Page, text: str, timeout_ms: int = 180_000) -> str:
     """Type a message, wait for the answer to finish, return the newest assistant message text."""
     before = len(assistant_messages(page))
-    page.fill("#chat-input", text)
-    page.keyboard.press("Enter")
+    submit(page, text)
     page.wait_for_function(
         """([n]) => document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content').length > n""",
         arg=[before],

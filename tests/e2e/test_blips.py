@@ -72,8 +72,7 @@ def continues(shown: str, final: str) -> bool:
 def start_answer(page) -> str:
     """Send the long question; return the answer's first words once they show."""
     before = len(e2e.assistant_messages(page))
-    page.fill("#chat-input", LONG)
-    page.keyboard.press("Enter")
+    e2e.submit(page, LONG)
     page.wait_for_function(
         """([n]) => { const m = document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content');
                       if (m.length <= n) return false;

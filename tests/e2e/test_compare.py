@@ -66,8 +66,7 @@ def command(page, name: str, args: str = "") -> str:
 
 def start_sending(page, text: str) -> int:
     n = len(page.evaluate(SIDES_JS))
-    page.fill("#chat-input", text)
-    page.keyboard.press("Enter")
+    e2e.submit(page, text)
     return n
 
 

@@ -64,8 +64,7 @@ def assert_laid_out(page, a: dict, b: dict) -> None:
 
 def streaming_sides(page, question: str) -> tuple[dict, dict]:
     """Send ``question``; both sides as they are while both stream (text shown, no footer yet)."""
-    page.fill("#chat-input", question)
-    page.keyboard.press("Enter")
+    e2e.submit(page, question)
     page.wait_for_function(
         """() => ['a', 'b'].every(l => { const s = (SIDE)([l]);
             return s && s.text.includes('Paris') && !s.text.includes(' · context: '); })""".replace("SIDE", SIDE_JS),
@@ -116,8 +115,7 @@ def test_blind_mode_hides_the_names_in_both_layouts_until_the_vote(page, fake): 
 def test_a_failing_side_shows_its_error_and_retry_in_its_own_column(page, fake):  # noqa: F811
     command(page, "compare")
     post(fake + "/fake/script", {"chunks": None})
-    page.fill("#chat-input", "[[fault:error-mid:model=fake-adapter]] hello")
-    page.keyboard.press("Enter")
+    e2e.submit(page, "[[fault:error-mid:model=fake-adapter]] hello")
     page.wait_for_function("() => document.body.innerText.includes('fake engine failure mid-stream')")
     page.wait_for_selector("#stop-button", state="detached", timeout=30_000)
     a, error = side(page, "A"), side(page, "B")

@@ -106,8 +106,7 @@ def test_a_scanned_pdf_is_refused_with_the_typed_text_kept(page, live, tmp_path)
     answers = len(e2e.assistant_messages(page))
 
     attach(page, [scan])
-    page.fill("#chat-input", "please summarise the scan")
-    page.keyboard.press("Enter")
+    e2e.submit(page, "please summarise the scan")
 
     error = page.locator(".step", has_text="no text layer").last
     error.wait_for(timeout=60_000)
@@ -127,8 +126,7 @@ def test_a_document_too_long_is_offered_cut_at_a_page_and_the_step_names_the_cut
     long_pdf.write_bytes(make_pdf(pages))
 
     attach(page, [long_pdf])
-    page.fill("#chat-input", "What did the keeper do?")
-    page.keyboard.press("Enter")
+    e2e.submit(page, "What did the keeper do?")
 
     button = page.locator("button", has_text=re.compile(r"Send pages 1–\d+ of 30"))
     button.wait_for(timeout=120_000)

@@ -157,8 +157,7 @@ def waits_while_installing(page, first) -> None:
     )
     assert re.search(r"— preparing \d+ s · installing the engine \d+ %", page.inner_text("#qwenchat-status"))
     e2e.wait_chat_open(page)
-    page.fill("#chat-input", "What is the capital of France?")
-    page.keyboard.press("Enter")
+    e2e.submit(page, "What is the capital of France?")
     page.wait_for_selector(f"text=installing the engine {pct} %", timeout=60_000)
     wait = page.locator('.step[data-step-type="tool"]').last  # "The model is loading… 12 s", collapsed
     wait.locator("button").first.click()

@@ -97,8 +97,7 @@ def test_a_message_sent_while_the_model_loads_waits_with_a_live_step_and_is_answ
     live.engine_pgids.add(engine_status(live)["pid"])
     e2e.wait_chat_open(page)  # else Enter does nothing
     t_sent = time.monotonic()
-    page.fill("#chat-input", "What is the capital of France?")
-    page.keyboard.press("Enter")
+    e2e.submit(page, "What is the capital of France?")
     # the live step ticks while the engine loads ("The model is loading… 12 s")
     page.get_by_text(re.compile(r"The model is loading… \d+ s")).first.wait_for(timeout=30_000)
     assert badge(page)[0] == "starting", "the engine was up before the message could wait"
@@ -120,8 +119,7 @@ def test_a_message_sent_while_the_model_loads_waits_with_a_live_step_and_is_answ
 def test_kill_9_mid_answer_keeps_the_partial_shows_the_reason_and_recovers_by_itself(live, page):
     e2e.wait_ready_ui(page)
     before = len(e2e.assistant_messages(page))
-    page.fill("#chat-input", "Write a long story about a dragon.")
-    page.keyboard.press("Enter")
+    e2e.submit(page, "Write a long story about a dragon.")
     # kill once some of the answer is on screen and it is still streaming
     page.wait_for_function(
         """([n]) => { const m = document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content');
@@ -156,8 +154,7 @@ def test_kill_9_mid_answer_keeps_the_partial_shows_the_reason_and_recovers_by_it
     # a message sent while it restarts waits (live step) and is answered once the engine is back
     steps_before = page.get_by_text(re.compile(r"The model is loading… \d+ s")).count()
     n_before = len(e2e.assistant_messages(page))
-    page.fill("#chat-input", "What is the capital of France?")
-    page.keyboard.press("Enter")
+    e2e.submit(page, "What is the capital of France?")
     loading = page.get_by_text(re.compile(r"The model is loading… \d+ s"))
     deadline = time.monotonic() + 30
     while loading.count() <= steps_before:
@@ -234,8 +231,7 @@ def test_kill_9_of_the_ui_mid_answer_restarts_it_and_the_same_page_resumes_its_c
     victim = e2e.ui_pid(live)
     before = len(e2e.assistant_messages(page))
     answers_before = stored_answers(live, thread_id)
-    page.fill("#chat-input", "Write a long story about a dragon.")
-    page.keyboard.press("Enter")
+    e2e.submit(page, "Write a long story about a dragon.")
     page.wait_for_function(
         """([n]) => { const m = document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content');
                       return m.length > n && m[m.length - 1].innerText.length >= 40; }""",

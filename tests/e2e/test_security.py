@@ -212,8 +212,7 @@ def test_two_thousand_failed_logins_are_throttled_while_an_open_chat_keeps_strea
         page.click("button[type=submit]")
         e2e.wait_ready_ui(page, timeout_ms=60_000)
         tokens = 400
-        page.fill("#chat-input", f"[[normal:tokens={tokens}:rate=20]] a long answer please")
-        page.keyboard.press("Enter")
+        e2e.submit(page, f"[[normal:tokens={tokens}:rate=20]] a long answer please")
         page.wait_for_function(
             """() => { const m = document.querySelectorAll('.step[data-step-type="assistant_message"] .message-content');
                        return m.length && m[m.length - 1].innerText.includes("w3 "); }""",

@@ -351,8 +351,7 @@ def test_the_welcome_screen_share_refusals_and_compare_labels_are_chinese_in_a_z
         page.wait_for_function(
             "([s]) => document.body.innerText.includes(s)", arg=[t("compare.on_blind", "zh").split("：")[0]]
         )
-        page.fill("#chat-input", "你好")
-        page.keyboard.press("Enter")
+        e2e.submit(page, "你好")
         for key in ("compare.vote_a", "compare.vote_b", "compare.vote_tie"):
             page.locator("button", has_text=t(key, "zh")).first.wait_for(timeout=60_000)
         page.screenshot(path=str(live.log_dir / "compare-zh.png"))

@@ -48,3 +48,11 @@ def test_quick_leaves_out_every_marker_of_what_a_module_starts_and_soak_makes_th
     assert set(marks.KINDS) <= registered, set(marks.KINDS) - registered
     assert '[ "$mode" = soak ] && export QWENCHAT_SOAK=long' in script
     assert "soak) select=(-m soak)" in script
+
+
+def test_without_arguments_the_tests_run_on_two_workers_with_the_lanes_scheduler_and_with_arguments_in_one():
+    """tests/support/lanes.py's scheduler takes over pytest-xdist's ``loadscope`` only: test.sh must ask for it."""
+    script = (ROOT / "test.sh").read_text()
+    assert "if [ $# -eq 0 ]; then set -- -n 2 --dist loadscope tests; fi" in script
+    run = script[script.index("if [ $# -eq 0 ]") :]
+    assert '-m pytest "${select[@]}" "$@"' in run.splitlines()[1]
