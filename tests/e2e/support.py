@@ -293,13 +293,17 @@ def wait_ready_ui(page: Page, timeout_ms: int = 240_000) -> None:
 
 
 def submit(page: Page, text: str, timeout_ms: int = 60_000) -> None:
-    """Type ``text`` in the composer and send it. Chainlit's composer ignores Enter while a task of the chat runs
-    (on_chat_start, a settings update: ``CHAT_OPEN``), and the text stays in the box: so Enter is pressed once the
-    composer takes messages, and again while the text is still there once it takes them again (a settings update
-    that began after the check). An empty box is the message sent."""
+    """Type ``text`` in the composer and send it. The product's composer ignores Enter while a task of the chat runs
+    (on_chat_start, a settings update: ``CHAT_OPEN``), and the text stays in the box: so on the product's page Enter
+    is pressed once the composer takes messages, and again while the text is still there once it takes them again
+    (a settings update that began after the check). An empty box is the message sent. Another Chainlit app's page
+    (no settings button) gets one Enter."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     page.fill("#chat-input", text)
+    if not page.locator("#chat-settings-open-modal").count():
+        page.press("#chat-input", "Enter")
+        return
     deadline = time.monotonic() + timeout_ms / 1000
     while page.input_value("#chat-input") != "":
         left_ms = (deadline - time.monotonic()) * 1000
