@@ -12,7 +12,9 @@ Kinds, one fixture each (tests/conftest.py, tests/e2e/conftest.py): ``tiny_engin
 with its LoRA), ``browser`` (one headless Chromium; tests open their own contexts in it), ``fake_openai`` (the
 fault-injecting OpenAI server), ``embedded_product`` (``python -m backend serve`` on the embedded model and its
 demo adapter), ``external_app`` and ``login_app`` (the product in external mode on the fake server: login off; login
-on with two accounts and branding), ``socket_app`` (tests/integration/conftest.py: login on, two accounts, SQLite). A test that kills or restarts its engine starts its own, as before.
+on with two accounts and branding), ``socket_app`` (tests/integration/conftest.py: login on, two accounts, SQLite,
+for the socket-protocol modules). A test that kills or restarts its engine starts its own, as before. With two
+workers, the modules sharing a kind run on one (tests/support/lanes.py).
 """
 
 from __future__ import annotations
