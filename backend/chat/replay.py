@@ -11,7 +11,12 @@ and deletes one removed meanwhile).
 
 "Shortly before": a cut the server has not noticed yet (no TCP close: a laptop that left the Wi-Fi) is found by the
 socket's ping only, up to ``window`` seconds later (engine.io's ping interval + ping timeout), and what was emitted in
-that time is lost too. No Chainlit import here: backend/ui/reconnect.py feeds it Chainlit's events.
+that time is lost too.
+
+From the moment the session is on its new socket until the replay is sent (the browser's client asks for it once
+its socket connects: a round trip), what the journal keeps is held back, not sent live: a token sent then would land
+after the tokens of the gap that the browser still lacks, and the answer would show with a hole until the replay
+filled it. The replay carries it. No Chainlit import here: backend/ui/reconnect.py feeds it Chainlit's events.
 """
 
 from __future__ import annotations
@@ -63,28 +68,31 @@ class Journal:
         self.window, self.clock = window, clock
         self.entries: dict[tuple[str, str], Entry] = {}  # in the order each was first emitted
         self.away_since: float | None = None  # when the server noticed the socket close
+        self.held_since: float | None = None  # when the session got its new socket (until the replay)
         self._prune_at = PRUNE_MIN
 
-    def record(self, event: str, data: Any) -> None:
-        """An event Chainlit emitted to the session's browser (whether it arrived or not)."""
+    def record(self, event: str, data: Any) -> bool:
+        """An event Chainlit emitted to the session's browser (whether it arrived or not). True when the journal
+        keeps what it changed (a replay would carry it)."""
         if event in STATE_EVENTS:  # a list (the settings panel's inputs, the commands, the modes)
             self.entries[(event, "")] = Entry({"value": data}, self.clock())
-            return
+            return True
         if not isinstance(data, dict):
-            return
+            return False
         if event == "stream_token":
             entry = self.entries.get(("step", str(data.get("id"))))
-            if entry is not None:
-                entry.token(
-                    str(data.get("token") or ""),
-                    sequence=bool(data.get("isSequence")),
-                    into_input=bool(data.get("isInput")),
-                )
-                entry.touched = self.clock()
-            return
+            if entry is None:
+                return False
+            entry.token(
+                str(data.get("token") or ""),
+                sequence=bool(data.get("isSequence")),
+                into_input=bool(data.get("isInput")),
+            )
+            entry.touched = self.clock()
+            return True
         kind, gone = self._kind(event)
         if kind is None:
-            return
+            return False
         key = (kind, str(data.get("id")))
         entry = self.entries.get(key)
         if gone:
@@ -96,6 +104,7 @@ class Journal:
             self.entries[key] = Entry(dict(data), self.clock())  # replaces the value, keeps the first place
         if len(self.entries) >= self._prune_at:
             self._prune()
+        return True
 
     @staticmethod
     def _kind(event: str) -> tuple[str | None, bool]:
@@ -115,8 +124,18 @@ class Journal:
         if self.away_since is None:
             self.away_since = self.clock()
 
+    def hold(self) -> None:
+        """The session is on a new socket, its replay not sent yet: what the journal keeps waits for the replay."""
+        if self.held_since is None:
+            self.held_since = self.clock()
+
+    def holds(self, kept: bool) -> bool:
+        """Whether an event just recorded (``kept``: by ``record``) is to wait for the replay instead of going out."""
+        return kept and self.held_since is not None
+
     def _cutoff(self) -> float:
-        return (self.away_since if self.away_since is not None else self.clock()) - self.window
+        cutoff = (self.away_since if self.away_since is not None else self.clock()) - self.window
+        return cutoff if self.held_since is None else min(cutoff, self.held_since)
 
     def _prune(self) -> None:
         cutoff = self._cutoff()
@@ -125,14 +144,15 @@ class Journal:
 
     def replay(self) -> Iterator[Event]:
         """The events that bring a reconnected browser's screen up to date: everything changed since ``window``
-        before the cut, in the order first emitted. An action button is removed before it is added again (the
-        browser's client adds an action twice if told twice). The session counts as connected again.
+        before the cut (and all that was held back since the new socket), in the order first emitted. An action
+        button is removed before it is added again (the browser's client adds an action twice if told twice). The
+        session counts as connected again, and nothing is held back any more.
 
         Lazily: each thing's state is taken when its event is asked for, so that an event sent right after it
         (a token of an answer still streaming, emitted while the replay is being sent) is never older than the
         state it follows. What first appears during the replay is sent live."""
         cutoff = self._cutoff()
-        self.away_since = None
+        self.away_since = self.held_since = None
         keys = [key for key, entry in self.entries.items() if entry.touched >= cutoff]
         return self._events(keys)
 

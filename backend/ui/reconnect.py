@@ -7,6 +7,8 @@ streaming. Here, once per process:
 
 - every event Chainlit emits to a session also goes into that session's ``Journal`` (backend/chat/replay.py);
 - the ``disconnect`` handler notes when the server saw the socket close;
+- once the session is on its new socket (``WebsocketSession.restore``), what the journal keeps is held back until
+  the replay (replay.py says why);
 - on the reconnected browser's ``connection_successful``, the journal's replay is sent (each message, step, button
   and element changed since shortly before the cut, whole), and the browser's "answering" state (the Stop button)
   is set from whether the session's task still runs. Chainlit's own handler is not run for a session that had its
@@ -55,10 +57,27 @@ def _journaled_emit(emitter: ChainlitEmitter) -> Emit:
     journal = journal_of(emitter.session)
 
     def emit(event: str, data: Any) -> Any:
-        journal.record(event, data)
+        if journal.holds(journal.record(event, data)):
+            return _held()
         return send(event, data)
 
     return emit
+
+
+async def _held() -> None:
+    """What an emit held back for the replay returns (Chainlit awaits what an emit returns)."""
+
+
+def _restoring(original: Callable[..., Any]) -> Callable[..., Any]:
+    """WebsocketSession.restore, patched: the session's journal holds back what the replay will carry."""
+
+    @functools.wraps(original)
+    def restore(session: WebsocketSession, *args: Any, **kwargs: Any) -> Any:
+        journal_of(session).hold()
+        return original(session, *args, **kwargs)
+
+    restore.chainlit_restore = original  # type: ignore[attr-defined]
+    return restore
 
 
 async def disconnect(original: Callable[[str], Awaitable[Any]], sid: str) -> None:
@@ -98,10 +117,12 @@ async def connection_successful(
 
 
 def install(on_back: Callable[[], Awaitable[None]]) -> None:
-    """The journal on every session's emits, and the two handlers (again by a later installation: around
+    """The journal on every session's emits and restores, and the two handlers (again by a later installation: around
     Chainlit's own handlers, not around an earlier wrapper). ``on_back``: the app's own work when a session is
     back (chat.on_reconnect), run in the session's context after the replay."""
     ChainlitEmitter.emit = property(_journaled_emit)  # type: ignore[assignment,method-assign]
+    restore = WebsocketSession.restore
+    WebsocketSession.restore = _restoring(getattr(restore, "chainlit_restore", restore))  # type: ignore[method-assign]
     handlers = sio.handlers.setdefault(NAMESPACE, {})
     back = functools.partial(connection_successful, on_back=on_back)
     for event, method in (("disconnect", disconnect), ("connection_successful", back)):

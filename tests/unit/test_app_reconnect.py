@@ -60,7 +60,12 @@ class Link:
         await sio.handlers["/"]["disconnect"](self.chat.sid)
 
     async def back(self) -> None:
-        from chainlit.server import sio
+        self.restore()
+        await self.successful()
+
+    def restore(self) -> None:
+        """The session on its new socket (Chainlit's ``connect``); the browser's ``connection_successful`` comes a
+        round trip later."""
         from chainlit.socket import restore_existing_session
 
         events = self.chat.events
@@ -72,7 +77,12 @@ class Link:
         session = self.chat.session
         assert restore_existing_session(sid, session.id, emit, session.emit_call, session.environ)
         self.chat.sid = sid
-        await sio.handlers["/"]["connection_successful"](sid)
+        self.restored_at = len(events)
+
+    async def successful(self) -> None:
+        from chainlit.server import sio
+
+        await sio.handlers["/"]["connection_successful"](self.chat.sid)
 
     def shown(self) -> Screen:
         return Screen(self.chat.events[self.start :])
@@ -139,6 +149,31 @@ async def test_an_answer_still_streaming_at_the_reconnect_has_no_gap_and_keeps_s
     assert answer.startswith(during) and "w79" in answer and "*`fake-qwen` ·" in answer, answer
     assert view(link.tab()) == view(link.uncut())
     assert last_task_state(link) == "task_end"
+
+
+async def test_tokens_streamed_between_the_new_socket_and_the_replay_wait_for_the_replay(chat):
+    """The browser's client asks for the replay (``connection_successful``) a round trip after its socket connects.
+    A token sent live in between would land after a gap the browser still has (the tokens of the cut): it waits
+    for the replay, which carries it; what the journal does not keep (here the tokens' own timing) is not held."""
+    link = Link(chat)
+    sending = chat.start_sending(f"[[normal:tokens=80:rate=20]] {marker()}")  # 4 s
+    await wait_for(lambda: link.shown().answers and link.shown().answers[-1].strip(), 20, "the first tokens")
+    await link.cut()
+    await asyncio.sleep(0.5)
+    link.restore()
+    emitted = len(link.live)
+    await wait_for(
+        lambda: sum(e == "stream_token" for e, _ in link.live[emitted:]) >= 3, 20, "tokens after the restore"
+    )
+    early = [e for e, _ in chat.events[link.restored_at :] if e in ("stream_token", "new_message", "update_message")]
+    assert not early, f"sent to the new socket before the replay (the page would show a gap): {early}"
+    await link.successful()
+    assert not sending.done(), "the answer ended before the replay: the test proves nothing"
+    assert view(link.tab()) == view(link.uncut())
+    await wait_for(lambda: any(e == "stream_token" for e, _ in chat.events[link.restored_at :]), 20, "live tokens")
+    await asyncio.wait_for(sending, 30)
+    assert view(link.tab()) == view(link.uncut())
+    assert "*`fake-qwen` ·" in link.shown().answers[-1]
 
 
 async def test_a_cut_that_the_server_did_not_notice_loses_nothing_either(chat):

@@ -121,3 +121,19 @@ def test_each_things_state_is_taken_when_its_event_is_sent_not_before():
     j.record("stream_token", {"id": "b", "token": "w1 ", "isSequence": False, "isInput": False})  # sent live
     j.record("new_message", step("c", "new"))  # first emitted during the replay: sent live, not again
     assert list(events) == [("new_message", step("b", "w0 w1 "))]
+
+
+def test_what_changes_between_the_new_socket_and_the_replay_is_held_for_the_replay_however_long_that_takes():
+    j, clock = journal(window=10)
+    kept = j.record("stream_start", step("a", "w0 "))
+    assert kept and not j.holds(kept)  # connected: sent live
+    j.hold()  # the session is on its new socket
+    clock.now += 5
+    token = {"id": "a", "token": "w1 ", "isSequence": False, "isInput": False}
+    assert j.holds(j.record("stream_token", token))  # waits for the replay
+    assert not j.holds(j.record("stream_token", {**token, "id": "unknown"}))  # not kept: goes out live
+    assert not j.holds(j.record("task_start", {}))
+    clock.now += 100  # the browser asks long after (its socket was cut again meanwhile)
+    j.disconnected()
+    assert list(j.replay()) == [("new_message", step("a", "w0 w1 "))]  # older than the window, held: sent
+    assert not j.holds(j.record("stream_token", token))  # after the replay: live again
