@@ -1,6 +1,11 @@
 """History while the database is locked, down or slow, with the product launched as start.sh launches it (login on),
 over Chainlit's real socket protocol, against the fake OpenAI server (issue 32).
 
+Three launches of the product serve the module, each test in a chat of its own: one on SQLite (the lock tests, with a
+``pending_max`` the first test stays far below), one on PostgreSQL (stopped mid-answer, the UI killed while it is
+down, and UI A of the two-UI test), and one behind the slow-database proxy; the two-UI test launches its UI B.
+Each test checks only the log its own turns wrote (``Mark``).
+
 Before the outbox (backend/storage/outbox.py) the turn sent during the fault was answered on screen and lost: Chainlit's
 data layer logged "An error occurred: (sqlite3.OperationalError) database is locked" (or the connection error) and
 returned, and nothing kept the write. Each test here fails on that code where it checks the waiting turn stored.
@@ -16,7 +21,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from sqlalchemy import text
@@ -61,6 +66,44 @@ async def until(check: Callable[[], Any], seconds: float, what: str) -> Any:
     return found
 
 
+class Product(NamedTuple):
+    app: e2e.LiveApp
+    db: database.Database  # its history, read by the test directly
+
+
+@pytest.fixture(scope="module")
+def sqlite_app(fake, tmp_path_factory) -> Iterator[Product]:
+    app = launch_ready(fake, tmp_path_factory.mktemp("sqlite"), **LOGIN, QWENCHAT_HISTORY_PENDING_MAX="10")
+    try:
+        yield Product(app, database.sqlite_file(app.log_dir / "history.sqlite3"))
+    finally:
+        e2e.stop(app)
+
+
+@pytest.fixture(scope="module")
+def pg_app(fake, pg, tmp_path_factory) -> Iterator[Product]:
+    env = pg_env(pg, "shared")
+    app = launch_ready(fake, tmp_path_factory.mktemp("pg"), **env)
+    try:
+        yield Product(app, database.from_setting(env["QWENCHAT_HISTORY_DB"], Path("/unused")))
+    finally:
+        e2e.stop(app)
+
+
+class Mark:
+    """Where a product's ui.log stood when a test began: ``since`` is what was written after (every line of it,
+    however long: a shared product's log holds the earlier tests' too)."""
+
+    def __init__(self, app: e2e.LiveApp, *, from_start: bool = False) -> None:
+        self.path = app.log_dir / "ui.log"
+        self.at = 0 if from_start or not self.path.exists() else self.path.stat().st_size
+
+    def since(self) -> str:
+        with self.path.open("rb") as f:
+            f.seek(self.at)
+            return f.read().decode(errors="replace")
+
+
 def get(app: e2e.LiveApp, path: str, cookie: str) -> Any:
     req = urllib.request.Request(app.url + path, headers={"Cookie": cookie})
     with urllib.request.urlopen(req, timeout=30) as resp:
@@ -94,10 +137,11 @@ def thread_of(turn: Turn) -> str:
     return str(turn.steps[ids(turn)[1]]["threadId"])
 
 
-def clean_log(app: e2e.LiveApp, *, reads_failed: bool = False) -> None:
-    """No traceback of the history's write path; and, unless the server was down (``reads_failed``: Chainlit's own
-    reads log "An error occurred: ..." then), no traceback and no write swallowed by Chainlit at all."""
-    log = app.log("ui")
+def clean_log(mark: Mark, *, reads_failed: bool = False) -> None:
+    """No traceback of the history's write path in the log since ``mark``; and, unless the server was down
+    (``reads_failed``: Chainlit's own reads log "An error occurred: ..." then), no traceback and no write swallowed by
+    Chainlit at all."""
+    log = mark.since()
     if not reads_failed:
         assert "Traceback" not in log, log[-3000:]
         assert "An error occurred" not in log, log[-3000:]
@@ -120,11 +164,10 @@ async def stored_within(db: database.Database, thread_id: str, want: list[str], 
 
 @pytest.mark.asyncio
 async def test_a_turn_answered_under_a_40_s_exclusive_lock_is_stored_after_it_and_the_status_line_said_so(
-    fake, tmp_path
+    sqlite_app,
 ):
-    app = launch_ready(fake, tmp_path, **LOGIN)
-    path = tmp_path / "logs" / "history.sqlite3"
-    db = database.sqlite_file(path)
+    app, db = sqlite_app
+    path, mark = app.log_dir / "history.sqlite3", Mark(app)
     lock: Held | None = None
     try:
         cookie = login_cookie(app.url, USER, PASSWORD)
@@ -160,8 +203,7 @@ async def test_a_turn_answered_under_a_40_s_exclusive_lock_is_stored_after_it_an
     finally:
         if lock is not None:
             lock.release()
-        e2e.stop(app)
-    clean_log(app)
+    clean_log(mark)
 
 
 def pending_writes(app: e2e.LiveApp, cookie: str) -> float:
@@ -174,10 +216,9 @@ def pending_writes(app: e2e.LiveApp, cookie: str) -> float:
 
 
 @pytest.mark.asyncio
-async def test_past_pending_max_a_new_chat_is_refused_with_its_text_and_the_open_chat_goes_on(fake, tmp_path):
-    app = launch_ready(fake, tmp_path, **LOGIN, QWENCHAT_HISTORY_PENDING_MAX="10")
-    path = tmp_path / "logs" / "history.sqlite3"
-    db = database.sqlite_file(path)
+async def test_past_pending_max_a_new_chat_is_refused_with_its_text_and_the_open_chat_goes_on(sqlite_app):
+    app, db = sqlite_app
+    path, mark = app.log_dir / "history.sqlite3", Mark(app)
     lock: Held | None = None
     try:
         cookie = login_cookie(app.url, USER, PASSWORD)
@@ -208,8 +249,7 @@ async def test_past_pending_max_a_new_chat_is_refused_with_its_text_and_the_open
     finally:
         if lock is not None:
             lock.release()
-        e2e.stop(app)
-    clean_log(app)
+    clean_log(mark)
 
 
 # ---------------------------------------------------------------- PostgreSQL stopped and started
@@ -220,11 +260,9 @@ def pg_env(pg: Postgres, name: str) -> dict[str, str]:
 
 
 @pytest.mark.asyncio
-async def test_postgresql_stopped_mid_answer_then_started_again_gets_the_turn_in_order(fake, tmp_path, pg):
-    env = pg_env(pg, "midanswer")
-    db = database.from_setting(env["QWENCHAT_HISTORY_DB"], Path("/unused"))
-    app = launch_ready(fake, tmp_path, **env)
-    stopped = False
+async def test_postgresql_stopped_mid_answer_then_started_again_gets_the_turn_in_order(pg_app, pg):
+    app, db = pg_app
+    mark, stopped = Mark(app), False
     try:
         cookie = login_cookie(app.url, USER, PASSWORD)
         async with Session(app.url, cookie=cookie) as s:
@@ -255,18 +293,16 @@ async def test_postgresql_stopped_mid_answer_then_started_again_gets_the_turn_in
     finally:
         if stopped:
             pg.start()
-        e2e.stop(app)
-    clean_log(app, reads_failed=True)
+    clean_log(mark, reads_failed=True)
 
 
 @pytest.mark.asyncio
-async def test_the_ui_killed_while_postgresql_is_down_replays_its_journal_once_both_are_back(fake, tmp_path, pg):
+async def test_the_ui_killed_while_postgresql_is_down_replays_its_journal_once_both_are_back(pg_app, pg):
     """PostgreSQL stopped, a turn answered (kept in the journal), the UI killed (kill -9; the launcher starts a new
     one), PostgreSQL started: the new UI replays the journal, and every step is stored once."""
-    env = pg_env(pg, "killed")
-    db = database.from_setting(env["QWENCHAT_HISTORY_DB"], Path("/unused"))
-    app = launch_ready(fake, tmp_path, **env)
-    stopped = False
+    app, db = pg_app
+    mark, stopped = Mark(app), False
+    messages_before = message_rows(db)
     try:
         cookie = login_cookie(app.url, USER, PASSWORD)
         async with Session(app.url, cookie=cookie) as s:
@@ -278,7 +314,7 @@ async def test_the_ui_killed_while_postgresql_is_down_replays_its_journal_once_b
             second = await s.send("And of Italy?")
             assert second.answered, second.summary()
             await until(lambda: "waiting" in history_text(app, cookie), 60, "the status line")
-        journals = list((tmp_path / "logs").glob("history-pending-*.jsonl"))
+        journals = list(app.log_dir.glob("history-pending-*.jsonl"))
         assert journals and any(ids(second)[0] in j.read_text() for j in journals), journals
         victim = e2e.ui_pid(app)
         os.kill(victim, signal.SIGKILL)
@@ -288,18 +324,20 @@ async def test_the_ui_killed_while_postgresql_is_down_replays_its_journal_once_b
         back = await stored_within(db, thread_id, want, 180, "the journal replayed by the new UI")
         print(f"\nUI killed, PostgreSQL started -> the journal's turn stored: {back - started:.1f} s")
         assert e2e.ui_pid(app) != victim
-        await until(lambda: journal_empty(tmp_path / "logs"), 60, "the journal emptied: every write stored")
+        await until(lambda: journal_empty(app.log_dir), 60, "the journal emptied: every write stored")
         assert [st[0] for st in chat_steps(db, thread_id)] == want  # each message once, in order
-        steps = database.store(db).run(lambda c: c.execute(text('SELECT "type" FROM steps')).all())
-        assert sorted(r[0] for r in steps if r[0] in ("user_message", "assistant_message")) == sorted(
-            ["user_message", "assistant_message"] * 2
-        )
+        assert message_rows(db) - messages_before == 4  # and nowhere else: no chat got a copy
     finally:
         if stopped:
             pg.start()
-        e2e.stop(app)
-    assert "writes from an earlier run queued again" in app.log("ui")
-    clean_log(app, reads_failed=True)
+    assert "writes from an earlier run queued again" in mark.since()
+    clean_log(mark, reads_failed=True)
+
+
+def message_rows(db: database.Database) -> int:
+    """The user messages and answers stored, in every chat."""
+    query = text("SELECT count(*) FROM steps WHERE \"type\" IN ('user_message', 'assistant_message')")
+    return int(database.store(db).run(lambda c: c.execute(query).scalar_one()))
 
 
 # ---------------------------------------------------------------- a slow database: 5 s per write
@@ -386,6 +424,7 @@ async def test_a_database_that_takes_5_s_per_write_does_not_hold_up_the_answers(
     env = {**LOGIN, "QWENCHAT_HISTORY_DB": pg.url(name, port=proxy.port)}
     db = database.from_setting(pg.url(name), Path("/unused"))  # the test reads around the proxy
     app = launch_ready(fake, tmp_path, **env)
+    mark = Mark(app)
     healthy: list[float] = []
     slow: list[float] = []
     try:
@@ -420,26 +459,21 @@ async def test_a_database_that_takes_5_s_per_write_does_not_hold_up_the_answers(
     print(f"\nanswer latency, healthy database: {[round(x, 2) for x in healthy]} s")
     print(f"answer latency, 5 s per write:    {[round(x, 2) for x in slow]} s")
     print(f"median ratio slow/healthy: {sorted(slow)[1] / max(sorted(healthy)[1], 1e-6):.2f}")
-    clean_log(app)
+    clean_log(mark)
 
 
 # ---------------------------------------------------------------- two UI processes on one PostgreSQL
 
 
 @pytest.mark.asyncio
-async def test_two_uis_on_one_postgresql_one_with_a_pending_journal(fake, tmp_path, pg):
-    """UIs A and B (each its own folder, one database). PostgreSQL stops; A answers a turn it must keep; the server
-    starts again and B chats at once, while A's journal drains: each turn is stored once, in its chat, and B reads
-    A's chat whole."""
-    env = pg_env(pg, "twouis")
-    db = database.from_setting(env["QWENCHAT_HISTORY_DB"], Path("/unused"))
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a = launch_ready(fake, tmp_path / "a", **env)
-    b: e2e.LiveApp | None = None
-    stopped = False
+async def test_two_uis_on_one_postgresql_one_with_a_pending_journal(fake, tmp_path, pg, pg_app):
+    """UIs A (the module's product on PostgreSQL) and B (launched here, its own folder, the same database).
+    PostgreSQL stops; A answers a turn it must keep; the server starts again and B chats at once, while A's journal
+    drains: each turn is stored once, in its chat, and B reads A's chat whole."""
+    a, db = pg_app
+    mark_a, stopped = Mark(a), False
+    b = launch_ready(fake, tmp_path, **LOGIN, QWENCHAT_HISTORY_DB=pg.url("shared"))
     try:
-        b = launch_ready(fake, tmp_path / "b", **env)
         cookie_a, cookie_b = login_cookie(a.url, USER, PASSWORD), login_cookie(b.url, USER, PASSWORD)
         async with Session(a.url, cookie=cookie_a) as sa, Session(b.url, cookie=cookie_b) as sb:
             first = await sa.send("What is the capital of France?")
@@ -450,7 +484,7 @@ async def test_two_uis_on_one_postgresql_one_with_a_pending_journal(fake, tmp_pa
             second = await sa.send("And of Italy?")
             assert second.answered, second.summary()
             await until(lambda: "waiting" in history_text(a, cookie_a), 60, "A's status line")
-            assert not journal_empty(tmp_path / "a" / "logs")
+            assert not journal_empty(a.log_dir)
             pg.start()
             stopped = False
             other = await sb.send("What is the capital of Spain?")
@@ -462,14 +496,11 @@ async def test_two_uis_on_one_postgresql_one_with_a_pending_journal(fake, tmp_pa
                 *ids(first),
                 *ids(second),
             ]
-            await until(lambda: journal_empty(tmp_path / "a" / "logs"), 60, "A's journal emptied")
-            assert journal_empty(tmp_path / "b" / "logs")
+            await until(lambda: journal_empty(a.log_dir), 60, "A's journal emptied")
+            assert journal_empty(b.log_dir)
     finally:
         if stopped:
             pg.start()
-        e2e.stop(a)
-        if b is not None:
-            e2e.stop(b)
-    clean_log(a, reads_failed=True)
-    if b is not None:
-        clean_log(b, reads_failed=True)
+        e2e.stop(b)
+    clean_log(mark_a, reads_failed=True)
+    clean_log(Mark(b, from_start=True), reads_failed=True)
