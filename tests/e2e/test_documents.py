@@ -135,7 +135,10 @@ def test_a_document_too_long_is_offered_cut_at_a_page_and_the_step_names_the_cut
     assert "Nothing was sent" in page.locator(".step", has_text="long.pdf does not fit").last.inner_text()
     page.wait_for_selector("#stop-button", state="detached", timeout=60_000)
     before = len(e2e.assistant_messages(page))
-    button.click()
+    with page.expect_response(lambda r: r.request.method == "POST" and "/project/action" in r.url) as pressed:
+        button.click()
+    response = pressed.value  # the press reached the UI, and what it said
+    assert response.status == 200, (response.status, response.text()[:500])
 
     page.get_by_text(f"sending long.pdf: pages 1–{part} of 30").first.wait_for(timeout=60_000)
     page.wait_for_function(
