@@ -57,3 +57,14 @@ def login_app(fake_openai, tmp_path_factory) -> e2e.LiveApp:
         return e2e.launch(tmp, e2e.login_app_env(tmp, fake_openai), wait_engine=False, timeout=120)
 
     return SHARED.get(LOGIN_APP, start, e2e.stop)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """A failed browser test's report says what each page still open showed at that moment (its address, what the
+    composer held, the end of its text): a timeout alone does not say which side stalled."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "browser" in getattr(item, "fixturenames", ()):
+        running = SHARED.running.get("browser")  # ((playwright, browser), stop)
+        report.sections.append(("pages at the failure", e2e.pages_now(running[0][1] if running else None)))

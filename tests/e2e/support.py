@@ -283,6 +283,25 @@ def assistant_messages(page: Page) -> list[str]:
 CHAT_OPEN = "#chat-settings-open-modal:not([disabled])"
 
 
+def pages_now(browser: Browser | None) -> str:
+    """Each open page of ``browser``: its address, whether its composer takes messages, what the composer holds and
+    the last 1,500 characters of its text. For a failed test's report."""
+    if browser is None:
+        return "no browser running"
+    lines = []
+    try:
+        for context in browser.contexts:
+            for page in context.pages:
+                box = page.locator("#chat-input")
+                held = box.input_value(timeout=2_000) if box.count() else "<no composer>"
+                open_ = bool(page.locator(CHAT_OPEN).count())
+                text = str(page.evaluate("() => document.body ? document.body.innerText : ''"))[-1500:]
+                lines.append(f"--- {page.url}  composer open: {open_}, holds {held!r}\n{text}")
+    except Exception as exc:  # noqa: BLE001 - a report must not fail on a browser that went away
+        lines.append(f"(the pages could not be read: {exc!r})")
+    return "\n".join(lines) or "no page open"
+
+
 def wait_chat_open(page: Page, timeout_ms: int = 60_000) -> None:
     page.wait_for_selector(CHAT_OPEN, timeout=timeout_ms)
 

@@ -48,6 +48,7 @@ def command(page, name: str, args: str = "") -> str:
     """Run a composer command as a user does: type /name, pick it from the menu with Tab (Enter on a name typed out
     in full runs it at once: public/commands.js), add the arguments, send."""
     before = len(e2e.assistant_messages(page))
+    e2e.wait_chat_open(page)  # not while a task of the chat runs (a settings update after the last answer)
     page.click("#chat-input")
     page.keyboard.type(f"/{name}")
     page.wait_for_selector(f'[cmdk-item][data-value^="{name}"]', timeout=10_000)

@@ -47,6 +47,7 @@ def chat(browser, live, fake):
     page = logged_in(browser, live, OWNER, OWNER_PW)
     post(fake + "/fake/script", {"chunks": [c for name in ANSWER for c in [*corpus.CORPUS[name], "\n\n"]][:-1]})
     e2e.send(page, TYPED, timeout_ms=60_000)
+    page.wait_for_url("**/thread/*")  # the chat's first message moves the page to its thread: then type the command
     command(page, "compare")
     post(fake + "/fake/script", {"chunks": COMPARED})
     # A starts 2 s late and so ends after B: read back, A must still come first (left).

@@ -120,7 +120,11 @@ def test_a_message_sent_while_installing_and_downloading_waits_and_is_answered_o
         )
         page.wait_for_selector("#stop-button", state="detached", timeout=180_000)
         answer = e2e.assistant_messages(page)[-1]
-        assert "Paris" in answer, answer
+        # The model's text, then its footer. Not its words: a 135M model's greedy answer changes with the CPU's
+        # kernels and with what shares its batch (the supervisor's probe); on one 2-core Xeon it answered
+        # "L'Étoile, la Marseillaise, la femme…" to this question, alone or not.
+        footer = re.search(rf"^{re.escape(EMBEDDED_MODEL_NAME)} · \d+ tokens · ", answer, re.M)
+        assert footer and answer[: footer.start()].strip(), answer
         # the first answer after ready counts exactly, in this chat opened while the engine was being prepared:
         # no "≈", and the number is the engine's own prompt_tokens for the same message
         meter = re.search(r"context: (≈?)([\d,]+) / [\d,]+ tokens", answer)
