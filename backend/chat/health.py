@@ -18,13 +18,15 @@ poll while probes fail or right after /health or /v1/models failed.
 States (``EngineState``):
 
     STARTING  refused / 503 / no models yet, never ready in this engine's life; or supervisor starting/restarting
-              (even with /health answering: ready only once the launcher's status says running);
+              (even with /health answering: ready only once the launcher's status says running); or refused /
+              unhealthy after ready while its launcher's status still says running, for SUPERVISED_GRACE_S (the
+              restart is coming: vLLM answers 503 for seconds after its EngineCore died, then exits);
               or the launcher still preparing (installing the engine, converting the model: ``phase``, no HTTP);
               or a fleet's router that answers /health while a probe through it fails with a 5xx (not routable)
     READY     health 200 (or no /health route), models listed, probe answered within probe_slow
     DEGRADED  after health 200 and models: probe timed out, failed or was slow; or /health or /v1/models stopped answering
     DOWN      refused (or unhealthy) after having been ready (any probe that answered, even slowly, counts as
-              "ready" here); never up within startup_limit; supervisor down/stopped; the engine refused our API key
+              "ready" here), without a launcher or past its grace; never up within startup_limit; supervisor down/stopped; the engine refused our API key
 
 A transition (state or reason) is logged once and pushed to subscribers once; a steady state is
 not re-logged. Reasons are catalog Texts (key + parameters, no ticking numbers) so they can be compared; the
@@ -85,7 +87,7 @@ from ..contract import EngineStatus
 from ..probe import probe_body
 from ..settings import HealthSettings  # re-exported: the [health] section
 from ..text import Text
-from .health_classify import Life, Poll, Verdict, classify, fleet_view, probe_answered
+from .health_classify import Life, Poll, Verdict, classify, fleet_view, health_ok, probe_answered
 from .health_fleet import Fleet, Partial
 from .health_http import Http, new_session, root_of, send
 from .health_life import EngineLife, LoadGauges
@@ -308,6 +310,7 @@ class HealthPoller:
         if self._decided(poll):
             return
         health, replica_lists = await self._read_health()
+        self.life.note_health(health_ok(health, self._life()))
         poll = dataclasses.replace(poll, health=health)
         if self._decided(poll):
             return
@@ -324,7 +327,7 @@ class HealthPoller:
     def _life(self) -> Life:
         over = self.life.starting_for() >= self.settings.startup_limit
         fleet, ready = bool(self.fleet), self.fleet.any_ready
-        return Life(self.life.ever_ready, over, fleet, ready, self.root_url)
+        return Life(self.life.ever_ready, over, fleet, ready, self.root_url, self.life.lost_for())
 
     def _decided(self, poll: Poll) -> bool:
         """Set the state the poll so far decides, if it decides one."""

@@ -25,6 +25,11 @@ from .health_status import EngineState, ModelEntry, ReplicaHealth
 
 SUP_STARTING = (SupervisorState.PREPARING, SupervisorState.STARTING, SupervisorState.RESTARTING)
 SUP_DOWN = (SupervisorState.DOWN, SupervisorState.STOPPED)
+# How long an engine the launcher supervises may stop answering while its status still says "running" before that
+# counts as down. Its supervisor sees the process exit within a second; vLLM's API server answers /health with 503
+# for a few seconds after its EngineCore died (the OOM killer's pick), then exits. Meanwhile a message waits for
+# the restart instead of failing (issue #28).
+SUPERVISED_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class Life:
     fleet: bool = False  # the base URL is a router in front of replicas
     replica_ready: bool = False  # a fleet replica answers its own /health
     root_url: str = ""
+    lost_for: float = 0.0  # seconds /health has not said go on since it last did, in this life (0: it does)
 
 
 @dataclass(frozen=True)
@@ -101,15 +107,23 @@ def _health(health: Http, sup: EngineStatus | None, life: Life, settings: Health
             return Verdict(EngineState.DEGRADED, Text("health.health_slow", {"seconds": settings.request_timeout}))
         if life.ever_ready:
             how = Text("health.replica_refused") if health.error == "refused" else Text.verbatim(health.error)
-            return Verdict(EngineState.DOWN, Text("health.stopped_answering", {"how": how, "url": life.root_url}))
+            return _lost(Text("health.stopped_answering", {"how": how, "url": life.root_url}), sup, life)
         return _starting(Text("health.not_listening"), life, settings)
     if health.status in (401, 403):
         return Verdict(EngineState.DOWN, refused(health, Route.HEALTH))
     if not ok and life.ever_ready:
-        return Verdict(EngineState.DOWN, Text("health.unhealthy", {"status": health.status}))
+        return _lost(Text("health.unhealthy", {"status": health.status}), sup, life)
     if not ok:
         return _starting(Text("health.loading"), life, settings)
     return None
+
+
+def _lost(why: Text, sup: EngineStatus | None, life: Life) -> Verdict:
+    """A ready engine that stopped answering: DOWN, unless the launcher supervises it and has not seen it yet
+    (still "running", for ``SUPERVISED_GRACE_S``): then STARTING, for the restart that is coming."""
+    if sup is not None and sup.state is SupervisorState.RUNNING and life.lost_for < SUPERVISED_GRACE_S:
+        return Verdict(EngineState.STARTING, Text("health.supervised_lost", {"why": why}))
+    return Verdict(EngineState.DOWN, why)
 
 
 def _models(models: Http, base: ModelEntry | None, life: Life, settings: HealthSettings) -> Verdict | None:

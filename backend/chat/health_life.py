@@ -24,6 +24,7 @@ class EngineLife:
         # the outcome of the last probe that answered (READY or slow DEGRADED), replayed between
         # probes; None while probes fail or after /health or /v1/models failed: probe on every poll
         self.answered: Verdict | None = None
+        self.lost_since: float | None = None  # monotonic: /health stopped saying go on after it had (None: it does)
         self._sup_key: tuple[Any, ...] | None = None
 
     def begin(self, since: float | None = None) -> None:
@@ -31,6 +32,7 @@ class EngineLife:
         self.ever_ready = False
         self.last_probe_at = None
         self.answered = None
+        self.lost_since = None
         self.started = time.monotonic() - (max(0.0, time.time() - since) if since is not None else 0.0)
 
     def note_supervisor(self, sup: EngineStatus) -> bool:
@@ -45,6 +47,17 @@ class EngineLife:
         if new:
             self.begin(sup.since)
         return new
+
+    def note_health(self, ok: bool) -> None:
+        """Whether this poll's /health said go on. Once a ready engine's stops, its (re)start clock counts from
+        then: the status line's "starting 3 s" while the launcher is about to restart it."""
+        if ok:
+            self.lost_since = None
+        elif self.ever_ready and self.lost_since is None:
+            self.lost_since = self.started = time.monotonic()
+
+    def lost_for(self) -> float:
+        return 0.0 if self.lost_since is None else time.monotonic() - self.lost_since
 
     def probe_due(self, force: bool, answered: Verdict | None, every: float) -> bool:
         """A probe is due when forced, after one that did not answer (``answered`` None), or ``every`` seconds

@@ -2,7 +2,8 @@
 
 ``Running`` drives ``Supervisor.run()`` on an event loop in a thread and records every distinct status
 written to ``engine-status.json`` (what the app's health poller reads), by reading the file.
-``group_members`` / ``wait_group_empty`` look for processes left in a process group, from /proc.
+``group_members`` / ``wait_group_empty`` look for processes left in a process group, from /proc;
+``engine_core_pid`` finds the newest launch's EngineCore child in the engine log.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -35,6 +37,15 @@ def group_members(pgid: int) -> list[int]:
         if pgrp == pgid and state not in ("Z", "X"):
             out.append(int(entry))
     return out
+
+
+def engine_core_pid(log_path: Path) -> int:
+    """vLLM prefixes EngineCore's log lines with its pid; read it from the newest launch."""
+    text = read_tail(log_path, 10_000_000)
+    text = text[text.rindex(ATTEMPT_MARKER) :]
+    pids = re.findall(r"\(EngineCore(?:_DP\d+)? pid=(\d+)\)", text)
+    assert pids, f"no EngineCore pid in the engine log:\n{text[-3000:]}"
+    return int(pids[-1])
 
 
 def wait_group_empty(pgid: int, timeout: float) -> list[int]:

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -40,9 +41,17 @@ def test_the_line_names_each_count():
 
 def spawn(*args: str) -> int:
     """A sleeping Python whose command line reads as ``args`` (its -c ends the options: the rest is its argv),
-    spawned past subprocess.Popen, which tests/support/marks.py watches: this unit module launches nothing."""
+    spawned past subprocess.Popen, which tests/support/marks.py watches: this unit module launches nothing.
+    Returned once /proc shows that command line: posix_spawn returns when the child's exec has let go of this
+    process's memory, and the kernel sets the new command line a moment later (a scan in between, on a busy
+    machine, read it empty: the counter's last scan missed the process)."""
     argv = [sys.executable, "-c", "import time; time.sleep(120)", *args]
-    return os.posix_spawn(sys.executable, argv, dict(os.environ))  # returns once it has exec'd
+    pid = os.posix_spawn(sys.executable, argv, dict(os.environ))
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1] != [a.encode() for a in argv]:
+        assert time.monotonic() < deadline, f"the spawned process never showed its command line: {argv}"
+        time.sleep(0.01)
+    return pid
 
 
 def test_a_launch_counts_as_a_product_once_its_ui_started_else_as_refused_for_the_test_running_then():

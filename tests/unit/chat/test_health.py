@@ -354,6 +354,48 @@ async def test_a_503_health_while_loading_is_starting_and_after_ready_is_down(en
 
 
 @pytest.mark.asyncio
+async def test_a_supervised_engine_that_stops_answering_is_coming_back_until_its_launcher_says_otherwise(
+    engine, tmp_path, monkeypatch
+):
+    """Issue #28: vLLM whose EngineCore was killed answers /health with 503 for seconds while its launcher's status
+    still says "running"; a message sent then failed at once ("unhealthy, press Retry") although the restart was
+    seconds away. Now that is STARTING, saying the launcher restarts it, and a wait goes on through the restart;
+    the launcher silent past the grace (here 1 s) makes it DOWN again."""
+    from backend.chat import health_classify
+
+    status_file = tmp_path / "engine-status.json"
+    write_status(status_file, state="running", pid=5151, attempt=0)
+    await engine.start()
+    poller = HealthPoller(engine.url, KEY, FAST, status_file=status_file)
+    await poller.start()
+    try:
+        await until(poller, lambda s: s.ready, what="ready")
+        engine.health_status = 503
+        st = await until(poller, lambda s: s.state is not EngineState.READY, what="not ready")
+        assert st.state is EngineState.STARTING, st
+        assert (
+            st.text("en")
+            == "the model server reports it is unhealthy (health HTTP 503); waiting for the launcher to restart it"
+        )
+        assert "等待启动器重启" in st.text("zh-CN")
+        waiter = asyncio.create_task(poller.wait_until_ready(30))
+        write_status(status_file, state="restarting", pid=6161, attempt=1, cause="crashed")
+        await until(poller, lambda s: s.attempt == 1, what="restarting")
+        assert not waiter.done()
+        engine.health_status = 200
+        write_status(status_file, state="running", pid=6161, attempt=1)
+        assert (await waiter).state is EngineState.READY
+
+        monkeypatch.setattr(health_classify, "SUPERVISED_GRACE_S", 1.0)
+        engine.health_status = 503  # and the launcher never notices
+        await until(poller, lambda s: s.state is EngineState.STARTING, what="coming back")
+        down = await until(poller, lambda s: s.state is EngineState.DOWN, what="down after the grace")
+        assert down.text("en") == "the model server reports it is unhealthy (health HTTP 503)"
+    finally:
+        await poller.stop()
+
+
+@pytest.mark.asyncio
 async def test_stop_ends_subscriptions_and_waits_and_leaves_no_task(engine):
     poller = HealthPoller(engine.url, KEY, FAST)
     await poller.start()

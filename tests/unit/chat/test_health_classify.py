@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.chat.health_classify import Life, Poll, classify, fleet_view
+from backend.chat.health_classify import SUPERVISED_GRACE_S, Life, Poll, classify, fleet_view
 from backend.chat.health_http import Http
 from backend.chat.health_status import EngineState, ModelEntry, ReplicaHealth
 from backend.contract import EngineStatus, SupervisorState
@@ -21,6 +21,8 @@ TIMEOUT = Http(error="timeout")
 READY, DEGRADED, STARTING, DOWN = EngineState.READY, EngineState.DEGRADED, EngineState.STARTING, EngineState.DOWN
 FRESH, UP, LATE = Life(), Life(ever_ready=True), Life(startup_over=True)
 FLEET = Life(ever_ready=True, fleet=True, replica_ready=True)
+RUNNING = EngineStatus(state=SupervisorState.RUNNING)  # the launcher's supervisor: it has seen nothing wrong yet
+LONG_LOST = Life(ever_ready=True, lost_for=SUPERVISED_GRACE_S + 1)
 
 ROWS = [
     # (why, poll, life, state, reason key) — state None: the next stage must be read
@@ -32,9 +34,15 @@ ROWS = [
     ("not listening yet", Poll(health=REFUSED), FRESH, STARTING, "health.not_listening"),
     ("never up within the limit", Poll(health=REFUSED), LATE, DOWN, "health.never_ready"),
     ("gone after ready", Poll(health=REFUSED), UP, DOWN, "health.stopped_answering"),
+    ("gone, its launcher not there yet", Poll(RUNNING, REFUSED), UP, STARTING, "health.supervised_lost"),
+    ("gone, its launcher silent too long", Poll(RUNNING, REFUSED), LONG_LOST, DOWN, "health.stopped_answering"),
     ("/health slow after ready", Poll(health=TIMEOUT), UP, DEGRADED, "health.health_slow"),
+    ("/health slow, supervised", Poll(RUNNING, TIMEOUT), UP, DEGRADED, "health.health_slow"),
     ("key refused", Poll(health=Http(ok=True, status=401)), UP, DOWN, None),
     ("unhealthy after ready", Poll(health=Http(ok=True, status=500)), UP, DOWN, "health.unhealthy"),
+    # vLLM whose EngineCore died answers 503 for seconds before it exits and its launcher restarts it
+    ("unhealthy, its launcher not there yet", Poll(RUNNING, Http(ok=True, status=503)), UP, STARTING, None),
+    ("unhealthy, its launcher silent too long", Poll(RUNNING, Http(ok=True, status=503)), LONG_LOST, DOWN, None),
     ("loading", Poll(health=Http(ok=True, status=503)), FRESH, STARTING, "health.loading"),
     ("router 503 with a replica ready", Poll(health=Http(ok=True, status=503)), FLEET, None, None),
     ("/health 404 goes on", Poll(health=Http(ok=True, status=404)), FRESH, None, None),
