@@ -26,7 +26,8 @@ States (``EngineState``):
     READY     health 200 (or no /health route), models listed, probe answered within probe_slow
     DEGRADED  after health 200 and models: probe timed out, failed or was slow; or /health or /v1/models stopped answering
     DOWN      refused (or unhealthy) after having been ready (any probe that answered, even slowly, counts as
-              "ready" here), without a launcher or past its grace; never up within startup_limit; supervisor down/stopped; the engine refused our API key
+              "ready" here), without a launcher or past its grace; never up within startup_limit; supervisor
+              down/stopped; the engine refused our API key
 
 A transition (state or reason) is logged once and pushed to subscribers once; a steady state is
 not re-logged. Reasons are catalog Texts (key + parameters, no ticking numbers) so they can be compared; the
