@@ -11,6 +11,7 @@ modules of a directory that share one next to each other and stop each as soon a
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import socket
@@ -45,10 +46,11 @@ if TYPE_CHECKING:
     from tests.support.postgres import Postgres
 
 # The shared kinds (tests/support/shared.py): their fixtures' names.
-TINY_ENGINE, FAKE_OPENAI, BROWSER = (
+TINY_ENGINE, FAKE_OPENAI, BROWSER, PG_HISTORY_APP = (
     SHARED.kind("tiny_engine"),
-    SHARED.kind("fake_openai"),
+    SHARED.kind("fake_openai", group=False),
     SHARED.kind("browser", group=False),
+    SHARED.kind("pg_history_app"),
 )
 
 
@@ -258,3 +260,23 @@ def postgres() -> Iterator[Postgres]:
             yield pg
     except RuntimeError as exc:  # missing binaries, initdb or start failed: a failure with the reason
         pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="module")
+def pg_history_app(fake_openai: str, postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The product on the shared fake server with its history in a database of its own on the session's PostgreSQL,
+    as test_message_ids launches it (login on, a second account, each client's language), ready: for the modules that
+    need a UI on PostgreSQL and nothing else of it (test_message_ids; UI A of test_two_uis, whose B joins the same
+    database). ``history_url`` and ``history_name``: that database."""
+    from tests.e2e import support as e2e
+
+    def start() -> Any:
+        # imported by name: mypy (strict on what bench/ imports of this file) must not follow into the test modules
+        launch = importlib.import_module("tests.integration.test_message_ids").launch
+        name = f"shared_{os.getpid()}_{SHARED.started.get(PG_HISTORY_APP, 0)}"
+        url = postgres.create_database(name)
+        app = launch(fake_openai, tmp_path_factory.mktemp("pg-history-app"), url)
+        app.history_url, app.history_name = url, name
+        return app
+
+    return SHARED.get(PG_HISTORY_APP, start, e2e.stop)

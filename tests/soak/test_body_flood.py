@@ -1,21 +1,24 @@
 """Request bodies sent without a cookie to the real UI process: a 20 MB JSON body and a 2 GB streamed upload are
 refused (413) before they are read, and the UI's peak RSS (VmHWM) stays within a fixed bound of what it was. And a
-token logged out is refused, also once the UI has restarted (the revocations are kept in its folder)."""
+token logged out is refused, also once the UI has restarted (the revocations are kept in its folder). One launch for
+both tests (the flood first), then the restart."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from tests.e2e import support as e2e
 from tests.support.live_app import LOGIN_PASSWORD, launched_with_login
 
-pytestmark = [pytest.mark.soak, pytest.mark.product]
+pytestmark = [pytest.mark.soak, pytest.mark.product, pytest.mark.asyncio(loop_scope="module")]
 
 JSON_BYTES = 20 * 1024 * 1024
 UPLOAD_BYTES = 2 * 1024 * 1024 * 1024
@@ -101,21 +104,28 @@ async def stream_upload(url: str, total: int) -> tuple[int, int]:
         writer.close()
 
 
-@pytest.mark.asyncio
-async def test_a_20_mb_json_body_and_a_2_gb_upload_without_a_cookie_leave_the_ui_memory_bounded(tmp_path):
-    async with launched_with_login(tmp_path) as app:
-        pid = await asyncio.to_thread(e2e.ui_pid, app)
-        # The UI loads its token counter, chat template and SDK client in the background after it starts answering
-        # (Service.warm_up: about 100 MiB of tokenizer and imports); the baseline is taken once that is done, so
-        # the growth measured is the flood's alone.
-        log = await asyncio.to_thread(app.log_with, WARM, "ui", 120)
-        assert WARM in log, "the UI never finished its warm-up"
-        before = peak_rss_mib(pid)
-        declared_status = await put_json(app.url, json_body(), send_body=False)
-        json_status = await put_json(app.url, json_body())
-        upload_status, uploaded = await stream_upload(app.url, UPLOAD_BYTES)
-        after = peak_rss_mib(pid)
-        still = await asyncio.to_thread(page_status, app.url)
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def ui(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Path, e2e.LiveApp]]:
+    """The product (login on) and its folder, for both tests; the logout test stops it and starts it again there."""
+    folder = tmp_path_factory.mktemp("body-flood")
+    async with launched_with_login(folder) as app:
+        yield folder, app
+
+
+async def test_a_20_mb_json_body_and_a_2_gb_upload_without_a_cookie_leave_the_ui_memory_bounded(ui):
+    _, app = ui
+    pid = await asyncio.to_thread(e2e.ui_pid, app)
+    # The UI loads its token counter, chat template and SDK client in the background after it starts answering
+    # (Service.warm_up: about 100 MiB of tokenizer and imports); the baseline is taken once that is done, so
+    # the growth measured is the flood's alone.
+    log = await asyncio.to_thread(app.log_with, WARM, "ui", 120)
+    assert WARM in log, "the UI never finished its warm-up"
+    before = peak_rss_mib(pid)
+    declared_status = await put_json(app.url, json_body(), send_body=False)
+    json_status = await put_json(app.url, json_body())
+    upload_status, uploaded = await stream_upload(app.url, UPLOAD_BYTES)
+    after = peak_rss_mib(pid)
+    still = await asyncio.to_thread(page_status, app.url)
     print(
         f"\n[body flood] UI peak RSS {before:.0f} MiB before, {after:.0f} MiB after a 20 MB JSON body "
         f"(answer {json_status}) and a streamed upload (answer {upload_status} after {uploaded / 2**20:.0f} MiB sent)"
@@ -149,16 +159,16 @@ async def user_status(url: str, cookies: dict[str, str]) -> int:
         return (await http.get("/user")).status_code
 
 
-@pytest.mark.asyncio
-async def test_logout_then_the_old_token_is_refused_by_the_real_ui_also_after_it_restarts(tmp_path):
-    async with launched_with_login(tmp_path) as app:
-        other = await signed_in(app.url)  # another session, never logged out
-        cookies = await signed_in(app.url, other_than="".join(other.values()))
-        assert await user_status(app.url, cookies) == 200
-        async with httpx.AsyncClient(base_url=app.url, timeout=60, cookies=cookies) as http:
-            assert (await http.post("/logout")).status_code == 200
-        refused = await user_status(app.url, cookies)
-    async with launched_with_login(tmp_path) as again:  # the UI process started again on the same folder
+async def test_logout_then_the_old_token_is_refused_by_the_real_ui_also_after_it_restarts(ui):
+    folder, app = ui
+    other = await signed_in(app.url)  # another session, never logged out
+    cookies = await signed_in(app.url, other_than="".join(other.values()))
+    assert await user_status(app.url, cookies) == 200
+    async with httpx.AsyncClient(base_url=app.url, timeout=60, cookies=cookies) as http:
+        assert (await http.post("/logout")).status_code == 200
+    refused = await user_status(app.url, cookies)
+    await asyncio.to_thread(e2e.stop, app)
+    async with launched_with_login(folder) as again:  # the UI process started again on the same folder
         after_restart = await user_status(again.url, cookies)
         other_after = await user_status(again.url, other)
     assert refused == 401, f"the token still works after the logout: {refused}"

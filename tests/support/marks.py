@@ -30,6 +30,7 @@ FIXTURES = {
     "external_app": {"product"},
     "login_app": {"product"},
     "socket_app": {"product"},
+    "pg_history_app": {"product"},
     "browser": {"browser"},
 }
 

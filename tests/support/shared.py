@@ -50,6 +50,10 @@ class Shared:
             self.started[name] = self.started.get(name, 0) + 1
         return self.running[name][0]
 
+    def value(self, name: str) -> Any | None:
+        """The running resource of kind ``name``, or None if it is not running (nothing is started)."""
+        return self.running[name][0] if name in self.running else None
+
     def release(self, names: Iterable[str]) -> None:
         """Stop the named resources that are running (in reverse order of their start: a product after its
         browser pages, an engine after the product built on it)."""

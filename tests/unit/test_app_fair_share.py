@@ -49,10 +49,10 @@ class Tabs:
         self.open.append(chat)
         return chat
 
-    async def streaming(self, chat: Chat, what: str) -> asyncio.Task:
-        """Send a slow message in ``chat`` and wait for its answer's first words; its task."""
+    async def streaming(self, chat: Chat, what: str, slow: str = SLOW) -> asyncio.Task:
+        """Send a slow message (``slow``) in ``chat`` and wait for its answer's first words; its task."""
         n = len(chat.events)
-        await guarded_send(chat, f"{SLOW} {what}")
+        await guarded_send(chat, f"{slow} {what}")
         task = chat.session.current_task
         await wait_for(lambda: any("w3" in a for a in chat.screen(n).answers), 20, f"{what} streaming")
         return task
@@ -178,7 +178,8 @@ async def test_a_flood_of_sends_from_twenty_tabs_starts_two_answers_and_refuses_
 async def test_a_tab_closed_while_its_answer_streams_gives_its_share_back(ui, tabs):
     cookie = browser()
     gone = await tabs.tab(cookie)
-    task = await tabs.streaming(gone, f"closing {marker()}")
+    # the answer goes on to its end with nobody to show it to (5 s here), then gives the share back
+    task = await tabs.streaming(gone, f"closing {marker()}", slow="[[normal:tokens=100:rate=20]]")
     assert ui.fair.held(f"browser:{cookie}") == 1
     await gone.end()  # the browser went away (Chainlit's on_chat_end, the session deleted)
     tabs.open.remove(gone)

@@ -154,7 +154,8 @@ async def test_an_answer_still_streaming_at_the_reconnect_has_no_gap_and_keeps_s
 async def test_tokens_streamed_between_the_new_socket_and_the_replay_wait_for_the_replay(chat):
     """The browser's client asks for the replay (``connection_successful``) a round trip after its socket connects.
     A token sent live in between would land after a gap the browser still has (the tokens of the cut): it waits
-    for the replay, which carries it; what the journal does not keep (here the tokens' own timing) is not held."""
+    for the replay, which carries it. (That what the journal does not keep still goes out live is the journal's own
+    test: tests/unit/chat/test_replay.py.)"""
     link = Link(chat)
     sending = chat.start_sending(f"[[normal:tokens=80:rate=20]] {marker()}")  # 4 s
     await wait_for(lambda: link.shown().answers and link.shown().answers[-1].strip(), 20, "the first tokens")

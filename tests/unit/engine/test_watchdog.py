@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -354,6 +355,41 @@ def test_a_frozen_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_pat
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_a_process_still_not_gone_after_sigkill_is_logged_and_the_stop_returns(monkeypatch, caplog):
+    """SIGKILL cannot be refused, but a loaded kernel may take seconds to tear a big process down (a frozen vLLM API
+    server at a load of 12 took more than 5 s): the stop goes on with a warning, never an exception, which killed the
+    supervisor that was restarting the engine (its run() ended in subprocess.TimeoutExpired)."""
+    code = (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(300)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True, stdin=subprocess.DEVNULL
+    )
+    real_wait = proc.wait
+    waits: list[float | None] = []
+
+    def slow_teardown(timeout: float | None = None) -> int:
+        waits.append(timeout)
+        if len(waits) > 1:  # after the SIGKILL: not reaped within the time asked
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0)
+        return real_wait(timeout)
+
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        monkeypatch.setattr(proc, "poll", lambda: None)  # the kernel has not torn it down yet
+        monkeypatch.setattr(proc, "wait", slow_teardown)
+        with caplog.at_level(logging.WARNING, logger="backend.launcher.supervisor"):
+            supervisor.stop_process_group(proc, grace=0.5)
+        assert len(waits) == 2, waits
+        assert "still not gone" in caplog.text and "after SIGKILL" in caplog.text
+    finally:
+        monkeypatch.undo()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
 
 
 # ---------------------------------------------------------------- the probe itself (backend/probe.py)
