@@ -119,10 +119,13 @@ def stopped_midway(tmp: Path, env: dict[str, str], engine_port: int, ui_port: in
     downloaded, the engine install still held: what it said, its exit code, the bytes served and the snapshot."""
     import time
 
-    hub_server.rate = 4_000_000  # per file: the model in about a minute, so the Ctrl-C lands midway
+    # per file: at most 12 MB (of 269) until the UI answers, however long it takes; then the model in about a
+    # minute, so the Ctrl-C lands midway
+    hub_server.rate = 100_000
     total = hub_server.repos[REPO].size
     tmp.mkdir()
     app = e2e.launch_prepare(tmp, env, engine_port, ui_port)
+    hub_server.rate = 4_000_000
     try:
         deadline = time.monotonic() + 120
         while hub_server.served <= total // 10:
