@@ -357,8 +357,12 @@ async def test_a_failed_install_stops_the_conversion_running_beside_it(beside):
     preparer, fake, status = beside
     run = asyncio.create_task(preparer.run())
     try:
-        await _until(lambda: (fake / "convert.pid").exists(), "the conversion to start", run=run)
-        convert_pid = int((fake / "convert.pid").read_text())
+        # the shell creates the file, then writes its line: wait for the line, not for the file
+        pid_file = fake / "convert.pid"
+        await _until(
+            lambda: pid_file.exists() and pid_file.read_text().endswith("\n"), "the conversion to start", run=run
+        )
+        convert_pid = int(pid_file.read_text())
         (fake / "fail").touch()
         (fake / "go-install").touch()
         failed = await asyncio.wait_for(run, 20)

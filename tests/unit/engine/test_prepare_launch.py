@@ -282,7 +282,9 @@ def test_ctrl_c_during_the_install_stops_the_install_and_the_ui(tmp_path):
     try:
         wait_for(lambda: get(f"http://127.0.0.1:{env['QWENCHAT_NETWORK_UI_PORT']}/")[0] == 200, 90, "UI", proc, out)
         install_pid = int(
-            wait_for(lambda: (fake / "install.pid").exists() and (fake / "install.pid").read_text(), 60, "pid")
+            wait_for(
+                lambda: (fake / "install.pid").exists() and (fake / "install.pid").read_text().endswith("\n"), 60, "pid"
+            )
         )
         assert pid_alive(install_pid)
         os.kill(proc.pid, signal.SIGINT)
