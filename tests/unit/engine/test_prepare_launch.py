@@ -281,10 +281,10 @@ def test_ctrl_c_during_the_install_stops_the_install_and_the_ui(tmp_path):
     proc, out = start(env, tmp_path, "--prepare")
     try:
         wait_for(lambda: get(f"http://127.0.0.1:{env['QWENCHAT_NETWORK_UI_PORT']}/")[0] == 200, 90, "UI", proc, out)
+        pid_file = fake / "install.pid"
+        # the shell creates the file, then writes its line: wait for the line (the value read), not for the file
         install_pid = int(
-            wait_for(
-                lambda: (fake / "install.pid").exists() and (fake / "install.pid").read_text().endswith("\n"), 60, "pid"
-            )
+            wait_for(lambda: pid_file.exists() and (line := pid_file.read_text()).endswith("\n") and line, 60, "pid")
         )
         assert pid_alive(install_pid)
         os.kill(proc.pid, signal.SIGINT)
