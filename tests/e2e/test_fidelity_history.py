@@ -10,6 +10,8 @@ the chat is reloaded from the database (a resumed chat) and opened through its s
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.e2e import fidelity_corpus as corpus
@@ -66,9 +68,15 @@ def assert_shown_as_written(page) -> None:
     page.locator(USERS).first.wait_for()
     page.wait_for_function("() => ['a', 'b'].every(l => (SIDE)([l]))".replace("SIDE", SIDE_JS))
     assert shown(page, USERS)[0] == expected(page, TYPED)
-    answers = shown(page, ANSWERS)
     want = expected(page, answer_text())
-    assert any(a.startswith(want + " fake-qwen · ") for a in answers), f"{answers}\nexpected: {want!r}"
+    # the page renders the thread's steps one by one: the answer may come a moment after the user message and the
+    # compare's sides (a shared view read none the first time it was looked at)
+    deadline = time.monotonic() + 30
+    answers = shown(page, ANSWERS)
+    while not any(a.startswith(want + " fake-qwen · ") for a in answers):
+        assert time.monotonic() < deadline, f"{answers}\nexpected: {want!r}"
+        page.wait_for_timeout(200)
+        answers = shown(page, ANSWERS)
     a, b = page.evaluate(SIDE_JS, ["a"]), page.evaluate(SIDE_JS, ["b"])
     assert " ".join(a["text"].split()).startswith("A · fake-qwen w0 w1 "), a  # the stalled side's own tokens
     want_b = "B · fake-adapter " + expected(page, corpus.source("word-colon-word"))
