@@ -87,7 +87,8 @@ class FakeHub:
         self.drop_at = 0
         self.web_page = False
         self.unsized: set[str] = set()
-        self.served = 0
+        self._served = 0
+        self._epoch = 0  # bumped by each reset of ``served``: responses begun before it count no more
         self.requests: list[tuple[str, str, int, str]] = []
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -222,6 +223,7 @@ class FakeHub:
             drop = self.drops > 0
             self.drops -= 1 if drop else 0
         sent = 0
+        epoch = self._epoch
         with f.path.open("rb") as src:
             src.seek(start)
             while chunk := src.read(CHUNK):
@@ -229,21 +231,35 @@ class FakeHub:
                     chunk = chunk[: max(0, self.drop_at - sent)]
                     if chunk:
                         await response.write(chunk)
-                        self._count(len(chunk))
+                        self._count(len(chunk), epoch)
                     assert request.transport is not None
                     request.transport.close()  # mid-body: the client sees the connection drop
                     return response
                 await response.write(chunk)
-                self._count(len(chunk))
+                self._count(len(chunk), epoch)
                 sent += len(chunk)
                 if self.rate:
                     await asyncio.sleep(len(chunk) / self.rate)
         await response.write_eof()
         return response
 
-    def _count(self, n: int) -> None:
+    @property
+    def served(self) -> int:
+        """Bytes of file bodies written since the last reset (``served = 0``), by responses begun after it: a
+        response of a stopped client, asleep between two chunks, can still write a few before it notices the client
+        is gone, and those are not the next run's."""
+        return self._served
+
+    @served.setter
+    def served(self, value: int) -> None:
         with self._lock:
-            self.served += n
+            self._served = value
+            self._epoch += 1
+
+    def _count(self, n: int, epoch: int) -> None:
+        with self._lock:
+            if epoch == self._epoch:
+                self._served += n
 
     async def _other(self, request: web.Request) -> web.Response:
         return web.json_response({"error": f"not faked: {request.method} {request.path}"}, status=404)
