@@ -46,12 +46,24 @@ if TYPE_CHECKING:
     from tests.support.postgres import Postgres
 
 # The shared kinds (tests/support/shared.py): their fixtures' names.
-TINY_ENGINE, FAKE_OPENAI, BROWSER, PG_HISTORY_APP = (
+TINY_ENGINE, FAKE_OPENAI, BROWSER, PG_HISTORY_APP, EXTERNAL_APP, FAULTS_APP = (
     SHARED.kind("tiny_engine"),
     SHARED.kind("fake_openai", group=False),
     SHARED.kind("browser", group=False),
     SHARED.kind("pg_history_app"),
+    SHARED.kind("external_app"),
+    SHARED.kind("faults_app"),
 )
+
+#: The faults product's client limits (``faults_app``): a stall is reported after IDLE s, a first token waited for
+#: 6 s, a retry after 0.1 s: a stalled turn ends in seconds, and no normal turn meets them (the soak's 20 sessions
+#: stream at once, and a loaded 2-core machine can hold a token back for 2 s).
+FAULTS_APP_ENV = {
+    "QWENCHAT_CLIENT_IDLE_TIMEOUT": "5",
+    "QWENCHAT_CLIENT_FIRST_TOKEN_TIMEOUT": "6",
+    "QWENCHAT_CLIENT_RETRY_BACKOFF": "0.1",
+    "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0",  # the soak's sessions are one script without login: one "user"
+}
 
 
 marks.watch_popen()  # what each module starts, checked against its markers (tests/support/marks.py)
@@ -247,6 +259,40 @@ def fake_openai(tmp_path_factory: pytest.TempPathFactory) -> str:
         req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
         urllib.request.urlopen(req, timeout=10).read()
     return url
+
+
+@pytest.fixture(scope="module")
+def external_app(fake_openai: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`python -m backend serve` in external mode (OPENAI_BASE_URL) on the shared fake server, login off, its UI in
+    English, loop stats on (tests/support/live_app.py), ready: for the modules that need nothing else of it
+    (test_fidelity, test_compare_columns, the login-off tests of test_security and test_history, the soaks'
+    test_bad_input and test_long_answers). Its answers may be 3,000 tokens long (test_long_answers'), and the
+    sessions of a script, which are one user without login, are not limited in how many answers they stream at
+    once."""
+    from tests.e2e import support as e2e
+    from tests.support import live_app
+
+    env = {"QWENCHAT_BUDGET_REPLY_RESERVE": "3000", "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0"}
+    return SHARED.get(
+        EXTERNAL_APP,
+        lambda: live_app.launch_external(tmp_path_factory.mktemp("external-app"), fake_openai + "/v1", env),
+        e2e.stop,
+    )
+
+
+@pytest.fixture(scope="module")
+def faults_app(fake_openai: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The product in external mode on the shared fake server with short client limits (``FAULTS_APP_ENV``), login
+    off, English, loop stats on, ready: for the faults a user sees in Chromium (tests/e2e/test_faults.py) and the
+    fault soak over the socket (tests/soak/test_faults.py)."""
+    from tests.e2e import support as e2e
+    from tests.support import live_app
+
+    return SHARED.get(
+        FAULTS_APP,
+        lambda: live_app.launch_external(tmp_path_factory.mktemp("faults-app"), fake_openai + "/v1", FAULTS_APP_ENV),
+        e2e.stop,
+    )
 
 
 @pytest.fixture(scope="session")

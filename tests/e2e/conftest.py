@@ -1,4 +1,4 @@
-"""Fixtures shared by the end-to-end tests (``browser`` and ``fake_openai`` are in tests/conftest.py).
+"""Fixtures shared by the end-to-end tests (``browser``, ``fake_openai`` and ``external_app`` are in tests/conftest.py).
 
 Shared by kind (tests/support/shared.py): each starts at its first user and stops after the last module that uses
 it, and the modules that use one run one after another.
@@ -11,8 +11,7 @@ import pytest
 from tests.e2e import support as e2e
 from tests.support.shared import SHARED
 
-EMBEDDED_PRODUCT, EXTERNAL_APP = SHARED.kind("embedded_product"), SHARED.kind("external_app")
-LOGIN_APP = SHARED.kind("login_app")
+EMBEDDED_PRODUCT, LOGIN_APP = SHARED.kind("embedded_product"), SHARED.kind("login_app")
 
 #: The product as start.sh launches it on the embedded model and its demo adapter, for test_chat and test_compare:
 #: greedy answers, and a small token budget (1,200 - 150 reply) so a few long messages push early turns out.
@@ -30,18 +29,6 @@ def embedded_product(tmp_path_factory) -> e2e.LiveApp:
     launches its own."""
     return SHARED.get(
         EMBEDDED_PRODUCT, lambda: e2e.launch(tmp_path_factory.mktemp("e2e-embedded"), EMBEDDED_ENV), e2e.stop
-    )
-
-
-@pytest.fixture(scope="module")
-def external_app(fake_openai, tmp_path_factory) -> e2e.LiveApp:
-    """`python -m backend serve` in external mode (OPENAI_BASE_URL) on the shared fake server, its UI in English;
-    for the modules that need nothing else of it (test_fidelity, test_compare_columns)."""
-    env = {"OPENAI_BASE_URL": fake_openai + "/v1", "OPENAI_API_KEY": "test", "QWENCHAT_UI_LANGUAGE": "en"}
-    return SHARED.get(
-        EXTERNAL_APP,
-        lambda: e2e.launch(tmp_path_factory.mktemp("e2e-external"), env, wait_engine=False, timeout=120),
-        e2e.stop,
     )
 
 

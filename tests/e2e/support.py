@@ -45,15 +45,34 @@ class LiveApp:
     output: Path
     engine_url: str = ""  # the launched vLLM's /v1 URL (tests call it directly with ENGINE_KEY)
 
-    def log(self, name: str = "serve") -> str:
-        path = self.output if name == "serve" else self.log_dir / f"{name}.log"
-        return supervisor.read_tail(path, 20000)
+    def log_path(self, name: str = "serve") -> Path:
+        return self.output if name == "serve" else self.log_dir / f"{name}.log"
 
-    def log_with(self, text: str, name: str = "serve", timeout: float = 15) -> str:
+    def mark(self, name: str = "serve") -> int:
+        """Where the log ``name`` stands now: pass it as ``since`` to read only what is written after (a shared
+        product's log holds the earlier modules' lines too)."""
+        path = self.log_path(name)
+        return path.stat().st_size if path.exists() else 0
+
+    def log(self, name: str = "serve", *, since: int | None = None) -> str:
+        """The log's last 20,000 characters; with ``since`` (0, or a ``mark``), everything written after it."""
+        path = self.log_path(name)
+        if since is None:
+            return supervisor.read_tail(path, 20000)
+        if not path.exists():
+            return ""
+        with path.open("rb") as f:
+            if since <= f.seek(0, os.SEEK_END):  # else the log was rotated since: all of the new file
+                f.seek(since)
+            else:
+                f.seek(0)
+            return f.read().decode(errors="replace")
+
+    def log_with(self, text: str, name: str = "serve", timeout: float = 15, *, since: int | None = None) -> str:
         """The log once it contains ``text`` (the launcher copies each child's output through a pipe, so a
         line reaches the file a moment after it is written), or as it is after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while text not in (log := self.log(name)) and time.monotonic() < deadline:
+        while text not in (log := self.log(name, since=since)) and time.monotonic() < deadline:
             time.sleep(0.2)
         return log
 

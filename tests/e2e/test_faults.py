@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.conftest import FAULTS_APP_ENV
 from tests.e2e import support as e2e
 from tests.fakes.openai_server import expected_text
 
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 # [client].idle_timeout for this app: a stall (20 s below) is reported after 5 s. Every normal answer in this module
 # must also arrive without a gap this long, so it is not cut shorter: a loaded machine can pause a process for 2 s.
-IDLE_TIMEOUT = 5
+IDLE_TIMEOUT = int(FAULTS_APP_ENV["QWENCHAT_CLIENT_IDLE_TIMEOUT"])
 FULL = expected_text(8).strip()  # the fake server's normal answer: "w0 w1 ... w7"
 PARTIAL = expected_text(3).strip()  # what a mid-stream fault lets through (at=3)
 
@@ -30,35 +31,23 @@ def fake(fake_openai):
 
 
 @pytest.fixture(scope="module")
-def live(fake, tmp_path_factory):
-    app = e2e.launch(
-        tmp_path_factory.mktemp("e2e-faults"),
-        {
-            "OPENAI_BASE_URL": fake + "/v1",
-            "OPENAI_API_KEY": "test",
-            "QWENCHAT_CLIENT_IDLE_TIMEOUT": str(IDLE_TIMEOUT),
-            "QWENCHAT_UI_LANGUAGE": "en",
-        },
-        wait_engine=False,
-        timeout=120,
-    )
+def live(fake, faults_app):
+    """The shared faults product (tests/conftest.py), once its status line's source says ready on the fake server's
+    model."""
     deadline = time.monotonic() + 60
-    while True:  # the status line's source: ready, and serving the fake server's model
+    while True:
         try:
-            state = e2e.status(app)
+            state = e2e.status(faults_app)
         except OSError as exc:
             state = {"unavailable": str(exc)}
         if state.get("state") == "ready" and state.get("model") == "fake-qwen":
-            break
+            return faults_app
         if time.monotonic() > deadline:
-            e2e.stop(app)
             pytest.fail(
                 f"the launched UI is not ready against OPENAI_BASE_URL={fake}/v1 (external mode) after "
-                f"60 s; it reports {json.dumps(state)}\n{app.log('ui')[-3000:]}"
+                f"60 s; it reports {json.dumps(state)}\n{faults_app.log('ui')[-3000:]}"
             )
         time.sleep(0.5)
-    yield app
-    e2e.stop(app)
 
 
 @pytest.fixture(scope="module")

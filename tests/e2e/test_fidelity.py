@@ -81,7 +81,7 @@ def fake(fake_openai):
 
 @pytest.fixture(scope="module")
 def live(external_app):
-    return external_app  # on the fake server, English (tests/e2e/conftest.py); test_compare_columns uses it too
+    return external_app  # on the fake server, English (tests/conftest.py); test_compare_columns uses it too
 
 
 @pytest.fixture(scope="module")

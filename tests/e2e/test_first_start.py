@@ -192,7 +192,7 @@ def test_a_message_sent_while_installing_and_downloading_waits_and_is_answered_o
     folder = hub.complete_snapshot(hub.HubModel(REPO), first.hf)
     # the launch line is at the top of engine.log: the whole file (LiveApp.log reads its last 20,000 characters,
     # which a long answer's request lines fill)
-    engine_log = (first.log_dir / "engine.log").read_text(errors="replace")
+    engine_log = first.log("engine", since=0)
     assert folder is not None and f"--model {folder} " in engine_log
     out = first.log()
     assert (
@@ -214,7 +214,7 @@ def test_the_start_after_the_ctrl_c_resumed_the_download_and_serves_the_hub_adap
     said = first.log_with("engine ready after", timeout=600)
     assert "engine ready after" in said, said
     assert 0 < first.hub.served < first.stopped.total, (first.hub.served, first.stopped.total)
-    engine_log = (first.log_dir / "engine.log").read_text(errors="replace")
+    engine_log = first.log("engine", since=0)
     assert "HF_HUB_OFFLINE=1" in engine_log and prepare_bg.DOWNLOAD_LOG in os.listdir(first.log_dir)
     folder = hub.complete_snapshot(hub.HubModel(ADAPTER, adapter=True), first.hf)
     assert folder is not None

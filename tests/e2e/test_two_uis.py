@@ -9,8 +9,6 @@ resume the same thread from B's history sidebar and continue; A shows the contin
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.e2e import support as e2e
@@ -22,15 +20,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.product, pytest.mark.browser]
 
 FULL = expected_text(8).strip()
 BAD = ("Traceback", "error occurred")
-
-
-def ui_log(app: e2e.LiveApp, having: str = "") -> str:
-    """The whole ui.log of ``app``; with ``having``, once it holds that (the launcher copies the UI's output through
-    a pipe: a line reaches the file a moment after it is written), or as it is after 15 s."""
-    deadline = time.monotonic() + 15
-    while having not in (log := (app.log_dir / "ui.log").read_text(errors="replace")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return log
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +40,9 @@ def test_a_thread_started_on_one_ui_is_resumed_and_continued_on_the_other(uis, f
     a, b = uis
     # the whole ui.log (A is shared: its first lines are long past LiveApp.log's tail); what this test's turns
     # write is what follows ``since``
-    since = {ui.url: len(ui_log(ui)) for ui in (a, b)}
+    since = {ui.url: ui.mark("ui") for ui in (a, b)}
     for ui in (a, b):
-        log = ui_log(ui, having="chats kept in")
+        log = ui.log_with("chats kept in", "ui", since=0)
         assert "chats kept in postgresql+asyncpg://qwenchat:***@127.0.0.1:" in log
         assert postgres.password not in log and postgres.password not in ui.log()
 
@@ -101,7 +90,7 @@ def test_a_thread_started_on_one_ui_is_resumed_and_continued_on_the_other(uis, f
     )
     assert rows.strip() == "2"
     for ui in (a, b):  # Chainlit's data layer only logs a failed INSERT: none may have failed on PostgreSQL
-        bad = [ln for ln in ui_log(ui)[since[ui.url] :].splitlines() if any(w in ln for w in BAD)]
+        bad = [ln for ln in ui.log("ui", since=since[ui.url]).splitlines() if any(w in ln for w in BAD)]
         assert not bad, bad
     context.close()
 

@@ -229,6 +229,9 @@ class Mode:
         return self
 
 
+USER_START_CHARS = 80
+
+
 @dataclass
 class RequestRecord:
     """What the server saw and did for one POST /v1/chat/completions."""
@@ -261,6 +264,12 @@ class RequestRecord:
         )
         last = self.messages[-1] if self.messages and isinstance(self.messages[-1], dict) else {}
         d["last_message"] = last.get("content") if isinstance(last.get("content"), str) else None  # its documents too
+        # the start of each user message, in order (whether a turn was lost: tests/soak/test_faults.py)
+        d["user_starts"] = [
+            m["content"][:USER_START_CHARS]
+            for m in self.messages
+            if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
+        ]
         return d
 
 

@@ -4,7 +4,7 @@ over Chainlit's real socket protocol, against the fake OpenAI server (issue 32).
 Three launches of the product serve the module, each test in a chat of its own: one on SQLite (the lock tests, with a
 ``pending_max`` the first test stays far below), one on PostgreSQL (stopped mid-answer, the UI killed while it is
 down, and UI A of the two-UI test), and one behind the slow-database proxy; the two-UI test launches its UI B.
-Each test checks only the log its own turns wrote (``Mark``).
+Each test checks only the log its own turns wrote (``LiveApp.mark``).
 
 Before the outbox (backend/storage/outbox.py) the turn sent during the fault was answered on screen and lost: Chainlit's
 data layer logged "An error occurred: (sqlite3.OperationalError) database is locked" (or the connection error) and
@@ -90,20 +90,6 @@ def pg_app(fake, pg, tmp_path_factory) -> Iterator[Product]:
         e2e.stop(app)
 
 
-class Mark:
-    """Where a product's ui.log stood when a test began: ``since`` is what was written after (every line of it,
-    however long: a shared product's log holds the earlier tests' too)."""
-
-    def __init__(self, app: e2e.LiveApp, *, from_start: bool = False) -> None:
-        self.path = app.log_dir / "ui.log"
-        self.at = 0 if from_start or not self.path.exists() else self.path.stat().st_size
-
-    def since(self) -> str:
-        with self.path.open("rb") as f:
-            f.seek(self.at)
-            return f.read().decode(errors="replace")
-
-
 def get(app: e2e.LiveApp, path: str, cookie: str) -> Any:
     req = urllib.request.Request(app.url + path, headers={"Cookie": cookie})
     with urllib.request.urlopen(req, timeout=30) as resp:
@@ -137,11 +123,11 @@ def thread_of(turn: Turn) -> str:
     return str(turn.steps[ids(turn)[1]]["threadId"])
 
 
-def clean_log(mark: Mark, *, reads_failed: bool = False) -> None:
-    """No traceback of the history's write path in the log since ``mark``; and, unless the server was down
-    (``reads_failed``: Chainlit's own reads log "An error occurred: ..." then), no traceback and no write swallowed by
-    Chainlit at all."""
-    log = mark.since()
+def clean_log(app: e2e.LiveApp, since: int, *, reads_failed: bool = False) -> None:
+    """No traceback of the history's write path in ``app``'s ui.log after ``since`` (a ``mark``); and, unless the
+    server was down (``reads_failed``: Chainlit's own reads log "An error occurred: ..." then), no traceback and no
+    write swallowed by Chainlit at all."""
+    log = app.log("ui", since=since)
     if not reads_failed:
         assert "Traceback" not in log, log[-3000:]
         assert "An error occurred" not in log, log[-3000:]
@@ -167,7 +153,7 @@ async def test_a_turn_answered_under_a_40_s_exclusive_lock_is_stored_after_it_an
     sqlite_app,
 ):
     app, db = sqlite_app
-    path, mark = app.log_dir / "history.sqlite3", Mark(app)
+    path, mark = app.log_dir / "history.sqlite3", app.mark("ui")
     lock: Held | None = None
     try:
         cookie = login_cookie(app.url, USER, PASSWORD)
@@ -203,7 +189,7 @@ async def test_a_turn_answered_under_a_40_s_exclusive_lock_is_stored_after_it_an
     finally:
         if lock is not None:
             lock.release()
-    clean_log(mark)
+    clean_log(app, mark)
 
 
 def pending_writes(app: e2e.LiveApp, cookie: str) -> float:
@@ -218,7 +204,7 @@ def pending_writes(app: e2e.LiveApp, cookie: str) -> float:
 @pytest.mark.asyncio
 async def test_past_pending_max_a_new_chat_is_refused_with_its_text_and_the_open_chat_goes_on(sqlite_app):
     app, db = sqlite_app
-    path, mark = app.log_dir / "history.sqlite3", Mark(app)
+    path, mark = app.log_dir / "history.sqlite3", app.mark("ui")
     lock: Held | None = None
     try:
         cookie = login_cookie(app.url, USER, PASSWORD)
@@ -249,7 +235,7 @@ async def test_past_pending_max_a_new_chat_is_refused_with_its_text_and_the_open
     finally:
         if lock is not None:
             lock.release()
-    clean_log(mark)
+    clean_log(app, mark)
 
 
 # ---------------------------------------------------------------- PostgreSQL stopped and started
@@ -262,7 +248,7 @@ def pg_env(pg: Postgres, name: str) -> dict[str, str]:
 @pytest.mark.asyncio
 async def test_postgresql_stopped_mid_answer_then_started_again_gets_the_turn_in_order(pg_app, pg):
     app, db = pg_app
-    mark, stopped = Mark(app), False
+    mark, stopped = app.mark("ui"), False
     try:
         cookie = login_cookie(app.url, USER, PASSWORD)
         async with Session(app.url, cookie=cookie) as s:
@@ -293,7 +279,7 @@ async def test_postgresql_stopped_mid_answer_then_started_again_gets_the_turn_in
     finally:
         if stopped:
             pg.start()
-    clean_log(mark, reads_failed=True)
+    clean_log(app, mark, reads_failed=True)
 
 
 @pytest.mark.asyncio
@@ -301,7 +287,7 @@ async def test_the_ui_killed_while_postgresql_is_down_replays_its_journal_once_b
     """PostgreSQL stopped, a turn answered (kept in the journal), the UI killed (kill -9; the launcher starts a new
     one), PostgreSQL started: the new UI replays the journal, and every step is stored once."""
     app, db = pg_app
-    mark, stopped = Mark(app), False
+    mark, stopped = app.mark("ui"), False
     messages_before = message_rows(db)
     try:
         cookie = login_cookie(app.url, USER, PASSWORD)
@@ -330,8 +316,8 @@ async def test_the_ui_killed_while_postgresql_is_down_replays_its_journal_once_b
     finally:
         if stopped:
             pg.start()
-    assert "writes from an earlier run queued again" in mark.since()
-    clean_log(mark, reads_failed=True)
+    assert "writes from an earlier run queued again" in app.log("ui", since=mark)
+    clean_log(app, mark, reads_failed=True)
 
 
 def message_rows(db: database.Database) -> int:
@@ -424,7 +410,7 @@ async def test_a_database_that_takes_5_s_per_write_does_not_hold_up_the_answers(
     env = {**LOGIN, "QWENCHAT_HISTORY_DB": pg.url(name, port=proxy.port)}
     db = database.from_setting(pg.url(name), Path("/unused"))  # the test reads around the proxy
     app = launch_ready(fake, tmp_path, **env)
-    mark = Mark(app)
+    mark = app.mark("ui")
     healthy: list[float] = []
     slow: list[float] = []
     try:
@@ -459,7 +445,7 @@ async def test_a_database_that_takes_5_s_per_write_does_not_hold_up_the_answers(
     print(f"\nanswer latency, healthy database: {[round(x, 2) for x in healthy]} s")
     print(f"answer latency, 5 s per write:    {[round(x, 2) for x in slow]} s")
     print(f"median ratio slow/healthy: {sorted(slow)[1] / max(sorted(healthy)[1], 1e-6):.2f}")
-    clean_log(mark)
+    clean_log(app, mark)
 
 
 # ---------------------------------------------------------------- two UI processes on one PostgreSQL
@@ -471,7 +457,7 @@ async def test_two_uis_on_one_postgresql_one_with_a_pending_journal(fake, tmp_pa
     PostgreSQL stops; A answers a turn it must keep; the server starts again and B chats at once, while A's journal
     drains: each turn is stored once, in its chat, and B reads A's chat whole."""
     a, db = pg_app
-    mark_a, stopped = Mark(a), False
+    mark_a, stopped = a.mark("ui"), False
     b = launch_ready(fake, tmp_path, **LOGIN, QWENCHAT_HISTORY_DB=pg.url("shared"))
     try:
         cookie_a, cookie_b = login_cookie(a.url, USER, PASSWORD), login_cookie(b.url, USER, PASSWORD)
@@ -502,5 +488,5 @@ async def test_two_uis_on_one_postgresql_one_with_a_pending_journal(fake, tmp_pa
         if stopped:
             pg.start()
         e2e.stop(b)
-    clean_log(mark_a, reads_failed=True)
-    clean_log(Mark(b, from_start=True), reads_failed=True)
+    clean_log(a, mark_a, reads_failed=True)
+    clean_log(b, 0, reads_failed=True)

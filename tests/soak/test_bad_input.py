@@ -5,7 +5,6 @@ Both must end with a clear result without exhausting memory; the peak RSS is pri
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -14,8 +13,6 @@ import time
 import pytest
 
 from backend.settings import ROOT
-from tests.e2e import support as e2e
-from tests.fakes.openai_server import FakeServer
 from tests.support import live_app
 from tests.support.socket_client import Session
 
@@ -26,19 +23,15 @@ PEAK_LIMIT_MIB = 2048  # "without exhausting memory": far below the machine's RA
 
 
 @pytest.mark.asyncio
-async def test_a_10_mb_paste_over_the_socket_gets_a_clear_answer_on_the_same_connection(tmp_path):
-    async with FakeServer() as srv:
-        app = await asyncio.to_thread(live_app.launch_external, tmp_path, srv.base_url, {})
-        try:
-            async with Session(app.url) as s:
-                sid = s.sid
-                big = await s.send("x" * PASTE_BYTES, 120)
-                after = await s.send("still there? [[normal:tokens=4]]", 60) if s.connected else None
-                disconnects = s.disconnects
-                same_socket = s.sid == sid
-            peak = live_app.snapshot(app)["peak_rss_kb"] / 1024
-        finally:
-            await asyncio.to_thread(e2e.stop, app)
+async def test_a_10_mb_paste_over_the_socket_gets_a_clear_answer_on_the_same_connection(external_app):
+    app = external_app  # the shared external-mode product on the fake server (tests/conftest.py)
+    async with Session(app.url) as s:
+        sid = s.sid
+        big = await s.send("x" * PASTE_BYTES, 120)
+        after = await s.send("still there? [[normal:tokens=4]]", 60) if s.connected else None
+        disconnects = s.disconnects
+        same_socket = s.sid == sid
+    peak = live_app.snapshot(app)["peak_rss_kb"] / 1024  # the app's peak so far, this paste included
     print(f"\n[bad input] 10 MB paste: {big.outcome}, disconnects {disconnects}; app peak RSS {peak:.0f} MiB")
     assert disconnects == 0 and not big.disconnected, "the 10 MB message closed the connection"
     assert big.finished and big.errors, f"no clear message for the 10 MB paste: {big.summary()}"

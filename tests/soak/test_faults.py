@@ -1,7 +1,7 @@
 """Fault soak: N sessions x M turns through Chainlit's socket protocol, 10 % of the requests faulted.
 
-The product runs as start.sh runs it (`python -m backend serve`, external mode) against the fault-injecting
-server in this process; each faulted turn picks a fault from the server's list (seeded: the same plan every
+The product runs as start.sh runs it (`python -m backend serve`, external mode: the shared ``faults_app``) against
+the shared fault-injecting server; each faulted turn picks a fault from the server's list (seeded: the same plan every
 run). Short (CI): 20 x 5. Long (``QWENCHAT_SOAK=long``): 200 x 20.
 Expected: no traceback or "unexpected failure" in the app log; every user message gets an answer or a clear
 message back (none lost: the last request of each session carries all its user turns); every faulted turn
@@ -12,13 +12,14 @@ app's RSS grows by less than 10 % between the first and the last quarter of the 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
+import urllib.request
 
 import pytest
 
-from tests.e2e import support as e2e
-from tests.fakes.openai_server import FAULTS, FakeServer, expected_text
+from tests.fakes.openai_server import FAULTS, expected_text
 from tests.support import live_app
 from tests.support.socket_client import Session, Turn, percentile
 
@@ -30,17 +31,7 @@ DEADLINE = {"short": 120, "long": 1800}  # seconds for the whole run
 FAULT_SHARE = 0.10
 NORMAL_TOKENS = 16
 NORMAL = f"normal:tokens={NORMAL_TOKENS}:rate=200"
-FAULT_OPTS = f"stall=10:tokens={NORMAL_TOKENS}"  # a stall outlasts the client's timeouts below
-# Short enough that a stalled turn ends in seconds, long enough that no normal turn hits them: 20 sessions stream
-# at once here (the fake server shares this process's event loop with the 20 socket clients), and a loaded 2-core
-# machine can hold a first token back for more than 2 s (what these were before)
-APP_ENV = {
-    # the sessions are one script without login, so one "user" to [ui] max_answers_per_user: no limit here
-    "QWENCHAT_UI_MAX_ANSWERS_PER_USER": "0",
-    "QWENCHAT_CLIENT_IDLE_TIMEOUT": "4",
-    "QWENCHAT_CLIENT_FIRST_TOKEN_TIMEOUT": "6",
-    "QWENCHAT_CLIENT_RETRY_BACKOFF": "0.1",
-}
+FAULT_OPTS = f"stall=10:tokens={NORMAL_TOKENS}"  # a stall outlasts the client's timeouts (tests/conftest.py)
 TURN_TIMEOUT = 60  # the longest fault (retries of a 503, a stall) ends within about ten seconds
 NO_TEXT_FAULTS = {"tool-calls"}  # an answer without text by design of the fault (a tool call)
 VISIBLE = {"answered", "error", "interrupted", "interrupted+error"}
@@ -57,6 +48,12 @@ def plan(sessions: int, turns: int) -> dict[tuple[int, int], str | None]:
     for k, i in enumerate(faulted):
         out[divmod(i, turns)] = modes[k % len(modes)]
     return out
+
+
+def requests_seen(fake: str) -> list[dict]:
+    """The chat requests the shared fake server got since its reset for this module (``GET /fake/requests``)."""
+    with urllib.request.urlopen(fake + "/fake/requests", timeout=30) as resp:
+        return list(json.loads(resp.read()))
 
 
 def marker(s: int, t: int) -> str:
@@ -94,27 +91,29 @@ def check_turn(fault: str | None, turn: Turn) -> str | None:
 
 
 @pytest.mark.asyncio
-async def test_sessions_x_turns_with_10_percent_faults(tmp_path, soak_level):
+async def test_sessions_x_turns_with_10_percent_faults(faults_app, fake_openai, soak_level):
+    """On the shared faults product (tests/conftest.py: a stall is reported after 5 s, a first token waited for
+    6 s)."""
+    app = faults_app
     sessions, turns = SIZES[soak_level]
     faults = plan(sessions, turns)
-    async with FakeServer() as srv:
-        app = await asyncio.to_thread(live_app.launch_external, tmp_path, srv.base_url, APP_ENV)
-        try:
-            async with Session(app.url) as warm:  # first-use costs (tokenizer, imports) before the measured run
-                assert (await warm.send(f"warm-up [[{NORMAL}]]", 60)).answered
-            sampler = live_app.RssSampler(app)
-            sampling = asyncio.create_task(sampler.run())
-            gate = asyncio.Semaphore(20)
-            t0 = time.monotonic()
-            async with asyncio.timeout(DEADLINE[soak_level]):
-                results = await asyncio.gather(*(run_session(app.url, s, turns, faults, gate) for s in range(sessions)))
-            t1 = time.monotonic()
-            await asyncio.sleep(0.5)  # a last RSS sample, and time for a late traceback to reach the log
-            sampling.cancel()
-            final = live_app.snapshot(app)
-            problems = live_app.problems(app)
-        finally:
-            await asyncio.to_thread(e2e.stop, app)
+    since = live_app.marks(app)
+    async with Session(app.url) as warm:  # first-use costs (tokenizer, imports) before the measured run
+        assert (await warm.send(f"warm-up [[{NORMAL}]]", 60)).answered
+    sampler = live_app.RssSampler(app)
+    sampling = asyncio.create_task(sampler.run())
+    gate = asyncio.Semaphore(20)
+    t0 = time.monotonic()
+    try:
+        async with asyncio.timeout(DEADLINE[soak_level]):
+            results = await asyncio.gather(*(run_session(app.url, s, turns, faults, gate) for s in range(sessions)))
+        t1 = time.monotonic()
+        await asyncio.sleep(0.5)  # a last RSS sample, and time for a late traceback to reach the log
+    finally:
+        sampling.cancel()
+    final = live_app.snapshot(app)
+    problems = live_app.problems(app, since)
+    records = await asyncio.to_thread(requests_seen, fake_openai)
 
     wrong = []
     for s, session_turns in enumerate(results):
@@ -125,8 +124,8 @@ async def test_sessions_x_turns_with_10_percent_faults(tmp_path, soak_level):
     # no user turn lost: the newest request of each session carries every user turn of it, in order
     lost = []
     for s in range(sessions):
-        last = [r for r in srv.records if any(marker(s, turns - 1) in str(m.get("content")) for m in r.messages)]
-        users = [str(m.get("content")) for m in (last[-1].messages if last else []) if m.get("role") == "user"]
+        last = [r for r in records if any(u.startswith(marker(s, turns - 1)) for u in r["user_starts"])]
+        users = last[-1]["user_starts"] if last else []
         seen = [t for t in range(turns) for u in users if u.startswith(marker(s, t))]
         if seen != list(range(turns)):
             lost.append(f"s{s}: the last request carries turns {seen}, expected 0..{turns - 1}")
@@ -143,7 +142,7 @@ async def test_sessions_x_turns_with_10_percent_faults(tmp_path, soak_level):
         f"turn time p50 {percentile(totals, 50):.2f} s p99 {percentile(totals, 99):.2f} s; "
         f"RSS first quarter {rss_first / 1024:.0f} MiB, last quarter {rss_last / 1024:.0f} MiB "
         f"({(rss_last / rss_first - 1) * 100:+.1f} %), peak {final['peak_rss_kb'] / 1024:.0f} MiB; "
-        f"{len(srv.records)} requests"
+        f"{len(records)} requests"
     )
     failures = []
     if problems:

@@ -164,11 +164,20 @@ def snapshot(app: e2e.LiveApp, path: Path | None = None) -> dict[str, Any]:
             time.sleep(0.1)
 
 
-def problems(app: e2e.LiveApp) -> list[str]:
-    """Lines around every traceback / unexpected failure in the UI log and the launcher's output."""
+LOGS = ("ui", "serve")  # the UI's log and the launcher's output
+
+
+def marks(app: e2e.LiveApp) -> dict[str, int]:
+    """Where ``app``'s logs stand now (``problems(app, since=...)``: a shared product's logs hold earlier tests')."""
+    return {name: app.mark(name) for name in LOGS}
+
+
+def problems(app: e2e.LiveApp, since: dict[str, int] | None = None) -> list[str]:
+    """Lines around every traceback / unexpected failure in the UI log and the launcher's output (all of each, or
+    what was written after ``since``: ``marks``)."""
     found = []
-    for name in ("ui", "serve"):
-        text = app.log(name) if name == "serve" else (app.log_dir / "ui.log").read_text(errors="replace")
+    for name in LOGS:
+        text = app.log(name, since=(since or {}).get(name, 0))
         for m in PROBLEM_RE.finditer(text):
             found.append(f"{name}.log: ...{text[max(0, m.start() - 200) : m.end() + 800]}")
     return found

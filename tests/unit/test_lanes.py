@@ -64,6 +64,19 @@ def test_modules_sharing_a_kind_directly_or_through_another_module_are_one_lane_
     assert lane == {a[0].module: joined, b[0].module: joined, c[0].module: joined, d[0].module: "product_c"}
 
 
+def test_a_skipped_test_joins_no_lane_with_what_it_would_have_used():
+    # test_long_answers: its long version (skipped unless QWENCHAT_SOAK=long) is the only user of the engine
+    a = module("tests/integration/test_a.py", "engine_a")
+    b = module("tests/soak/test_b.py", "server_b")
+    b_long = Item(
+        b[0].module, ["engine_a"], [pytest.mark.skipif(True, reason="long").mark], "tests/soak/test_b.py::long"
+    )
+    assert lanes.lanes([*a, *b, b_long]) == {a[0].module: "engine_a", b[0].module: "server_b"}  # type: ignore[list-item]
+    b_long.marks = [pytest.mark.skipif(False, reason="long").mark]  # QWENCHAT_SOAK=long: it runs
+    joined = "engine_a+server_b"
+    assert lanes.lanes([*a, *b, b_long]) == {a[0].module: joined, b[0].module: joined}  # type: ignore[list-item]
+
+
 def test_the_queue_is_the_lanes_largest_first_then_engine_modules_then_product_ones_then_the_rest_in_order():
     unit1 = module("tests/unit/test_1.py", tests=3)
     own_engine = module("tests/integration/test_own.py", marked=("engine",))

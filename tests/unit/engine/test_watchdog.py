@@ -230,7 +230,9 @@ srv.serve_forever()
 """
 
 
-def hanging_supervisor(tmp_path: Path, *, answered: int, attempts: int) -> supervisor.Supervisor:
+def hanging_supervisor(
+    tmp_path: Path, *, answered: int, attempts: int, probe_timeout: float = 0.5
+) -> supervisor.Supervisor:
     port = free_port()
     base = f"http://127.0.0.1:{port}/v1"
     return supervisor.Supervisor(
@@ -241,9 +243,9 @@ def hanging_supervisor(tmp_path: Path, *, answered: int, attempts: int) -> super
         attempts=attempts,
         window_s=600,
         startup_timeout=30,
-        probe=OneTokenProbe(base, "k", "fake", timeout=0.5),
+        probe=OneTokenProbe(base, "k", "fake", timeout=probe_timeout),
         probe_every=0.5,
-        probe_timeout=0.5,
+        probe_timeout=probe_timeout,
         restart_after_failed_probes=2,
     )
 
@@ -275,6 +277,28 @@ def test_a_hung_engine_is_restarted_with_the_cause_counted_in_the_budget_then_do
     assert len(pids) == 3
     for pid in pids:
         assert wait_group_empty(pid, 10) == [], f"processes left in group {pid}"
+
+
+def test_a_sigstopped_engine_server_is_a_hang_and_is_restarted_leaving_nothing_of_its_group(tmp_path):
+    """The whole API server frozen (/health too): the probe's silence restarts it, and the stopped group (its
+    forked child too) is gone. On the real vLLM: SIGSTOP of its EngineCore alone (tests/integration)."""
+    # every probe answered until the freeze; 2 s per probe: an answering fake is never taken for a hang on a busy box
+    sup = hanging_supervisor(tmp_path, answered=10**6, attempts=2, probe_timeout=2)
+    run = Running(sup)
+    try:
+        _, up = run.wait_for("running", lambda st: st["state"] == "running", 60)
+        old = up["pid"]
+        assert len(group_members(old)) == 2
+        t_stop = time.monotonic()
+        os.kill(old, signal.SIGSTOP)
+        _, restarting = run.wait_for("restarting", lambda st: st["state"] == "restarting", 60, after=t_stop)
+        _, again = run.wait_for("running again", lambda st: st["state"] == "running" and st["pid"] != old, 60)
+    finally:
+        run.stop()
+    assert restarting["cause"] == "hung" and restarting["attempt"] == 1, run.history()
+    assert "restarting — attempt 1 of 2" in restarting["message"]
+    assert wait_group_empty(old, 10) == [], "left of the frozen engine's group"
+    assert wait_group_empty(again["pid"], 10) == []
 
 
 def test_what_the_app_shows_while_a_hung_engine_restarts(tmp_path):
