@@ -368,6 +368,19 @@ class GuardedDataLayer:
         """The chat of a step whose write is still pending (not readable from the database yet), or None."""
         return next((w.thread for w in self._pending_steps() if w.args["step"].get("id") == step_id), None)
 
+    def _pending_rating(self, feedback_id: str) -> Write | None:
+        """The first write of rating ``feedback_id`` still pending, or None."""
+        pending = self.outbox.pending() if self.outbox is not None else []
+        return next(
+            (w for w in pending if w.op == "upsert_feedback" and w.args["feedback"].get("id") == feedback_id), None
+        )
+
+    def pending_answer_of_feedback(self, feedback_id: str) -> str | None:
+        """The answer (step id) a rating whose write is still pending rates, or None."""
+        write = self._pending_rating(feedback_id)
+        answer = write.args["feedback"].get("forId") if write is not None else None
+        return str(answer) if answer else None
+
     async def delete_step(self, step_id: str) -> None:
         thread = self.pending_thread_of_step(step_id)
         if thread is None and self._engine is not None:
@@ -466,12 +479,10 @@ class GuardedDataLayer:
 
     async def delete_feedback(self, feedback_id: str) -> bool:
         """Behind its rating's own write when that is still pending (in that chat's lane), else in a lane of its own."""
-        pending = self.outbox.pending() if self.outbox is not None else []
-        lane = next(
-            (w.thread for w in pending if w.op == "upsert_feedback" and w.args["feedback"].get("id") == feedback_id),
-            f"feedback:{feedback_id}",
+        rating = self._pending_rating(feedback_id)
+        await self._write(
+            rating.thread if rating is not None else f"feedback:{feedback_id}", "delete_feedback", {"id": feedback_id}
         )
-        await self._write(lane, "delete_feedback", {"id": feedback_id})
         return True
 
 

@@ -50,10 +50,11 @@ async def author_of_step(step_id: str) -> tuple[str | None, str]:
     execute = getattr(layer, "execute_sql", None)
     if layer is None or execute is None:
         return None, ""
+    # An answer whose write still waits (outbox.py), taken before the database is read: a write stored between the
+    # two would be in neither, the other way round.
+    pending = layer.pending_thread_of_step(step_id) if isinstance(layer, GuardedDataLayer) else None
     rows = await execute('SELECT "threadId" FROM steps WHERE "id" = :id', {"id": step_id})
-    thread_id = rows[0].get("threadId") if isinstance(rows, list) and rows else None
-    if not thread_id and isinstance(layer, GuardedDataLayer):  # an answer whose write still waits (outbox.py)
-        thread_id = layer.pending_thread_of_step(step_id)
+    thread_id = (rows[0].get("threadId") if isinstance(rows, list) and rows else None) or pending
     if not thread_id:
         return None, ""
     try:
@@ -63,12 +64,15 @@ async def author_of_step(step_id: str) -> tuple[str | None, str]:
 
 
 async def answer_of_feedback(feedback_id: str) -> str | None:
-    """The answer (step id) an existing feedback row rates, or None when there is no such row."""
-    execute = getattr(get_data_layer(), "execute_sql", None)
+    """The answer (step id) an existing rating rates, stored or still waiting to be (a rating taken back right after
+    it was given), or None when there is no such rating."""
+    layer = get_data_layer()
+    execute = getattr(layer, "execute_sql", None)
     if execute is None:
         return None
+    pending = layer.pending_answer_of_feedback(feedback_id) if isinstance(layer, GuardedDataLayer) else None
     rows = await execute('SELECT "forId" FROM feedbacks WHERE "id" = :id', {"id": feedback_id})
-    found = rows[0].get("forId") if isinstance(rows, list) and rows else None
+    found = (rows[0].get("forId") if isinstance(rows, list) and rows else None) or pending
     return str(found) if found else None
 
 

@@ -258,6 +258,41 @@ async def test_a_rating_given_and_taken_back_while_its_answer_waits_ends_taken_b
     assert len(store.rows(f"SELECT id FROM steps WHERE \"threadId\" = '{thread_id}'")) == 2
 
 
+async def test_the_owner_check_finds_a_rating_whose_write_still_waits(store, monkeypatch):
+    """DELETE /feedback names a rating by id; its owner check (routes.answer_of_feedback) must find the rated answer
+    also while the rating's write waits. It read the database alone: a rating taken back right after it was given was
+    refused as gone (404), seen in test_share where a viewer's delete of it got 404, not 403."""
+    from chainlit.types import Feedback
+
+    from backend.ui import routes
+
+    thread_id, _ = await new_thread(store)
+    q, a = turn(thread_id, "hello", "hi there")
+    await store.layer.create_step(q)
+    await store.layer.create_step(a)
+    assert await store.box.drained(30)
+    monkeypatch.setattr(routes, "get_data_layer", lambda: store.layer)
+    lock = Held(store.path)
+    try:
+        feedback_id = await store.layer.upsert_feedback(Feedback(forId=a["id"], value=1, threadId=thread_id))
+        assert store.layer.pending_answer_of_feedback(feedback_id) == a["id"]
+        # what the database says while the write waits (its reads would wait for the lock here)
+        monkeypatch.setattr(store.layer, "execute_sql", _no_rows, raising=False)
+        assert await routes.answer_of_feedback(feedback_id) == a["id"]
+        assert await routes.answer_of_feedback("no-such-rating") is None
+    finally:
+        lock.release()
+    assert await store.box.drained(60)
+    monkeypatch.undo()
+    monkeypatch.setattr(routes, "get_data_layer", lambda: store.layer)
+    assert store.layer.pending_answer_of_feedback(feedback_id) is None
+    assert await routes.answer_of_feedback(feedback_id) == a["id"]  # stored: read from the database
+
+
+async def _no_rows(*_args: Any, **_kwargs: Any) -> list[dict[str, Any]]:
+    return []
+
+
 async def test_a_write_stored_while_a_read_runs_is_seen_by_that_read(store, monkeypatch):
     """Read-your-writes at the edge: the owner unshares (the write is pending), a viewer's read starts on the database
     before the write is stored and ends after it. The read must see the chat unshared: the pending writes are taken
