@@ -163,6 +163,9 @@ def tune_engine(engine: AsyncEngine) -> None:
     event.listen(sync, "connect", sqlite_pragmas)
 
 
+STEP_WRITES = ("create_step", "update_step")  # the outbox's writes that carry a step
+
+
 @dataclass
 class StoredFeedback:
     """A thumbs rating as Chainlit's ``Feedback`` (same fields, same order): what its ``upsert_feedback`` binds."""
@@ -270,7 +273,7 @@ class GuardedDataLayer:
         # The pending writes are taken before the read: one stored while the read runs is then in the read or in
         # the list (applying a stored write again changes nothing), never in neither (a share link still open
         # right after its owner's "unshare" returned).
-        pending = self.outbox.pending(thread_id) if self.outbox is not None else []
+        pending = self.pending(thread_id)
         thread = await self.inner.get_thread(thread_id)
         return with_pending(thread, thread_id, pending, self._users) if pending else thread
 
@@ -278,7 +281,7 @@ class GuardedDataLayer:
         if not valid_thread_id(thread_id):  # Chainlit's ACL check answers 404 "Thread not found"
             _refused(thread_id, "get_thread_author")
             return ""
-        pending = self.outbox.pending(thread_id) if self.outbox is not None else []  # before the read, as get_thread
+        pending = self.pending(thread_id)  # before the read, as get_thread
         try:
             return str(await self.inner.get_thread_author(thread_id))
         except ValueError:  # not stored (yet): a thread whose first writes wait in the outbox has its author
@@ -364,22 +367,15 @@ class GuardedDataLayer:
             step["metadata"] = {**json_dict(step.get("metadata")), **carried}
         return step
 
+    def pending(self, thread_id: str | None = None) -> list[Write]:
+        """The writes still waiting in the outbox, oldest first: of one chat, or of all."""
+        return self.outbox.pending(thread_id) if self.outbox is not None else []
+
     def pending_thread_of_step(self, step_id: str) -> str | None:
         """The chat of a step whose write is still pending (not readable from the database yet), or None."""
-        return next((w.thread for w in self._pending_steps() if w.args["step"].get("id") == step_id), None)
-
-    def _pending_rating(self, feedback_id: str) -> Write | None:
-        """The first write of rating ``feedback_id`` still pending, or None."""
-        pending = self.outbox.pending() if self.outbox is not None else []
         return next(
-            (w for w in pending if w.op == "upsert_feedback" and w.args["feedback"].get("id") == feedback_id), None
+            (w.thread for w in self.pending() if w.op in STEP_WRITES and w.args["step"].get("id") == step_id), None
         )
-
-    def pending_answer_of_feedback(self, feedback_id: str) -> str | None:
-        """The answer (step id) a rating whose write is still pending rates, or None."""
-        write = self._pending_rating(feedback_id)
-        answer = write.args["feedback"].get("forId") if write is not None else None
-        return str(answer) if answer else None
 
     async def delete_step(self, step_id: str) -> None:
         thread = self.pending_thread_of_step(step_id)
@@ -391,11 +387,6 @@ class GuardedDataLayer:
                 owner = None
             thread = owner.thread_id if owner is not None else None
         await self._write(thread or f"step:{step_id}", "delete_step", {"id": step_id})
-
-    def _pending_steps(self) -> list[Write]:
-        if self.outbox is None:
-            return []
-        return [w for w in self.outbox.pending() if w.op in ("create_step", "update_step")]
 
     def _signed(self, step: dict[str, Any]) -> dict[str, Any]:
         return sign_answer(self.answer_key, step) if self.answer_key else step
@@ -416,7 +407,7 @@ class GuardedDataLayer:
             async with self._engine.connect() as conn:
                 rows = await conn.execute(_CHATS_OF, {"user": identifier})
                 stored = {str(row[0]) for row in rows}
-        for w in self.outbox.pending() if self.outbox is not None else []:  # in order within each chat's lane
+        for w in self.pending():  # in order within each chat's lane
             if w.op == "update_thread" and self._users.get(str(w.args.get("user_id"))) == identifier:
                 stored.add(w.thread)
             elif w.op == "delete_thread":
@@ -479,11 +470,23 @@ class GuardedDataLayer:
 
     async def delete_feedback(self, feedback_id: str) -> bool:
         """Behind its rating's own write when that is still pending (in that chat's lane), else in a lane of its own."""
-        rating = self._pending_rating(feedback_id)
+        rating = rating_write(self.pending(), feedback_id)
         await self._write(
             rating.thread if rating is not None else f"feedback:{feedback_id}", "delete_feedback", {"id": feedback_id}
         )
         return True
+
+
+def rating_write(writes: list[Write], feedback_id: str) -> Write | None:
+    """The first of ``writes`` (the outbox's pending ones) that stores rating ``feedback_id``, or None."""
+    return next((w for w in writes if w.op == "upsert_feedback" and w.args["feedback"].get("id") == feedback_id), None)
+
+
+def pending_answer_of_feedback(layer: GuardedDataLayer, feedback_id: str) -> str | None:
+    """The answer (step id) a rating whose write still waits in ``layer``'s outbox rates, or None."""
+    write = rating_write(layer.pending(), feedback_id)
+    answer = write.args["feedback"].get("forId") if write is not None else None
+    return str(answer) if answer else None
 
 
 def with_pending(thread: Any, thread_id: str, writes: list[Write], users: Mapping[str, str]) -> Any:

@@ -24,7 +24,7 @@ from backend.chat.client import anomaly_counts
 from backend.chat.service import Service
 from backend.paths import ROOT, resolve_path
 from backend.storage import history, share
-from backend.storage.datalayer import GuardedDataLayer
+from backend.storage.datalayer import GuardedDataLayer, pending_answer_of_feedback
 from backend.storage.files import FILES_ROUTE, FileStore
 from backend.storage.outbox import Outbox, backlog_text
 from backend.text import pick_language, t
@@ -70,7 +70,7 @@ async def answer_of_feedback(feedback_id: str) -> str | None:
     execute = getattr(layer, "execute_sql", None)
     if execute is None:
         return None
-    pending = layer.pending_answer_of_feedback(feedback_id) if isinstance(layer, GuardedDataLayer) else None
+    pending = pending_answer_of_feedback(layer, feedback_id) if isinstance(layer, GuardedDataLayer) else None
     rows = await execute('SELECT "forId" FROM feedbacks WHERE "id" = :id', {"id": feedback_id})
     found = (rows[0].get("forId") if isinstance(rows, list) and rows else None) or pending
     return str(found) if found else None

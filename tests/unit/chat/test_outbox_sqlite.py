@@ -275,7 +275,7 @@ async def test_the_owner_check_finds_a_rating_whose_write_still_waits(store, mon
     lock = Held(store.path)
     try:
         feedback_id = await store.layer.upsert_feedback(Feedback(forId=a["id"], value=1, threadId=thread_id))
-        assert store.layer.pending_answer_of_feedback(feedback_id) == a["id"]
+        assert datalayer.pending_answer_of_feedback(store.layer, feedback_id) == a["id"]
         # what the database says while the write waits (its reads would wait for the lock here)
         monkeypatch.setattr(store.layer, "execute_sql", _no_rows, raising=False)
         assert await routes.answer_of_feedback(feedback_id) == a["id"]
@@ -285,7 +285,7 @@ async def test_the_owner_check_finds_a_rating_whose_write_still_waits(store, mon
     assert await store.box.drained(60)
     monkeypatch.undo()
     monkeypatch.setattr(routes, "get_data_layer", lambda: store.layer)
-    assert store.layer.pending_answer_of_feedback(feedback_id) is None
+    assert datalayer.pending_answer_of_feedback(store.layer, feedback_id) is None
     assert await routes.answer_of_feedback(feedback_id) == a["id"]  # stored: read from the database
 
 
