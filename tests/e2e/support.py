@@ -412,6 +412,8 @@ def fake_server(tmp: Path) -> Iterator[str]:
         if _answers(url + "/health", proc, 60):
             break
         supervisor.stop_process_group(proc, grace=5)
+        # the port was taken before the server bound it (the other worker's fake server took the same free port:
+        # it answered /health while this one failed to bind, and this worker's tests went to it until it stopped)
         if PORT_TAKEN not in out.read_text():
             pytest.fail(f"the fake server did not start:\n{out.read_text()}")
     else:
@@ -423,13 +425,18 @@ def fake_server(tmp: Path) -> Iterator[str]:
 
 
 def _answers(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Whether ``url`` answers (polled until ``timeout`` s have passed or ``proc`` has exited)."""
+    """Whether ``proc`` answers at ``url`` (the fake server's /health names its pid; polled until ``timeout`` s have
+    passed or ``proc`` has exited)."""
+    from tests.fakes.openai_server import PID_HEADER
+
     deadline = time.monotonic() + timeout
     while True:
         try:
-            urllib.request.urlopen(url, timeout=2)
-            return True
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.headers.get(PID_HEADER) == str(proc.pid):
+                    return True
         except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)

@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import signal
 import time
@@ -230,6 +231,7 @@ class Mode:
 
 
 USER_START_CHARS = 80
+PID_HEADER = "X-Fake-Pid"
 
 
 @dataclass
@@ -385,7 +387,8 @@ class FakeServer:
     # ------------------------------------------------------------ plain routes
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=503 if self.down else 200)
+        # its pid: a test that started it on a port another process took meanwhile must not take that one for it
+        return web.Response(status=503 if self.down else 200, headers={PID_HEADER: str(os.getpid())})
 
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": "fake"})
